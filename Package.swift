@@ -1,0 +1,74 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+let package = Package(
+    name: "Lockstep",
+    platforms: [.macOS(.v15)],
+    products: [
+        .library(name: "Lockstep", targets: ["Lockstep"]),
+        .library(name: "LockstepProtocol", targets: ["LockstepProtocol"]),
+        .library(name: "LockstepJournal", targets: ["LockstepJournal"]),
+        .library(name: "LockstepServer", targets: ["LockstepServer"]),
+        .library(name: "LockstepClient", targets: ["LockstepClient"]),
+        .library(name: "LockstepTesting", targets: ["LockstepTesting"]),
+        .library(name: "LockstepExamples", targets: ["LockstepExamples"]),
+        .library(name: "ZeroMQ", targets: ["ZeroMQ"]),
+        .executable(name: "lockstepd", targets: ["lockstepd"]),
+        .executable(name: "lockstep", targets: ["LockstepCLI"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-crypto.git", "3.12.3"..<"5.0.0"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+    ],
+    targets: [
+        // libzmq through pkg-config; imported only by ZeroMQ.
+        .systemLibrary(
+            name: "CZeroMQ",
+            pkgConfig: "libzmq",
+            providers: [.apt(["libzmq3-dev"])]
+        ),
+        .target(name: "ZeroMQ", dependencies: ["CZeroMQ"]),
+        .target(name: "Lockstep", dependencies: [.product(name: "Crypto", package: "swift-crypto")]),
+        .target(name: "LockstepProtocol", dependencies: ["Lockstep"]),
+        .target(name: "LockstepJournal", dependencies: ["Lockstep"]),
+        .target(
+            name: "LockstepServer",
+            dependencies: [
+                "Lockstep", "LockstepProtocol", "LockstepJournal", "ZeroMQ",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .target(
+            name: "LockstepClient",
+            dependencies: [
+                "Lockstep", "LockstepProtocol", "ZeroMQ",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .target(name: "LockstepTesting", dependencies: ["Lockstep", "LockstepProtocol"]),
+        .target(name: "LockstepExamples", dependencies: ["Lockstep"]),
+        .executableTarget(
+            name: "lockstepd",
+            dependencies: [
+                "LockstepServer", "LockstepExamples",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // The target is not called `lockstep`: its module would clash with `Lockstep` on a case-blind disk.
+        .executableTarget(
+            name: "LockstepCLI",
+            dependencies: [
+                "Lockstep", "LockstepProtocol", "LockstepClient", "LockstepExamples", "LockstepTesting", "ZeroMQ",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            path: "Sources/lockstep"
+        ),
+        .testTarget(name: "LockstepTests", dependencies: ["Lockstep", "LockstepExamples"]),
+        .testTarget(name: "ZeroMQTests", dependencies: ["ZeroMQ"]),
+        .testTarget(name: "LockstepProtocolTests", dependencies: ["LockstepProtocol", "LockstepExamples"]),
+    ],
+    swiftLanguageModes: [.v6]
+)

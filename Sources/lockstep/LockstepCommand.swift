@@ -1,0 +1,24 @@
+import ArgumentParser
+
+@main
+struct LockstepCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "lockstep",
+        abstract: "Work with Lockstep stores: run actions through the example domains, run the demo.",
+        discussion: """
+            Exit codes:
+              0   success
+              1   the command failed (the message says why)
+              3   an action was rejected by its domain's validator
+              64  bad usage: unknown option, missing argument
+              65  bad input: an action or file that could not be read or decoded
+            """,
+        subcommands: [RunCommand.self, DemoCommand.self]
+    )
+}
+
+/// The exit codes `lockstep --help` documents.
+enum ExitCodes {
+    static let rejected = ExitCode(3)
+    static let badInput = ExitCode(65)
+}

@@ -1,0 +1,115 @@
+import ArgumentParser
+import Foundation
+import Lockstep
+import LockstepExamples
+
+/// Applies actions to an example domain's store in this process and prints the resulting state.
+struct RunCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "run",
+        abstract: "Apply actions to a fresh in-process store and print its state and digest.",
+        discussion: """
+            Actions are the domain's JSON, e.g. '{"add":{"text":"Eat food"}}' for todos. Give them as \
+            arguments, or one per line with --input (use - for standard input). A rejected action changes \
+            nothing; it is reported, the rest go on, and the exit code is 3.
+            """
+    )
+
+    @Argument(help: "The example store: \(Examples.domains.map { $0.name }.joined(separator: ", ")).")
+    var store: String
+
+    @Argument(help: "Actions as JSON, applied in order.")
+    var actions: [String] = []
+
+    @Option(name: .long, help: "A file of actions, one JSON object per line; - reads standard input.")
+    var input: String?
+
+    @Flag(name: .long, help: "Print one JSON object: store, seq, digest, state.")
+    var json = false
+
+    func run() async throws {
+        guard let domain = Examples.domain(named: store) else {
+            throw ValidationError(
+                "unknown store '\(store)'; the example stores are \(Examples.domains.map { $0.name }.joined(separator: ", "))"
+            )
+        }
+        var lines = actions.enumerated().map { (label: "argument \($0.offset + 1)", text: $0.element) }
+        if let input {
+            let text: String
+            do {
+                text = input == "-" ? readStandardInput() : try String(contentsOfFile: input, encoding: .utf8)
+            } catch {
+                printError("lockstep: cannot read \(input): \(error.localizedDescription)")
+                throw ExitCodes.badInput
+            }
+            for (number, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated()
+            where !line.allSatisfy(\.isWhitespace) {
+                lines.append((label: "\(input) line \(number + 1)", text: String(line)))
+            }
+        }
+        try await apply(domain, lines)
+    }
+
+    private func apply<D: Domain>(_ domain: D.Type, _ lines: [(label: String, text: String)]) async throws {
+        // Decode everything first: a typo on line 900 should not leave 899 actions half-reported.
+        var decoded: [(label: String, action: D.Action)] = []
+        for line in lines {
+            do {
+                decoded.append((line.label, try CanonicalEncoding.decode(D.Action.self, from: Data(line.text.utf8))))
+            } catch {
+                printError("lockstep: \(line.label): not a \(D.name) action: \(describe(error)); input was \(line.text)")
+                throw ExitCodes.badInput
+            }
+        }
+        let store = Store(domain)
+        var rejected = 0
+        for (label, action) in decoded {
+            do {
+                try await store.dispatch(action)
+            } catch {
+                rejected += 1
+                printError("lockstep: \(label): rejected: \(error)")
+            }
+        }
+        let state = store.state
+        let stateBytes = try CanonicalEncoding.encode(state)
+        let digest = StateDigest(of: stateBytes)
+        let stateText = String(decoding: stateBytes, as: UTF8.self)
+        if json {
+            print(#"{"store":"\#(D.name)","seq":\#(store.appliedCount),"digest":"\#(digest)","state":\#(stateText)}"#)
+        } else {
+            print("store   \(D.name)")
+            print("seq     \(store.appliedCount) applied, \(rejected) rejected")
+            print("digest  \(digest)")
+            print("state   \(stateText)")
+        }
+        if rejected > 0 { throw ExitCodes.rejected }
+    }
+}
+
+/// A decoding error in one line a person can act on.
+func describe(_ error: any Error) -> String {
+    switch error {
+    case let DecodingError.dataCorrupted(context):
+        return context.debugDescription
+    case let DecodingError.keyNotFound(key, context):
+        return "missing key '\(key.stringValue)' at \(path(context))"
+    case let DecodingError.typeMismatch(type, context), let DecodingError.valueNotFound(type, context):
+        return "expected \(type) at \(path(context))"
+    default:
+        return "\(error)"
+    }
+}
+
+private func path(_ context: DecodingError.Context) -> String {
+    context.codingPath.isEmpty ? "the top level" : context.codingPath.map(\.stringValue).joined(separator: ".")
+}
+
+func readStandardInput() -> String {
+    String(decoding: FileHandle.standardInput.readDataToEndOfFile(), as: UTF8.self)
+}
+
+/// Writes one line to standard error.
+func printError(_ message: String) {
+    FileHandle.standardError.write(Data((message + "\n").utf8))
+}

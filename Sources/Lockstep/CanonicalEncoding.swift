@@ -19,6 +19,25 @@ public enum CanonicalEncoding {
         try JSONDecoder().decode(type, from: data)
     }
 
+    /// A decoding error as one line a person can act on: what was wrong, and where in the JSON.
+    public static func describe(_ error: any Error) -> String {
+        func path(_ context: DecodingError.Context) -> String {
+            context.codingPath.isEmpty
+                ? "the top level" : context.codingPath.map(\.stringValue).joined(separator: ".")
+        }
+        switch error {
+        case let DecodingError.dataCorrupted(context):
+            return context.codingPath.isEmpty
+                ? "not valid JSON (\(context.debugDescription))" : "\(context.debugDescription) at \(path(context))"
+        case let DecodingError.keyNotFound(key, context):
+            return "missing key '\(key.stringValue)' at \(path(context))"
+        case let DecodingError.typeMismatch(type, context), let DecodingError.valueNotFound(type, context):
+            return "expected \(type) at \(path(context))"
+        default:
+            return "\(error)"
+        }
+    }
+
     /// The SHA-256 digest of the canonical bytes of `value`.
     public static func digest<Value: Encodable>(of value: Value) throws -> StateDigest {
         StateDigest(of: try encode(value))

@@ -94,7 +94,8 @@ public enum Todos: Domain {
     }
 
     public static let reducer = Reducer<State, Action>(
-        combining: listReducer.lifted(into: \State.list), filterReducer.lifted(into: \State.filter)
+        combining: listReducer.lifted(into: \State.list),
+        filterReducer.lifted(into: \State.filter)
     )
 
     public static func validate(_ action: Action, in state: State) throws(Rejection) {

@@ -26,7 +26,8 @@ public enum LibZMQ {
                 errno: EPROTO,
                 function: "zmq_version",
                 detail: "libzmq \(version.major).\(version.minor).\(version.patch) is too old; Lockstep needs "
-                    + "\(minimum.major).\(minimum.minor).\(minimum.patch) or newer (Debian: apt-get install libzmq3-dev)"
+                    + "\(minimum.major).\(minimum.minor).\(minimum.patch) or newer "
+                    + "(Debian: apt-get install libzmq3-dev)"
             )
         }
         if !hasCurve {

@@ -18,7 +18,11 @@ public struct CurveKeyPair: Hashable, Sendable {
     /// The pair whose secret key is `secretKey`; the public key is derived from it.
     public init(secretKey: [UInt8]) throws(ZeroMQError) {
         guard secretKey.count == 32 else {
-            throw ZeroMQError(errno: EINVAL, function: "zmq_curve_public", detail: "a \(secretKey.count)-byte secret key (need 32)")
+            throw ZeroMQError(
+                errno: EINVAL,
+                function: "zmq_curve_public",
+                detail: "a \(secretKey.count)-byte secret key (need 32)"
+            )
         }
         var publicText = [CChar](repeating: 0, count: 41)
         var secretText = Array(Z85.encode(secretKey).utf8CString)

@@ -45,7 +45,10 @@ public struct Poller {
         let milliseconds: Int
         if let timeout {
             let (seconds, attoseconds) = timeout.components
-            milliseconds = max(0, Int(seconds) * 1000 + Int((attoseconds + 999_999_999_999_999) / 1_000_000_000_000_000))
+            milliseconds = max(
+                0,
+                Int(seconds) * 1000 + Int((attoseconds + 999_999_999_999_999) / 1_000_000_000_000_000)
+            )
         } else {
             milliseconds = -1
         }

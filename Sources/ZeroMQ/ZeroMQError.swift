@@ -30,7 +30,8 @@ public struct ZeroMQError: Error, Hashable, Sendable, CustomStringConvertible {
     public var isContextTerminated: Bool { errno == ETERM }
 
     public var description: String {
-        detail.isEmpty ? "\(function) failed: \(message) (errno \(errno))"
+        detail.isEmpty
+            ? "\(function) failed: \(message) (errno \(errno))"
             : "\(function) failed for \(detail): \(message) (errno \(errno))"
     }
 }
@@ -44,7 +45,11 @@ enum CallResult {
 /// Every libzmq call goes through here: `EINTR` is retried, `EAGAIN` comes back as ``CallResult/wouldBlock``,
 /// anything else throws a ``ZeroMQError`` naming the function.
 @inline(__always)
-func zmqCall(_ function: StaticString, detail: @autoclosure () -> String = "", _ body: () -> Int32)
+func zmqCall(
+    _ function: StaticString,
+    detail: @autoclosure () -> String = "",
+    _ body: () -> Int32
+)
     throws(ZeroMQError) -> CallResult
 {
     while true {
@@ -62,7 +67,11 @@ func zmqCall(_ function: StaticString, detail: @autoclosure () -> String = "", _
 /// For calls where would-block cannot happen or is itself a failure.
 @inline(__always)
 @discardableResult
-func zmqCheck(_ function: StaticString, detail: @autoclosure () -> String = "", _ body: () -> Int32)
+func zmqCheck(
+    _ function: StaticString,
+    detail: @autoclosure () -> String = "",
+    _ body: () -> Int32
+)
     throws(ZeroMQError) -> Int32
 {
     switch try zmqCall(function, detail: detail(), body) {

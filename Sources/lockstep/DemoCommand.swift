@@ -36,7 +36,9 @@ struct DemoCommand: AsyncParsableCommand {
         let hub = ActionObservers()
         let lanes = Examples.domains.map { DemoLane($0, observers: hub) }
         let total = clients * actions
-        print("lockstep demo: \(clients) clients × \(actions) actions over \(lanes.map(\.name).joined(separator: ", "))")
+        print(
+            "lockstep demo: \(clients) clients × \(actions) actions over \(lanes.map(\.name).joined(separator: ", "))"
+        )
 
         let started = ContinuousClock.now
         let progress = Progress(total: total, lanes: lanes)
@@ -77,7 +79,8 @@ struct DemoCommand: AsyncParsableCommand {
         }
         let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
         print(
-            "\(total - rejected) actions applied, \(rejected) rejected by validators, in \(String(format: "%.2f", seconds)) s "
+            "\(total - rejected) actions applied, \(rejected) rejected by validators, "
+                + "in \(String(format: "%.2f", seconds)) s "
                 + "(\(Int(Double(total) / max(seconds, 1e-9))) actions/s)"
         )
         if !converged {
@@ -156,8 +159,10 @@ final class Progress: Sendable {
                     let digest = (try? lane.liveDigest().digest.hex.prefix(8)) ?? "--------"
                     return "\(lane.name) \(lane.seq()) \(digest)"
                 }.joined(separator: " | ")
-                print(interactive ? "\r[\(bar)] \(percent)%  \(stores)\u{1B}[K" : "[\(bar)] \(percent)%  \(stores)",
-                      terminator: interactive ? "" : "\n")
+                print(
+                    interactive ? "\r[\(bar)] \(percent)%  \(stores)\u{1B}[K" : "[\(bar)] \(percent)%  \(stores)",
+                    terminator: interactive ? "" : "\n"
+                )
                 fflush(nil)
                 lastPrinted = percent
             }

@@ -30,7 +30,8 @@ struct RunCommand: AsyncParsableCommand {
     func run() async throws {
         guard let domain = Examples.domain(named: store) else {
             throw ValidationError(
-                "unknown store '\(store)'; the example stores are \(Examples.domains.map { $0.name }.joined(separator: ", "))"
+                "unknown store '\(store)'; the example stores are "
+                    + Examples.domains.map { $0.name }.joined(separator: ", ")
             )
         }
         var lines = actions.enumerated().map { (label: "argument \($0.offset + 1)", text: $0.element) }
@@ -57,7 +58,10 @@ struct RunCommand: AsyncParsableCommand {
             do {
                 decoded.append((line.label, try CanonicalEncoding.decode(D.Action.self, from: Data(line.text.utf8))))
             } catch {
-                printError("lockstep: \(line.label): not a \(D.name) action: \(describe(error)); input was \(line.text)")
+                printError(
+                    "lockstep: \(line.label): not a \(D.name) action: \(CanonicalEncoding.describe(error)); "
+                        + "input was \(line.text)"
+                )
                 throw ExitCodes.badInput
             }
         }
@@ -87,29 +91,11 @@ struct RunCommand: AsyncParsableCommand {
     }
 }
 
-/// A decoding error in one line a person can act on.
-func describe(_ error: any Error) -> String {
-    switch error {
-    case let DecodingError.dataCorrupted(context):
-        return context.debugDescription
-    case let DecodingError.keyNotFound(key, context):
-        return "missing key '\(key.stringValue)' at \(path(context))"
-    case let DecodingError.typeMismatch(type, context), let DecodingError.valueNotFound(type, context):
-        return "expected \(type) at \(path(context))"
-    default:
-        return "\(error)"
-    }
-}
-
-private func path(_ context: DecodingError.Context) -> String {
-    context.codingPath.isEmpty ? "the top level" : context.codingPath.map(\.stringValue).joined(separator: ".")
+/// Writes one line to standard error.
+func printError(_ message: String) {
+    FileHandle.standardError.write(Data((message + "\n").utf8))
 }
 
 func readStandardInput() -> String {
     String(decoding: FileHandle.standardInput.readDataToEndOfFile(), as: UTF8.self)
-}
-
-/// Writes one line to standard error.
-func printError(_ message: String) {
-    FileHandle.standardError.write(Data((message + "\n").utf8))
 }

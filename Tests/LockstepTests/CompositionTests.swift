@@ -37,11 +37,15 @@ import Testing
         var untouched = 42
     }
 
-    enum ParentAction: Codable, Equatable, Sendable { case left(Step), right(Step) }
+    enum ParentAction: Codable, Equatable, Sendable {
+        case left(Step)
+        case right(Step)
+    }
 
     @Test func liftedReducerChangesOnlyItsPart() {
         let reducer = Reducer<Parent, Step>(
-            combining: Self.appending("L").lifted(into: \Parent.left), Self.appending("R").lifted(into: \Parent.right)
+            combining: Self.appending("L").lifted(into: \Parent.left),
+            Self.appending("R").lifted(into: \Parent.right)
         )
         var parent = Parent()
         reducer.reduce(&parent, .go)

@@ -23,12 +23,18 @@ import Testing
         #expect(reply?["seq"] as? Int == lines.count)
         #expect(reply?["digest"] as? String == digest.hex)
         let childState = try JSONSerialization.data(withJSONObject: reply?["state"] ?? [:], options: [.sortedKeys])
-        #expect(try JSONSerialization.jsonObject(with: childState) as? NSDictionary
-            == JSONSerialization.jsonObject(with: state) as? NSDictionary)
+        #expect(
+            try JSONSerialization.jsonObject(with: childState) as? NSDictionary
+                == JSONSerialization.jsonObject(with: state) as? NSDictionary
+        )
     }
 
     /// Applies generated actions in this process and returns the accepted ones as JSON lines.
-    func applyGenerated<D: ActionGenerating>(_: D.Type, count: Int, seed: UInt64) async throws
+    func applyGenerated<D: ActionGenerating>(
+        _: D.Type,
+        count: Int,
+        seed: UInt64
+    ) async throws
         -> (lines: [String], digest: StateDigest, state: Data)
     {
         let store = Store(D.self, observers: ActionObservers())

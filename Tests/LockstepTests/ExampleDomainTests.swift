@@ -62,11 +62,16 @@ import Testing
     @Test func numbersRejectAnOutOfRangeDeleteWithAClearReason() async throws {
         let store = Store(Numbers.self, observers: ActionObservers())
         let empty = await #expect(throws: Rejection.self) { try await store.dispatch(.delete(index: 0)) }
-        #expect(empty?.reason == "numbers: delete index 0 is out of range: the list has 0 numbers, so the list is empty")
+        #expect(
+            empty?.reason == "numbers: delete index 0 is out of range: the list has 0 numbers, so the list is empty"
+        )
         try await store.dispatch(.fetched(numbers: [3, 1]))
         try await store.dispatch(.add(number: 5))
         let error = await #expect(throws: Rejection.self) { try await store.dispatch(.delete(index: -1)) }
-        #expect(error?.reason == "numbers: delete index -1 is out of range: the list has 3 numbers, so valid indices are 0...2")
+        #expect(
+            error?.reason
+                == "numbers: delete index -1 is out of range: the list has 3 numbers, so valid indices are 0...2"
+        )
         try await store.dispatch(.delete(index: 0))
         #expect(store.state.numbers == [1, 5])
     }
@@ -80,7 +85,11 @@ import Testing
 }
 
 @Suite struct CanonicalEncodingTests {
-    struct Unsorted: Codable, Equatable { var zeta = 1; var alpha = "a/b"; var middle = [2.5, 1] }
+    struct Unsorted: Codable, Equatable {
+        var zeta = 1
+        var alpha = "a/b"
+        var middle = [2.5, 1]
+    }
 
     @Test func keysAreSortedAndSlashesPlain() throws {
         let bytes = try CanonicalEncoding.encode(Unsorted())

@@ -24,7 +24,10 @@ enum Ticks: Domain {
             throw Rejection("unknown producer")
         }
         if number != state.counts[producer] + 1 {
-            throw Rejection(code: "out_of_order", "producer \(producer): got \(number), expected \(state.counts[producer] + 1)")
+            throw Rejection(
+                code: "out_of_order",
+                "producer \(producer): got \(number), expected \(state.counts[producer] + 1)"
+            )
         }
     }
 

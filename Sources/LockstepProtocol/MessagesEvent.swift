@@ -1,0 +1,97 @@
+import Lockstep
+
+/// A message the daemon publishes on the events socket: frame 0 is the store's topic, frame 1 the header.
+public enum Event: Hashable, Sendable {
+    /// The action that got `seq`.
+    case event(store: StoreName, epoch: Epoch, seq: SequenceNumber, action: Frame)
+    /// The store is idle and stands at `lastSeq`; a replica behind it has lost events.
+    case heartbeat(store: StoreName, epoch: Epoch, lastSeq: SequenceNumber)
+    /// The digest of the daemon's canonical state at `seq`, for replicas to compare with their own.
+    case digest(store: StoreName, epoch: Epoch, seq: SequenceNumber, StateDigest)
+
+    /// The store the message is about.
+    public var store: StoreName {
+        switch self {
+        case let .event(store, _, _, _), let .heartbeat(store, _, _), let .digest(store, _, _, _): store
+        }
+    }
+
+    /// The topic frame of `store`'s messages, and the exact subscription for them: the name, then one 0x00.
+    ///
+    /// ZeroMQ matches subscriptions by prefix; the 0x00, which no name contains, keeps `todo` from
+    /// receiving `todos`.
+    public static func topic(for store: StoreName) -> Frame {
+        Array(store.rawValue.utf8) + [0]
+    }
+
+    /// The frames of this message, topic first.
+    public func encode() -> [Frame] {
+        switch self {
+        case let .event(store, epoch, seq, action):
+            var header = ByteWriter(.event)
+            header.write(epoch.rawValue)
+            header.write(seq)
+            return [Self.topic(for: store), header.bytes, action]
+        case let .heartbeat(store, epoch, lastSeq):
+            var header = ByteWriter(.heartbeat)
+            header.write(epoch.rawValue)
+            header.write(lastSeq)
+            return [Self.topic(for: store), header.bytes]
+        case let .digest(store, epoch, seq, digest):
+            var header = ByteWriter(.digest)
+            header.write(epoch.rawValue)
+            header.write(seq)
+            header.write(bytes: digest.bytes)
+            return [Self.topic(for: store), header.bytes]
+        }
+    }
+
+    /// Reads one published message, refusing anything docs/protocol.md does not allow, or an action over
+    /// `limits`.
+    public static func decode(_ frames: [Frame], limits: Limits = .default) throws(ProtocolError) -> Event {
+        guard frames.count >= 2 else {
+            throw ProtocolError(
+                code: .malformed,
+                "event message has \(Wire.frames(frames.count)); expected at least 2 (topic, header)"
+            )
+        }
+        // The header first: a message of another version must fail as such, whatever its topic looks like.
+        let type = try Wire.messageType(of: frames[1], frameIndex: 1, family: .event)
+        var header = try Wire.headerReader(frames[1], type: type, frameIndex: 1)
+        let store = try topicStore(frames[0])
+        let epoch = Epoch(rawValue: try header.read(UInt64.self, field: "epoch"))
+        let seq = try header.read(UInt64.self, field: type == .heartbeat ? "last seq" : "seq")
+        switch type {
+        case .event:
+            try Wire.requireFrames(frames, exactly: 3, type: type, layout: "topic, header, action")
+            try Wire.positiveSeq(seq, field: "seq", type: type)
+            let action = try Wire.action(frames[2], field: "action (frame 2)", limits: limits)
+            return .event(store: store, epoch: epoch, seq: seq, action: action)
+        case .heartbeat:
+            try Wire.requireFrames(frames, exactly: 2, type: type, layout: "topic, header")
+            return .heartbeat(store: store, epoch: epoch, lastSeq: seq)
+        case .digest:
+            let digestBytes = try header.readBytes(32, field: "digest")
+            guard let digest = StateDigest(bytes: digestBytes) else {
+                throw ProtocolError(code: .malformed, "digest is \(digestBytes.count) bytes; expected 32")
+            }
+            try Wire.requireFrames(frames, exactly: 2, type: type, layout: "topic, header")
+            return .digest(store: store, epoch: epoch, seq: seq, digest)
+        default:
+            // `messageType` returned an event type; the others cannot reach here.
+            throw ProtocolError(code: .unknownMessageType, "\(type.fullName) is not an event")
+        }
+    }
+
+    /// The store a topic frame names: a valid name followed by exactly one 0x00.
+    private static func topicStore(_ topic: Frame) throws(ProtocolError) -> StoreName {
+        guard topic.last == 0 else {
+            let last = topic.last.map { "ends with \(Wire.hex($0))" } ?? "is empty"
+            throw ProtocolError(
+                code: .malformed,
+                "topic (frame 0) \(last); expected the store name followed by one 0x00 byte"
+            )
+        }
+        return try Wire.storeName(Array(topic.dropLast()), field: "store name in topic (frame 0)")
+    }
+}

@@ -1,0 +1,157 @@
+import Lockstep
+
+/// A request a client sends on the command socket, as the body frames after any envelope.
+public enum Request: Hashable, Sendable {
+    /// Apply a batch of actions to a store, all or none.
+    case dispatch(DispatchRequest)
+    /// Send the store's state and the seq it stands at.
+    case snapshot(requestID: UInt64, store: StoreName)
+    /// Send the events `from...to` (inclusive) out of the journal.
+    case range(requestID: UInt64, store: StoreName, from: SequenceNumber, to: SequenceNumber)
+    /// Send the daemon's status.
+    case status(requestID: UInt64)
+
+    /// The id the reply echoes, so a client with several requests in flight can match replies.
+    public var requestID: UInt64 {
+        switch self {
+        case let .dispatch(request): request.requestID
+        case let .snapshot(requestID, _), let .range(requestID, _, _, _), let .status(requestID): requestID
+        }
+    }
+
+    /// The body frames of this request.
+    public func encode() -> [Frame] {
+        switch self {
+        case let .dispatch(request):
+            var header = ByteWriter(.dispatch)
+            header.write(request.requestID)
+            header.write(request.domainVersion)
+            header.write(bytes: request.clientID.bytes)
+            return [header.bytes, Array(request.store.rawValue.utf8)] + request.actions
+        case let .snapshot(requestID, store):
+            var header = ByteWriter(.snapshotRequest)
+            header.write(requestID)
+            return [header.bytes, Array(store.rawValue.utf8)]
+        case let .range(requestID, store, from, to):
+            var header = ByteWriter(.rangeRequest)
+            header.write(requestID)
+            header.write(from)
+            header.write(to)
+            return [header.bytes, Array(store.rawValue.utf8)]
+        case let .status(requestID):
+            var header = ByteWriter(.statusRequest)
+            header.write(requestID)
+            return [header.bytes]
+        }
+    }
+
+    /// Reads a request body, refusing anything docs/protocol.md does not allow, or anything over `limits`.
+    public static func decode(_ body: [Frame], limits: Limits = .default) throws(ProtocolError) -> Request {
+        guard let first = body.first else {
+            throw ProtocolError(code: .malformed, "request has 0 frames; expected at least 1 (header)")
+        }
+        let type = try Wire.messageType(of: first, frameIndex: 0, family: .request)
+        var header = try Wire.headerReader(first, type: type, frameIndex: 0)
+        let requestID = try header.read(UInt64.self, field: "request id")
+        switch type {
+        case .dispatch:
+            let domainVersion = try header.read(UInt32.self, field: "domain version")
+            let clientBytes = try header.readBytes(ClientID.byteCount, field: "client id")
+            guard let clientID = ClientID(bytes: clientBytes) else {
+                throw ProtocolError(code: .malformed, "client id is \(clientBytes.count) bytes; expected 16")
+            }
+            guard body.count >= 3 else {
+                throw ProtocolError(
+                    code: .malformed,
+                    "DISPATCH request has \(Wire.frames(body.count)); expected 3 to \(limits.maximumBatch + 2) "
+                        + "(header, store name, 1 to \(limits.maximumBatch) actions)"
+                )
+            }
+            let store = try Wire.storeName(body[1], field: "store name (frame 1)")
+            let actionCount = body.count - 2
+            guard actionCount <= limits.maximumBatch else {
+                throw ProtocolError(
+                    code: .tooLarge,
+                    "DISPATCH request holds \(actionCount) actions; "
+                        + "over the limit maximumBatch = \(limits.maximumBatch)"
+                )
+            }
+            var actions: [Frame] = []
+            actions.reserveCapacity(actionCount)
+            for index in 2..<body.count {
+                actions.append(
+                    try Wire.action(body[index], field: "action \(index - 2) (frame \(index))", limits: limits)
+                )
+            }
+            return .dispatch(
+                DispatchRequest(
+                    requestID: requestID,
+                    domainVersion: domainVersion,
+                    clientID: clientID,
+                    store: store,
+                    actions: actions
+                )
+            )
+        case .snapshotRequest:
+            try Wire.requireFrames(body, exactly: 2, type: type, layout: "header, store name")
+            return .snapshot(requestID: requestID, store: try Wire.storeName(body[1], field: "store name (frame 1)"))
+        case .rangeRequest:
+            let from = try header.read(UInt64.self, field: "from seq")
+            let to = try header.read(UInt64.self, field: "to seq")
+            try Wire.requireFrames(body, exactly: 2, type: type, layout: "header, store name")
+            let store = try Wire.storeName(body[1], field: "store name (frame 1)")
+            // A range names seqs that exist, and seq 0 never does: it is the state before the first action.
+            guard from >= 1 else {
+                throw ProtocolError(code: .invalidRange, "from seq of RANGE request is 0; expected 1 or more")
+            }
+            guard from <= to else {
+                throw ProtocolError(
+                    code: .invalidRange,
+                    "RANGE request asks from seq \(from) to seq \(to); expected from <= to"
+                )
+            }
+            return .range(requestID: requestID, store: store, from: from, to: to)
+        case .statusRequest:
+            try Wire.requireFrames(body, exactly: 1, type: type, layout: "header")
+            return .status(requestID: requestID)
+        default:
+            // `messageType` returned a request type; the others cannot reach here.
+            throw ProtocolError(code: .unknownMessageType, "\(type.fullName) is not a request")
+        }
+    }
+
+    /// The request id in `body`, or 0 when it cannot be read: the id to put on the ERROR that refuses it.
+    ///
+    /// Reads bytes 4-11 of frame 0 whenever the magic is right and the frame is long enough, whatever the
+    /// version and type, because every version keeps the request id there.
+    public static func requestID(in body: [Frame]) -> UInt64 {
+        guard let first = body.first, first.count >= 12,
+            first[0] == WireFormat.magic[0], first[1] == WireFormat.magic[1]
+        else { return 0 }
+        var reader = ByteReader(first, from: 4, context: "header (frame 0)")
+        return (try? reader.read(UInt64.self, field: "request id")) ?? 0
+    }
+}
+
+/// A batch of actions for one store, with the idempotency key that makes retrying it safe.
+public struct DispatchRequest: Hashable, Sendable {
+    /// The request number: with ``clientID`` it forms the idempotency key, and the reply echoes it.
+    public var requestID: UInt64
+    /// The client's ``Domain/version`` for the store; a daemon of another version refuses the batch.
+    public var domainVersion: UInt32
+    /// The client that sent the batch, the first half of the idempotency key.
+    public var clientID: ClientID
+    /// The store the actions are for.
+    public var store: StoreName
+    /// Each action's JSON as the domain's `Codable` conformance writes it; sequenced in this order.
+    public var actions: [Frame]
+
+    /// A batch as it goes on the wire.
+    public init(requestID: UInt64, domainVersion: UInt32, clientID: ClientID, store: StoreName, actions: [Frame]) {
+        self.requestID = requestID
+        self.domainVersion = domainVersion
+        self.clientID = clientID
+        self.store = store
+        self.actions = actions
+    }
+}

@@ -1,0 +1,363 @@
+import Lockstep
+
+/// An action with the sequence number the daemon gave it.
+public struct SequencedAction: Hashable, Sendable {
+    public var seq: SequenceNumber
+    /// The action's JSON, as the daemon published it.
+    public var action: Frame
+
+    public init(seq: SequenceNumber, action: Frame) {
+        self.seq = seq
+        self.action = action
+    }
+}
+
+/// The replica's sync logic as a value: it takes what arrived and returns what to do, with no sockets, no
+/// clock and no state of the domain in it.
+///
+/// It joins without loss (keep events from the subscription, ask for a snapshot, drop kept events at or
+/// below the snapshot's seq, apply the rest in order), then applies only `seq = last + 1`. A gap asks for
+/// the missing range; a compacted range asks for a snapshot. A new epoch, a digest mismatch or a silent
+/// daemon starts over. The owner executes the returned ``Output``s in order.
+public struct ReplicaSync: Sendable {
+    /// Where the replica is in its life.
+    public enum Phase: Hashable, Sendable {
+        /// Waiting for a snapshot; events are kept meanwhile.
+        case joining
+        /// Applying events as they come.
+        case live
+        /// Waiting for a range (or, when it was compacted, a snapshot) to fill a gap.
+        case repairing
+    }
+
+    /// Why the replica threw its state away and joined again.
+    public enum ResyncReason: Hashable, Sendable, CustomStringConvertible {
+        case newEpoch(old: Epoch, new: Epoch)
+        case divergence(seq: SequenceNumber)
+        case silence(Duration)
+
+        public var description: String {
+            switch self {
+            case let .newEpoch(old, new): "the daemon's epoch changed from \(old) to \(new)"
+            case let .divergence(seq): "the state's digest differed from the daemon's at seq \(seq)"
+            case let .silence(duration): "no event or heartbeat for \(duration)"
+            }
+        }
+    }
+
+    /// What the owner must do, in order.
+    public enum Output: Hashable, Sendable {
+        /// Ask the daemon for a snapshot of the store.
+        case requestSnapshot
+        /// Ask the daemon for the events `from...to`.
+        case requestRange(from: SequenceNumber, to: SequenceNumber)
+        /// Replace the state with this snapshot; check that `digest` is the SHA-256 of `state` first and
+        /// report ``ReplicaSync/digestMismatch(at:now:)`` if it is not.
+        case install(epoch: Epoch, seq: SequenceNumber, digest: StateDigest, state: Frame)
+        /// Apply these actions, in order; their seqs follow on from the last one applied.
+        case apply([SequencedAction])
+        /// The daemon's digest at `seq`, which is the replica's current seq: compare it with the local
+        /// state's and report ``ReplicaSync/digestMismatch(at:now:)`` if they differ.
+        case verifyDigest(seq: SequenceNumber, digest: StateDigest)
+        /// The replica's state differs from the daemon's at `seq`: tell the user loudly.
+        case reportDivergence(seq: SequenceNumber)
+        /// Everything held so far is void; a snapshot request follows.
+        case resync(ResyncReason)
+    }
+
+    /// How long to wait, and how much to keep.
+    public struct Settings: Hashable, Sendable {
+        /// No event or heartbeat for this long means the daemon is gone: resync. Three heartbeat intervals.
+        public var silenceLimit: Duration
+        /// A snapshot or range request unanswered for this long is sent again.
+        public var requestTimeout: Duration
+        /// Events kept while joining or repairing; past it, the oldest are dropped and fetched by range later.
+        public var maximumBufferedEvents: Int
+
+        public init(
+            silenceLimit: Duration = .seconds(3),
+            requestTimeout: Duration = .seconds(2),
+            maximumBufferedEvents: Int = 100_000
+        ) {
+            self.silenceLimit = silenceLimit
+            self.requestTimeout = requestTimeout
+            self.maximumBufferedEvents = maximumBufferedEvents
+        }
+    }
+
+    private enum Awaiting: Hashable, Sendable {
+        case snapshot
+        case range(from: SequenceNumber, to: SequenceNumber)
+    }
+
+    public let settings: Settings
+    /// Where the replica is.
+    public private(set) var phase = Phase.joining
+    /// The epoch of the state held, `nil` before the first snapshot.
+    public private(set) var epoch: Epoch?
+    /// The seq of the last action applied (or of the snapshot installed).
+    public private(set) var lastSeq: SequenceNumber = 0
+    /// The highest seq the daemon is known to have reached, from events, heartbeats and digests.
+    public private(set) var daemonSeq: SequenceNumber = 0
+    /// How many times the replica started over.
+    public private(set) var resyncCount = 0
+
+    private var buffer: [SequencedAction] = []
+    private var bufferEpoch: Epoch?
+    private var awaiting: Awaiting?
+    private var requestedAt: ContinuousClock.Instant
+    private var lastHeard: ContinuousClock.Instant
+    private var pendingDigest: (seq: SequenceNumber, digest: StateDigest)?
+
+    /// A replica that has just subscribed; call ``start(now:)`` next.
+    public init(settings: Settings = Settings(), now: ContinuousClock.Instant) {
+        self.settings = settings
+        self.requestedAt = now
+        self.lastHeard = now
+    }
+
+    /// Begins the join: the owner has subscribed and must now ask for a snapshot.
+    public mutating func start(now: ContinuousClock.Instant) -> [Output] {
+        phase = .joining
+        return request(.snapshot, now: now)
+    }
+
+    // MARK: - Inputs from the events socket
+
+    /// An event published by the daemon.
+    public mutating func event(
+        epoch eventEpoch: Epoch,
+        seq: SequenceNumber,
+        action: Frame,
+        now: ContinuousClock.Instant
+    ) -> [Output] {
+        lastHeard = now
+        if let epoch, eventEpoch != epoch, phase != .joining {
+            return resync(.newEpoch(old: epoch, new: eventEpoch), now: now, keeping: (eventEpoch, seq, action))
+        }
+        daemonSeq = max(daemonSeq, seq)
+        switch phase {
+        case .joining:
+            keep(epoch: eventEpoch, SequencedAction(seq: seq, action: action))
+            return []
+        case .repairing:
+            if seq > lastSeq { keep(epoch: eventEpoch, SequencedAction(seq: seq, action: action)) }
+            return []
+        case .live:
+            if seq <= lastSeq { return [] }  // a duplicate
+            if seq == lastSeq + 1 {
+                lastSeq = seq
+                return [.apply([SequencedAction(seq: seq, action: action)])] + checkPendingDigest()
+            }
+            keep(epoch: eventEpoch, SequencedAction(seq: seq, action: action))
+            phase = .repairing
+            return request(.range(from: lastSeq + 1, to: seq - 1), now: now)
+        }
+    }
+
+    /// A heartbeat: the daemon is alive and its store is at `lastSeq`.
+    public mutating func heartbeat(
+        epoch beatEpoch: Epoch,
+        lastSeq daemonLast: SequenceNumber,
+        now: ContinuousClock.Instant
+    )
+        -> [Output]
+    {
+        lastHeard = now
+        if let epoch, beatEpoch != epoch, phase != .joining {
+            return resync(.newEpoch(old: epoch, new: beatEpoch), now: now)
+        }
+        daemonSeq = max(daemonSeq, daemonLast)
+        return repairIfBehind(now: now)
+    }
+
+    /// The daemon's digest of its state at `seq`.
+    public mutating func digest(
+        epoch digestEpoch: Epoch,
+        seq: SequenceNumber,
+        digest: StateDigest,
+        now: ContinuousClock.Instant
+    ) -> [Output] {
+        lastHeard = now
+        if let epoch, digestEpoch != epoch, phase != .joining {
+            return resync(.newEpoch(old: epoch, new: digestEpoch), now: now)
+        }
+        daemonSeq = max(daemonSeq, seq)
+        guard phase != .joining, seq >= lastSeq else { return [] }
+        if seq == lastSeq { return [.verifyDigest(seq: seq, digest: digest)] }
+        pendingDigest = (seq, digest)
+        return repairIfBehind(now: now)
+    }
+
+    // MARK: - Inputs from the command socket
+
+    /// The snapshot asked for.
+    public mutating func snapshot(
+        epoch snapshotEpoch: Epoch,
+        seq: SequenceNumber,
+        digest: StateDigest,
+        state: Frame,
+        now: ContinuousClock.Instant
+    ) -> [Output] {
+        guard awaiting == .snapshot else { return [] }
+        awaiting = nil
+        lastHeard = now
+        if bufferEpoch != snapshotEpoch { buffer.removeAll() }
+        if let pending = pendingDigest, pending.seq <= seq || epoch != snapshotEpoch { pendingDigest = nil }
+        epoch = snapshotEpoch
+        bufferEpoch = snapshotEpoch
+        lastSeq = seq
+        daemonSeq = max(daemonSeq, seq)
+        return [.install(epoch: snapshotEpoch, seq: seq, digest: digest, state: state)] + drainBuffer(now: now)
+    }
+
+    /// Events asked for by range; `actions[k]` has seq `firstSeq + k`.
+    public mutating func range(
+        epoch rangeEpoch: Epoch,
+        firstSeq: SequenceNumber,
+        actions: [Frame],
+        now: ContinuousClock.Instant
+    ) -> [Output] {
+        guard case .range = awaiting else { return [] }
+        awaiting = nil
+        lastHeard = now
+        if let epoch, rangeEpoch != epoch {
+            return resync(.newEpoch(old: epoch, new: rangeEpoch), now: now)
+        }
+        var applied: [SequencedAction] = []
+        for (offset, action) in actions.enumerated() {
+            let seq = firstSeq + SequenceNumber(offset)
+            guard seq > lastSeq else { continue }
+            guard seq == lastSeq + 1 else { break }  // the daemon left a hole: ask again below
+            applied.append(SequencedAction(seq: seq, action: action))
+            lastSeq = seq
+        }
+        daemonSeq = max(daemonSeq, lastSeq)
+        let outputs: [Output] = applied.isEmpty ? [] : [.apply(applied)]
+        return outputs + checkPendingDigest() + drainBuffer(now: now)
+    }
+
+    /// The range asked for is no longer in the journal: only a snapshot can fill the gap.
+    public mutating func compacted(
+        epoch compactedEpoch: Epoch,
+        firstAvailable: SequenceNumber,
+        now: ContinuousClock.Instant
+    )
+        -> [Output]
+    {
+        guard case .range = awaiting else { return [] }
+        awaiting = nil
+        lastHeard = now
+        if let epoch, compactedEpoch != epoch {
+            return resync(.newEpoch(old: epoch, new: compactedEpoch), now: now)
+        }
+        phase = .repairing
+        return request(.snapshot, now: now)
+    }
+
+    // MARK: - Inputs from the owner
+
+    /// The owner found its state's digest differs from the daemon's at `seq` (or a snapshot's bytes do not
+    /// match its digest): report it and start over.
+    public mutating func digestMismatch(at seq: SequenceNumber, now: ContinuousClock.Instant) -> [Output] {
+        [.reportDivergence(seq: seq)] + resync(.divergence(seq: seq), now: now)
+    }
+
+    /// Time passed: resend a request nobody answered, and start over if the daemon fell silent.
+    public mutating func tick(now: ContinuousClock.Instant) -> [Output] {
+        let silence = now - lastHeard
+        if silence > settings.silenceLimit, phase != .joining || epoch != nil {
+            lastHeard = now
+            return resync(.silence(silence), now: now)
+        }
+        if let awaiting, now - requestedAt > settings.requestTimeout {
+            return request(awaiting, now: now)
+        }
+        return []
+    }
+
+    // MARK: - Internals
+
+    private mutating func request(_ what: Awaiting, now: ContinuousClock.Instant) -> [Output] {
+        awaiting = what
+        requestedAt = now
+        switch what {
+        case .snapshot: return [.requestSnapshot]
+        case let .range(from, to): return [.requestRange(from: from, to: to)]
+        }
+    }
+
+    private mutating func resync(
+        _ reason: ResyncReason,
+        now: ContinuousClock.Instant,
+        keeping event: (Epoch, SequenceNumber, Frame)? = nil
+    ) -> [Output] {
+        resyncCount += 1
+        phase = .joining
+        epoch = nil
+        lastSeq = 0
+        daemonSeq = 0
+        pendingDigest = nil
+        buffer.removeAll()
+        bufferEpoch = nil
+        if let (eventEpoch, seq, action) = event { keep(epoch: eventEpoch, SequencedAction(seq: seq, action: action)) }
+        return [.resync(reason)] + request(.snapshot, now: now)
+    }
+
+    /// Keeps an event for later, in seq order, once; events of an older epoch than the newest kept are void.
+    private mutating func keep(epoch eventEpoch: Epoch, _ event: SequencedAction) {
+        if bufferEpoch != eventEpoch {
+            buffer.removeAll()
+            bufferEpoch = eventEpoch
+        }
+        if let last = buffer.last, last.seq >= event.seq {
+            // Out of order or repeated: insert in place unless it is already there.
+            let index = buffer.firstIndex { $0.seq >= event.seq }!
+            if buffer[index].seq != event.seq { buffer.insert(event, at: index) }
+        } else {
+            buffer.append(event)
+        }
+        if buffer.count > settings.maximumBufferedEvents {
+            buffer.removeFirst(buffer.count - settings.maximumBufferedEvents)
+        }
+    }
+
+    /// Applies what the buffer holds after `lastSeq`, then asks for whatever is still missing.
+    private mutating func drainBuffer(now: ContinuousClock.Instant) -> [Output] {
+        var applied: [SequencedAction] = []
+        var consumed = 0
+        for event in buffer {
+            if event.seq <= lastSeq {
+                consumed += 1
+            } else if event.seq == lastSeq + 1 {
+                applied.append(event)
+                lastSeq = event.seq
+                consumed += 1
+            } else {
+                break
+            }
+        }
+        buffer.removeFirst(consumed)
+        var outputs: [Output] = applied.isEmpty ? [] : [.apply(applied)]
+        outputs += checkPendingDigest()
+        if let next = buffer.first {
+            phase = .repairing
+            return outputs + request(.range(from: lastSeq + 1, to: next.seq - 1), now: now)
+        }
+        phase = .live
+        return outputs + repairIfBehind(now: now)
+    }
+
+    /// A heartbeat or digest said the daemon is ahead: fetch the difference unless a request is out.
+    private mutating func repairIfBehind(now: ContinuousClock.Instant) -> [Output] {
+        guard phase == .live, daemonSeq > lastSeq, awaiting == nil else { return [] }
+        phase = .repairing
+        return request(.range(from: lastSeq + 1, to: daemonSeq), now: now)
+    }
+
+    private mutating func checkPendingDigest() -> [Output] {
+        guard let pending = pendingDigest, pending.seq <= lastSeq else { return [] }
+        pendingDigest = nil
+        return pending.seq == lastSeq ? [.verifyDigest(seq: pending.seq, digest: pending.digest)] : []
+    }
+}

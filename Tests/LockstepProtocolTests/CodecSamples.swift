@@ -1,0 +1,310 @@
+import Lockstep
+import LockstepProtocol
+import Testing
+
+/// A value with a short name, so parameterized tests list their cases readably.
+struct Sample<Message: Sendable>: Sendable, CustomTestStringConvertible {
+    let name: String
+    let message: Message
+    var testDescription: String { name }
+
+    init(_ name: String, _ message: Message) {
+        self.name = name
+        self.message = message
+    }
+}
+
+/// Values the codec tests share: fixed ones for tables, random ones for fuzzing.
+enum CodecSamples {
+    static let counter = store("counter")
+    static let epoch = Epoch(rawValue: 0x0123_4567_89AB_CDEF)
+    static let clientID = client(Array(0..<16))
+    /// `{"increment":{}}`, as `Counter.Action.increment` encodes.
+    static let increment: Frame = Array(#"{"increment":{}}"#.utf8)
+
+    /// A name the test knows is valid; a typo in a test is a test bug, so it stops the run.
+    static func store(_ name: String) -> StoreName {
+        do {
+            return try StoreName(name)
+        } catch {
+            preconditionFailure("test store name \"\(name)\" is invalid: \(error)")
+        }
+    }
+
+    static func client(_ bytes: [UInt8]) -> ClientID {
+        guard let id = ClientID(bytes: bytes) else { preconditionFailure("a client id takes 16 bytes") }
+        return id
+    }
+
+    static func json(_ text: String) -> Frame { Array(text.utf8) }
+
+    // MARK: - Fixed samples, one or more per message kind
+
+    static let requests: [Sample<Request>] = [
+        Sample(
+            "DISPATCH one action",
+            .dispatch(
+                DispatchRequest(
+                    requestID: 1,
+                    domainVersion: 1,
+                    clientID: clientID,
+                    store: counter,
+                    actions: [increment]
+                )
+            )
+        ),
+        Sample(
+            "DISPATCH three actions",
+            .dispatch(
+                DispatchRequest(
+                    requestID: 99,
+                    domainVersion: 3,
+                    clientID: client(Array(repeating: 0xAB, count: 16)),
+                    store: store("todos"),
+                    actions: [
+                        json(#"{"add":{"text":"Eat food"}}"#), json(#"{"toggle":{"id":1}}"#),
+                        json(#"{"setFilter":{"filter":"showCompleted"}}"#),
+                    ]
+                )
+            )
+        ),
+        Sample(
+            "DISPATCH largest fields",
+            .dispatch(
+                DispatchRequest(
+                    requestID: .max,
+                    domainVersion: .max,
+                    clientID: client(Array(repeating: 0xFF, count: 16)),
+                    store: store(String(repeating: "z", count: 64)),
+                    actions: [json("0")]
+                )
+            )
+        ),
+        Sample("SNAPSHOT", .snapshot(requestID: 2, store: counter)),
+        Sample("RANGE one seq", .range(requestID: 3, store: store("posts"), from: 1, to: 1)),
+        Sample("RANGE widest", .range(requestID: .max, store: store("a.b-c_d"), from: 1, to: .max)),
+        Sample("STATUS", .status(requestID: 0)),
+    ]
+
+    static let replies: [Sample<Reply>] = [
+        Sample("ACCEPTED", .accepted(requestID: 1, epoch: epoch, firstSeq: 42, count: 1)),
+        Sample(
+            "ACCEPTED last seqs",
+            .accepted(requestID: .max, epoch: Epoch(rawValue: .max), firstSeq: .max - 9, count: 10)
+        ),
+        Sample(
+            "REJECTED",
+            .rejected(
+                requestID: 7,
+                actionIndex: 2,
+                Rejection(code: "out_of_range", "index 9 is past the end (3 items)")
+            )
+        ),
+        Sample(
+            "REJECTED non-ASCII reason",
+            .rejected(requestID: 8, actionIndex: .max, Rejection(code: "x", "ça ✓ 🚀"))
+        ),
+        Sample("REJECTED empty reason", .rejected(requestID: 9, actionIndex: 0, Rejection(code: "Z9_", ""))),
+        Sample(
+            "SNAPSHOT",
+            .snapshot(
+                requestID: 4,
+                SnapshotReply(
+                    store: counter,
+                    epoch: epoch,
+                    seq: 42,
+                    digest: StateDigest(of: json(#"{"count":42}"#)),
+                    state: json(#"{"count":42}"#)
+                )
+            )
+        ),
+        Sample(
+            "SNAPSHOT at seq 0",
+            .snapshot(
+                requestID: 5,
+                SnapshotReply(
+                    store: counter,
+                    epoch: epoch,
+                    seq: 0,
+                    digest: StateDigest(of: json(#"{"count":0}"#)),
+                    state: json(#"{"count":0}"#)
+                )
+            )
+        ),
+        Sample("RANGE empty", .range(requestID: 6, store: counter, epoch: epoch, firstSeq: 43, actions: [])),
+        Sample(
+            "RANGE three",
+            .range(
+                requestID: 6,
+                store: counter,
+                epoch: epoch,
+                firstSeq: 1,
+                actions: [increment, increment, json("[]")]
+            )
+        ),
+        Sample(
+            "RANGE ending at the last seq",
+            .range(requestID: 6, store: counter, epoch: epoch, firstSeq: .max, actions: [increment])
+        ),
+        Sample("COMPACTED", .compacted(requestID: 7, store: counter, epoch: epoch, firstAvailable: 1001)),
+        Sample("STATUS", .status(requestID: 8, json: json(#"{"stores":[]}"#))),
+        Sample("STATUS empty", .status(requestID: 8, json: [])),
+        Sample("ERROR", .error(requestID: 0, ProtocolError(code: .malformed, "magic is wrong"))),
+        Sample(
+            "ERROR unknown code",
+            .error(requestID: 1, ProtocolError(code: .init(rawValue: 0xFFFF), "from the future"))
+        ),
+    ]
+
+    static let events: [Sample<Event>] = [
+        Sample("EVENT", .event(store: counter, epoch: epoch, seq: 42, action: increment)),
+        Sample("EVENT last seq", .event(store: store("x"), epoch: Epoch(rawValue: 0), seq: .max, action: json("1"))),
+        Sample("HEARTBEAT", .heartbeat(store: counter, epoch: epoch, lastSeq: 42)),
+        Sample("HEARTBEAT empty store", .heartbeat(store: counter, epoch: epoch, lastSeq: 0)),
+        Sample("DIGEST", .digest(store: counter, epoch: epoch, seq: 1000, StateDigest(of: json(#"{"count":7}"#)))),
+    ]
+
+    // MARK: - Random valid messages, for the fuzz test's corpus
+
+    static let nameBytes = Array("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.".utf8)
+    static let codeBytes = Array("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_".utf8)
+
+    static func randomBytes(_ count: Int, using random: inout SplitMix64) -> [UInt8] {
+        // Eight bytes from each draw: generating inputs is half the fuzz test's time in a debug build.
+        var bytes: [UInt8] = []
+        bytes.reserveCapacity(count)
+        var word: UInt64 = 0
+        for index in 0..<count {
+            if index % 8 == 0 { word = random.next() }
+            bytes.append(UInt8(truncatingIfNeeded: word))
+            word >>= 8
+        }
+        return bytes
+    }
+
+    static func randomStore(using random: inout SplitMix64) -> StoreName {
+        let count = random.next() % 8 == 0 ? 64 : Int.random(in: 1...12, using: &random)
+        let bytes = (0..<count).map { _ in nameBytes[Int.random(in: 0..<nameBytes.count, using: &random)] }
+        return store(String(decoding: bytes, as: UTF8.self))
+    }
+
+    /// Field values near the edges the decoder checks.
+    static func randomUInt64(using random: inout SplitMix64) -> UInt64 {
+        switch random.next() % 4 {
+        case 0: [0, 1, 2, .max - 1, .max][Int(random.next() % 5)]
+        case 1: random.next() % 100
+        default: random.next()
+        }
+    }
+
+    static func randomSeq(using random: inout SplitMix64) -> SequenceNumber {
+        max(1, randomUInt64(using: &random))
+    }
+
+    static func randomActions(_ range: ClosedRange<Int>, limits: Limits, using random: inout SplitMix64) -> [Frame] {
+        (0..<Int.random(in: range, using: &random)).map { _ in
+            randomBytes(Int.random(in: 1...limits.maximumActionBytes, using: &random), using: &random)
+        }
+    }
+
+    static func randomReason(using random: inout SplitMix64) -> String {
+        let pieces = ["a", "seq ", "42", " é", "✓", "🚀", "\n", "\"", "\u{0}"]
+        return (0..<Int.random(in: 0...6, using: &random)).map { _ in
+            pieces[Int.random(in: 0..<pieces.count, using: &random)]
+        }.joined()
+    }
+
+    static func randomRequest(limits: Limits, using random: inout SplitMix64) -> Request {
+        let requestID = randomUInt64(using: &random)
+        switch random.next() % 4 {
+        case 0:
+            return .dispatch(
+                DispatchRequest(
+                    requestID: requestID,
+                    domainVersion: UInt32(truncatingIfNeeded: randomUInt64(using: &random)),
+                    clientID: client(randomBytes(16, using: &random)),
+                    store: randomStore(using: &random),
+                    actions: randomActions(1...limits.maximumBatch, limits: limits, using: &random)
+                )
+            )
+        case 1:
+            return .snapshot(requestID: requestID, store: randomStore(using: &random))
+        case 2:
+            let from = randomSeq(using: &random)
+            let to = from + min(randomUInt64(using: &random), .max - from)
+            return .range(requestID: requestID, store: randomStore(using: &random), from: from, to: to)
+        default:
+            return .status(requestID: requestID)
+        }
+    }
+
+    static func randomReply(limits: Limits, using random: inout SplitMix64) -> Reply {
+        let requestID = randomUInt64(using: &random)
+        let epoch = Epoch(rawValue: randomUInt64(using: &random))
+        switch random.next() % 7 {
+        case 0:
+            let count = UInt32.random(in: 1...1000, using: &random)
+            let first = min(randomSeq(using: &random), .max - UInt64(count - 1))
+            return .accepted(requestID: requestID, epoch: epoch, firstSeq: first, count: count)
+        case 1:
+            let code = (0..<Int.random(in: 1...12, using: &random)).map { _ in
+                codeBytes[Int.random(in: 0..<codeBytes.count, using: &random)]
+            }
+            return .rejected(
+                requestID: requestID,
+                actionIndex: UInt32(truncatingIfNeeded: randomUInt64(using: &random)),
+                Rejection(code: String(decoding: code, as: UTF8.self), randomReason(using: &random))
+            )
+        case 2:
+            let state = randomBytes(Int.random(in: 1...40, using: &random), using: &random)
+            let snapshot = SnapshotReply(
+                store: randomStore(using: &random),
+                epoch: epoch,
+                seq: randomUInt64(using: &random),
+                digest: StateDigest(of: state),
+                state: state
+            )
+            return .snapshot(requestID: requestID, snapshot)
+        case 3:
+            let actions = randomActions(0...4, limits: limits, using: &random)
+            let first = min(randomSeq(using: &random), .max - UInt64(max(actions.count, 1) - 1))
+            return .range(
+                requestID: requestID,
+                store: randomStore(using: &random),
+                epoch: epoch,
+                firstSeq: first,
+                actions: actions
+            )
+        case 4:
+            return .compacted(
+                requestID: requestID,
+                store: randomStore(using: &random),
+                epoch: epoch,
+                firstAvailable: randomSeq(using: &random)
+            )
+        case 5:
+            return .status(
+                requestID: requestID,
+                json: randomBytes(Int.random(in: 0...40, using: &random), using: &random)
+            )
+        default:
+            let code = ProtocolError.Code(rawValue: UInt16.random(in: 1...12, using: &random))
+            return .error(requestID: requestID, ProtocolError(code: code, randomReason(using: &random)))
+        }
+    }
+
+    static func randomEvent(limits: Limits, using random: inout SplitMix64) -> Event {
+        let store = randomStore(using: &random)
+        let epoch = Epoch(rawValue: randomUInt64(using: &random))
+        switch random.next() % 3 {
+        case 0:
+            let action = randomActions(1...1, limits: limits, using: &random)[0]
+            return .event(store: store, epoch: epoch, seq: randomSeq(using: &random), action: action)
+        case 1:
+            return .heartbeat(store: store, epoch: epoch, lastSeq: randomUInt64(using: &random))
+        default:
+            let digest = StateDigest(of: randomBytes(8, using: &random))
+            return .digest(store: store, epoch: epoch, seq: randomUInt64(using: &random), digest)
+        }
+    }
+}

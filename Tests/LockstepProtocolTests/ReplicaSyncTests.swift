@@ -1,0 +1,223 @@
+import Lockstep
+import LockstepProtocol
+import Testing
+
+/// Every transition of the replica's sync machine, stated as the exact outputs it must give.
+@Suite struct ReplicaSyncTests {
+    let t0 = ContinuousClock.now
+    let epoch = Epoch(rawValue: 0xE1)
+    let newEpoch = Epoch(rawValue: 0xE2)
+    let digest = StateDigest(of: [1, 2, 3])
+
+    func action(_ seq: SequenceNumber) -> Frame { Array("a\(seq)".utf8) }
+    func sequenced(_ seqs: ClosedRange<SequenceNumber>) -> [SequencedAction] {
+        seqs.map { SequencedAction(seq: $0, action: action($0)) }
+    }
+    func at(_ milliseconds: Int) -> ContinuousClock.Instant { t0 + .milliseconds(milliseconds) }
+
+    /// A replica that joined at `seq` with nothing kept.
+    func live(at seq: SequenceNumber) -> ReplicaSync {
+        var sync = ReplicaSync(now: t0)
+        _ = sync.start(now: t0)
+        _ = sync.snapshot(epoch: epoch, seq: seq, digest: digest, state: [], now: t0)
+        return sync
+    }
+
+    @Test func joinKeepsEventsAndDropsThoseAtOrBelowTheSnapshot() {
+        var sync = ReplicaSync(now: t0)
+        #expect(sync.start(now: t0) == [.requestSnapshot])
+        for seq: SequenceNumber in 3...6 {
+            #expect(sync.event(epoch: epoch, seq: seq, action: action(seq), now: t0) == [])
+        }
+        #expect(sync.phase == .joining)
+        let outputs = sync.snapshot(epoch: epoch, seq: 4, digest: digest, state: [9], now: t0)
+        #expect(outputs == [.install(epoch: epoch, seq: 4, digest: digest, state: [9]), .apply(sequenced(5...6))])
+        #expect(sync.phase == .live)
+        #expect(sync.lastSeq == 6)
+        #expect(sync.epoch == epoch)
+    }
+
+    @Test func snapshotAheadOfEverythingKeptDropsItAll() {
+        var sync = ReplicaSync(now: t0)
+        _ = sync.start(now: t0)
+        _ = sync.event(epoch: epoch, seq: 1, action: action(1), now: t0)
+        _ = sync.event(epoch: epoch, seq: 2, action: action(2), now: t0)
+        #expect(
+            sync.snapshot(epoch: epoch, seq: 5, digest: digest, state: [], now: t0)
+                == [.install(epoch: epoch, seq: 5, digest: digest, state: [])]
+        )
+        #expect(sync.lastSeq == 5)
+        #expect(sync.event(epoch: epoch, seq: 6, action: action(6), now: t0) == [.apply(sequenced(6...6))])
+    }
+
+    @Test func gapBetweenSnapshotAndKeptEventsIsFilledByRange() {
+        var sync = ReplicaSync(now: t0)
+        _ = sync.start(now: t0)
+        _ = sync.event(epoch: epoch, seq: 8, action: action(8), now: t0)
+        _ = sync.event(epoch: epoch, seq: 9, action: action(9), now: t0)
+        #expect(
+            sync.snapshot(epoch: epoch, seq: 5, digest: digest, state: [], now: t0)
+                == [.install(epoch: epoch, seq: 5, digest: digest, state: []), .requestRange(from: 6, to: 7)]
+        )
+        #expect(sync.phase == .repairing)
+        #expect(
+            sync.range(epoch: epoch, firstSeq: 6, actions: [action(6), action(7)], now: t0)
+                == [.apply(sequenced(6...7)), .apply(sequenced(8...9))]
+        )
+        #expect(sync.phase == .live)
+        #expect(sync.lastSeq == 9)
+    }
+
+    @Test func liveAppliesOnlyTheNextSeqAndIgnoresDuplicates() {
+        var sync = live(at: 6)
+        #expect(sync.event(epoch: epoch, seq: 7, action: action(7), now: t0) == [.apply(sequenced(7...7))])
+        #expect(sync.event(epoch: epoch, seq: 7, action: action(7), now: t0) == [])
+        #expect(sync.event(epoch: epoch, seq: 3, action: action(3), now: t0) == [])
+        #expect(sync.lastSeq == 7)
+    }
+
+    @Test func gapAndReorderingAreRepairedInOrder() {
+        var sync = live(at: 6)
+        #expect(sync.event(epoch: epoch, seq: 8, action: action(8), now: t0) == [.requestRange(from: 7, to: 7)])
+        #expect(sync.phase == .repairing)
+        // The missing event turns up late, and one more arrives, while the range is out.
+        #expect(sync.event(epoch: epoch, seq: 7, action: action(7), now: t0) == [])
+        #expect(sync.event(epoch: epoch, seq: 9, action: action(9), now: t0) == [])
+        #expect(
+            sync.range(epoch: epoch, firstSeq: 7, actions: [action(7)], now: t0)
+                == [.apply(sequenced(7...7)), .apply(sequenced(8...9))]
+        )
+        #expect(sync.lastSeq == 9)
+        #expect(sync.phase == .live)
+    }
+
+    @Test func partialRangeAsksForTheRest() {
+        var sync = live(at: 0)
+        #expect(sync.event(epoch: epoch, seq: 5, action: action(5), now: t0) == [.requestRange(from: 1, to: 4)])
+        #expect(
+            sync.range(epoch: epoch, firstSeq: 1, actions: [action(1), action(2)], now: t0)
+                == [.apply(sequenced(1...2)), .requestRange(from: 3, to: 4)]
+        )
+        #expect(
+            sync.range(epoch: epoch, firstSeq: 3, actions: [action(3), action(4)], now: t0)
+                == [.apply(sequenced(3...4)), .apply(sequenced(5...5))]
+        )
+    }
+
+    @Test func heartbeatRevealsALostLastEvent() {
+        var sync = live(at: 6)
+        #expect(sync.heartbeat(epoch: epoch, lastSeq: 6, now: t0) == [])
+        #expect(sync.heartbeat(epoch: epoch, lastSeq: 7, now: t0) == [.requestRange(from: 7, to: 7)])
+        #expect(sync.phase == .repairing)
+        // A second heartbeat while the range is out does not ask twice.
+        #expect(sync.heartbeat(epoch: epoch, lastSeq: 7, now: t0) == [])
+        #expect(sync.range(epoch: epoch, firstSeq: 7, actions: [action(7)], now: t0) == [.apply(sequenced(7...7))])
+        #expect(sync.phase == .live)
+    }
+
+    @Test func compactedRangeFallsBackToASnapshotKeepingLaterEvents() {
+        var sync = live(at: 2)
+        #expect(sync.event(epoch: epoch, seq: 10, action: action(10), now: t0) == [.requestRange(from: 3, to: 9)])
+        #expect(sync.compacted(epoch: epoch, firstAvailable: 8, now: t0) == [.requestSnapshot])
+        #expect(sync.phase == .repairing)
+        #expect(sync.event(epoch: epoch, seq: 11, action: action(11), now: t0) == [])
+        #expect(
+            sync.snapshot(epoch: epoch, seq: 9, digest: digest, state: [7], now: t0)
+                == [.install(epoch: epoch, seq: 9, digest: digest, state: [7]), .apply(sequenced(10...11))]
+        )
+        #expect(sync.phase == .live)
+    }
+
+    @Test func newEpochMidRepairStartsOverKeepingTheNewEvent() {
+        var sync = live(at: 4)
+        _ = sync.event(epoch: epoch, seq: 7, action: action(7), now: t0)
+        #expect(sync.phase == .repairing)
+        let outputs = sync.event(epoch: newEpoch, seq: 1, action: action(1), now: t0)
+        #expect(outputs == [.resync(.newEpoch(old: epoch, new: newEpoch)), .requestSnapshot])
+        #expect(sync.phase == .joining)
+        #expect(sync.resyncCount == 1)
+        // The old range's answer, arriving late, is ignored.
+        #expect(sync.range(epoch: epoch, firstSeq: 5, actions: [action(5), action(6)], now: t0) == [])
+        #expect(
+            sync.snapshot(epoch: newEpoch, seq: 0, digest: digest, state: [], now: t0)
+                == [.install(epoch: newEpoch, seq: 0, digest: digest, state: []), .apply(sequenced(1...1))]
+        )
+        #expect(sync.epoch == newEpoch)
+    }
+
+    @Test func rangeFromANewEpochStartsOver() {
+        var sync = live(at: 4)
+        _ = sync.heartbeat(epoch: epoch, lastSeq: 6, now: t0)
+        #expect(
+            sync.range(epoch: newEpoch, firstSeq: 5, actions: [action(5)], now: t0)
+                == [.resync(.newEpoch(old: epoch, new: newEpoch)), .requestSnapshot]
+        )
+    }
+
+    @Test func heartbeatFromANewEpochStartsOver() {
+        var sync = live(at: 4)
+        #expect(
+            sync.heartbeat(epoch: newEpoch, lastSeq: 0, now: t0)
+                == [.resync(.newEpoch(old: epoch, new: newEpoch)), .requestSnapshot]
+        )
+    }
+
+    @Test func digestsAreVerifiedAtTheirSeqAndAMismatchStartsOver() {
+        var sync = live(at: 6)
+        #expect(sync.digest(epoch: epoch, seq: 6, digest: digest, now: t0) == [.verifyDigest(seq: 6, digest: digest)])
+        #expect(sync.digest(epoch: epoch, seq: 5, digest: digest, now: t0) == [])
+        // A digest ahead of us is kept and checked once we get there.
+        #expect(sync.digest(epoch: epoch, seq: 7, digest: digest, now: t0) == [.requestRange(from: 7, to: 7)])
+        #expect(sync.event(epoch: epoch, seq: 7, action: action(7), now: t0) == [])
+        #expect(
+            sync.range(epoch: epoch, firstSeq: 7, actions: [action(7)], now: t0)
+                == [.apply(sequenced(7...7)), .verifyDigest(seq: 7, digest: digest)]
+        )
+        #expect(
+            sync.digestMismatch(at: 7, now: t0)
+                == [.reportDivergence(seq: 7), .resync(.divergence(seq: 7)), .requestSnapshot]
+        )
+        #expect(sync.phase == .joining)
+        #expect(sync.resyncCount == 1)
+    }
+
+    @Test func silenceStartsOverAndUnansweredRequestsAreSentAgain() {
+        var sync = ReplicaSync(now: t0)
+        _ = sync.start(now: t0)
+        // Joining for the first time: nobody answers, so the request goes out again, but there is nothing
+        // to resync from.
+        #expect(sync.tick(now: at(1_000)) == [])
+        #expect(sync.tick(now: at(2_500)) == [.requestSnapshot])
+        #expect(sync.tick(now: at(5_000)) == [.requestSnapshot])
+        _ = sync.snapshot(epoch: epoch, seq: 3, digest: digest, state: [], now: at(5_000))
+        #expect(sync.heartbeat(epoch: epoch, lastSeq: 3, now: at(6_000)) == [])
+        #expect(sync.tick(now: at(8_900)) == [])
+        #expect(sync.tick(now: at(9_100)) == [.resync(.silence(.milliseconds(3_100))), .requestSnapshot])
+        #expect(sync.lastSeq == 0)
+    }
+
+    @Test func unansweredRangeIsSentAgain() {
+        var sync = live(at: 1)
+        #expect(sync.event(epoch: epoch, seq: 4, action: action(4), now: t0) == [.requestRange(from: 2, to: 3)])
+        #expect(sync.tick(now: at(2_100)) == [.requestRange(from: 2, to: 3)])
+    }
+
+    @Test func repliesNobodyAskedForAreIgnored() {
+        var sync = live(at: 3)
+        #expect(sync.snapshot(epoch: epoch, seq: 9, digest: digest, state: [], now: t0) == [])
+        #expect(sync.range(epoch: epoch, firstSeq: 4, actions: [action(4)], now: t0) == [])
+        #expect(sync.compacted(epoch: epoch, firstAvailable: 2, now: t0) == [])
+        #expect(sync.lastSeq == 3)
+    }
+
+    @Test func keptEventsAreBounded() {
+        var sync = ReplicaSync(settings: .init(maximumBufferedEvents: 3), now: t0)
+        _ = sync.start(now: t0)
+        for seq: SequenceNumber in 1...10 { _ = sync.event(epoch: epoch, seq: seq, action: action(seq), now: t0) }
+        // Only 8, 9 and 10 were kept; 1...7 come by range.
+        #expect(
+            sync.snapshot(epoch: epoch, seq: 0, digest: digest, state: [], now: t0)
+                == [.install(epoch: epoch, seq: 0, digest: digest, state: []), .requestRange(from: 1, to: 7)]
+        )
+    }
+}

@@ -1,0 +1,161 @@
+import Foundation
+import Lockstep
+import LockstepExamples
+import LockstepProtocol
+import Testing
+
+@Suite struct SequencerTests {
+    let epoch = Epoch(rawValue: 7)
+    let client = ClientID(bytes: Array(repeating: 0xAB, count: 16))!
+
+    func sequencer() throws -> Sequencer {
+        Sequencer(stores: [try DomainStore(Numbers.self, epoch: epoch), try DomainStore(Counter.self, epoch: epoch)])
+    }
+
+    func request(
+        _ number: UInt64,
+        _ actions: [String],
+        store: String = "numbers",
+        version: UInt32 = 1
+    ) throws
+        -> DispatchRequest
+    {
+        DispatchRequest(
+            requestID: number,
+            domainVersion: version,
+            clientID: client,
+            store: try StoreName(store),
+            actions: actions.map { Array($0.utf8) }
+        )
+    }
+
+    func numbers(_ sequencer: Sequencer) throws -> [Int] {
+        let state = try #require(sequencer.stores[try StoreName("numbers")]).encodedState()
+        return try JSONDecoder().decode(Numbers.State.self, from: Data(state)).numbers
+    }
+
+    @Test func acceptsAndNumbersABatchInOrder() throws {
+        var sequencer = try sequencer()
+        guard
+            case let .commit(commit) = sequencer.dispatch(
+                try request(1, [#"{"add":{"number":5}}"#, #"{"add":{"number":6}}"#])
+            )
+        else {
+            Issue.record("expected a commit")
+            return
+        }
+        #expect(commit.events.map(\.seq) == [1, 2])
+        #expect(
+            commit.events.map(\.action) == [Array(#"{"add":{"number":5}}"#.utf8), Array(#"{"add":{"number":6}}"#.utf8)]
+        )
+        #expect(commit.reply == .accepted(requestID: 1, epoch: epoch, firstSeq: 1, count: 2))
+        #expect(try numbers(sequencer) == [5, 6])
+        guard case let .commit(next) = sequencer.dispatch(try request(2, [#"{"delete":{"index":0}}"#])) else {
+            Issue.record("expected a commit")
+            return
+        }
+        #expect(next.events.map(\.seq) == [3])
+        #expect(try numbers(sequencer) == [6])
+    }
+
+    @Test func aBatchIsAllOrNone() throws {
+        var sequencer = try sequencer()
+        let decision = sequencer.dispatch(
+            try request(1, [#"{"add":{"number":5}}"#, #"{"delete":{"index":4}}"#, #"{"add":{"number":6}}"#])
+        )
+        guard case let .reply(.rejected(requestID, index, rejection)) = decision else {
+            Issue.record("expected a rejection, got \(decision)")
+            return
+        }
+        #expect(requestID == 1)
+        #expect(index == 1)
+        #expect(rejection.code == "out_of_range")
+        #expect(try numbers(sequencer) == [])
+        #expect(sequencer.stores[try StoreName("numbers")]?.lastSeq == 0)
+    }
+
+    @Test func aRetryGetsTheFirstReplyAndIsNotAppliedTwice() throws {
+        var sequencer = try sequencer()
+        let first = sequencer.dispatch(try request(9, [#"{"add":{"number":1}}"#]))
+        guard case let .commit(commit) = first else {
+            Issue.record("expected a commit")
+            return
+        }
+        guard case let .reply(again) = sequencer.dispatch(try request(9, [#"{"add":{"number":1}}"#])) else {
+            Issue.record("a retry must not commit again")
+            return
+        }
+        #expect(again == commit.reply)
+        #expect(try numbers(sequencer) == [1])
+        // A rejected request's retry gets the same rejection.
+        let rejected = sequencer.dispatch(try request(10, [#"{"delete":{"index":3}}"#]))
+        let retried = sequencer.dispatch(try request(10, [#"{"delete":{"index":3}}"#]))
+        guard case let .reply(firstReply) = rejected, case let .reply(secondReply) = retried else {
+            Issue.record("expected replies")
+            return
+        }
+        #expect(firstReply == secondReply)
+    }
+
+    @Test func theSameKeyWithOtherActionsIsRefused() throws {
+        var sequencer = try sequencer()
+        _ = sequencer.dispatch(try request(3, [#"{"add":{"number":1}}"#]))
+        let decision = sequencer.dispatch(try request(3, [#"{"add":{"number":2}}"#]))
+        guard case let .reply(.error(_, error)) = decision else {
+            Issue.record("expected an error, got \(decision)")
+            return
+        }
+        #expect(error.code == .idempotencyConflict)
+        #expect(try numbers(sequencer) == [1])
+    }
+
+    @Test(arguments: [
+        (store: "nosuch", version: UInt32(1), action: #"{"add":{"number":1}}"#, code: ProtocolError.Code.unknownStore),
+        (store: "numbers", version: UInt32(2), action: #"{"add":{"number":1}}"#, code: .domainVersionMismatch),
+        (store: "numbers", version: UInt32(1), action: #"{"add":{"nomber":1}}"#, code: .undecodableAction),
+        (store: "numbers", version: UInt32(1), action: "not json", code: .undecodableAction),
+    ])
+    func badRequestsGetAnErrorAndChangeNothing(
+        store: String,
+        version: UInt32,
+        action: String,
+        code: ProtocolError.Code
+    )
+        throws
+    {
+        var sequencer = try sequencer()
+        let decision = sequencer.dispatch(try request(1, [action], store: store, version: version))
+        guard case let .reply(.error(requestID, error)) = decision else {
+            Issue.record("expected an error, got \(decision)")
+            return
+        }
+        #expect(requestID == 1)
+        #expect(error.code == code)
+        #expect(!error.reason.isEmpty)
+        #expect(try numbers(sequencer) == [])
+        #expect(sequencer.idempotency.count == 0)
+    }
+
+    @Test func recoveryReplaysOnlyTheNextSeq() throws {
+        var store = try DomainStore(Counter.self, epoch: epoch)
+        try store.replay(SequencedAction(seq: 1, action: Array(#"{"increment":{}}"#.utf8)))
+        #expect(throws: ProtocolError.self) {
+            try store.replay(SequencedAction(seq: 3, action: Array(#"{"increment":{}}"#.utf8)))
+        }
+        #expect(store.lastSeq == 1)
+        #expect(store.state.count == 1)
+    }
+
+    @Test func theIdempotencyCacheKeepsTheNewestEntries() throws {
+        var cache = IdempotencyCache(capacity: 3)
+        let entry = IdempotencyCache.Entry(
+            fingerprint: StateDigest(of: [1]),
+            reply: .accepted(requestID: 0, epoch: epoch, firstSeq: 1, count: 1)
+        )
+        for number: UInt64 in 1...10 { cache.insert(.init(client: client, requestNumber: number), entry) }
+        #expect(cache.count == 3)
+        #expect(cache[.init(client: client, requestNumber: 7)] == nil)
+        #expect(cache[.init(client: client, requestNumber: 8)] == entry)
+        #expect(cache[.init(client: client, requestNumber: 10)] == entry)
+    }
+}

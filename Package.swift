@@ -69,6 +69,17 @@ let package = Package(
         .testTarget(name: "LockstepTests", dependencies: ["Lockstep", "LockstepExamples"]),
         .testTarget(name: "ZeroMQTests", dependencies: ["ZeroMQ"]),
         .testTarget(name: "LockstepProtocolTests", dependencies: ["LockstepProtocol", "LockstepExamples"]),
+        // Deliberately nondeterministic domains, and a child-replica executable that hosts them.
+        .target(name: "ReplayFixtures", dependencies: ["Lockstep"], path: "Tests/ReplayFixtures"),
+        .executableTarget(
+            name: "replay-fixtures",
+            dependencies: ["LockstepTesting", "LockstepExamples", "ReplayFixtures"],
+            path: "Tests/ReplayFixturesChild"
+        ),
+        .testTarget(
+            name: "LockstepTestingTests",
+            dependencies: ["LockstepTesting", "LockstepExamples", "ReplayFixtures", "replay-fixtures"]
+        ),
     ],
     swiftLanguageModes: [.v6]
 )

@@ -10,15 +10,17 @@ struct LockstepCommand: AsyncParsableCommand {
               0   success
               1   the command failed (the message says why)
               3   an action was rejected by its domain's validator
+              4   replay: two replicas diverged (the output names the seq)
               64  bad usage: unknown option, missing argument
               65  bad input: an action or file that could not be read or decoded
             """,
-        subcommands: [RunCommand.self, DemoCommand.self]
+        subcommands: [RunCommand.self, DemoCommand.self, ReplayCommand.self, ReplayChildSubcommand.self]
     )
 }
 
 /// The exit codes `lockstep --help` documents.
 enum ExitCodes {
     static let rejected = ExitCode(3)
+    static let diverged = ExitCode(4)
     static let badInput = ExitCode(65)
 }

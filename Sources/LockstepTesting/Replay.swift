@@ -1,0 +1,296 @@
+import Foundation
+import Lockstep
+import LockstepProtocol
+
+/// What to replay: actions after a starting point (the initial state at seq 0, or a journal's snapshot).
+public struct ReplayLog<D: Domain>: Sendable {
+    /// The seq the log starts after.
+    public var startSeq: SequenceNumber
+    /// The state at `startSeq`, as canonical JSON.
+    public var startState: [UInt8]
+    /// The actions, the first of which has seq `startSeq + 1`.
+    public var actions: [D.Action]
+    /// Digests the state must have at some seqs (a journal's snapshots), with the state bytes when known.
+    public var expected: [SequenceNumber: (digest: StateDigest, state: [UInt8]?)]
+
+    /// A log from the domain's initial state.
+    public init(_ actions: [D.Action]) throws {
+        self.init(startSeq: 0, startState: Array(try CanonicalEncoding.encode(D.initialState)), actions: actions)
+    }
+
+    public init(
+        startSeq: SequenceNumber, startState: [UInt8], actions: [D.Action],
+        expected: [SequenceNumber: (digest: StateDigest, state: [UInt8]?)] = [:]
+    ) {
+        self.startSeq = startSeq
+        self.startState = startState
+        self.actions = actions
+        self.expected = expected
+    }
+
+    /// The seq of the last action.
+    public var lastSeq: SequenceNumber { startSeq + SequenceNumber(actions.count) }
+}
+
+/// How to replay.
+public struct ReplaySettings: Sendable, Codable, Hashable {
+    /// Replicas in this process. Replica 0 is the reference and never round-trips its state.
+    public var replicas = 3
+    /// Compare digests every this many events; `nil`: every event for logs of up to 10,000, else every 1,000.
+    public var checkpointInterval: Int?
+    /// Seeds where each replica encodes and decodes its state, as a snapshot would.
+    public var roundTripSeed: UInt64 = 0x5EED
+    /// The chance, per event, that a replica other than 0 round-trips its state after applying it.
+    public var roundTripRate = 0.02
+    /// Seqs after which every replica but 0 round-trips, whatever the seed says.
+    public var roundTripAt: Set<SequenceNumber> = []
+
+    public init() {}
+
+    func interval(for count: Int) -> Int {
+        max(1, checkpointInterval ?? (count <= 10_000 ? 1 : 1_000))
+    }
+}
+
+/// Where two replicas part ways: the first seq, the action there, and what differs in their states.
+public struct Divergence: Error, Sendable, Codable, CustomStringConvertible {
+    /// The first seq after which the two states differ.
+    public var seq: SequenceNumber
+    /// The action at that seq, as JSON.
+    public var action: String
+    public var left: String
+    public var right: String
+    public var leftDigest: StateDigest
+    public var rightDigest: StateDigest
+    /// Path → value on each side, at most 50.
+    public var differences: [StateDifference]
+
+    public var description: String {
+        var lines = [
+            "divergence at seq \(seq): \(left) and \(right) differ after action \(action)",
+            "  \(left): \(leftDigest.hex.prefix(16))…  \(right): \(rightDigest.hex.prefix(16))…",
+        ]
+        if differences.isEmpty {
+            lines.append("  the decoded states are equal, but their encodings differ (order of a Set or Dictionary?)")
+        }
+        lines += differences.map { "  \($0)" }
+        return lines.joined(separator: "\n")
+    }
+
+    /// The divergence as one JSON object.
+    public var json: String {
+        (try? CanonicalEncoding.encode(self)).map { String(decoding: $0, as: UTF8.self) } ?? "{}"
+    }
+}
+
+/// One replica's run: digests at checkpoints, and states at the seqs asked for.
+struct ReplicaTrace: Sendable {
+    var digests: [(seq: SequenceNumber, digest: StateDigest)] = []
+    var states: [SequenceNumber: [UInt8]] = [:]
+}
+
+/// What a replica run must record.
+struct TracePlan: Sendable, Codable, Hashable {
+    /// The replica's number: 0 is the reference; the others round-trip at seeded points.
+    var replica: Int
+    var interval: Int
+    /// Extra seqs to record a digest at.
+    var checkpoints: Set<SequenceNumber> = []
+    /// Seqs to record the encoded state at.
+    var statesAt: Set<SequenceNumber> = []
+    var settings: ReplaySettings
+}
+
+/// Reducing a copy of the state changed the original: they share a mutable reference.
+struct SharedReferenceDetected: Error {
+    var seq: SequenceNumber
+    var before: [UInt8]
+    var after: [UInt8]
+}
+
+/// Runs one replica over a log; the same code runs in this process and in a child.
+enum ReplicaRunner {
+    static func run<D: Domain>(_: D.Type, startSeq: SequenceNumber, startState: [UInt8], actions: [D.Action],
+                               plan: TracePlan) throws -> ReplicaTrace {
+        var state = try CanonicalEncoding.decode(D.State.self, from: Data(startState))
+        var random = SplitMix64(seed: plan.settings.roundTripSeed &+ UInt64(plan.replica) &* 0x9E37_79B9_7F4A_7C15)
+        let threshold = UInt64(max(0, min(1, plan.settings.roundTripRate)) * Double(UInt64.max))
+        var trace = ReplicaTrace()
+        for (offset, action) in actions.enumerated() {
+            let seq = startSeq + SequenceNumber(offset + 1)
+            let isCheckpoint = (offset + 1) % plan.interval == 0 || plan.checkpoints.contains(seq)
+            if plan.replica == 1, plan.interval == 1 || isCheckpoint {
+                // A reducer must not change the state it was handed a copy of. If it does, some reference
+                // type is shared between the two values, and replicas that copy at other points part ways.
+                let original = state
+                let before = Array(try CanonicalEncoding.encode(original))
+                D.reduce(into: &state, action)
+                let after = Array(try CanonicalEncoding.encode(original))
+                if after != before { throw SharedReferenceDetected(seq: seq, before: before, after: after) }
+            } else {
+                D.reduce(into: &state, action)
+            }
+            if plan.replica != 0, plan.settings.roundTripAt.contains(seq) || random.next() < threshold {
+                state = try CanonicalEncoding.decode(D.State.self, from: try CanonicalEncoding.encode(state))
+            }
+            let isLast = offset == actions.count - 1
+            let wantsState = plan.statesAt.contains(seq)
+            if wantsState || isLast || isCheckpoint {
+                let bytes = Array(try CanonicalEncoding.encode(state))
+                trace.digests.append((seq, StateDigest(of: bytes)))
+                if wantsState { trace.states[seq] = bytes }
+            }
+        }
+        return trace
+    }
+}
+
+/// Replays a log through several replicas, in this process and in child processes, and reports the first
+/// divergence.
+public struct ReplayHarness<D: Domain>: Sendable {
+    public var settings: ReplaySettings
+    /// Child processes that replay too, each with its own hash seed.
+    public var children: [ReplayChildCommand]
+
+    public init(settings: ReplaySettings = ReplaySettings(), children: [ReplayChildCommand] = []) {
+        self.settings = settings
+        self.children = children
+    }
+
+    /// A summary of a clean replay.
+    public struct Report: Sendable {
+        public var events: Int
+        public var replicas: Int
+        public var checkpoints: Int
+        public var finalSeq: SequenceNumber
+        public var finalDigest: StateDigest?
+    }
+
+    /// Replays `log`; throws the first ``Divergence`` found, or returns a summary.
+    public func replay(_ log: ReplayLog<D>) throws -> Report {
+        let interval = settings.interval(for: log.actions.count)
+        let expectedSeqs = Set(log.expected.keys)
+        var sides = (0..<max(1, settings.replicas)).map { Side.inProcess(replica: $0) }
+        sides += children.enumerated().map { Side.child($0.element, replica: settings.replicas + $0.offset) }
+        let traces: [ReplicaTrace]
+        do {
+            traces = try sides.map { try trace($0, log, plan(for: $0, interval: interval, checkpoints: expectedSeqs)) }
+        } catch let shared as SharedReferenceDetected {
+            throw divergence(
+                at: shared.seq, log: log, left: "the state before seq \(shared.seq)",
+                right: "the same state after a copy of it was reduced (a shared reference type?)",
+                leftDigest: StateDigest(of: shared.before), rightDigest: StateDigest(of: shared.after),
+                leftState: shared.before, rightState: shared.after
+            )
+        }
+
+        if let reference = traces.first {
+            // The journal's own snapshots first: they are what the daemon served.
+            let referenceDigests = Dictionary(reference.digests.map { ($0.seq, $0.digest) }) { first, _ in first }
+            for seq in expectedSeqs.sorted() {
+                guard let expected = log.expected[seq], let digest = referenceDigests[seq], digest != expected.digest
+                else { continue }
+                let replayed = try trace(sides[0], log, plan(for: sides[0], interval: interval, statesAt: [seq]))
+                throw divergence(
+                    at: seq, log: log, left: "the journal's snapshot", right: sides[0].name,
+                    leftDigest: expected.digest, rightDigest: digest,
+                    leftState: expected.state ?? [], rightState: replayed.states[seq] ?? []
+                )
+            }
+        }
+        for (index, trace) in traces.enumerated().dropFirst() {
+            guard let mismatch = firstMismatch(traces[0], trace) else { continue }
+            try narrow(log, sides[0], sides[index], after: mismatch.previous, upTo: mismatch.seq, interval: interval)
+        }
+        return Report(
+            events: log.actions.count, replicas: sides.count, checkpoints: traces.first?.digests.count ?? 0,
+            finalSeq: log.lastSeq, finalDigest: traces.first?.digests.last?.digest
+        )
+    }
+
+    enum Side: Sendable {
+        case inProcess(replica: Int)
+        case child(ReplayChildCommand, replica: Int)
+
+        var replica: Int {
+            switch self {
+            case let .inProcess(replica), let .child(_, replica): replica
+            }
+        }
+
+        var name: String {
+            switch self {
+            case let .inProcess(replica): "replica \(replica) (in process)"
+            case let .child(_, replica): "replica \(replica) (child process)"
+            }
+        }
+    }
+
+    func plan(
+        for side: Side, interval: Int, checkpoints: Set<SequenceNumber> = [], statesAt: Set<SequenceNumber> = []
+    ) -> TracePlan {
+        TracePlan(
+            replica: side.replica, interval: interval, checkpoints: checkpoints, statesAt: statesAt, settings: settings
+        )
+    }
+
+    func trace(_ side: Side, _ log: ReplayLog<D>, _ plan: TracePlan) throws -> ReplicaTrace {
+        switch side {
+        case .inProcess:
+            try ReplicaRunner.run(
+                D.self, startSeq: log.startSeq, startState: log.startState, actions: log.actions, plan: plan
+            )
+        case let .child(command, _):
+            try command.run(D.self, log: log, plan: plan)
+        }
+    }
+
+    /// The first checkpoint where two traces differ, and the last one before it where they agreed.
+    func firstMismatch(_ left: ReplicaTrace, _ right: ReplicaTrace)
+        -> (previous: SequenceNumber?, seq: SequenceNumber)?
+    {
+        let rightDigests = Dictionary(right.digests.map { ($0.seq, $0.digest) }) { first, _ in first }
+        var previous: SequenceNumber?
+        for (seq, digest) in left.digests {
+            guard let other = rightDigests[seq] else { continue }
+            if other != digest { return (previous, seq) }
+            previous = seq
+        }
+        return nil
+    }
+
+    /// Replays both sides again with a checkpoint at every seq in the window, then throws the divergence at
+    /// the first seq that differs, with both states diffed.
+    func narrow(
+        _ log: ReplayLog<D>, _ left: Side, _ right: Side, after previous: SequenceNumber?, upTo seq: SequenceNumber,
+        interval: Int
+    ) throws -> Never {
+        let window = Set(((previous ?? log.startSeq) + 1)...seq)
+        let leftTrace = try trace(left, log, plan(for: left, interval: interval, checkpoints: window))
+        let rightTrace = try trace(right, log, plan(for: right, interval: interval, checkpoints: window))
+        let first = firstMismatch(leftTrace, rightTrace)?.seq ?? seq
+        let leftStates = try trace(left, log, plan(for: left, interval: interval, statesAt: [first]))
+        let rightStates = try trace(right, log, plan(for: right, interval: interval, statesAt: [first]))
+        let leftBytes = leftStates.states[first] ?? []
+        let rightBytes = rightStates.states[first] ?? []
+        throw divergence(
+            at: first, log: log, left: left.name, right: right.name,
+            leftDigest: StateDigest(of: leftBytes), rightDigest: StateDigest(of: rightBytes),
+            leftState: leftBytes, rightState: rightBytes
+        )
+    }
+
+    func divergence(
+        at seq: SequenceNumber, log: ReplayLog<D>, left: String, right: String, leftDigest: StateDigest,
+        rightDigest: StateDigest, leftState: [UInt8], rightState: [UInt8]
+    ) -> Divergence {
+        let index = Int(seq - log.startSeq) - 1
+        let action = log.actions.indices.contains(index)
+            ? (try? CanonicalEncoding.encode(log.actions[index])).map { String(decoding: $0, as: UTF8.self) } ?? "?"
+            : "(none)"
+        return Divergence(
+            seq: seq, action: action, left: left, right: right, leftDigest: leftDigest, rightDigest: rightDigest,
+            differences: StateDiff.compare(leftState, rightState)
+        )
+    }
+}

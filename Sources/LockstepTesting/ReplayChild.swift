@@ -1,0 +1,129 @@
+import Foundation
+import Lockstep
+import LockstepProtocol
+
+/// How to start a child process that replays: an executable that calls ``ReplayChild/serve(domains:)``
+/// when given `arguments` (`lockstep replay-child` for the example domains).
+///
+/// A child has its own hash seed, so a reducer that depends on `Set` or `Dictionary` order diverges there.
+public struct ReplayChildCommand: Sendable, Hashable {
+    public var executable: String
+    public var arguments: [String]
+    /// The longest a child may take; it is killed after that.
+    public var timeout: Duration
+
+    public init(executable: String, arguments: [String], timeout: Duration = .seconds(600)) {
+        self.executable = executable
+        self.arguments = arguments
+        self.timeout = timeout
+    }
+
+    func run<D: Domain>(_: D.Type, log: ReplayLog<D>, plan: TracePlan) throws -> ReplicaTrace {
+        var input = try JSONEncoder().encode(
+            ReplayChild.Header(store: D.name, startSeq: log.startSeq, startState: Data(log.startState), plan: plan)
+        )
+        input.append(0x0A)
+        for action in log.actions {
+            input.append(try CanonicalEncoding.encode(action))
+            input.append(0x0A)
+        }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: executable)
+        process.arguments = arguments
+        let stdin = Pipe()
+        let stdout = Pipe()
+        let stderr = Pipe()
+        process.standardInput = stdin
+        process.standardOutput = stdout
+        process.standardError = stderr
+        try process.run()
+        let deadline = ContinuousClock.now + timeout
+        // The child reads all its input before it writes anything, so writing first cannot deadlock.
+        stdin.fileHandleForWriting.write(input)
+        try stdin.fileHandleForWriting.close()
+        let output = stdout.fileHandleForReading.readDataToEndOfFile()
+        let errors = stderr.fileHandleForReading.readDataToEndOfFile()
+        while process.isRunning {
+            if ContinuousClock.now > deadline {
+                process.terminate()
+                process.waitUntilExit()
+                throw ReplayChildError("\(executable) did not finish within \(timeout) and was stopped")
+            }
+            Thread.sleep(forTimeInterval: 0.005)
+        }
+        guard process.terminationStatus == 0 else {
+            throw ReplayChildError(
+                "\(executable) \(arguments.joined(separator: " ")) exited with \(process.terminationStatus): "
+                    + String(decoding: errors, as: UTF8.self)
+            )
+        }
+        var trace = ReplicaTrace()
+        let decoder = JSONDecoder()
+        for line in output.split(separator: 0x0A) {
+            let record = try decoder.decode(ReplayChild.Record.self, from: Data(line))
+            trace.digests.append((record.seq, record.digest))
+            if let state = record.state { trace.states[record.seq] = Array(state) }
+        }
+        return trace
+    }
+}
+
+/// A child replica failed to run; the message says how.
+public struct ReplayChildError: Error, CustomStringConvertible {
+    public var description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// The child side of a replay: reads a log on standard input, writes digests on standard output.
+public enum ReplayChild {
+    struct Header: Codable {
+        var store: String
+        var startSeq: SequenceNumber
+        var startState: Data
+        var plan: TracePlan
+    }
+
+    struct Record: Codable {
+        var seq: SequenceNumber
+        var digest: StateDigest
+        var state: Data?
+    }
+
+    /// Serves one replay request for whichever of `domains` it names; call it from an executable's
+    /// `replay-child` command. Returns the exit status.
+    public static func serve(domains: [any Domain.Type]) -> Int32 {
+        let input = FileHandle.standardInput.readDataToEndOfFile()
+        do {
+            guard let newline = input.firstIndex(of: 0x0A) else { throw ReplayChildError("no header line on stdin") }
+            let header = try JSONDecoder().decode(Header.self, from: input[..<newline])
+            guard let domain = domains.first(where: { $0.name == header.store }) else {
+                throw ReplayChildError(
+                    "no domain named '\(header.store)' here; this child knows "
+                        + domains.map { $0.name }.joined(separator: ", ")
+                )
+            }
+            let output = try serve(domain, header: header, lines: input[(newline + 1)...])
+            FileHandle.standardOutput.write(output)
+            return 0
+        } catch {
+            FileHandle.standardError.write(Data("replay-child: \(error)\n".utf8))
+            return 1
+        }
+    }
+
+    private static func serve<D: Domain>(_ domain: D.Type, header: Header, lines: Data) throws -> Data {
+        let decoder = JSONDecoder()
+        let actions = try lines.split(separator: 0x0A).map { try decoder.decode(D.Action.self, from: Data($0)) }
+        let trace = try ReplicaRunner.run(
+            domain, startSeq: header.startSeq, startState: Array(header.startState), actions: actions,
+            plan: header.plan
+        )
+        var output = Data()
+        let encoder = JSONEncoder()
+        for (seq, digest) in trace.digests {
+            output.append(try encoder.encode(Record(seq: seq, digest: digest, state: trace.states[seq].map { Data($0) })))
+            output.append(0x0A)
+        }
+        return output
+    }
+}

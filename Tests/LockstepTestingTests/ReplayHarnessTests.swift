@@ -1,0 +1,163 @@
+import Foundation
+import Lockstep
+import LockstepExamples
+import LockstepProtocol
+import LockstepTesting
+import ReplayFixtures
+import Testing
+
+/// The harness's child replica, built next to the test bundle.
+func fixtureChild() -> ReplayChildCommand {
+    var directory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
+    if !FileManager.default.isExecutableFile(atPath: directory.appendingPathComponent("replay-fixtures").path) {
+        directory = directory.deletingLastPathComponent()
+    }
+    return ReplayChildCommand(
+        executable: directory.appendingPathComponent("replay-fixtures").path, arguments: [], timeout: .seconds(60)
+    )
+}
+
+/// Replays `actions` and returns the divergence the harness must find.
+func expectDivergence<D: Domain>(
+    _: D.Type, _ actions: [D.Action], settings: ReplaySettings = ReplaySettings(), children: [ReplayChildCommand] = []
+) throws -> Divergence? {
+    let harness = ReplayHarness<D>(settings: settings, children: children)
+    do {
+        _ = try harness.replay(try ReplayLog<D>(actions))
+        Issue.record("\(D.name): the harness found no divergence")
+        return nil
+    } catch let divergence as Divergence {
+        return divergence
+    }
+}
+
+@Suite struct ReplayHarnessTests {
+    @Test func readingTheClockIsCaughtAtTheFirstAction() throws {
+        let divergence = try #require(try expectDivergence(ClockDomain.self, Array(repeating: .stamp, count: 5)))
+        #expect(divergence.seq == 1)
+        #expect(divergence.action == #"{"stamp":{}}"#)
+        #expect(divergence.differences.map(\.path) == ["stamps[0]"])
+    }
+
+    @Test func randomNumbersAreCaughtAtTheFirstAction() throws {
+        let divergence = try #require(try expectDivergence(DiceDomain.self, Array(repeating: .roll, count: 5)))
+        #expect(divergence.seq == 1)
+        #expect(divergence.differences.map(\.path) == ["rolls[0]"])
+    }
+
+    @Test func setOrderIsCaughtInAnotherProcess() throws {
+        // Three plain actions, then a Set of 20 tags: its encoded order depends on the hash seed.
+        let actions: [TagsDomain.Action] = [.count, .count, .count, .tag((0..<20).map { "tag-\($0)" }), .count]
+        let divergence = try #require(
+            try expectDivergence(TagsDomain.self, actions, children: [fixtureChild()])
+        )
+        #expect(divergence.seq == 4)
+        #expect(divergence.action.hasPrefix(#"{"tag":"#))
+        #expect(!divergence.differences.isEmpty)
+        #expect(divergence.differences.allSatisfy { $0.path.hasPrefix("tags[") })
+    }
+
+    @Test func stateLostInARoundTripIsCaughtWhereItIsFirstUsed() throws {
+        var settings = ReplaySettings()
+        settings.roundTripRate = 0
+        settings.roundTripAt = [3]
+        let actions: [LossyDomain.Action] = [.add(5), .add(3), .add(1), .repeatLast, .repeatLast]
+        let exact = try #require(try expectDivergence(LossyDomain.self, actions, settings: settings))
+        // The round trip after seq 3 loses `lastAmount = 1`, and seq 4 is the first action to read it.
+        #expect(exact.seq == 4)
+        #expect(exact.action == #"{"repeatLast":{}}"#)
+        #expect(exact.differences == [StateDifference(path: "total", left: .integer(10), right: .integer(9))])
+    }
+
+    @Test func aSharedReferenceIsCaughtAtTheFirstAction() throws {
+        let divergence = try #require(try expectDivergence(TallyDomain.self, Array(repeating: .bump, count: 3)))
+        #expect(divergence.seq == 1)
+        #expect(divergence.differences == [StateDifference(path: "tally.count", left: .integer(0), right: .integer(1))])
+    }
+
+    @Test func sparseCheckpointsStillNameTheFirstDivergentSeq() throws {
+        var settings = ReplaySettings()
+        settings.checkpointInterval = 50
+        settings.roundTripRate = 0
+        settings.roundTripAt = [120]
+        let actions: [LossyDomain.Action] = (1...200).map { $0 == 121 ? .repeatLast : .add(1) }
+        let divergence = try #require(try expectDivergence(LossyDomain.self, actions, settings: settings))
+        #expect(divergence.seq == 121)
+    }
+
+    @Test func divergenceReadsWellInATerminalAndAsJSON() throws {
+        let divergence = try #require(try expectDivergence(TallyDomain.self, [.bump]))
+        #expect(divergence.description.contains("divergence at seq 1"))
+        #expect(divergence.description.contains("tally.count: 0 ≠ 1"))
+        let object = try JSONSerialization.jsonObject(with: Data(divergence.json.utf8)) as? [String: Any]
+        #expect(object?["seq"] as? Int == 1)
+    }
+
+    @Test(arguments: Examples.domains.map { $0.name })
+    func exampleDomainsPassInAndAcrossProcesses(store: String) throws {
+        let domain = try #require(Examples.domain(named: store))
+        try check(domain)
+    }
+
+    func check<D: ActionGenerating>(_: D.Type) throws {
+        var check = DeterminismCheck(D.self, children: [fixtureChild()])
+        check.sequences = 3
+        check.length = 300
+        try check.run()
+    }
+
+    @Test func journalSnapshotsMustMatchTheReplay() throws {
+        let actions: [Counter.Action] = [.increment, .increment, .decrement]
+        let good = StateDigest(of: Array(#"{"count":2}"#.utf8))
+        var log = try ReplayLog<Counter>(actions)
+        log.expected = [2: (good, nil)]
+        _ = try ReplayHarness<Counter>().replay(log)
+        log.expected = [2: (StateDigest(of: Array(#"{"count":3}"#.utf8)), Array(#"{"count":3}"#.utf8))]
+        let divergence = try #require(throws: Divergence.self) { try ReplayHarness<Counter>().replay(log) }
+        #expect(divergence.seq == 2)
+        #expect(divergence.differences == [StateDifference(path: "count", left: .integer(3), right: .integer(2))])
+    }
+
+    @Test func replayCanStartFromASnapshot() throws {
+        let log = ReplayLog<Counter>(startSeq: 10, startState: Array(#"{"count":10}"#.utf8), actions: [.increment])
+        let report = try ReplayHarness<Counter>().replay(log)
+        #expect(report.finalSeq == 11)
+        #expect(report.finalDigest == StateDigest(of: Array(#"{"count":11}"#.utf8)))
+    }
+}
+
+@Suite struct DeterminismCheckTests {
+    @Test func reportsTheSeedAndAShortFailingLog() throws {
+        var settings = ReplaySettings()
+        settings.roundTripRate = 0.5
+        var check = DeterminismCheck(LossyDomain.self, settings: settings)
+        check.sequences = 5
+        check.length = 100
+        let failure = try #require(throws: DeterminismFailure.self) { try check.run() }
+        #expect(failure.seed >= 1)
+        // Losing `lastAmount` needs at least an add, a round trip, and a repeat that reads it.
+        #expect(failure.actions.count >= 2)
+        #expect(failure.actions.count <= 10)
+        #expect(failure.actions.last == #"{"repeatLast":{}}"#)
+        #expect(failure.description.contains("seed \(failure.seed)"))
+    }
+
+    @Test func aDeterministicDomainPasses() throws {
+        var check = DeterminismCheck(Todos.self)
+        check.sequences = 5
+        try check.run()
+    }
+}
+
+@Suite struct StateDiffTests {
+    @Test func namesEveryDifferingPath() {
+        let left = Array(#"{"a":1,"b":{"c":[1,2,3]},"d":"x"}"#.utf8)
+        let right = Array(#"{"a":1,"b":{"c":[1,5]},"e":true}"#.utf8)
+        #expect(
+            StateDiff.compare(left, right).map(\.description) == [
+                "b.c[1]: 2 ≠ 5", "b.c[2]: 3 ≠ (absent)", "d: \"x\" ≠ (absent)", "e: (absent) ≠ true",
+            ]
+        )
+        #expect(StateDiff.compare(left, left).isEmpty)
+    }
+}

@@ -1,0 +1,101 @@
+import Foundation
+import Lockstep
+
+// Deliberately nondeterministic domains, one per class of mistake the replay harness must catch.
+
+/// Reads the clock inside the reducer.
+public enum ClockDomain: ActionGenerating {
+    public struct State: Codable, Equatable, Sendable { public var stamps: [Double] = [] }
+    public enum Action: Codable, Equatable, Sendable { case stamp }
+    public static let name = "clock"
+    public static let version: UInt32 = 1
+    public static var initialState: State { State() }
+    public static func reduce(into state: inout State, _ action: Action) {
+        state.stamps.append(Date().timeIntervalSince1970)
+    }
+    public static func randomAction(for state: State, using random: inout SplitMix64) -> Action { .stamp }
+}
+
+/// Draws random numbers inside the reducer.
+public enum DiceDomain: ActionGenerating {
+    public struct State: Codable, Equatable, Sendable { public var rolls: [Int] = [] }
+    public enum Action: Codable, Equatable, Sendable { case roll }
+    public static let name = "dice"
+    public static let version: UInt32 = 1
+    public static var initialState: State { State() }
+    public static func reduce(into state: inout State, _ action: Action) {
+        state.rolls.append(Int.random(in: 0..<1_000_000_000))
+    }
+    public static func randomAction(for state: State, using random: inout SplitMix64) -> Action { .roll }
+}
+
+/// Keeps a `Set`, whose encoding follows the hash order Swift seeds per process (and per instance).
+public enum TagsDomain: ActionGenerating {
+    public struct State: Codable, Equatable, Sendable {
+        public var count = 0
+        public var tags: Set<String> = []
+    }
+    public enum Action: Codable, Equatable, Sendable { case count, tag([String]) }
+    public static let name = "tags"
+    public static let version: UInt32 = 1
+    public static var initialState: State { State() }
+    public static func reduce(into state: inout State, _ action: Action) {
+        switch action {
+        case .count: state.count += 1
+        case let .tag(tags): state.tags.formUnion(tags)
+        }
+    }
+    public static func randomAction(for state: State, using random: inout SplitMix64) -> Action {
+        Bool.random(using: &random) ? .count : .tag((0..<20).map { "t\($0)-\(random.next() % 100)" })
+    }
+}
+
+/// Keeps a field out of its encoding, so a replica that restores from a snapshot loses it.
+public enum LossyDomain: ActionGenerating {
+    public struct State: Codable, Equatable, Sendable {
+        public var total = 0
+        /// Not encoded: after a snapshot round trip it is back to 0.
+        public var lastAmount = 0
+        enum CodingKeys: String, CodingKey { case total }
+    }
+    public enum Action: Codable, Equatable, Sendable { case add(Int), repeatLast }
+    public static let name = "lossy"
+    public static let version: UInt32 = 1
+    public static var initialState: State { State() }
+    public static func reduce(into state: inout State, _ action: Action) {
+        switch action {
+        case let .add(amount):
+            state.total += amount
+            state.lastAmount = amount
+        case .repeatLast:
+            state.total += state.lastAmount
+        }
+    }
+    public static func randomAction(for state: State, using random: inout SplitMix64) -> Action {
+        Bool.random(using: &random) ? .add(Int(random.next() % 10) + 1) : .repeatLast
+    }
+}
+
+/// Holds a class instance in its state, so copies of the state share it.
+public enum TallyDomain: ActionGenerating {
+    public final class Tally: Codable, Equatable, @unchecked Sendable {
+        // Deliberately unsafe: this domain exists to show the harness catching a shared mutable reference.
+        public var count = 0
+        public init() {}
+        public static func == (left: Tally, right: Tally) -> Bool { left.count == right.count }
+    }
+    public struct State: Codable, Equatable, Sendable { public var tally = Tally() }
+    public enum Action: Codable, Equatable, Sendable { case bump }
+    public static let name = "tally"
+    public static let version: UInt32 = 1
+    public static var initialState: State { State() }
+    public static func reduce(into state: inout State, _ action: Action) {
+        state.tally.count += 1
+    }
+    public static func randomAction(for state: State, using random: inout SplitMix64) -> Action { .bump }
+}
+
+/// Every broken domain, for the child executable.
+public let brokenDomains: [any Domain.Type] = [
+    ClockDomain.self, DiceDomain.self, TagsDomain.self, LossyDomain.self, TallyDomain.self,
+]

@@ -20,6 +20,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-crypto.git", "3.12.3"..<"5.0.0"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
     ],
     targets: [
         // libzmq through pkg-config; imported only by ZeroMQ.
@@ -31,7 +32,7 @@ let package = Package(
         .target(name: "ZeroMQ", dependencies: ["CZeroMQ"]),
         .target(name: "Lockstep", dependencies: [.product(name: "Crypto", package: "swift-crypto")]),
         .target(name: "LockstepProtocol", dependencies: ["Lockstep"]),
-        .target(name: "LockstepJournal", dependencies: ["Lockstep"]),
+        .target(name: "LockstepJournal", dependencies: ["Lockstep", .product(name: "GRDB", package: "GRDB.swift")]),
         .target(
             name: "LockstepServer",
             dependencies: [
@@ -61,6 +62,7 @@ let package = Package(
             name: "LockstepCLI",
             dependencies: [
                 "Lockstep", "LockstepProtocol", "LockstepClient", "LockstepExamples", "LockstepTesting", "ZeroMQ",
+                "LockstepJournal",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -79,6 +81,10 @@ let package = Package(
         .testTarget(
             name: "LockstepTestingTests",
             dependencies: ["LockstepTesting", "LockstepExamples", "ReplayFixtures", "replay-fixtures"]
+        ),
+        .testTarget(
+            name: "LockstepJournalTests",
+            dependencies: ["LockstepJournal", "LockstepExamples", .product(name: "GRDB", package: "GRDB.swift")]
         ),
     ],
     swiftLanguageModes: [.v6]

@@ -11,10 +11,13 @@ struct LockstepCommand: AsyncParsableCommand {
               1   the command failed (the message says why)
               3   an action was rejected by its domain's validator
               4   replay: two replicas diverged (the output names the seq)
+              5   journal verify: the journal is damaged (the output names store, seq and what)
               64  bad usage: unknown option, missing argument
               65  bad input: an action or file that could not be read or decoded
             """,
-        subcommands: [RunCommand.self, DemoCommand.self, ReplayCommand.self, ReplayChildSubcommand.self]
+        subcommands: [
+            RunCommand.self, DemoCommand.self, ReplayCommand.self, ReplayChildSubcommand.self, JournalCommand.self,
+        ]
     )
 }
 

@@ -1,0 +1,337 @@
+import Lockstep
+
+/// A durable, ordered log of each store's sequenced actions, with snapshots, compaction and the
+/// idempotency entries that let a retried request get its first reply.
+///
+/// ``SQLiteJournal`` keeps it in one SQLite file; ``InMemoryJournal`` keeps it in memory with the same
+/// behaviour, for tests and `--journal memory`. Both are used the same way:
+///
+/// 1. ``recover(_:)`` each domain the caller hosts: the state the journal can prove, its last seq and the
+///    store's epoch. A store seen for the first time is registered with a fresh epoch.
+/// 2. ``commit(_:)`` batches — events for several stores, their idempotency entries, and a snapshot for each
+///    store whose ``snapshotDue(store:pendingEvents:pendingBytes:)`` says so. A commit returns only once the
+///    whole batch is durable; it is the only way anything becomes durable.
+/// 3. ``events(store:from:to:limit:)`` serves range reads to replicas that missed events.
+///
+/// Every method blocks its caller until the journal is done (a commit waits for `fsync`): call them from a
+/// thread of your own, not from Swift's cooperative pool. Commits and recoveries are serialized; reads may
+/// come from any thread.
+public protocol Journal: AnyObject, Sendable {
+    /// Where the journal lives: its file, or `memory`.
+    var location: String { get }
+
+    /// When snapshots are due, how many are kept, how many idempotency entries are kept.
+    var policy: JournalPolicy { get }
+
+    /// The state of `domain`'s store that the journal can prove: the newest snapshot (its digest checked)
+    /// with every later event replayed through the domain's reducer (each event's checksum checked, seqs
+    /// contiguous).
+    ///
+    /// A store the journal has never seen is registered, durably, with a fresh random epoch and the domain's
+    /// version. Throws ``JournalError/Code/domainVersionMismatch`` when the store was written by another
+    /// version of the domain, and a checksum, sequence, digest or decoding error naming the store and the
+    /// seq when the journal cannot prove a state. It never returns a state it cannot prove.
+    func recover<D: Domain>(_ domain: D.Type) throws(JournalError) -> RecoveredStore<D>
+
+    /// Writes the whole batch in one transaction and returns once it is durable.
+    ///
+    /// Each store in the batch must have been recovered, its events must continue its seqs without a gap,
+    /// and a snapshot must be at its store's last seq after the batch. A snapshot also compacts its store:
+    /// the oldest snapshots beyond ``JournalPolicy/snapshotsKept`` are deleted, and so are the events at or
+    /// below the oldest snapshot kept. Idempotency entries beyond ``JournalPolicy/idempotencyEntriesKept``
+    /// are deleted, oldest first.
+    ///
+    /// On error nothing of the batch is kept and the journal stays usable.
+    func commit(_ batch: JournalBatch) throws(JournalError)
+
+    /// Whether the store is due a snapshot once `pendingEvents` more events of `pendingBytes` action bytes
+    /// are committed: include one, at the batch's last seq for that store, in the same commit.
+    ///
+    /// Counts the events committed since the store's newest snapshot (or since its first event). False for
+    /// a store not recovered.
+    func snapshotDue(store: String, pendingEvents: Int, pendingBytes: Int) -> Bool
+
+    /// The store's last committed seq (0 before its first event), or `nil` for a store not recovered.
+    func lastSeq(store: String) -> UInt64?
+
+    /// Events `from...to` of `store`, at most `limit` of them, in seq order — or, when `from` is below the
+    /// first seq the journal still keeps, ``JournalRange/compacted(firstAvailable:)``.
+    ///
+    /// Fewer events than asked for means the store's last seq or the limit was reached. Each event's
+    /// checksum is checked before it is returned.
+    func events(store: String, from: UInt64, to: UInt64, limit: Int) throws(JournalError) -> JournalRange
+
+    /// The store's newest snapshot, digest checked, or `nil` when it has none.
+    func newestSnapshot(store: String) throws(JournalError) -> JournalSnapshot?
+
+    /// The entry kept for `key`, if any.
+    func idempotencyRecord(for key: IdempotencyKey) throws(JournalError) -> IdempotencyRecord?
+
+    /// Every idempotency entry kept, oldest first: what a daemon loads at start so retries across a
+    /// restart get their first reply.
+    func idempotencyRecords() throws(JournalError) -> [IdempotencyRecord]
+
+    /// Per store: epoch, domain version, first and last seq, events and snapshots kept; and the file's size.
+    func stats() throws(JournalError) -> JournalStats
+
+    /// Checks the whole journal without a domain: every event's checksum, every store's seqs contiguous
+    /// from its first kept event to its last and joined to its newest snapshot, every snapshot's digest,
+    /// and (for SQLite) the file's integrity. Returns what is wrong; empty when the journal is intact.
+    func verify() throws(JournalError) -> [JournalProblem]
+
+    /// Releases the file. Later calls fail. Closing twice is harmless.
+    func close() throws(JournalError)
+}
+
+extension Journal {
+    /// Whether the store is due a snapshot, counting only what is committed.
+    public func snapshotDue(store: String) -> Bool {
+        snapshotDue(store: store, pendingEvents: 0, pendingBytes: 0)
+    }
+
+    /// Whether the store is due a snapshot once `batch` is committed.
+    public func snapshotDue(store: String, in batch: JournalBatch) -> Bool {
+        var count = 0
+        var bytes = 0
+        for event in batch.events where event.store == store {
+            count += 1
+            bytes += event.action.count
+        }
+        return snapshotDue(store: store, pendingEvents: count, pendingBytes: bytes)
+    }
+}
+
+/// One sequenced action as the journal keeps it.
+public struct JournalEvent: Hashable, Sendable {
+    /// The store's name.
+    public var store: String
+    /// The event's place in its store's order: 1, 2, 3…
+    public var seq: UInt64
+    /// The encoded action (its JSON).
+    public var action: [UInt8]
+    /// The 16-byte id of the client that sent it.
+    public var clientID: [UInt8]
+    /// The client's request number: with ``clientID`` the request's idempotency key.
+    public var requestNumber: UInt64
+
+    /// An event as the daemon sequenced it.
+    public init(store: String, seq: UInt64, action: [UInt8], clientID: [UInt8], requestNumber: UInt64) {
+        self.store = store
+        self.seq = seq
+        self.action = action
+        self.clientID = clientID
+        self.requestNumber = requestNumber
+    }
+
+    /// The CRC-32C the journal stores with the event, over its store, seq, action, client id and request
+    /// number, each length-prefixed or fixed-width so no two events share an input (see docs/operations.md).
+    public var checksum: UInt32 {
+        var crc = CRC32C()
+        let name = Array(store.utf8)
+        crc.update(bigEndian: UInt32(truncatingIfNeeded: name.count))
+        crc.update(name)
+        crc.update(bigEndian: seq)
+        crc.update(bigEndian: UInt32(truncatingIfNeeded: action.count))
+        crc.update(action)
+        crc.update(bigEndian: UInt32(truncatingIfNeeded: clientID.count))
+        crc.update(clientID)
+        crc.update(bigEndian: requestNumber)
+        return crc.value
+    }
+}
+
+/// A store's state at one seq, as canonical bytes with their digest.
+public struct JournalSnapshot: Hashable, Sendable {
+    /// The store's name.
+    public var store: String
+    /// The seq of the last event the state includes.
+    public var seq: UInt64
+    /// The state's canonical encoding (``CanonicalEncoding``).
+    public var state: [UInt8]
+    /// SHA-256 of ``state``.
+    public var digest: StateDigest
+
+    /// A snapshot whose digest the caller already has.
+    public init(store: String, seq: UInt64, state: [UInt8], digest: StateDigest) {
+        self.store = store
+        self.seq = seq
+        self.state = state
+        self.digest = digest
+    }
+
+    /// A snapshot of `state` bytes, its digest computed here.
+    public init(store: String, seq: UInt64, state: [UInt8]) {
+        self.init(store: store, seq: seq, state: state, digest: StateDigest(of: state))
+    }
+
+    /// A snapshot of a domain's state, canonically encoded.
+    public init<State: Encodable>(store: String, seq: UInt64, encoding value: State) throws {
+        self.init(store: store, seq: seq, state: Array(try CanonicalEncoding.encode(value)))
+    }
+}
+
+/// Who sent a request and which of theirs it was: a request retried with the same key is never applied twice.
+public struct IdempotencyKey: Hashable, Sendable {
+    /// The client's 16-byte id.
+    public var clientID: [UInt8]
+    /// The client's request number.
+    public var requestNumber: UInt64
+
+    /// A key.
+    public init(clientID: [UInt8], requestNumber: UInt64) {
+        self.clientID = clientID
+        self.requestNumber = requestNumber
+    }
+}
+
+/// What the daemon answered a request, kept so a retry gets the same reply.
+public struct IdempotencyRecord: Hashable, Sendable {
+    /// The request's key.
+    public var key: IdempotencyKey
+    /// A fingerprint of the request (e.g. a hash of store and action), so the same key with another action
+    /// can be refused.
+    public var fingerprint: [UInt8]
+    /// The encoded reply the daemon sent.
+    public var reply: [UInt8]
+
+    /// A record.
+    public init(key: IdempotencyKey, fingerprint: [UInt8], reply: [UInt8]) {
+        self.key = key
+        self.fingerprint = fingerprint
+        self.reply = reply
+    }
+}
+
+/// What one commit writes: all of it or none of it.
+public struct JournalBatch: Hashable, Sendable {
+    /// Events, for one or several stores, each store's in seq order.
+    public var events: [JournalEvent]
+    /// Idempotency entries for the requests the batch answers (applied or rejected). An entry for a key the
+    /// journal already keeps replaces it and keeps its place in the order.
+    public var idempotency: [IdempotencyRecord]
+    /// At most one snapshot per store, at that store's last seq after the batch.
+    public var snapshots: [JournalSnapshot]
+
+    /// A batch.
+    public init(events: [JournalEvent] = [], idempotency: [IdempotencyRecord] = [], snapshots: [JournalSnapshot] = []) {
+        self.events = events
+        self.idempotency = idempotency
+        self.snapshots = snapshots
+    }
+
+    /// True when there is nothing to write.
+    public var isEmpty: Bool { events.isEmpty && idempotency.isEmpty && snapshots.isEmpty }
+
+    /// The last seq of `store` in this batch, if it has events of that store.
+    public func lastSeq(of store: String) -> UInt64? {
+        events.last { $0.store == store }?.seq
+    }
+}
+
+/// A store as recovery left it.
+public struct RecoveredStore<D: Domain>: Sendable {
+    /// The state at ``lastSeq``.
+    public var state: D.State
+    /// The seq of the last event in ``state`` (0 for a store with no events).
+    public var lastSeq: UInt64
+    /// The random id of this store's journal lifetime; a replica that sees it change resyncs.
+    public var epoch: UInt64
+    /// The domain version the store was written with (equal to `D.version`).
+    public var domainVersion: UInt32
+    /// The seq of the snapshot recovery started from, or `nil` when it started from the initial state.
+    public var snapshotSeq: UInt64?
+    /// How many events recovery replayed after the snapshot.
+    public var replayedEvents: Int
+}
+
+/// The answer to a range read.
+public enum JournalRange: Hashable, Sendable {
+    /// The events asked for, in seq order (fewer when the store's last seq or the limit was reached).
+    case events([JournalEvent])
+    /// `from` is below what the journal keeps: events start at `firstAvailable`. Take a snapshot instead.
+    case compacted(firstAvailable: UInt64)
+}
+
+/// When snapshots are due, and how much history the journal keeps.
+public struct JournalPolicy: Hashable, Sendable {
+    /// A snapshot is due after this many events since the last one.
+    public var snapshotEveryEvents: Int
+    /// …or after this many bytes of actions since the last one, whichever comes first.
+    public var snapshotEveryBytes: Int
+    /// How many snapshots each store keeps; events at or below the oldest kept are compacted away. At least 1.
+    public var snapshotsKept: Int
+    /// How many idempotency entries the journal keeps (the newest). At least 1.
+    public var idempotencyEntriesKept: Int
+
+    /// A policy; the defaults suit a daemon.
+    public init(
+        snapshotEveryEvents: Int = 10_000,
+        snapshotEveryBytes: Int = 16 << 20,
+        snapshotsKept: Int = 2,
+        idempotencyEntriesKept: Int = 100_000
+    ) {
+        self.snapshotEveryEvents = max(1, snapshotEveryEvents)
+        self.snapshotEveryBytes = max(1, snapshotEveryBytes)
+        self.snapshotsKept = max(1, snapshotsKept)
+        self.idempotencyEntriesKept = max(1, idempotencyEntriesKept)
+    }
+}
+
+/// One store in ``JournalStats``.
+public struct JournalStoreStats: Hashable, Sendable, Codable {
+    /// The store's name.
+    public var name: String
+    /// The store's epoch.
+    public var epoch: UInt64
+    /// The domain version the store was written with.
+    public var domainVersion: UInt32
+    /// The first seq still kept as an event, or `nil` when no event is kept.
+    public var firstSeq: UInt64?
+    /// The store's last seq (0 before its first event).
+    public var lastSeq: UInt64
+    /// How many events are kept.
+    public var eventCount: Int
+    /// The seqs of the snapshots kept, oldest first.
+    public var snapshotSeqs: [UInt64]
+}
+
+/// What a journal holds.
+public struct JournalStats: Hashable, Sendable, Codable {
+    /// The journal's file, or `memory`.
+    public var location: String
+    /// The journal's format version.
+    public var formatVersion: Int
+    /// The bytes on disk (database plus write-ahead log), or `nil` in memory.
+    public var fileBytes: Int64?
+    /// The stores, by name.
+    public var stores: [JournalStoreStats]
+    /// How many idempotency entries are kept.
+    public var idempotencyEntries: Int
+}
+
+/// One thing ``Journal/verify()`` found wrong.
+public struct JournalProblem: Hashable, Sendable, CustomStringConvertible {
+    /// The kind of problem, e.g. ``JournalError/Code/checksumMismatch``.
+    public var code: JournalError.Code
+    /// The store, when the problem is in one.
+    public var store: String?
+    /// The seq, when the problem is at one.
+    public var seq: UInt64?
+    /// What is wrong.
+    public var message: String
+
+    /// A problem.
+    public init(code: JournalError.Code, store: String? = nil, seq: UInt64? = nil, message: String) {
+        self.code = code
+        self.store = store
+        self.seq = seq
+        self.message = message
+    }
+
+    public var description: String {
+        var text = ""
+        if let store { text += "store \(store)" }
+        if let seq { text += (text.isEmpty ? "" : ", ") + "seq \(seq)" }
+        return (text.isEmpty ? "" : text + ": ") + message + " [\(code)]"
+    }
+}

@@ -1,0 +1,537 @@
+import Foundation
+import Lockstep
+
+/// A store as the journal records it.
+struct StoreRecord: Hashable, Sendable {
+    var name: String
+    var domainVersion: UInt32
+    var epoch: UInt64
+}
+
+/// An event as read back, with the checksum stored beside it (not yet compared).
+struct StoredEvent: Sendable {
+    var event: JournalEvent
+    var storedChecksum: Int64
+
+    var checksumMatches: Bool { storedChecksum == Int64(event.checksum) }
+}
+
+/// Events at or below `throughSeq` and snapshots below it are deleted.
+struct Compaction: Hashable, Sendable {
+    var store: String
+    var throughSeq: UInt64
+}
+
+/// Everything one commit writes, checked by the engine; storage writes it in one transaction.
+struct CommitPlan: Sendable {
+    var batch: JournalBatch
+    var compactions: [Compaction]
+    var idempotencyKept: Int
+}
+
+/// What a range read found, in one consistent read.
+struct StoredRange: Sendable {
+    /// The first seq kept as an event, or the newest snapshot's seq + 1 (or 1) when no event is kept.
+    var firstAvailable: UInt64
+    /// The store's last seq: the larger of its last event and its newest snapshot.
+    var lastSeq: UInt64
+    var events: [StoredEvent]
+}
+
+/// Where the journal's records live. Implementations only store and fetch; the rules live in `JournalEngine`.
+protocol JournalStorage: Sendable {
+    var location: String { get }
+    var formatVersion: Int { get }
+    var isReadOnly: Bool { get }
+
+    func storeRecord(named name: String) throws(JournalError) -> StoreRecord?
+    func storeRecords() throws(JournalError) -> [StoreRecord]
+    /// Durable before it returns.
+    func register(_ record: StoreRecord) throws(JournalError)
+    /// Ascending.
+    func snapshotSeqs(store: String) throws(JournalError) -> [UInt64]
+    /// As stored; the digest is not checked here.
+    func snapshot(store: String, seq: UInt64) throws(JournalError) -> JournalSnapshot?
+    /// Every event of `store` with seq ≥ `from`, ascending.
+    func forEachEvent(
+        store: String,
+        from: UInt64,
+        _ body: (StoredEvent) throws(JournalError) -> Void
+    ) throws(JournalError)
+    func eventSummary(store: String) throws(JournalError) -> (first: UInt64, last: UInt64, count: Int)?
+    func readRange(store: String, from: UInt64, to: UInt64, limit: Int) throws(JournalError) -> StoredRange
+    /// One transaction, durable before it returns; on error nothing of it is kept.
+    func write(_ plan: CommitPlan) throws(JournalError)
+    func idempotencyRecord(for key: IdempotencyKey) throws(JournalError) -> IdempotencyRecord?
+    /// Oldest first.
+    func idempotencyRecords() throws(JournalError) -> [IdempotencyRecord]
+    func idempotencyCount() throws(JournalError) -> Int
+    func fileBytes() -> Int64?
+    /// What the storage itself finds damaged (SQLite's integrity check); empty when intact.
+    func integrityProblems() throws(JournalError) -> [String]
+    func close() throws(JournalError)
+}
+
+/// The journal's rules — recovery, batch checks, snapshot policy, compaction, range answers — over any storage.
+final class JournalEngine<Storage: JournalStorage>: Sendable {
+    /// What the engine knows about a recovered store.
+    struct Tracking: Sendable {
+        var record: StoreRecord
+        var lastSeq: UInt64
+        /// Ascending.
+        var snapshotSeqs: [UInt64]
+        var eventsSinceSnapshot: Int
+        var bytesSinceSnapshot: Int
+    }
+
+    let storage: Storage
+    let policy: JournalPolicy
+    /// Held across a whole recovery or commit, so each sees the tracking the previous one left.
+    private let writeLock = LockedValue(())
+    private let tracking = LockedValue<[String: Tracking]>([:])
+
+    init(storage: Storage, policy: JournalPolicy) {
+        self.storage = storage
+        self.policy = policy
+    }
+
+    private func error(
+        _ code: JournalError.Code,
+        _ operation: String,
+        store: String? = nil,
+        seq: UInt64? = nil,
+        _ message: String
+    ) -> JournalError {
+        JournalError(code: code, file: storage.location, operation: operation, store: store, seq: seq, message: message)
+    }
+
+    // MARK: Recovery
+
+    func recover<D: Domain>(_ domain: D.Type) throws(JournalError) -> RecoveredStore<D> {
+        try writeLock.withLockedValue { (_: inout Void) throws(JournalError) -> RecoveredStore<D> in
+            try recoverLocked(domain)
+        }
+    }
+
+    private func recoverLocked<D: Domain>(_: D.Type) throws(JournalError) -> RecoveredStore<D> {
+        let operation = "recover"
+        let name = D.name
+        var record: StoreRecord
+        if let existing = try storage.storeRecord(named: name) {
+            record = existing
+        } else {
+            guard !storage.isReadOnly else {
+                throw error(
+                    .unknownStore,
+                    operation,
+                    store: name,
+                    "the journal has no store '\(name)' and is open read-only, so it cannot register it; "
+                        + "open it read-write (the daemon does) to start the store"
+                )
+            }
+            record = StoreRecord(name: name, domainVersion: D.version, epoch: UInt64.random(in: 1...UInt64.max))
+            try storage.register(record)
+        }
+        guard record.domainVersion == D.version else {
+            throw error(
+                .domainVersionMismatch,
+                operation,
+                store: name,
+                "the store was written by \(name) domain version \(record.domainVersion), but this build has "
+                    + "version \(D.version); run the build that wrote it, or move the data directory aside to "
+                    + "start the store afresh"
+            )
+        }
+
+        let snapshotSeqs = try storage.snapshotSeqs(store: name)
+        var state = D.initialState
+        var start: UInt64 = 0
+        if let newest = snapshotSeqs.last {
+            guard let snapshot = try storage.snapshot(store: name, seq: newest) else {
+                throw error(.sqlite, operation, store: name, seq: newest, "the snapshot vanished while being read")
+            }
+            try checkDigest(snapshot, operation)
+            do {
+                state = try JSONDecoder().decode(D.State.self, from: Data(snapshot.state))
+            } catch {
+                throw self.error(
+                    .undecodableState,
+                    operation,
+                    store: name,
+                    seq: newest,
+                    "the snapshot's state does not decode as \(name) version \(D.version) state: \(error); "
+                        + "the journal cannot prove a state — restore the data directory from a backup"
+                )
+            }
+            start = newest
+        }
+
+        var expected = start + 1
+        var replayed = 0
+        var bytes = 0
+        let decoder = JSONDecoder()
+        try storage.forEachEvent(store: name, from: start + 1) { (stored: StoredEvent) throws(JournalError) in
+            let seq = stored.event.seq
+            guard seq == expected else {
+                throw error(
+                    .sequenceGap,
+                    operation,
+                    store: name,
+                    seq: expected,
+                    "seq \(expected) is missing: the next event kept is seq \(seq); the journal cannot prove a "
+                        + "state past seq \(expected - 1) — restore the data directory from a backup"
+                )
+            }
+            guard stored.checksumMatches else {
+                throw checksumError(stored, operation)
+            }
+            let action: D.Action
+            do {
+                action = try decoder.decode(D.Action.self, from: Data(stored.event.action))
+            } catch {
+                throw self.error(
+                    .undecodableAction,
+                    operation,
+                    store: name,
+                    seq: seq,
+                    "the action does not decode as a \(name) version \(D.version) action: \(error)"
+                )
+            }
+            D.reduce(into: &state, action)
+            expected += 1
+            replayed += 1
+            bytes += stored.event.action.count
+        }
+
+        let lastSeq = expected - 1
+        tracking.withLockedValue {
+            $0[name] = Tracking(
+                record: record,
+                lastSeq: lastSeq,
+                snapshotSeqs: snapshotSeqs,
+                eventsSinceSnapshot: replayed,
+                bytesSinceSnapshot: bytes
+            )
+        }
+        return RecoveredStore(
+            state: state,
+            lastSeq: lastSeq,
+            epoch: record.epoch,
+            domainVersion: record.domainVersion,
+            snapshotSeq: snapshotSeqs.last,
+            replayedEvents: replayed
+        )
+    }
+
+    private func checkDigest(_ snapshot: JournalSnapshot, _ operation: String) throws(JournalError) {
+        let actual = StateDigest(of: snapshot.state)
+        guard actual == snapshot.digest else {
+            throw error(
+                .digestMismatch,
+                operation,
+                store: snapshot.store,
+                seq: snapshot.seq,
+                "the snapshot's state has SHA-256 \(actual.hex), but its stored digest is \(snapshot.digest.hex); "
+                    + "the snapshot is damaged — restore the data directory from a backup"
+            )
+        }
+    }
+
+    private func checksumError(_ stored: StoredEvent, _ operation: String) -> JournalError {
+        error(
+            .checksumMismatch,
+            operation,
+            store: stored.event.store,
+            seq: stored.event.seq,
+            "the event's bytes have CRC-32C \(stored.event.checksum), but its stored checksum is "
+                + "\(stored.storedChecksum); the event is damaged — restore the data directory from a backup"
+        )
+    }
+
+    // MARK: Commit
+
+    func commit(_ batch: JournalBatch) throws(JournalError) {
+        guard !batch.isEmpty else { return }
+        try writeLock.withLockedValue { (_: inout Void) throws(JournalError) in
+            try commitLocked(batch)
+        }
+    }
+
+    private func commitLocked(_ batch: JournalBatch) throws(JournalError) {
+        let operation = "commit"
+        guard !storage.isReadOnly else {
+            throw error(.readOnly, operation, "the journal is open read-only; open it read-write to commit")
+        }
+        var next = tracking.withLockedValue { $0 }
+
+        for event in batch.events {
+            guard var store = next[event.store] else {
+                throw error(
+                    .unknownStore,
+                    operation,
+                    store: event.store,
+                    seq: event.seq,
+                    "the batch has an event for store '\(event.store)', which was not recovered; "
+                        + "call recover(_:) for its domain first"
+                )
+            }
+            guard event.seq == store.lastSeq + 1, event.seq <= UInt64(Int64.max) else {
+                throw error(
+                    .invalidBatch,
+                    operation,
+                    store: event.store,
+                    seq: event.seq,
+                    "the event has seq \(event.seq), but the store's next seq is \(store.lastSeq + 1); "
+                        + "seqs must be contiguous"
+                )
+            }
+            guard event.clientID.count == 16 else {
+                throw error(
+                    .invalidBatch,
+                    operation,
+                    store: event.store,
+                    seq: event.seq,
+                    "the event's client id has \(event.clientID.count) bytes; client ids are 16 bytes"
+                )
+            }
+            store.lastSeq = event.seq
+            store.eventsSinceSnapshot += 1
+            store.bytesSinceSnapshot += event.action.count
+            next[event.store] = store
+        }
+
+        var compactions: [Compaction] = []
+        var snapshotted: Set<String> = []
+        for snapshot in batch.snapshots {
+            guard var store = next[snapshot.store] else {
+                throw error(
+                    .unknownStore,
+                    operation,
+                    store: snapshot.store,
+                    seq: snapshot.seq,
+                    "the batch has a snapshot for store '\(snapshot.store)', which was not recovered; "
+                        + "call recover(_:) for its domain first"
+                )
+            }
+            guard snapshotted.insert(snapshot.store).inserted else {
+                throw error(
+                    .invalidBatch,
+                    operation,
+                    store: snapshot.store,
+                    seq: snapshot.seq,
+                    "the batch has two snapshots for the store; give at most one, at its last seq"
+                )
+            }
+            guard snapshot.seq == store.lastSeq, snapshot.seq > (store.snapshotSeqs.last ?? 0) else {
+                throw error(
+                    .invalidBatch,
+                    operation,
+                    store: snapshot.store,
+                    seq: snapshot.seq,
+                    "the snapshot is at seq \(snapshot.seq), but the store's last seq after the batch is "
+                        + "\(store.lastSeq) and its newest snapshot is at \(store.snapshotSeqs.last ?? 0); "
+                        + "a snapshot must be at the batch's last seq, past the newest"
+                )
+            }
+            try checkDigest(snapshot, operation)
+            store.snapshotSeqs.append(snapshot.seq)
+            if store.snapshotSeqs.count > policy.snapshotsKept {
+                store.snapshotSeqs.removeFirst(store.snapshotSeqs.count - policy.snapshotsKept)
+            }
+            // Events are needed only after the oldest snapshot kept: recovery replays from the newest, and a
+            // replica that lags further behind takes a snapshot instead.
+            compactions.append(Compaction(store: snapshot.store, throughSeq: store.snapshotSeqs[0]))
+            store.eventsSinceSnapshot = 0
+            store.bytesSinceSnapshot = 0
+            next[snapshot.store] = store
+        }
+
+        for record in batch.idempotency where record.key.clientID.count != 16 {
+            throw error(
+                .invalidBatch,
+                operation,
+                "an idempotency entry's client id has \(record.key.clientID.count) bytes; client ids are 16 bytes"
+            )
+        }
+
+        let plan = CommitPlan(batch: batch, compactions: compactions, idempotencyKept: policy.idempotencyEntriesKept)
+        try storage.write(plan)
+        // Nothing else changes the tracking while the write lock is held, so `next` is the whole truth.
+        tracking.withLockedValue { $0 = next }
+    }
+
+    func snapshotDue(store: String, pendingEvents: Int, pendingBytes: Int) -> Bool {
+        guard let tracked = tracking.withLockedValue({ $0[store] }) else { return false }
+        return tracked.eventsSinceSnapshot + pendingEvents >= policy.snapshotEveryEvents
+            || tracked.bytesSinceSnapshot + pendingBytes >= policy.snapshotEveryBytes
+    }
+
+    func lastSeq(store: String) -> UInt64? {
+        tracking.withLockedValue { $0[store]?.lastSeq }
+    }
+
+    // MARK: Reads
+
+    func events(store: String, from: UInt64, to: UInt64, limit: Int) throws(JournalError) -> JournalRange {
+        let operation = "range"
+        guard limit > 0, from <= to else {
+            throw error(
+                .invalidArgument,
+                operation,
+                store: store,
+                "a range needs from ≤ to and a limit above 0; got from \(from), to \(to), limit \(limit)"
+            )
+        }
+        if tracking.withLockedValue({ $0[store] }) == nil, try storage.storeRecord(named: store) == nil {
+            throw error(.unknownStore, operation, store: store, "the journal has no store '\(store)'")
+        }
+        let from = max(from, 1)
+        let to = min(to, UInt64(Int64.max))
+        let range = try storage.readRange(store: store, from: from, to: to, limit: limit)
+        if from < range.firstAvailable {
+            return .compacted(firstAvailable: range.firstAvailable)
+        }
+        var expected = from
+        for stored in range.events {
+            guard stored.event.seq == expected else {
+                throw error(
+                    .sequenceGap,
+                    operation,
+                    store: store,
+                    seq: expected,
+                    "seq \(expected) is missing: the next event kept is seq \(stored.event.seq)"
+                )
+            }
+            guard stored.checksumMatches else { throw checksumError(stored, operation) }
+            expected += 1
+        }
+        if range.events.count < limit, expected <= min(to, range.lastSeq) {
+            throw error(
+                .sequenceGap,
+                operation,
+                store: store,
+                seq: expected,
+                "seq \(expected) is missing: the store's last seq is \(range.lastSeq)"
+            )
+        }
+        return .events(range.events.map(\.event))
+    }
+
+    func newestSnapshot(store: String) throws(JournalError) -> JournalSnapshot? {
+        guard let seq = try storage.snapshotSeqs(store: store).last,
+            let snapshot = try storage.snapshot(store: store, seq: seq)
+        else { return nil }
+        try checkDigest(snapshot, "snapshot")
+        return snapshot
+    }
+
+    func stats() throws(JournalError) -> JournalStats {
+        var stores: [JournalStoreStats] = []
+        for record in try storage.storeRecords().sorted(by: { $0.name < $1.name }) {
+            let summary = try storage.eventSummary(store: record.name)
+            let snapshots = try storage.snapshotSeqs(store: record.name)
+            stores.append(
+                JournalStoreStats(
+                    name: record.name,
+                    epoch: record.epoch,
+                    domainVersion: record.domainVersion,
+                    firstSeq: summary?.first,
+                    lastSeq: max(summary?.last ?? 0, snapshots.last ?? 0),
+                    eventCount: summary?.count ?? 0,
+                    snapshotSeqs: snapshots
+                )
+            )
+        }
+        return JournalStats(
+            location: storage.location,
+            formatVersion: storage.formatVersion,
+            fileBytes: storage.fileBytes(),
+            stores: stores,
+            idempotencyEntries: try storage.idempotencyCount()
+        )
+    }
+
+    // MARK: Verify
+
+    func verify() throws(JournalError) -> [JournalProblem] {
+        var problems = try storage.integrityProblems().map { JournalProblem(code: .corrupt, message: $0) }
+        for record in try storage.storeRecords().sorted(by: { $0.name < $1.name }) {
+            let name = record.name
+            let snapshotSeqs = try storage.snapshotSeqs(store: name)
+            for seq in snapshotSeqs {
+                guard let snapshot = try storage.snapshot(store: name, seq: seq) else { continue }
+                let actual = StateDigest(of: snapshot.state)
+                if actual != snapshot.digest {
+                    problems.append(
+                        JournalProblem(
+                            code: .digestMismatch,
+                            store: name,
+                            seq: seq,
+                            message: "snapshot state has SHA-256 \(actual.hex), stored digest is \(snapshot.digest.hex)"
+                        )
+                    )
+                }
+            }
+            var first: UInt64?
+            var expected: UInt64 = 0
+            var broken = false
+            try storage.forEachEvent(store: name, from: 0) { (stored: StoredEvent) throws(JournalError) in
+                guard !broken else { return }
+                let seq = stored.event.seq
+                if first == nil {
+                    first = seq
+                } else if seq != expected {
+                    problems.append(
+                        JournalProblem(
+                            code: .sequenceGap,
+                            store: name,
+                            seq: expected,
+                            message: "seq \(expected) is missing: the next event kept is seq \(seq)"
+                        )
+                    )
+                    broken = true
+                    return
+                }
+                if !stored.checksumMatches {
+                    problems.append(
+                        JournalProblem(
+                            code: .checksumMismatch,
+                            store: name,
+                            seq: seq,
+                            message: "action bytes have CRC-32C \(stored.event.checksum), stored checksum is "
+                                + "\(stored.storedChecksum): the event is damaged"
+                        )
+                    )
+                    broken = true
+                    return
+                }
+                expected = seq + 1
+            }
+            guard !broken, let first else { continue }
+            let last = expected - 1
+            if let newest = snapshotSeqs.last {
+                if first > newest + 1 || last < newest {
+                    problems.append(
+                        JournalProblem(
+                            code: .sequenceGap,
+                            store: name,
+                            seq: first > newest + 1 ? newest + 1 : last + 1,
+                            message: "events kept are seqs \(first)...\(last), which do not join the newest "
+                                + "snapshot at seq \(newest)"
+                        )
+                    )
+                }
+            } else if first != 1 {
+                problems.append(
+                    JournalProblem(
+                        code: .sequenceGap,
+                        store: name,
+                        seq: 1,
+                        message: "events start at seq \(first), and there is no snapshot to start from"
+                    )
+                )
+            }
+        }
+        return problems
+    }
+}

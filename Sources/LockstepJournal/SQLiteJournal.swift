@@ -1,0 +1,733 @@
+import Foundation
+import GRDB
+import Lockstep
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// The journal in one SQLite file, `journal.sqlite` in the data directory: WAL, `synchronous = FULL`, mode
+/// 0600. Its schema, durability and tools are described in docs/operations.md.
+public final class SQLiteJournal: Journal {
+    /// The journal's file name inside the data directory.
+    public static let fileName = "journal.sqlite"
+    /// The format this build writes and reads. A journal of another format is refused when opened.
+    public static let formatVersion = 1
+
+    /// The path of the journal's file.
+    public var location: String { storage.location }
+    /// The journal's policy.
+    public var policy: JournalPolicy { engine.policy }
+
+    private let storage: SQLiteStorage
+    private let engine: JournalEngine<SQLiteStorage>
+
+    /// Opens the journal in `directory`, creating the directory (mode 0700) and the journal when absent.
+    ///
+    /// - Parameters:
+    ///   - directory: The data directory.
+    ///   - policy: When snapshots are due and how much history is kept.
+    ///   - readOnly: Open for reading only (the CLI's `verify`, `dump` and `stats`): nothing is created,
+    ///     commits are refused, and a store not yet in the journal cannot be recovered.
+    /// - Throws: ``JournalError`` with ``JournalError/Code/formatVersionMismatch`` when the file was written
+    ///   in another format, ``JournalError/Code/notAJournal`` when it is some other database, and the
+    ///   SQLite or I/O failure otherwise.
+    public init(
+        directory: String,
+        policy: JournalPolicy = JournalPolicy(),
+        readOnly: Bool = false
+    ) throws(JournalError) {
+        storage = try SQLiteStorage(directory: directory, readOnly: readOnly)
+        engine = JournalEngine(storage: storage, policy: policy)
+    }
+
+    /// The open connection, for tests that must reach under the journal (e.g. `PRAGMA max_page_count`).
+    package var databaseQueue: DatabaseQueue { storage.queue }
+
+    public func recover<D: Domain>(_ domain: D.Type) throws(JournalError) -> RecoveredStore<D> {
+        try engine.recover(domain)
+    }
+
+    public func commit(_ batch: JournalBatch) throws(JournalError) {
+        try engine.commit(batch)
+    }
+
+    public func snapshotDue(store: String, pendingEvents: Int, pendingBytes: Int) -> Bool {
+        engine.snapshotDue(store: store, pendingEvents: pendingEvents, pendingBytes: pendingBytes)
+    }
+
+    public func lastSeq(store: String) -> UInt64? {
+        engine.lastSeq(store: store)
+    }
+
+    public func events(store: String, from: UInt64, to: UInt64, limit: Int) throws(JournalError) -> JournalRange {
+        try engine.events(store: store, from: from, to: to, limit: limit)
+    }
+
+    public func newestSnapshot(store: String) throws(JournalError) -> JournalSnapshot? {
+        try engine.newestSnapshot(store: store)
+    }
+
+    public func idempotencyRecord(for key: IdempotencyKey) throws(JournalError) -> IdempotencyRecord? {
+        try storage.idempotencyRecord(for: key)
+    }
+
+    public func idempotencyRecords() throws(JournalError) -> [IdempotencyRecord] {
+        try storage.idempotencyRecords()
+    }
+
+    public func stats() throws(JournalError) -> JournalStats {
+        try engine.stats()
+    }
+
+    public func verify() throws(JournalError) -> [JournalProblem] {
+        try engine.verify()
+    }
+
+    public func close() throws(JournalError) {
+        try storage.close()
+    }
+}
+
+/// The SQLite tables behind ``SQLiteJournal``; see docs/operations.md for the schema.
+final class SQLiteStorage: JournalStorage {
+    let location: String
+    let isReadOnly: Bool
+    let queue: DatabaseQueue
+    var formatVersion: Int { SQLiteJournal.formatVersion }
+
+    static let schema = """
+        CREATE TABLE journal_format (
+            version INTEGER NOT NULL
+        );
+        CREATE TABLE stores (
+            name TEXT NOT NULL PRIMARY KEY,
+            domain_version INTEGER NOT NULL,
+            epoch INTEGER NOT NULL
+        );
+        CREATE TABLE events (
+            store TEXT NOT NULL REFERENCES stores (name),
+            seq INTEGER NOT NULL,
+            action BLOB NOT NULL,
+            client_id BLOB NOT NULL,
+            request_number INTEGER NOT NULL,
+            checksum INTEGER NOT NULL,
+            PRIMARY KEY (store, seq)
+        ) WITHOUT ROWID;
+        CREATE TABLE snapshots (
+            store TEXT NOT NULL REFERENCES stores (name),
+            seq INTEGER NOT NULL,
+            state BLOB NOT NULL,
+            digest BLOB NOT NULL,
+            UNIQUE (store, seq)
+        );
+        CREATE TABLE idempotency (
+            position INTEGER PRIMARY KEY,
+            client_id BLOB NOT NULL,
+            request_number INTEGER NOT NULL,
+            fingerprint BLOB NOT NULL,
+            reply BLOB NOT NULL,
+            UNIQUE (client_id, request_number)
+        );
+        """
+
+    /// "LKSP": lets `file` and other tools tell a journal from other SQLite files.
+    static let applicationID: Int32 = 0x4C4B_5350
+
+    init(directory: String, readOnly: Bool) throws(JournalError) {
+        let path = URL(fileURLWithPath: directory).appendingPathComponent(SQLiteJournal.fileName).path
+        location = path
+        isReadOnly = readOnly
+        let fail = { (code: JournalError.Code, message: String) in
+            JournalError(code: code, file: path, operation: "open", message: message)
+        }
+
+        var created = false
+        if readOnly {
+            guard FileManager.default.fileExists(atPath: path) else {
+                throw fail(.notFound, "there is no journal file; check the data directory (\(directory))")
+            }
+        } else {
+            try Self.makeDirectory(directory, path: path)
+            created = try Self.createFile(path)
+            if !created {
+                for file in [path, path + "-wal", path + "-shm"] { try Self.restrictMode(file, journal: path) }
+            }
+            if created { try Self.fsyncDirectory(directory, journal: path) }
+        }
+
+        var configuration = Configuration()
+        configuration.readonly = readOnly
+        configuration.label = "lockstep-journal"
+        configuration.foreignKeysEnabled = true
+        configuration.busyMode = .timeout(10)
+        // Not `journalMode = .wal`: GRDB then sets synchronous = NORMAL, which may lose the last commits on
+        // power loss. FULL syncs the WAL at every commit. WAL itself is switched on below, once the file is
+        // known to be a journal, so a foreign database is left as it was.
+        configuration.prepareDatabase { db in
+            guard !db.configuration.readonly else { return }
+            try db.execute(sql: "PRAGMA synchronous = FULL")
+        }
+        do {
+            queue = try DatabaseQueue(path: path, configuration: configuration)
+        } catch {
+            throw Self.map(error, file: path, operation: "open")
+        }
+
+        let found: Int?
+        do {
+            found = try queue.writeWithoutTransaction { db -> Int? in
+                try db.inTransaction(readOnly ? .deferred : .immediate) {
+                    let tables = try String.fetchAll(db, sql: "SELECT name FROM sqlite_master WHERE type = 'table'")
+                    if tables.contains("journal_format") {
+                        return .commit
+                    }
+                    guard tables.isEmpty, !readOnly else { return .commit }
+                    try db.execute(sql: Self.schema)
+                    try db.execute(
+                        sql: "INSERT INTO journal_format (version) VALUES (?)",
+                        arguments: [SQLiteJournal.formatVersion]
+                    )
+                    try db.execute(sql: "PRAGMA application_id = \(Self.applicationID)")
+                    return .commit
+                }
+                let tables = try String.fetchAll(db, sql: "SELECT name FROM sqlite_master WHERE type = 'table'")
+                guard tables.contains("journal_format") else { return nil }
+                return try Int.fetchOne(db, sql: "SELECT version FROM journal_format")
+            }
+        } catch {
+            throw Self.map(error, file: path, operation: "open")
+        }
+        guard let found else {
+            try? queue.close()
+            throw fail(
+                .notAJournal,
+                "the file is not a Lockstep journal (it has no journal_format table); move it aside or point "
+                    + "the daemon at another data directory"
+            )
+        }
+        guard found == SQLiteJournal.formatVersion else {
+            try? queue.close()
+            throw JournalError(
+                code: .formatVersionMismatch,
+                file: path,
+                operation: "open",
+                message: "the journal has format version \(found), but this build reads format version "
+                    + "\(SQLiteJournal.formatVersion); run the Lockstep release that wrote it, or move the data "
+                    + "directory aside to start afresh"
+            )
+        }
+        if !readOnly {
+            do {
+                let (mode, synchronous) = try queue.writeWithoutTransaction { db in
+                    (
+                        try String.fetchOne(db, sql: "PRAGMA journal_mode = WAL"),
+                        try Int.fetchOne(db, sql: "PRAGMA synchronous")
+                    )
+                }
+                guard mode == "wal", synchronous == 2 else {
+                    throw fail(
+                        .sqlite,
+                        "SQLite reports journal_mode \(mode ?? "?"), synchronous \(synchronous ?? -1); "
+                            + "expected wal and 2 (FULL); the journal needs a file system with shared memory and locks"
+                    )
+                }
+            } catch let error as JournalError {
+                throw error
+            } catch {
+                throw Self.map(error, file: path, operation: "open")
+            }
+            // The -wal and -shm files now exist; make their directory entries durable too.
+            for file in [path + "-wal", path + "-shm"] { try Self.restrictMode(file, journal: path) }
+            if created { try Self.fsyncDirectory(directory, journal: path) }
+        }
+    }
+
+    // MARK: Files
+
+    private static func ioError(_ journal: String, _ operation: String, _ message: String) -> JournalError {
+        let code: JournalError.Code =
+            errno == EROFS || errno == EACCES || errno == EPERM
+            ? .readOnly
+            : errno == ENOSPC || errno == EDQUOT ? .storageFull : .ioError
+        return JournalError(
+            code: code,
+            file: journal,
+            operation: operation,
+            message: "\(message): \(String(cString: strerror(errno))) (errno \(errno))"
+        )
+    }
+
+    private static func makeDirectory(_ directory: String, path: String) throws(JournalError) {
+        var isDirectory: ObjCBool = false
+        if FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory) {
+            guard isDirectory.boolValue else {
+                throw JournalError(
+                    code: .ioError,
+                    file: path,
+                    operation: "open",
+                    message: "the data directory \(directory) is a file; give a directory"
+                )
+            }
+            return
+        }
+        do {
+            try FileManager.default.createDirectory(
+                atPath: directory,
+                withIntermediateDirectories: true,
+                attributes: [.posixPermissions: 0o700]
+            )
+        } catch {
+            throw JournalError(
+                code: .ioError,
+                file: path,
+                operation: "open",
+                message: "cannot create the data directory \(directory): \(error.localizedDescription)"
+            )
+        }
+        let parent = URL(fileURLWithPath: directory).deletingLastPathComponent().path
+        try fsyncDirectory(parent, journal: path)
+    }
+
+    /// Creates an empty file with mode 0600 (SQLite gives its -wal and -shm files the same mode); false when
+    /// the file already exists.
+    private static func createFile(_ path: String) throws(JournalError) -> Bool {
+        var fd: Int32
+        repeat { fd = open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0o600) } while fd < 0 && errno == EINTR
+        if fd < 0 {
+            if errno == EEXIST { return false }
+            throw ioError(path, "open", "cannot create the journal file")
+        }
+        defer { closeDescriptor(fd) }
+        guard fchmod(fd, 0o600) == 0, fsync(fd) == 0 else {
+            throw ioError(path, "open", "cannot set up the new journal file")
+        }
+        return true
+    }
+
+    private static func restrictMode(_ file: String, journal: String) throws(JournalError) {
+        var info = stat()
+        guard stat(file, &info) == 0 else { return }
+        if info.st_mode & 0o777 != 0o600, chmod(file, 0o600) != 0 {
+            throw ioError(journal, "open", "cannot set mode 0600 on \(file)")
+        }
+    }
+
+    private static func fsyncDirectory(_ directory: String, journal: String) throws(JournalError) {
+        var fd: Int32
+        repeat { fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC) } while fd < 0 && errno == EINTR
+        guard fd >= 0 else { throw ioError(journal, "open", "cannot open directory \(directory) to sync it") }
+        defer { closeDescriptor(fd) }
+        guard fsync(fd) == 0 else { throw ioError(journal, "open", "cannot sync directory \(directory)") }
+    }
+
+    func fileBytes() -> Int64? {
+        var total: Int64 = 0
+        for file in [location, location + "-wal"] {
+            var info = stat()
+            if stat(file, &info) == 0 { total += Int64(info.st_size) }
+        }
+        return total
+    }
+
+    // MARK: Errors
+
+    static func map(_ error: any Error, file: String, operation: String, store: String? = nil) -> JournalError {
+        if let error = error as? JournalError { return error }
+        guard let error = error as? DatabaseError else {
+            return JournalError(code: .sqlite, file: file, operation: operation, store: store, message: "\(error)")
+        }
+        let advice: String
+        let code: JournalError.Code
+        switch error.resultCode {
+        case .SQLITE_FULL:
+            code = .storageFull
+            advice = "the disk is full; free space on it, then retry — nothing of the failed operation was kept"
+        case .SQLITE_IOERR:
+            code = .ioError
+            advice = "the disk reported an I/O error; check the device and the kernel log"
+        case .SQLITE_READONLY, .SQLITE_PERM, .SQLITE_AUTH:
+            code = .readOnly
+            advice = "the journal cannot be written; check the file's owner and mode, and that the disk is writable"
+        case .SQLITE_CANTOPEN:
+            code = .ioError
+            advice = "SQLite cannot open the file; check that the directory exists and is writable"
+        case .SQLITE_CORRUPT, .SQLITE_NOTADB:
+            code = .corrupt
+            advice = "the file is damaged or not an SQLite database; restore the data directory from a backup"
+        case .SQLITE_BUSY, .SQLITE_LOCKED:
+            code = .sqlite
+            advice = "another process holds the journal locked; is a second daemon running on this directory?"
+        default:
+            code = .sqlite
+            advice = "SQLite failed"
+        }
+        return JournalError(
+            code: code,
+            file: file,
+            operation: operation,
+            store: store,
+            sqliteCode: error.extendedResultCode.rawValue,
+            sqliteMessage: error.message,
+            message: advice
+        )
+    }
+
+    private func run<T>(_ operation: String, store: String? = nil, _ body: () throws -> T) throws(JournalError) -> T {
+        do {
+            return try body()
+        } catch {
+            throw Self.map(error, file: location, operation: operation, store: store)
+        }
+    }
+
+    private func corrupt(_ operation: String, store: String?, _ message: String) -> JournalError {
+        JournalError(code: .corrupt, file: location, operation: operation, store: store, message: message)
+    }
+
+    private func integer(
+        _ row: Row, _ index: Int, _ operation: String, _ store: String?
+    ) throws(JournalError) -> Int64 {
+        let value: DatabaseValue = row[index]
+        guard case let .int64(number) = value.storage else {
+            throw corrupt(operation, store: store, "column \(index) holds \(value), where an INTEGER belongs")
+        }
+        return number
+    }
+
+    private func blob(_ row: Row, _ index: Int, _ operation: String, _ store: String?) throws(JournalError) -> [UInt8] {
+        let value: DatabaseValue = row[index]
+        guard case let .blob(data) = value.storage else {
+            throw corrupt(operation, store: store, "column \(index) holds \(value), where a BLOB belongs")
+        }
+        return [UInt8](data)
+    }
+
+    private func seq(_ number: Int64, _ operation: String, _ store: String?) throws(JournalError) -> UInt64 {
+        guard number >= 0 else { throw corrupt(operation, store: store, "a seq is negative (\(number))") }
+        return UInt64(number)
+    }
+
+    // MARK: Stores
+
+    private func record(_ row: Row, _ operation: String) throws(JournalError) -> StoreRecord {
+        let name: DatabaseValue = row[0]
+        guard case let .string(text) = name.storage else {
+            throw corrupt(operation, store: nil, "a store name is \(name), where TEXT belongs")
+        }
+        let version = try integer(row, 1, operation, text)
+        guard let domainVersion = UInt32(exactly: version) else {
+            throw corrupt(operation, store: text, "the domain version \(version) is out of range")
+        }
+        return StoreRecord(
+            name: text,
+            domainVersion: domainVersion,
+            epoch: UInt64(bitPattern: try integer(row, 2, operation, text))
+        )
+    }
+
+    func storeRecord(named name: String) throws(JournalError) -> StoreRecord? {
+        let row = try run("recover", store: name) {
+            try queue.read { db in
+                try Row.fetchOne(
+                    db,
+                    sql: "SELECT name, domain_version, epoch FROM stores WHERE name = ?",
+                    arguments: [name]
+                )
+            }
+        }
+        guard let row else { return nil }
+        return try record(row, "recover")
+    }
+
+    func storeRecords() throws(JournalError) -> [StoreRecord] {
+        let rows = try run("read stores") {
+            try queue.read { db in
+                try Row.fetchAll(db, sql: "SELECT name, domain_version, epoch FROM stores ORDER BY name")
+            }
+        }
+        var records: [StoreRecord] = []
+        for row in rows { records.append(try record(row, "read stores")) }
+        return records
+    }
+
+    func register(_ record: StoreRecord) throws(JournalError) {
+        try run("register store", store: record.name) {
+            try queue.write { db in
+                try db.execute(
+                    sql: "INSERT INTO stores (name, domain_version, epoch) VALUES (?, ?, ?)",
+                    arguments: [record.name, Int64(record.domainVersion), Int64(bitPattern: record.epoch)]
+                )
+            }
+        }
+    }
+
+    // MARK: Snapshots and events
+
+    func snapshotSeqs(store: String) throws(JournalError) -> [UInt64] {
+        let numbers = try run("read snapshots", store: store) {
+            try queue.read { db in
+                try Int64.fetchAll(
+                    db,
+                    sql: "SELECT seq FROM snapshots WHERE store = ? ORDER BY seq",
+                    arguments: [store]
+                )
+            }
+        }
+        var seqs: [UInt64] = []
+        for number in numbers { seqs.append(try seq(number, "read snapshots", store)) }
+        return seqs
+    }
+
+    func snapshot(store: String, seq snapshotSeq: UInt64) throws(JournalError) -> JournalSnapshot? {
+        let operation = "read snapshot"
+        let row = try run(operation, store: store) {
+            try queue.read { db in
+                try Row.fetchOne(
+                    db,
+                    sql: "SELECT state, digest FROM snapshots WHERE store = ? AND seq = ?",
+                    arguments: [store, Int64(snapshotSeq)]
+                )
+            }
+        }
+        guard let row else { return nil }
+        let digestBytes = try blob(row, 1, operation, store)
+        guard let digest = StateDigest(bytes: digestBytes) else {
+            throw JournalError(
+                code: .digestMismatch,
+                file: location,
+                operation: operation,
+                store: store,
+                seq: snapshotSeq,
+                message: "the stored digest has \(digestBytes.count) bytes, not 32; the snapshot is damaged"
+            )
+        }
+        return JournalSnapshot(
+            store: store,
+            seq: snapshotSeq,
+            state: try blob(row, 0, operation, store),
+            digest: digest
+        )
+    }
+
+    private func event(_ row: Row, store: String, _ operation: String) throws(JournalError) -> StoredEvent {
+        StoredEvent(
+            event: JournalEvent(
+                store: store,
+                seq: try seq(try integer(row, 0, operation, store), operation, store),
+                action: try blob(row, 1, operation, store),
+                clientID: try blob(row, 2, operation, store),
+                requestNumber: UInt64(bitPattern: try integer(row, 3, operation, store))
+            ),
+            storedChecksum: try integer(row, 4, operation, store)
+        )
+    }
+
+    func forEachEvent(
+        store: String,
+        from: UInt64,
+        _ body: (StoredEvent) throws(JournalError) -> Void
+    ) throws(JournalError) {
+        let operation = "read events"
+        try run(operation, store: store) {
+            try queue.read { db in
+                let rows = try Row.fetchCursor(
+                    db,
+                    sql: """
+                        SELECT seq, action, client_id, request_number, checksum FROM events
+                        WHERE store = ? AND seq >= ? ORDER BY seq
+                        """,
+                    arguments: [store, Int64(min(from, UInt64(Int64.max)))]
+                )
+                while let row = try rows.next() {
+                    try body(try event(row, store: store, operation))
+                }
+            }
+        }
+    }
+
+    func eventSummary(store: String) throws(JournalError) -> (first: UInt64, last: UInt64, count: Int)? {
+        let row = try run("read events", store: store) {
+            try queue.read { db in
+                try Row.fetchOne(
+                    db,
+                    sql: "SELECT min(seq), max(seq), count(*) FROM events WHERE store = ?",
+                    arguments: [store]
+                )
+            }
+        }
+        guard let row, let first = row[0] as Int64?, let last = row[1] as Int64?, let count = row[2] as Int? else {
+            return nil
+        }
+        return (try seq(first, "read events", store), try seq(last, "read events", store), count)
+    }
+
+    func readRange(store: String, from: UInt64, to: UInt64, limit: Int) throws(JournalError) -> StoredRange {
+        let operation = "range"
+        // One read transaction, so a compaction cannot slip between the bounds and the events.
+        let (bounds, rows) = try run(operation, store: store) {
+            try queue.read { db in
+                let bounds = try Row.fetchOne(
+                    db,
+                    sql: """
+                        SELECT (SELECT min(seq) FROM events WHERE store = ?1),
+                               (SELECT max(seq) FROM events WHERE store = ?1),
+                               (SELECT max(seq) FROM snapshots WHERE store = ?1)
+                        """,
+                    arguments: [store]
+                )
+                let rows = try Row.fetchAll(
+                    db,
+                    sql: """
+                        SELECT seq, action, client_id, request_number, checksum FROM events
+                        WHERE store = ? AND seq >= ? AND seq <= ? ORDER BY seq LIMIT ?
+                        """,
+                    arguments: [store, Int64(from), Int64(to), limit]
+                )
+                return (bounds, rows)
+            }
+        }
+        let firstEvent = bounds?[0] as Int64?
+        let lastEvent = bounds?[1] as Int64?
+        let newestSnapshot = bounds?[2] as Int64?
+        var events: [StoredEvent] = []
+        events.reserveCapacity(rows.count)
+        for row in rows { events.append(try event(row, store: store, operation)) }
+        let snapshotSeq = UInt64(max(newestSnapshot ?? 0, 0))
+        let first = firstEvent.map { UInt64(max($0, 0)) } ?? snapshotSeq + 1
+        let last = max(UInt64(max(lastEvent ?? 0, 0)), snapshotSeq)
+        return StoredRange(firstAvailable: first, lastSeq: last, events: events)
+    }
+
+    // MARK: Commit
+
+    func write(_ plan: CommitPlan) throws(JournalError) {
+        try run("commit") {
+            try queue.write { db in
+                if !plan.batch.events.isEmpty {
+                    let insert = try db.cachedStatement(
+                        sql: """
+                            INSERT INTO events (store, seq, action, client_id, request_number, checksum)
+                            VALUES (?, ?, ?, ?, ?, ?)
+                            """
+                    )
+                    for event in plan.batch.events {
+                        try insert.execute(arguments: [
+                            event.store, Int64(event.seq), Data(event.action), Data(event.clientID),
+                            Int64(bitPattern: event.requestNumber), Int64(event.checksum),
+                        ])
+                    }
+                }
+                for snapshot in plan.batch.snapshots {
+                    try db.execute(
+                        sql: "INSERT INTO snapshots (store, seq, state, digest) VALUES (?, ?, ?, ?)",
+                        arguments: [
+                            snapshot.store, Int64(snapshot.seq), Data(snapshot.state), Data(snapshot.digest.bytes),
+                        ]
+                    )
+                }
+                for compaction in plan.compactions {
+                    let arguments: StatementArguments = [compaction.store, Int64(compaction.throughSeq)]
+                    try db.execute(sql: "DELETE FROM snapshots WHERE store = ? AND seq < ?", arguments: arguments)
+                    try db.execute(sql: "DELETE FROM events WHERE store = ? AND seq <= ?", arguments: arguments)
+                }
+                if !plan.batch.idempotency.isEmpty {
+                    let insert = try db.cachedStatement(
+                        sql: """
+                            INSERT INTO idempotency (client_id, request_number, fingerprint, reply)
+                            VALUES (?, ?, ?, ?)
+                            ON CONFLICT (client_id, request_number)
+                            DO UPDATE SET fingerprint = excluded.fingerprint, reply = excluded.reply
+                            """
+                    )
+                    for record in plan.batch.idempotency {
+                        try insert.execute(arguments: [
+                            Data(record.key.clientID), Int64(bitPattern: record.key.requestNumber),
+                            Data(record.fingerprint), Data(record.reply),
+                        ])
+                    }
+                    // Positions are contiguous (an entry replaced keeps its own), so this keeps exactly the newest N.
+                    try db.execute(
+                        sql: "DELETE FROM idempotency WHERE position <= (SELECT max(position) FROM idempotency) - ?",
+                        arguments: [plan.idempotencyKept]
+                    )
+                }
+            }
+        }
+    }
+
+    // MARK: Idempotency
+
+    private func idempotency(_ row: Row, _ operation: String) throws(JournalError) -> IdempotencyRecord {
+        IdempotencyRecord(
+            key: IdempotencyKey(
+                clientID: try blob(row, 0, operation, nil),
+                requestNumber: UInt64(bitPattern: try integer(row, 1, operation, nil))
+            ),
+            fingerprint: try blob(row, 2, operation, nil),
+            reply: try blob(row, 3, operation, nil)
+        )
+    }
+
+    func idempotencyRecord(for key: IdempotencyKey) throws(JournalError) -> IdempotencyRecord? {
+        let operation = "read idempotency"
+        let row = try run(operation) {
+            try queue.read { db in
+                try Row.fetchOne(
+                    db,
+                    sql: """
+                        SELECT client_id, request_number, fingerprint, reply FROM idempotency
+                        WHERE client_id = ? AND request_number = ?
+                        """,
+                    arguments: [Data(key.clientID), Int64(bitPattern: key.requestNumber)]
+                )
+            }
+        }
+        guard let row else { return nil }
+        return try idempotency(row, operation)
+    }
+
+    func idempotencyRecords() throws(JournalError) -> [IdempotencyRecord] {
+        let operation = "read idempotency"
+        let rows = try run(operation) {
+            try queue.read { db in
+                try Row.fetchAll(
+                    db,
+                    sql: "SELECT client_id, request_number, fingerprint, reply FROM idempotency ORDER BY position"
+                )
+            }
+        }
+        var records: [IdempotencyRecord] = []
+        records.reserveCapacity(rows.count)
+        for row in rows { records.append(try idempotency(row, operation)) }
+        return records
+    }
+
+    func idempotencyCount() throws(JournalError) -> Int {
+        try run("read idempotency") {
+            try queue.read { db in try Int.fetchOne(db, sql: "SELECT count(*) FROM idempotency") ?? 0 }
+        }
+    }
+
+    // MARK: Integrity
+
+    func integrityProblems() throws(JournalError) -> [String] {
+        let lines = try run("verify") {
+            try queue.read { db in try String.fetchAll(db, sql: "PRAGMA integrity_check") }
+        }
+        return lines == ["ok"] ? [] : lines.map { "SQLite integrity check: \($0)" }
+    }
+
+    func close() throws(JournalError) {
+        try run("close") { try queue.close() }
+    }
+}
+
+/// `close(2)`, out of reach of `SQLiteStorage.close()`'s name.
+private func closeDescriptor(_ fd: Int32) {
+    _ = close(fd)
+}

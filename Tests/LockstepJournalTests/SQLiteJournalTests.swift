@@ -1,0 +1,302 @@
+import Foundation
+import GRDB
+import Lockstep
+import LockstepExamples
+import LockstepJournal
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// What only the SQLite journal has: a file, its modes and pragmas, its format version, and damage done to
+/// it from outside.
+@Suite struct SQLiteJournalTests {
+    /// A journal with `count` counter increments, closed; returns its fixture.
+    private func journal(withIncrements count: Int, policy: JournalPolicy = JournalPolicy()) throws -> JournalFixture {
+        let fixture = try JournalFixture(.sqlite, policy: policy)
+        let journal = try fixture.open()
+        _ = try journal.recover(Counter.self)
+        let batch = events(Counter.name, from: 1, count: count) { _ in Counter.Action.increment }
+        try journal.commit(JournalBatch(events: batch, idempotency: idempotency(for: batch)))
+        try journal.close()
+        return fixture
+    }
+
+    private func file(_ fixture: JournalFixture) -> String {
+        URL(fileURLWithPath: fixture.dataDirectory).appendingPathComponent(SQLiteJournal.fileName).path
+    }
+
+    /// Changes the file behind the journal's back.
+    private func tamper(_ fixture: JournalFixture, _ change: (Database) throws -> Void) throws {
+        let queue = try DatabaseQueue(path: file(fixture))
+        try queue.write(change)
+        try queue.close()
+    }
+
+    private func mode(_ path: String) -> mode_t? {
+        var info = stat()
+        return stat(path, &info) == 0 ? info.st_mode & 0o777 : nil
+    }
+
+    @Test func theFileIsPrivateInWALModeWithFullSync() throws {
+        let fixture = try JournalFixture(.sqlite)
+        let journal = try SQLiteJournal(directory: fixture.dataDirectory)
+        _ = try journal.recover(Counter.self)
+        try journal.commit(
+            JournalBatch(events: events(Counter.name, from: 1, count: 1) { _ in Counter.Action.increment })
+        )
+        let path = file(fixture)
+        #expect(journal.location == path)
+        #expect(mode(fixture.dataDirectory) == 0o700)
+        #expect(mode(path) == 0o600)
+        #expect(mode(path + "-wal") == 0o600)
+        #expect(mode(path + "-shm") == 0o600)
+        let (journalMode, synchronous, foreignKeys) = try journal.databaseQueue.read { db in
+            (
+                try String.fetchOne(db, sql: "PRAGMA journal_mode"), try Int.fetchOne(db, sql: "PRAGMA synchronous"),
+                try Int.fetchOne(db, sql: "PRAGMA foreign_keys")
+            )
+        }
+        #expect(journalMode == "wal")
+        #expect(synchronous == 2)
+        #expect(foreignKeys == 1)
+        try journal.close()
+    }
+
+    @Test func aJournalOfAnotherFormatVersionIsRefusedNamingTheFileAndBothVersions() throws {
+        let fixture = try journal(withIncrements: 3)
+        try tamper(fixture) { try $0.execute(sql: "UPDATE journal_format SET version = 99") }
+        let error = journalError { _ = try SQLiteJournal(directory: fixture.dataDirectory) }
+        #expect(error?.code == .formatVersionMismatch)
+        #expect(error?.file == file(fixture))
+        #expect(error?.operation == "open")
+        #expect(error?.message.contains("format version 99") == true)
+        #expect(error?.message.contains("format version \(SQLiteJournal.formatVersion)") == true)
+        #expect(error?.description.contains(file(fixture)) == true)
+        // Read-only opens are refused alike.
+        #expect(
+            journalError { _ = try SQLiteJournal(directory: fixture.dataDirectory, readOnly: true) }?.code
+                == .formatVersionMismatch
+        )
+    }
+
+    @Test func anotherDatabaseIsNotAJournal() throws {
+        let directory = try temporaryDirectory("not-a-journal")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let queue = try DatabaseQueue(path: directory.appendingPathComponent(SQLiteJournal.fileName).path)
+        try queue.write { try $0.execute(sql: "CREATE TABLE player (id INTEGER PRIMARY KEY)") }
+        try queue.close()
+        #expect(journalError { _ = try SQLiteJournal(directory: directory.path) }?.code == .notAJournal)
+    }
+
+    @Test func aMissingJournalIsNotCreatedWhenOpenedReadOnly() throws {
+        let directory = try temporaryDirectory("missing")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let error = journalError { _ = try SQLiteJournal(directory: directory.path, readOnly: true) }
+        #expect(error?.code == .notFound)
+        #expect(!FileManager.default.fileExists(atPath: directory.appendingPathComponent(SQLiteJournal.fileName).path))
+    }
+
+    @Test func aReadOnlyJournalReadsButRefusesCommitsAndNewStores() throws {
+        let fixture = try journal(withIncrements: 4)
+        let journal = try SQLiteJournal(directory: fixture.dataDirectory, readOnly: true)
+        #expect(try journal.recover(Counter.self).state.count == 4)
+        let batch = JournalBatch(events: events(Counter.name, from: 5, count: 1) { _ in Counter.Action.increment })
+        #expect(journalError { try journal.commit(batch) }?.code == .readOnly)
+        #expect(journalError { _ = try journal.recover(Posts.self) }?.code == .unknownStore)
+        try journal.close()
+    }
+
+    /// A byte flipped in a stored action, with its checksum left as it was: verify and recovery both name
+    /// the store and the seq, and recovery refuses to return a state.
+    @Test func aFlippedByteInAnActionIsCaughtByVerifyAndRecovery() throws {
+        let fixture = try journal(withIncrements: 20)
+        try tamper(fixture) { db in
+            let action = try #require(
+                try Data.fetchOne(db, sql: "SELECT action FROM events WHERE store = 'counter' AND seq = 7")
+            )
+            var flipped = [UInt8](action)
+            flipped[2] ^= 0x01
+            try db.execute(
+                sql: "UPDATE events SET action = ? WHERE store = 'counter' AND seq = 7",
+                arguments: [Data(flipped)]
+            )
+        }
+        let journal = try SQLiteJournal(directory: fixture.dataDirectory)
+        let problems = try journal.verify()
+        #expect(problems.count == 1)
+        #expect(problems.first?.code == .checksumMismatch)
+        #expect(problems.first?.store == Counter.name)
+        #expect(problems.first?.seq == 7)
+
+        let error = journalError { _ = try journal.recover(Counter.self) }
+        #expect(error?.code == .checksumMismatch)
+        #expect(error?.store == Counter.name)
+        #expect(error?.seq == 7)
+        #expect(error?.file == file(fixture))
+        #expect(error?.description.contains("store counter, seq 7") == true)
+        // A range read over it refuses too.
+        #expect(
+            journalError { _ = try journal.events(store: Counter.name, from: 5, to: 10, limit: 10) }?.code
+                == .checksumMismatch
+        )
+        try journal.close()
+
+        let output = try runProduct("lockstep", ["journal", "verify", fixture.dataDirectory])
+        #expect(output.status == 5, "\(output.standardOutput) \(output.standardError)")
+        #expect(output.standardOutput.contains("store counter, seq 7"), "\(output.standardOutput)")
+        #expect(output.standardOutput.contains("checksum_mismatch"), "\(output.standardOutput)")
+
+        let json = try runProduct("lockstep", ["journal", "verify", fixture.dataDirectory, "--json"])
+        #expect(json.status == 5)
+        let reply = try JSONSerialization.jsonObject(with: Data(json.standardOutput.utf8)) as? [String: Any]
+        #expect(reply?["intact"] as? Bool == false)
+        let problem = (reply?["problems"] as? [[String: Any]])?.first
+        #expect(problem?["store"] as? String == "counter")
+        #expect(problem?["seq"] as? Int == 7)
+        #expect(problem?["code"] as? String == "checksum_mismatch")
+    }
+
+    @Test func aMissingEventIsASequenceGap() throws {
+        let fixture = try journal(withIncrements: 10)
+        try tamper(fixture) { try $0.execute(sql: "DELETE FROM events WHERE seq = 4") }
+        let journal = try SQLiteJournal(directory: fixture.dataDirectory)
+        #expect(
+            try journal.verify() == [
+                JournalProblem(
+                    code: .sequenceGap,
+                    store: Counter.name,
+                    seq: 4,
+                    message: "seq 4 is missing: the next event kept is seq 5"
+                )
+            ]
+        )
+        let error = journalError { _ = try journal.recover(Counter.self) }
+        #expect(error?.code == .sequenceGap)
+        #expect(error?.store == Counter.name)
+        #expect(error?.seq == 4)
+        try journal.close()
+    }
+
+    @Test func aDamagedSnapshotIsCaughtByItsDigest() throws {
+        let fixture = try JournalFixture(.sqlite, policy: JournalPolicy(snapshotEveryEvents: 5))
+        let journal = try fixture.open()
+        _ = try journal.recover(Counter.self)
+        let batch = events(Counter.name, from: 1, count: 5) { _ in Counter.Action.increment }
+        try journal.commit(
+            JournalBatch(
+                events: batch,
+                snapshots: [try JournalSnapshot(store: Counter.name, seq: 5, encoding: Counter.State(count: 5))]
+            )
+        )
+        try journal.close()
+        try tamper(fixture) { db in
+            try db.execute(
+                sql: "UPDATE snapshots SET state = ? WHERE seq = 5",
+                arguments: [Data(encoded(Counter.State(count: 6)))]
+            )
+        }
+        let reopened = try SQLiteJournal(directory: fixture.dataDirectory)
+        #expect(try reopened.verify().map(\.code) == [.digestMismatch])
+        let error = journalError { _ = try reopened.recover(Counter.self) }
+        #expect(error?.code == .digestMismatch)
+        #expect(error?.seq == 5)
+        try reopened.close()
+    }
+
+    @Test func dumpPrintsEachEventsActionAsJSONAndStatsDescribesTheStores() throws {
+        let fixture = try JournalFixture(.sqlite)
+        let journal = try fixture.open()
+        _ = try journal.recover(Counter.self)
+        _ = try journal.recover(Todos.self)
+        let todo = events(Todos.name, from: 1, count: 2) { seq in Todos.Action.add(text: "todo \(seq)") }
+        let counter = events(Counter.name, from: 1, count: 3) { seq in seq == 2 ? Counter.Action.decrement : .increment
+        }
+        try journal.commit(JournalBatch(events: todo + counter))
+        try journal.close()
+
+        let dump = try runProduct("lockstep", ["journal", "dump", fixture.dataDirectory])
+        #expect(dump.status == 0, "\(dump.standardError)")
+        #expect(
+            dump.standardOutput == """
+                {"store":"counter","seq":1,"action":{"increment":{}}}
+                {"store":"counter","seq":2,"action":{"decrement":{}}}
+                {"store":"counter","seq":3,"action":{"increment":{}}}
+                {"store":"todos","seq":1,"action":{"add":{"text":"todo 1"}}}
+                {"store":"todos","seq":2,"action":{"add":{"text":"todo 2"}}}
+
+                """
+        )
+        let some = try runProduct(
+            "lockstep",
+            ["journal", "dump", fixture.dataDirectory, "--store", "counter", "--from", "3"]
+        )
+        #expect(some.standardOutput == "{\"store\":\"counter\",\"seq\":3,\"action\":{\"increment\":{}}}\n")
+
+        let stats = try runProduct("lockstep", ["journal", "stats", fixture.dataDirectory, "--json"])
+        #expect(stats.status == 0, "\(stats.standardError)")
+        let reply = try JSONSerialization.jsonObject(with: Data(stats.standardOutput.utf8)) as? [String: Any]
+        let stores = reply?["stores"] as? [[String: Any]]
+        #expect(stores?.map { $0["name"] as? String } == ["counter", "todos"])
+        #expect(stores?.map { $0["lastSeq"] as? Int } == [3, 2])
+        #expect(stores?.map { $0["eventCount"] as? Int } == [3, 2])
+        #expect(stores?.map { $0["domainVersion"] as? Int } == [1, 1])
+        #expect((reply?["fileBytes"] as? Int ?? 0) > 0)
+
+        let verify = try runProduct("lockstep", ["journal", "verify", fixture.dataDirectory])
+        #expect(verify.status == 0, "\(verify.standardOutput) \(verify.standardError)")
+        #expect(verify.standardOutput.contains("intact"))
+    }
+
+    @Test func dumpFromBelowTheCompactedHistoryNamesTheFirstSeqKept() throws {
+        let fixture = try JournalFixture(.sqlite, policy: JournalPolicy(snapshotEveryEvents: 5, snapshotsKept: 1))
+        let journal = try fixture.open()
+        _ = try journal.recover(Counter.self)
+        let batch = events(Counter.name, from: 1, count: 5) { _ in Counter.Action.increment }
+        try journal.commit(
+            JournalBatch(
+                events: batch,
+                snapshots: [try JournalSnapshot(store: Counter.name, seq: 5, encoding: Counter.State(count: 5))]
+            )
+        )
+        try journal.commit(
+            JournalBatch(events: events(Counter.name, from: 6, count: 2) { _ in Counter.Action.increment })
+        )
+        try journal.close()
+        let dump = try runProduct("lockstep", ["journal", "dump", fixture.dataDirectory, "--from", "2"])
+        #expect(dump.status == 1)
+        #expect(dump.standardError.contains("compacted below seq 6"), "\(dump.standardError)")
+    }
+}
+
+@Suite struct ChecksumTests {
+    @Test func crc32cMatchesTheStandardCheckValue() {
+        #expect(CRC32C.checksum(Array("123456789".utf8)) == 0xE306_9283)
+        #expect(CRC32C.checksum([UInt8]()) == 0)
+        var incremental = CRC32C()
+        incremental.update(Array("1234".utf8))
+        incremental.update(Array("56789".utf8))
+        #expect(incremental.value == 0xE306_9283)
+    }
+
+    @Test func theEventChecksumCoversEveryField() {
+        let event = JournalEvent(store: "counter", seq: 7, action: [1, 2, 3], clientID: clientA, requestNumber: 9)
+        var changed = [event, event, event, event, event]
+        changed[0].store = "counteR"
+        changed[1].seq = 8
+        changed[2].action = [1, 2, 4]
+        changed[3].clientID = clientB
+        changed[4].requestNumber = 10
+        for other in changed { #expect(other.checksum != event.checksum) }
+        // Length prefixes: moving a byte from the store name into the action changes the checksum.
+        let shifted = JournalEvent(
+            store: "counte",
+            seq: 7,
+            action: [UInt8(ascii: "r"), 1, 2, 3],
+            clientID: clientA,
+            requestNumber: 9
+        )
+        #expect(shifted.checksum != event.checksum)
+    }
+}

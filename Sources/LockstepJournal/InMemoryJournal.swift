@@ -62,6 +62,10 @@ public final class InMemoryJournal: Journal {
         try engine.newestSnapshot(store: store)
     }
 
+    public func snapshot(store: String, seq: UInt64) throws(JournalError) -> JournalSnapshot? {
+        try engine.snapshot(store: store, seq: seq)
+    }
+
     public func idempotencyRecord(for key: IdempotencyKey) throws(JournalError) -> IdempotencyRecord? {
         try storage.idempotencyRecord(for: key)
     }

@@ -64,6 +64,9 @@ public protocol Journal: AnyObject, Sendable {
     /// The store's newest snapshot, digest checked, or `nil` when it has none.
     func newestSnapshot(store: String) throws(JournalError) -> JournalSnapshot?
 
+    /// The store's snapshot at `seq`, digest checked, or `nil` when none is kept there.
+    func snapshot(store: String, seq: UInt64) throws(JournalError) -> JournalSnapshot?
+
     /// The entry kept for `key`, if any.
     func idempotencyRecord(for key: IdempotencyKey) throws(JournalError) -> IdempotencyRecord?
 

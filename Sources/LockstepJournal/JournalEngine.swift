@@ -425,6 +425,12 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
         return snapshot
     }
 
+    func snapshot(store: String, seq: UInt64) throws(JournalError) -> JournalSnapshot? {
+        guard let snapshot = try storage.snapshot(store: store, seq: seq) else { return nil }
+        try checkDigest(snapshot, "snapshot")
+        return snapshot
+    }
+
     func stats() throws(JournalError) -> JournalStats {
         var stores: [JournalStoreStats] = []
         for record in try storage.storeRecords().sorted(by: { $0.name < $1.name }) {

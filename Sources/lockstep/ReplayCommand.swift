@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Lockstep
 import LockstepExamples
+import LockstepJournal
 import LockstepProtocol
 import LockstepTesting
 
@@ -12,18 +13,28 @@ struct ReplayCommand: ParsableCommand {
         abstract: "Replay an action log through several replicas and report where they diverge.",
         discussion: """
             The log is a file of JSON lines — plain actions, or the {"store","seq","action"} lines that \
-            'lockstep journal dump' writes — or a seeded sequence from the domain's generator. Replicas run in \
+            'lockstep journal dump' writes — a seeded sequence from the domain's generator, or a journal \
+            (--journal DIR: every example store in it, from its oldest kept snapshot, and each kept snapshot's \
+            digest must come out of the replay). Replicas run in \
             this process (with encode/decode round trips at seeded points) and in child processes (with their \
             own hash seeds); digests are compared at every checkpoint. Exit 0 when all agree, 4 on a \
             divergence, which is printed with its first seq, action and a diff of the two states.
             """
     )
 
-    @Argument(help: "The example store: \(Examples.domains.map { $0.name }.joined(separator: ", ")).")
-    var store: String
+    @Argument(
+        help: ArgumentHelp(
+            "The example store: \(Examples.domains.map { $0.name }.joined(separator: ", ")); with --journal, "
+                + "every example store in the journal when left out."
+        )
+    )
+    var store: String?
 
     @Option(help: "A file of JSON lines to replay; - reads standard input.")
     var input: String?
+
+    @Option(help: "A data directory whose journal to replay.")
+    var journal: String?
 
     @Option(help: "Instead of a file, generate this many actions with the domain's generator.")
     var generate: Int?
@@ -44,9 +55,10 @@ struct ReplayCommand: ParsableCommand {
     var json = false
 
     func validate() throws {
-        guard (input == nil) != (generate == nil) else {
-            throw ValidationError("give exactly one of --input FILE or --generate N")
+        guard [input != nil, generate != nil, journal != nil].filter({ $0 }).count == 1 else {
+            throw ValidationError("give exactly one of --input FILE, --generate N or --journal DIR")
         }
+        guard store != nil || journal != nil else { throw ValidationError("name the store to replay") }
         guard (1...64).contains(replicas) else { throw ValidationError("--replicas must be 1...64, got \(replicas)") }
         guard (0...64).contains(processes) else {
             throw ValidationError("--processes must be 0...64, got \(processes)")
@@ -57,22 +69,55 @@ struct ReplayCommand: ParsableCommand {
     }
 
     func run() throws {
-        guard let domain = Examples.domain(named: store) else {
+        if let journal {
+            try replayJournal(journal)
+            return
+        }
+        try replay(try exampleDomain(store ?? ""), journal: nil)
+    }
+
+    private func exampleDomain(_ name: String) throws -> any ActionGenerating.Type {
+        guard let domain = Examples.domain(named: name) else {
             throw ValidationError(
-                "unknown store '\(store)'; the example stores are "
+                "unknown store '\(name)'; the example stores are "
                     + Examples.domains.map { $0.name }.joined(separator: ", ")
             )
         }
-        try replay(domain)
+        return domain
     }
 
-    private func replay<D: ActionGenerating>(_: D.Type) throws {
-        let actions: [D.Action]
-        if let generate {
-            actions = DeterminismCheck<D>.generate(length: generate, seed: seed)
-        } else {
-            actions = try readLog(D.self)
+    /// Replays every example store of a journal (or the one named); the first divergence stops it.
+    private func replayJournal(_ directory: String) throws {
+        let opened: SQLiteJournal
+        do {
+            opened = try SQLiteJournal(directory: directory, readOnly: true)
+        } catch {
+            printError("lockstep: cannot open the journal in \(directory): \(error)")
+            throw ExitCode.failure
         }
+        defer { try? opened.close() }
+        let names = try opened.stats().stores.map(\.name)
+        let chosen = store.map { [$0] } ?? names.filter { Examples.domain(named: $0) != nil }
+        if let store, !names.contains(store) {
+            printError("lockstep: the journal in \(directory) has no store '\(store)'; it has \(names.joined(separator: ", "))")
+            throw ExitCode.failure
+        }
+        for name in names where !chosen.contains(name) && store == nil {
+            printError("lockstep: store '\(name)' is not an example domain; its reducer is not here, so it is skipped")
+        }
+        for name in chosen { try replay(try exampleDomain(name), journal: opened) }
+    }
+
+    private func replay<D: ActionGenerating>(_: D.Type, journal: SQLiteJournal?) throws {
+        let log: ReplayLog<D>
+        if let journal {
+            log = try journalLog(D.self, journal)
+        } else if let generate {
+            log = try ReplayLog<D>(DeterminismCheck<D>.generate(length: generate, seed: seed))
+        } else {
+            log = try ReplayLog<D>(try readLog(D.self))
+        }
+        let actions = log.actions
         var settings = ReplaySettings()
         settings.replicas = replicas
         settings.checkpointInterval = checkpointEvery
@@ -80,7 +125,7 @@ struct ReplayCommand: ParsableCommand {
         let child = ReplayChildCommand(executable: try currentExecutable(), arguments: ["replay-child"])
         let harness = ReplayHarness<D>(settings: settings, children: Array(repeating: child, count: processes))
         do {
-            let report = try harness.replay(try ReplayLog<D>(actions))
+            let report = try harness.replay(log)
             if json {
                 print(
                     #"{"store":"\#(D.name)","events":\#(report.events),"replicas":\#(report.replicas),"#
@@ -93,7 +138,10 @@ struct ReplayCommand: ParsableCommand {
                         + "(\(replicas) here, \(processes) in child processes), \(report.checkpoints) checkpoints: "
                         + "all agree"
                 )
-                print("final seq \(report.finalSeq), digest \(report.finalDigest?.hex ?? "-")")
+                print(
+                    "final seq \(report.finalSeq), digest \(report.finalDigest?.hex ?? "-")"
+                        + (log.expected.isEmpty ? "" : "; \(log.expected.count) journal snapshots reproduced")
+                )
             }
         } catch let divergence as Divergence {
             if json {
@@ -103,6 +151,51 @@ struct ReplayCommand: ParsableCommand {
             }
             throw ExitCodes.diverged
         }
+    }
+
+    /// The journal's history of one store: from its oldest kept snapshot (or seq 0), with every later
+    /// snapshot's digest to reproduce.
+    private func journalLog<D: Domain>(_: D.Type, _ journal: SQLiteJournal) throws -> ReplayLog<D> {
+        guard let info = try journal.stats().stores.first(where: { $0.name == D.name }) else {
+            return try ReplayLog<D>([])
+        }
+        let startSeq = info.firstSeq.map { $0 - 1 } ?? info.snapshotSeqs.first ?? 0
+        var startState = Array(try CanonicalEncoding.encode(D.initialState))
+        if startSeq > 0 {
+            guard let snapshot = try journal.snapshot(store: D.name, seq: startSeq) else {
+                printError(
+                    "lockstep: store '\(D.name)' keeps events from seq \(startSeq + 1) but no snapshot at seq "
+                        + "\(startSeq) to start from; run 'lockstep journal verify \(journal.location)'"
+                )
+                throw ExitCode.failure
+            }
+            startState = snapshot.state
+        }
+        var actions: [D.Action] = []
+        var next = startSeq + 1
+        let decoder = JSONDecoder()
+        while next <= info.lastSeq {
+            guard case let .events(events) = try journal.events(store: D.name, from: next, to: info.lastSeq, limit: 10_000),
+                let last = events.last
+            else { break }
+            for event in events {
+                do {
+                    actions.append(try decoder.decode(D.Action.self, from: Data(event.action)))
+                } catch {
+                    printError(
+                        "lockstep: store '\(D.name)' seq \(event.seq): not a \(D.name) action: "
+                            + CanonicalEncoding.describe(error)
+                    )
+                    throw ExitCodes.badInput
+                }
+            }
+            next = last.seq + 1
+        }
+        var expected: [SequenceNumber: (digest: StateDigest, state: [UInt8]?)] = [:]
+        for seq in info.snapshotSeqs where seq > startSeq {
+            if let snapshot = try journal.snapshot(store: D.name, seq: seq) { expected[seq] = (snapshot.digest, snapshot.state) }
+        }
+        return ReplayLog<D>(startSeq: startSeq, startState: startState, actions: actions, expected: expected)
     }
 
     /// Reads JSON lines: either actions, or `journal dump`'s {"store","seq","action"} objects.

@@ -23,17 +23,6 @@ import Glibc
         return fixture
     }
 
-    private func file(_ fixture: JournalFixture) -> String {
-        URL(fileURLWithPath: fixture.dataDirectory).appendingPathComponent(SQLiteJournal.fileName).path
-    }
-
-    /// Changes the file behind the journal's back.
-    private func tamper(_ fixture: JournalFixture, _ change: (Database) throws -> Void) throws {
-        let queue = try DatabaseQueue(path: file(fixture))
-        try queue.write(change)
-        try queue.close()
-    }
-
     private func mode(_ path: String) -> mode_t? {
         var info = stat()
         return stat(path, &info) == 0 ? info.st_mode & 0o777 : nil

@@ -1,4 +1,5 @@
 import Foundation
+import GRDB
 import Lockstep
 import LockstepExamples
 import LockstepJournal
@@ -232,4 +233,16 @@ final class ChildProcess {
     func errors() -> String {
         (try? String(contentsOf: errorFile, encoding: .utf8)) ?? ""
     }
+}
+
+/// The SQLite file behind a fixture's journal.
+func file(_ fixture: JournalFixture) -> String {
+    URL(fileURLWithPath: fixture.dataDirectory).appendingPathComponent(SQLiteJournal.fileName).path
+}
+
+/// Changes the file behind the journal's back.
+func tamper(_ fixture: JournalFixture, _ change: (Database) throws -> Void) throws {
+    let queue = try DatabaseQueue(path: file(fixture))
+    try queue.write(change)
+    try queue.close()
 }

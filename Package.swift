@@ -82,6 +82,7 @@ let package = Package(
             name: "LockstepTestingTests",
             dependencies: ["LockstepTesting", "LockstepExamples", "ReplayFixtures", "replay-fixtures"]
         ),
+        .testTarget(name: "LockstepServerTests", dependencies: ["LockstepServer"]),
         .testTarget(
             name: "LockstepJournalTests",
             dependencies: ["LockstepJournal", "LockstepExamples", .product(name: "GRDB", package: "GRDB.swift")]

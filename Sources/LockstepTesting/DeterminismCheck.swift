@@ -21,7 +21,9 @@ public struct DeterminismCheck<D: ActionGenerating>: Sendable {
     public var harness: ReplayHarness<D>
 
     public init(
-        _ domain: D.Type, settings: ReplaySettings = ReplaySettings(), children: [ReplayChildCommand] = []
+        _ domain: D.Type,
+        settings: ReplaySettings = ReplaySettings(),
+        children: [ReplayChildCommand] = []
     ) {
         harness = ReplayHarness(settings: settings, children: children)
     }

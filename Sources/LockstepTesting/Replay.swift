@@ -19,7 +19,9 @@ public struct ReplayLog<D: Domain>: Sendable {
     }
 
     public init(
-        startSeq: SequenceNumber, startState: [UInt8], actions: [D.Action],
+        startSeq: SequenceNumber,
+        startState: [UInt8],
+        actions: [D.Action],
         expected: [SequenceNumber: (digest: StateDigest, state: [UInt8]?)] = [:]
     ) {
         self.startSeq = startSeq
@@ -110,8 +112,13 @@ struct SharedReferenceDetected: Error {
 
 /// Runs one replica over a log; the same code runs in this process and in a child.
 enum ReplicaRunner {
-    static func run<D: Domain>(_: D.Type, startSeq: SequenceNumber, startState: [UInt8], actions: [D.Action],
-                               plan: TracePlan) throws -> ReplicaTrace {
+    static func run<D: Domain>(
+        _: D.Type,
+        startSeq: SequenceNumber,
+        startState: [UInt8],
+        actions: [D.Action],
+        plan: TracePlan
+    ) throws -> ReplicaTrace {
         var state = try CanonicalEncoding.decode(D.State.self, from: Data(startState))
         var random = SplitMix64(seed: plan.settings.roundTripSeed &+ UInt64(plan.replica) &* 0x9E37_79B9_7F4A_7C15)
         let threshold = UInt64(max(0, min(1, plan.settings.roundTripRate)) * Double(UInt64.max))
@@ -177,10 +184,14 @@ public struct ReplayHarness<D: Domain>: Sendable {
             traces = try sides.map { try trace($0, log, plan(for: $0, interval: interval, checkpoints: expectedSeqs)) }
         } catch let shared as SharedReferenceDetected {
             throw divergence(
-                at: shared.seq, log: log, left: "the state before seq \(shared.seq)",
+                at: shared.seq,
+                log: log,
+                left: "the state before seq \(shared.seq)",
                 right: "the same state after a copy of it was reduced (a shared reference type?)",
-                leftDigest: StateDigest(of: shared.before), rightDigest: StateDigest(of: shared.after),
-                leftState: shared.before, rightState: shared.after
+                leftDigest: StateDigest(of: shared.before),
+                rightDigest: StateDigest(of: shared.after),
+                leftState: shared.before,
+                rightState: shared.after
             )
         }
 
@@ -192,9 +203,14 @@ public struct ReplayHarness<D: Domain>: Sendable {
                 else { continue }
                 let replayed = try trace(sides[0], log, plan(for: sides[0], interval: interval, statesAt: [seq]))
                 throw divergence(
-                    at: seq, log: log, left: "the journal's snapshot", right: sides[0].name,
-                    leftDigest: expected.digest, rightDigest: digest,
-                    leftState: expected.state ?? [], rightState: replayed.states[seq] ?? []
+                    at: seq,
+                    log: log,
+                    left: "the journal's snapshot",
+                    right: sides[0].name,
+                    leftDigest: expected.digest,
+                    rightDigest: digest,
+                    leftState: expected.state ?? [],
+                    rightState: replayed.states[seq] ?? []
                 )
             }
         }
@@ -203,8 +219,11 @@ public struct ReplayHarness<D: Domain>: Sendable {
             try narrow(log, sides[0], sides[index], after: mismatch.previous, upTo: mismatch.seq, interval: interval)
         }
         return Report(
-            events: log.actions.count, replicas: sides.count, checkpoints: traces.first?.digests.count ?? 0,
-            finalSeq: log.lastSeq, finalDigest: traces.first?.digests.last?.digest
+            events: log.actions.count,
+            replicas: sides.count,
+            checkpoints: traces.first?.digests.count ?? 0,
+            finalSeq: log.lastSeq,
+            finalDigest: traces.first?.digests.last?.digest
         )
     }
 
@@ -227,10 +246,17 @@ public struct ReplayHarness<D: Domain>: Sendable {
     }
 
     func plan(
-        for side: Side, interval: Int, checkpoints: Set<SequenceNumber> = [], statesAt: Set<SequenceNumber> = []
+        for side: Side,
+        interval: Int,
+        checkpoints: Set<SequenceNumber> = [],
+        statesAt: Set<SequenceNumber> = []
     ) -> TracePlan {
         TracePlan(
-            replica: side.replica, interval: interval, checkpoints: checkpoints, statesAt: statesAt, settings: settings
+            replica: side.replica,
+            interval: interval,
+            checkpoints: checkpoints,
+            statesAt: statesAt,
+            settings: settings
         )
     }
 
@@ -238,7 +264,11 @@ public struct ReplayHarness<D: Domain>: Sendable {
         switch side {
         case .inProcess:
             try ReplicaRunner.run(
-                D.self, startSeq: log.startSeq, startState: log.startState, actions: log.actions, plan: plan
+                D.self,
+                startSeq: log.startSeq,
+                startState: log.startState,
+                actions: log.actions,
+                plan: plan
             )
         case let .child(command, _):
             try command.run(D.self, log: log, plan: plan)
@@ -246,7 +276,10 @@ public struct ReplayHarness<D: Domain>: Sendable {
     }
 
     /// The first checkpoint where two traces differ, and the last one before it where they agreed.
-    func firstMismatch(_ left: ReplicaTrace, _ right: ReplicaTrace)
+    func firstMismatch(
+        _ left: ReplicaTrace,
+        _ right: ReplicaTrace
+    )
         -> (previous: SequenceNumber?, seq: SequenceNumber)?
     {
         let rightDigests = Dictionary(right.digests.map { ($0.seq, $0.digest) }) { first, _ in first }
@@ -262,7 +295,11 @@ public struct ReplayHarness<D: Domain>: Sendable {
     /// Replays both sides again with a checkpoint at every seq in the window, then throws the divergence at
     /// the first seq that differs, with both states diffed.
     func narrow(
-        _ log: ReplayLog<D>, _ left: Side, _ right: Side, after previous: SequenceNumber?, upTo seq: SequenceNumber,
+        _ log: ReplayLog<D>,
+        _ left: Side,
+        _ right: Side,
+        after previous: SequenceNumber?,
+        upTo seq: SequenceNumber,
         interval: Int
     ) throws -> Never {
         let window = Set(((previous ?? log.startSeq) + 1)...seq)
@@ -274,22 +311,39 @@ public struct ReplayHarness<D: Domain>: Sendable {
         let leftBytes = leftStates.states[first] ?? []
         let rightBytes = rightStates.states[first] ?? []
         throw divergence(
-            at: first, log: log, left: left.name, right: right.name,
-            leftDigest: StateDigest(of: leftBytes), rightDigest: StateDigest(of: rightBytes),
-            leftState: leftBytes, rightState: rightBytes
+            at: first,
+            log: log,
+            left: left.name,
+            right: right.name,
+            leftDigest: StateDigest(of: leftBytes),
+            rightDigest: StateDigest(of: rightBytes),
+            leftState: leftBytes,
+            rightState: rightBytes
         )
     }
 
     func divergence(
-        at seq: SequenceNumber, log: ReplayLog<D>, left: String, right: String, leftDigest: StateDigest,
-        rightDigest: StateDigest, leftState: [UInt8], rightState: [UInt8]
+        at seq: SequenceNumber,
+        log: ReplayLog<D>,
+        left: String,
+        right: String,
+        leftDigest: StateDigest,
+        rightDigest: StateDigest,
+        leftState: [UInt8],
+        rightState: [UInt8]
     ) -> Divergence {
         let index = Int(seq - log.startSeq) - 1
-        let action = log.actions.indices.contains(index)
+        let action =
+            log.actions.indices.contains(index)
             ? (try? CanonicalEncoding.encode(log.actions[index])).map { String(decoding: $0, as: UTF8.self) } ?? "?"
             : "(none)"
         return Divergence(
-            seq: seq, action: action, left: left, right: right, leftDigest: leftDigest, rightDigest: rightDigest,
+            seq: seq,
+            action: action,
+            left: left,
+            right: right,
+            leftDigest: leftDigest,
+            rightDigest: rightDigest,
             differences: StateDiff.compare(leftState, rightState)
         )
     }

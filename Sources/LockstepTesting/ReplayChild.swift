@@ -115,13 +115,18 @@ public enum ReplayChild {
         let decoder = JSONDecoder()
         let actions = try lines.split(separator: 0x0A).map { try decoder.decode(D.Action.self, from: Data($0)) }
         let trace = try ReplicaRunner.run(
-            domain, startSeq: header.startSeq, startState: Array(header.startState), actions: actions,
+            domain,
+            startSeq: header.startSeq,
+            startState: Array(header.startState),
+            actions: actions,
             plan: header.plan
         )
         var output = Data()
         let encoder = JSONEncoder()
         for (seq, digest) in trace.digests {
-            output.append(try encoder.encode(Record(seq: seq, digest: digest, state: trace.states[seq].map { Data($0) })))
+            output.append(
+                try encoder.encode(Record(seq: seq, digest: digest, state: trace.states[seq].map { Data($0) }))
+            )
             output.append(0x0A)
         }
         return output

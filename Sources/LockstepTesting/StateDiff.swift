@@ -112,15 +112,22 @@ public enum StateDiff {
     }
 
     private static func walk(
-        _ left: JSONValue?, _ right: JSONValue?, path: String, into differences: inout [StateDifference], limit: Int
+        _ left: JSONValue?,
+        _ right: JSONValue?,
+        path: String,
+        into differences: inout [StateDifference],
+        limit: Int
     ) {
         guard differences.count < limit, left != right else { return }
         switch (left, right) {
         case let (.object(leftObject)?, .object(rightObject)?):
             for key in Set(leftObject.keys).union(rightObject.keys).sorted() {
                 walk(
-                    leftObject[key], rightObject[key], path: path.isEmpty ? key : "\(path).\(key)",
-                    into: &differences, limit: limit
+                    leftObject[key],
+                    rightObject[key],
+                    path: path.isEmpty ? key : "\(path).\(key)",
+                    into: &differences,
+                    limit: limit
                 )
             }
         case let (.array(leftArray)?, .array(rightArray)?):
@@ -128,7 +135,9 @@ public enum StateDiff {
                 walk(
                     index < leftArray.count ? leftArray[index] : nil,
                     index < rightArray.count ? rightArray[index] : nil,
-                    path: "\(path)[\(index)]", into: &differences, limit: limit
+                    path: "\(path)[\(index)]",
+                    into: &differences,
+                    limit: limit
                 )
             }
         default:

@@ -99,7 +99,9 @@ struct ReplayCommand: ParsableCommand {
         let names = try opened.stats().stores.map(\.name)
         let chosen = store.map { [$0] } ?? names.filter { Examples.domain(named: $0) != nil }
         if let store, !names.contains(store) {
-            printError("lockstep: the journal in \(directory) has no store '\(store)'; it has \(names.joined(separator: ", "))")
+            printError(
+                "lockstep: the journal in \(directory) has no store '\(store)'; it has \(names.joined(separator: ", "))"
+            )
             throw ExitCode.failure
         }
         for name in names where !chosen.contains(name) && store == nil {
@@ -175,7 +177,13 @@ struct ReplayCommand: ParsableCommand {
         var next = startSeq + 1
         let decoder = JSONDecoder()
         while next <= info.lastSeq {
-            guard case let .events(events) = try journal.events(store: D.name, from: next, to: info.lastSeq, limit: 10_000),
+            guard
+                case let .events(events) = try journal.events(
+                    store: D.name,
+                    from: next,
+                    to: info.lastSeq,
+                    limit: 10_000
+                ),
                 let last = events.last
             else { break }
             for event in events {
@@ -193,7 +201,9 @@ struct ReplayCommand: ParsableCommand {
         }
         var expected: [SequenceNumber: (digest: StateDigest, state: [UInt8]?)] = [:]
         for seq in info.snapshotSeqs where seq > startSeq {
-            if let snapshot = try journal.snapshot(store: D.name, seq: seq) { expected[seq] = (snapshot.digest, snapshot.state) }
+            if let snapshot = try journal.snapshot(store: D.name, seq: seq) {
+                expected[seq] = (snapshot.digest, snapshot.state)
+            }
         }
         return ReplayLog<D>(startSeq: startSeq, startState: startState, actions: actions, expected: expected)
     }

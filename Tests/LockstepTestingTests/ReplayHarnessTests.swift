@@ -13,13 +13,18 @@ func fixtureChild() -> ReplayChildCommand {
         directory = directory.deletingLastPathComponent()
     }
     return ReplayChildCommand(
-        executable: directory.appendingPathComponent("replay-fixtures").path, arguments: [], timeout: .seconds(60)
+        executable: directory.appendingPathComponent("replay-fixtures").path,
+        arguments: [],
+        timeout: .seconds(60)
     )
 }
 
 /// Replays `actions` and returns the divergence the harness must find.
 func expectDivergence<D: Domain>(
-    _: D.Type, _ actions: [D.Action], settings: ReplaySettings = ReplaySettings(), children: [ReplayChildCommand] = []
+    _: D.Type,
+    _ actions: [D.Action],
+    settings: ReplaySettings = ReplaySettings(),
+    children: [ReplayChildCommand] = []
 ) throws -> Divergence? {
     let harness = ReplayHarness<D>(settings: settings, children: children)
     do {

@@ -1,0 +1,260 @@
+import LockstepJournal
+
+/// Everything `lockstepd` needs to know to run: where it keeps data, where it listens, which domains it
+/// hosts, how durable a commit is, how often it speaks, and its limits.
+///
+/// Defaults make `lockstepd` with no flags just work in the current folder: data in `$STATE_DIRECTORY` or
+/// `./.lockstep/data`, `ipc://` sockets in `$RUNTIME_DIRECTORY` or `./.lockstep/run`.
+public struct DaemonConfiguration: Hashable, Sendable {
+    /// When an action counts as durable.
+    public enum Durability: String, Hashable, Sendable, CaseIterable {
+        /// Every commit is fsynced before any reply: an acknowledged action survives a power cut.
+        case fsync
+        /// Commits are written before replies and fsynced within 10 ms: a power cut (not a crash of the
+        /// daemon) can lose the last 10 ms of acknowledged actions.
+        case relaxed
+    }
+
+    /// Which journal keeps the history.
+    public enum JournalKind: String, Hashable, Sendable, CaseIterable {
+        /// One SQLite file in the data directory.
+        case sqlite
+        /// Nothing on disk: a restart starts every store afresh with a new epoch. For tests and demos.
+        case memory
+    }
+
+    public var dataDirectory: String
+    public var runtimeDirectory: String
+    public var commandEndpoint: String
+    public var eventsEndpoint: String
+    /// Names of the domains to host, in order; every name must be one the executable links.
+    public var domains: [String]
+    public var durability = Durability.fsync
+    public var journal = JournalKind.sqlite
+    /// A heartbeat per idle store this often.
+    public var heartbeatInterval = Duration.seconds(1)
+    /// A digest per store every this many events (and on every snapshot).
+    public var digestEveryEvents = 1_000
+    public var snapshots = JournalPolicy()
+    /// The largest message part accepted, in bytes.
+    public var maximumMessageBytes = 1 << 20
+    /// The most actions one dispatch may carry.
+    public var maximumBatch = 1_000
+    /// CURVE on the tcp endpoints; `nil` for none (ipc endpoints in a private directory need none).
+    public var curve: CurveSettings?
+
+    /// CURVE keys: the daemon's secret key, and the public keys of the clients allowed in.
+    public struct CurveSettings: Hashable, Sendable {
+        /// The daemon's long-term secret key in Z85 (40 characters).
+        public var serverSecretKey: String
+        /// Z85 public keys of the clients that may connect; anyone else is refused.
+        public var allowedClientKeys: [String]
+
+        public init(serverSecretKey: String, allowedClientKeys: [String]) {
+            self.serverSecretKey = serverSecretKey
+            self.allowedClientKeys = allowedClientKeys
+        }
+    }
+
+    /// The defaults for `environment` (only `STATE_DIRECTORY` and `RUNTIME_DIRECTORY` are read), hosting
+    /// `domains`.
+    public init(environment: [String: String], domains: [String]) {
+        // systemd may pass several colon-separated directories; the first is ours.
+        let state = environment["STATE_DIRECTORY"].flatMap { $0.split(separator: ":").first.map(String.init) }
+        let runtime = environment["RUNTIME_DIRECTORY"].flatMap { $0.split(separator: ":").first.map(String.init) }
+        dataDirectory = state ?? ".lockstep/data"
+        runtimeDirectory = runtime ?? ".lockstep/run"
+        commandEndpoint = "ipc://\(runtimeDirectory)/command"
+        eventsEndpoint = "ipc://\(runtimeDirectory)/events"
+        self.domains = domains
+    }
+
+    /// Settings from a configuration file (docs/operations.md, deploy/lockstepd.toml) over these ones.
+    ///
+    /// Unknown keys and tables are errors, so a typo never passes silently; each error names the key.
+    public mutating func apply(_ document: TOMLDocument, file: String) throws(ConfigurationError) {
+        var reader = Reader(document: document, file: file)
+        try reader.string("", "data_dir") { dataDirectory = $0 }
+        try reader.string("", "runtime_dir") { runtime in
+            if commandEndpoint == "ipc://\(runtimeDirectory)/command" { commandEndpoint = "ipc://\(runtime)/command" }
+            if eventsEndpoint == "ipc://\(runtimeDirectory)/events" { eventsEndpoint = "ipc://\(runtime)/events" }
+            runtimeDirectory = runtime
+        }
+        try reader.string("", "command_endpoint") { commandEndpoint = $0 }
+        try reader.string("", "events_endpoint") { eventsEndpoint = $0 }
+        try reader.strings("", "domains") { domains = $0 }
+        try reader.choice("", "durability") { durability = $0 }
+        try reader.choice("", "journal") { journal = $0 }
+        try reader.integer("intervals", "heartbeat_ms", 10...3_600_000) { heartbeatInterval = .milliseconds($0) }
+        try reader.integer("intervals", "digest_every_events", 1...Int64(Int32.max)) { digestEveryEvents = Int($0) }
+        try reader.integer("snapshots", "every_events", 1...Int64(Int32.max)) {
+            snapshots.snapshotEveryEvents = Int($0)
+        }
+        try reader.integer("snapshots", "every_bytes", 1...Int64.max) { snapshots.snapshotEveryBytes = Int($0) }
+        try reader.integer("snapshots", "keep", 1...1_000) { snapshots.snapshotsKept = Int($0) }
+        try reader.integer("limits", "idempotency_entries", 1...100_000_000) {
+            snapshots.idempotencyEntriesKept = Int($0)
+        }
+        try reader.integer("limits", "max_message_bytes", 1_024...Int64(Int32.max)) { maximumMessageBytes = Int($0) }
+        try reader.integer("limits", "max_batch", 1...100_000) { maximumBatch = Int($0) }
+        var secret: String?
+        var clients: [String]?
+        try reader.string("curve", "server_secret_key") { secret = $0 }
+        try reader.strings("curve", "allowed_client_keys") { clients = $0 }
+        if secret != nil || clients != nil {
+            guard let secret, let clients else {
+                throw ConfigurationError(
+                    file: file,
+                    key: "curve",
+                    "[curve] needs both server_secret_key and allowed_client_keys (use 'lockstep keygen' to make keys)"
+                )
+            }
+            curve = CurveSettings(serverSecretKey: secret, allowedClientKeys: clients)
+        }
+        try reader.finish()
+    }
+
+    /// Checks what a flag or file could have got wrong; the error names the setting and the value.
+    public func validate(knownDomains: [String]) throws(ConfigurationError) {
+        guard !domains.isEmpty else {
+            throw ConfigurationError(file: nil, key: "domains", "no domain to host; name at least one")
+        }
+        for name in domains where !knownDomains.contains(name) {
+            throw ConfigurationError(
+                file: nil,
+                key: "domains",
+                "no domain named '\(name)' is linked into this daemon; it has \(knownDomains.joined(separator: ", "))"
+            )
+        }
+        if let duplicate = domains.first(where: { name in domains.filter { $0 == name }.count > 1 }) {
+            throw ConfigurationError(file: nil, key: "domains", "domain '\(duplicate)' is named twice")
+        }
+        for (key, endpoint) in [("command_endpoint", commandEndpoint), ("events_endpoint", eventsEndpoint)] {
+            let transport = endpoint.prefix { $0 != ":" }
+            guard ["ipc", "tcp", "inproc"].contains(transport), endpoint.contains("://") else {
+                throw ConfigurationError(
+                    file: nil,
+                    key: key,
+                    "'\(endpoint)' is not an endpoint lockstepd serves; use ipc://PATH or tcp://HOST:PORT"
+                )
+            }
+            if transport == "tcp", curve == nil {
+                throw ConfigurationError(
+                    file: nil,
+                    key: key,
+                    "'\(endpoint)' is a tcp endpoint and [curve] is not configured; tcp is served only with CURVE"
+                )
+            }
+        }
+        guard commandEndpoint != eventsEndpoint else {
+            throw ConfigurationError(
+                file: nil,
+                key: "events_endpoint",
+                "the command and events endpoints are both '\(commandEndpoint)'"
+            )
+        }
+    }
+
+    /// Reads typed values out of a document and remembers which keys it used.
+    private struct Reader {
+        let document: TOMLDocument
+        let file: String
+        var used: Set<String> = []
+
+        mutating func value(_ table: String, _ key: String) -> TOMLValue? {
+            used.insert(table.isEmpty ? key : "\(table).\(key)")
+            return document.tables[table]?[key]
+        }
+
+        func name(_ table: String, _ key: String) -> String { table.isEmpty ? key : "\(table).\(key)" }
+
+        mutating func string(_ table: String, _ key: String, _ set: (String) -> Void) throws(ConfigurationError) {
+            guard let value = value(table, key) else { return }
+            guard case let .string(text) = value else {
+                throw ConfigurationError(file: file, key: name(table, key), "expected a string, got \(value)")
+            }
+            set(text)
+        }
+
+        mutating func strings(_ table: String, _ key: String, _ set: ([String]) -> Void) throws(ConfigurationError) {
+            guard let value = value(table, key) else { return }
+            guard case let .array(values) = value else {
+                throw ConfigurationError(
+                    file: file,
+                    key: name(table, key),
+                    "expected an array of strings, got \(value)"
+                )
+            }
+            var texts: [String] = []
+            for element in values {
+                guard case let .string(text) = element else {
+                    throw ConfigurationError(file: file, key: name(table, key), "expected strings only, got \(element)")
+                }
+                texts.append(text)
+            }
+            set(texts)
+        }
+
+        mutating func integer(
+            _ table: String,
+            _ key: String,
+            _ range: ClosedRange<Int64>,
+            _ set: (Int64) -> Void
+        ) throws(ConfigurationError) {
+            guard let value = value(table, key) else { return }
+            guard case let .integer(number) = value, range.contains(number) else {
+                throw ConfigurationError(
+                    file: file,
+                    key: name(table, key),
+                    "expected a whole number in \(range.lowerBound)...\(range.upperBound), got \(value)"
+                )
+            }
+            set(number)
+        }
+
+        mutating func choice<Choice: RawRepresentable & CaseIterable>(
+            _ table: String,
+            _ key: String,
+            _ set: (Choice) -> Void
+        ) throws(ConfigurationError) where Choice.RawValue == String {
+            guard let value = value(table, key) else { return }
+            guard case let .string(text) = value, let choice = Choice(rawValue: text) else {
+                let choices = Choice.allCases.map { "\"\($0.rawValue)\"" }.joined(separator: ", ")
+                throw ConfigurationError(file: file, key: name(table, key), "expected one of \(choices), got \(value)")
+            }
+            set(choice)
+        }
+
+        func finish() throws(ConfigurationError) {
+            for (table, keys) in document.tables.sorted(by: { $0.key < $1.key }) {
+                for key in keys.keys.sorted() where !used.contains(name(table, key)) {
+                    throw ConfigurationError(
+                        file: file,
+                        key: name(table, key),
+                        "unknown setting; see deploy/lockstepd.toml"
+                    )
+                }
+                if !table.isEmpty, keys.isEmpty {
+                    throw ConfigurationError(file: file, key: table, "empty or unknown table [\(table)]")
+                }
+            }
+        }
+    }
+}
+
+/// A setting is wrong: which file, which key, and why.
+public struct ConfigurationError: Error, Hashable, Sendable, CustomStringConvertible {
+    public var file: String?
+    public var key: String
+    public var reason: String
+
+    public init(file: String?, key: String, _ reason: String) {
+        self.file = file
+        self.key = key
+        self.reason = reason
+    }
+
+    public var description: String {
+        (file.map { "\($0): " } ?? "") + "\(key): \(reason)"
+    }
+}

@@ -21,6 +21,7 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
     ],
     targets: [
         // libzmq through pkg-config; imported only by ZeroMQ.
@@ -38,6 +39,7 @@ let package = Package(
             dependencies: [
                 "Lockstep", "LockstepProtocol", "LockstepJournal", "ZeroMQ",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
         .target(
@@ -55,6 +57,7 @@ let package = Package(
                 "LockstepServer", "LockstepExamples",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
         // The target is not called `lockstep`: its module would clash with `Lockstep` on a case-blind disk.
@@ -82,7 +85,10 @@ let package = Package(
             name: "LockstepTestingTests",
             dependencies: ["LockstepTesting", "LockstepExamples", "ReplayFixtures", "replay-fixtures"]
         ),
-        .testTarget(name: "LockstepServerTests", dependencies: ["LockstepServer"]),
+        .testTarget(
+            name: "LockstepServerTests",
+            dependencies: ["LockstepServer", "LockstepProtocol", "LockstepExamples", "ZeroMQ", "lockstepd"]
+        ),
         .testTarget(
             name: "LockstepJournalTests",
             dependencies: ["LockstepJournal", "LockstepExamples", .product(name: "GRDB", package: "GRDB.swift")]

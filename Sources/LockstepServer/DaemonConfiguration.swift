@@ -116,6 +116,13 @@ public struct DaemonConfiguration: Hashable, Sendable {
 
     /// Checks what a flag or file could have got wrong; the error names the setting and the value.
     public func validate(knownDomains: [String]) throws(ConfigurationError) {
+        guard durability == .fsync else {
+            throw ConfigurationError(
+                file: nil,
+                key: "durability",
+                "'relaxed' is not available in this build yet; use 'fsync' (every action durable before its ack)"
+            )
+        }
         guard !domains.isEmpty else {
             throw ConfigurationError(file: nil, key: "domains", "no domain to host; name at least one")
         }

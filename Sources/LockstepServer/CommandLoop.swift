@@ -1,0 +1,438 @@
+import Foundation
+import Lockstep
+import LockstepJournal
+import LockstepProtocol
+import Logging
+import Synchronization
+import ZeroMQ
+
+/// The daemon's one loop, on one thread that owns every socket: each turn drains the command socket, runs
+/// the ``Sequencer`` on every request, commits the whole batch to the journal once, and only then replies
+/// and publishes. Nothing is acknowledged or published before it is durable.
+final class CommandLoop: Sendable {
+    let configuration: DaemonConfiguration
+    let domains: [HostedDomain]
+    let logger: Logger
+    let notifier: SystemdNotifier
+    let wakeup: Wakeup
+    private let stopping = Atomic<Bool>(false)
+
+    init(
+        configuration: DaemonConfiguration,
+        domains: [HostedDomain],
+        notifier: SystemdNotifier,
+        logger: Logger
+    ) throws(ServerError) {
+        self.configuration = configuration
+        self.domains = domains
+        self.notifier = notifier
+        self.logger = logger
+        wakeup = try Wakeup()
+    }
+
+    /// Asks the loop to finish its turn and stop; callable from any thread.
+    func stop() {
+        stopping.store(true, ordering: .releasing)
+        wakeup.signal()
+    }
+
+    /// Recovers, binds, tells systemd it is ready, and serves until ``stop()``. Runs on its own thread.
+    func run() throws {
+        let journal = try openJournal()
+        defer { try? journal.close() }
+        var state = try LoopState(loop: self, journal: journal)
+        try state.bind()
+        logger.info(
+            "lockstepd ready",
+            metadata: [
+                "command": "\(configuration.commandEndpoint)", "events": "\(configuration.eventsEndpoint)",
+                "stores": "\(state.storeSummary)",
+            ]
+        )
+        notifier.notify("READY=1\nSTATUS=serving \(domains.count) stores")
+        while !stopping.load(ordering: .acquiring) {
+            try state.turn()
+        }
+        notifier.notify("STOPPING=1")
+        logger.info("lockstepd stopping: the last batch is committed, replied to and published")
+        state.close()
+    }
+
+    private func openJournal() throws -> any Journal {
+        switch configuration.journal {
+        case .memory:
+            return InMemoryJournal(policy: configuration.snapshots)
+        case .sqlite:
+            do {
+                return try SQLiteJournal(directory: configuration.dataDirectory, policy: configuration.snapshots)
+            } catch {
+                throw ServerError(code: .journal, "cannot open the journal in \(configuration.dataDirectory): \(error)")
+            }
+        }
+    }
+}
+
+/// Everything the loop thread owns.
+private struct LoopState {
+    let loop: CommandLoop
+    let journal: any Journal
+    let context: Context
+    let router: Socket
+    let publisher: Socket
+    var sequencer: Sequencer
+    let limits: Limits
+    let startedAt = ContinuousClock.now
+    var lastPublished: [StoreName: ContinuousClock.Instant] = [:]
+    var sinceDigest: [StoreName: Int] = [:]
+    var committedEvents: [StoreName: UInt64] = [:]
+    var lastWatchdog = ContinuousClock.now
+
+    var configuration: DaemonConfiguration { loop.configuration }
+    var logger: Logger { loop.logger }
+
+    init(loop: CommandLoop, journal: any Journal) throws {
+        self.loop = loop
+        self.journal = journal
+        limits = Limits(
+            maximumBatch: loop.configuration.maximumBatch,
+            maximumActionBytes: loop.configuration.maximumMessageBytes
+        )
+        sequencer = try Self.recover(loop.domains, journal: journal, logger: loop.logger)
+        context = try Context()
+        router = try Socket(context, type: .router)
+        publisher = try Socket(context, type: .publisher)
+        let now = ContinuousClock.now
+        for name in sequencer.stores.keys { lastPublished[name] = now }
+    }
+
+    /// The stores as the journal proves them, with the idempotency entries that answer retries.
+    static func recover(_ domains: [HostedDomain], journal: any Journal, logger: Logger) throws -> Sequencer {
+        var stores: [any SequencedStore] = []
+        for domain in domains {
+            do {
+                let store = try domain.recover(journal)
+                logger.info(
+                    "recovered store",
+                    metadata: ["store": "\(store.name)", "seq": "\(store.lastSeq)", "epoch": "\(store.epoch)"]
+                )
+                stores.append(store)
+            } catch {
+                throw ServerError(
+                    code: .journal,
+                    "cannot recover store '\(domain.name)' from \(journal.location): \(error)"
+                )
+            }
+        }
+        var sequencer = Sequencer(stores: stores, idempotencyCapacity: journal.policy.idempotencyEntriesKept)
+        for record in try journal.idempotencyRecords() {
+            guard let client = ClientID(bytes: record.key.clientID), let reply = ReplyRecord.decode(record.reply),
+                let fingerprint = StateDigest(bytes: record.fingerprint)
+            else { continue }
+            sequencer.remember(
+                IdempotencyCache.Key(client: client, requestNumber: record.key.requestNumber),
+                IdempotencyCache.Entry(fingerprint: fingerprint, reply: reply)
+            )
+        }
+        return sequencer
+    }
+
+    var storeSummary: String {
+        sequencer.stores.values.sorted { $0.name < $1.name }.map { "\($0.name)@\($0.lastSeq)" }.joined(separator: " ")
+    }
+
+    func bind() throws {
+        for endpoint in [configuration.commandEndpoint, configuration.eventsEndpoint] where endpoint.hasPrefix("ipc://")
+        {
+            let directory = (String(endpoint.dropFirst("ipc://".count)) as NSString).deletingLastPathComponent
+            if !directory.isEmpty {
+                try FileManager.default.createDirectory(
+                    atPath: directory,
+                    withIntermediateDirectories: true,
+                    attributes: [.posixPermissions: 0o700]
+                )
+            }
+        }
+        for socket in [router, publisher] {
+            try socket.set(.maximumMessageSize, Int64(configuration.maximumMessageBytes))
+            try socket.set(.sendHighWaterMark, 100_000)
+        }
+        try router.set(.receiveHighWaterMark, 100_000)
+        do {
+            try router.bind(configuration.commandEndpoint)
+            try publisher.bind(configuration.eventsEndpoint)
+        } catch {
+            throw ServerError(code: .bind, "cannot bind: \(error); is another lockstepd running on these endpoints?")
+        }
+    }
+
+    func close() {
+        router.close()
+        publisher.close()
+    }
+
+    /// One turn: wait for work or the next heartbeat, take every waiting request, commit once, reply, publish.
+    mutating func turn() throws {
+        let poller = Poller([.socket(router, .readable), .fileDescriptor(loop.wakeup.descriptor, .readable)])
+        let ready = try poller.poll(timeout: nextDeadline() - ContinuousClock.now)
+        if ready[1].contains(.readable) { loop.wakeup.drain() }
+
+        var inbox: [(envelope: [Frame], body: [Frame], dropped: Int)] = []
+        while inbox.count < 1_024,
+            let message = try router.receive(wait: false, maximumFrames: configuration.maximumBatch + 4)
+        {
+            let frames = message.frames
+            // [identity, empty, body…] from REQ and from DEALERs that follow docs/protocol.md.
+            let split = frames.count >= 2 && frames[1].isEmpty ? 2 : 1
+            inbox.append((Array(frames.prefix(split)), Array(frames.dropFirst(split)), message.droppedFrames))
+        }
+        if !inbox.isEmpty { try serve(inbox) }
+        publishHeartbeats()
+        if let interval = loop.notifier.watchdogInterval, ContinuousClock.now - lastWatchdog >= interval {
+            loop.notifier.notify("WATCHDOG=1")
+            lastWatchdog = ContinuousClock.now
+        }
+    }
+
+    func nextDeadline() -> ContinuousClock.Instant {
+        var deadline = (lastPublished.values.min() ?? ContinuousClock.now) + configuration.heartbeatInterval
+        if let interval = loop.notifier.watchdogInterval { deadline = min(deadline, lastWatchdog + interval) }
+        return max(deadline, ContinuousClock.now)
+    }
+
+    private enum Pending {
+        case reply(Reply)
+        case commit(Sequencer.Commit)
+        case snapshot(requestID: UInt64, store: StoreName)
+        case range(requestID: UInt64, store: StoreName, from: SequenceNumber, to: SequenceNumber)
+        case status(requestID: UInt64)
+    }
+
+    mutating func serve(_ inbox: [(envelope: [Frame], body: [Frame], dropped: Int)]) throws {
+        var pending: [(envelope: [Frame], work: Pending)] = []
+        pending.reserveCapacity(inbox.count)
+        for message in inbox {
+            let requestID = Request.requestID(in: message.body)
+            if message.dropped > 0 {
+                let error = ProtocolError(
+                    code: .tooLarge,
+                    "message has \(message.body.count + message.dropped) frames; a request has at most "
+                        + "\(configuration.maximumBatch + 2)"
+                )
+                pending.append((message.envelope, .reply(.error(requestID: requestID, error))))
+                continue
+            }
+            let request: Request
+            do {
+                request = try Request.decode(message.body, limits: limits)
+            } catch {
+                logger.notice("refused a request", metadata: ["error": "\(error)"])
+                pending.append((message.envelope, .reply(.error(requestID: requestID, error))))
+                continue
+            }
+            switch request {
+            case let .dispatch(dispatch):
+                switch sequencer.dispatch(dispatch) {
+                case let .reply(reply): pending.append((message.envelope, .reply(reply)))
+                case let .commit(commit): pending.append((message.envelope, .commit(commit)))
+                }
+            case let .snapshot(requestID, store):
+                pending.append((message.envelope, .snapshot(requestID: requestID, store: store)))
+            case let .range(requestID, store, from, to):
+                pending.append((message.envelope, .range(requestID: requestID, store: store, from: from, to: to)))
+            case let .status(requestID):
+                pending.append((message.envelope, .status(requestID: requestID)))
+            }
+        }
+
+        let commits = pending.compactMap { if case let .commit(commit) = $0.work { commit } else { nil } }
+        var committed = true
+        var snapshotted: Set<StoreName> = []
+        if !commits.isEmpty {
+            do {
+                let batch = try batch(for: commits)
+                try journal.commit(batch)
+                snapshotted = Set(batch.snapshots.compactMap { try? StoreName($0.store) })
+            } catch {
+                committed = false
+                logger.error("commit failed; nothing of this batch was applied", metadata: ["error": "\(error)"])
+                // The sequencer ran ahead of the journal: start it again from what is durable.
+                sequencer = try Self.recover(loop.domains, journal: journal, logger: logger)
+            }
+        }
+
+        // Replies, in arrival order, now that the batch is durable (or known not to be).
+        for (envelope, work) in pending {
+            let reply: Reply
+            switch work {
+            case let .reply(decided):
+                if !committed, case .accepted = decided {
+                    reply = unavailable(decided.requestID)
+                } else {
+                    reply = decided
+                }
+            case let .commit(commit):
+                reply = committed ? commit.reply : unavailable(commit.requestNumber)
+            case let .snapshot(requestID, store):
+                reply = snapshot(requestID: requestID, store: store)
+            case let .range(requestID, store, from, to):
+                reply = range(requestID: requestID, store: store, from: from, to: to)
+            case let .status(requestID):
+                reply = status(requestID: requestID)
+            }
+            _ = try? router.send(envelope + reply.encode(), wait: false)
+        }
+        if committed { publish(commits, snapshotted: snapshotted) }
+    }
+
+    func unavailable(_ requestID: UInt64) -> Reply {
+        .error(
+            requestID: requestID,
+            ProtocolError(
+                code: .unavailable,
+                "the journal could not make this dispatch durable, so nothing was applied; retry with the same "
+                    + "request number later, and see the daemon's log"
+            )
+        )
+    }
+
+    func batch(for commits: [Sequencer.Commit]) throws -> JournalBatch {
+        var batch = JournalBatch()
+        for commit in commits {
+            for event in commit.events {
+                batch.events.append(
+                    JournalEvent(
+                        store: commit.store.rawValue,
+                        seq: event.seq,
+                        action: event.action,
+                        clientID: commit.clientID.bytes,
+                        requestNumber: commit.requestNumber
+                    )
+                )
+            }
+            batch.idempotency.append(
+                IdempotencyRecord(
+                    key: IdempotencyKey(clientID: commit.clientID.bytes, requestNumber: commit.requestNumber),
+                    fingerprint: commit.fingerprint.bytes,
+                    reply: ReplyRecord.encode(commit.reply)
+                )
+            )
+        }
+        for name in Set(commits.map(\.store)) where journal.snapshotDue(store: name.rawValue, in: batch) {
+            guard let store = sequencer.stores[name] else { continue }
+            batch.snapshots.append(
+                JournalSnapshot(store: name.rawValue, seq: store.lastSeq, state: try store.encodedState())
+            )
+        }
+        return batch
+    }
+
+    /// Events, then a digest for each store past its digest interval or just snapshotted.
+    mutating func publish(_ commits: [Sequencer.Commit], snapshotted: Set<StoreName>) {
+        let now = ContinuousClock.now
+        for commit in commits {
+            for event in commit.events {
+                send(Event.event(store: commit.store, epoch: commit.epoch, seq: event.seq, action: event.action))
+            }
+            lastPublished[commit.store] = now
+            sinceDigest[commit.store, default: 0] += commit.events.count
+            committedEvents[commit.store, default: 0] += UInt64(commit.events.count)
+        }
+        for name in Set(commits.map(\.store)) {
+            let due = (sinceDigest[name] ?? 0) >= configuration.digestEveryEvents || snapshotted.contains(name)
+            guard due, let store = sequencer.stores[name], let state = try? store.encodedState() else { continue }
+            send(Event.digest(store: name, epoch: store.epoch, seq: store.lastSeq, StateDigest(of: state)))
+            sinceDigest[name] = 0
+        }
+    }
+
+    mutating func publishHeartbeats() {
+        let now = ContinuousClock.now
+        for (name, store) in sequencer.stores
+        where now - (lastPublished[name] ?? now) >= configuration.heartbeatInterval {
+            send(Event.heartbeat(store: name, epoch: store.epoch, lastSeq: store.lastSeq))
+            lastPublished[name] = now
+        }
+    }
+
+    func send(_ event: Event) {
+        // PUB never blocks: a subscriber past its high-water mark loses messages and repairs by range.
+        _ = try? publisher.send(event.encode(), wait: false)
+    }
+
+    func snapshot(requestID: UInt64, store name: StoreName) -> Reply {
+        guard let store = sequencer.stores[name] else { return unknownStore(requestID, name) }
+        do {
+            let state = try store.encodedState()
+            return .snapshot(
+                requestID: requestID,
+                SnapshotReply(
+                    store: name,
+                    epoch: store.epoch,
+                    seq: store.lastSeq,
+                    digest: StateDigest(of: state),
+                    state: state
+                )
+            )
+        } catch {
+            return .error(
+                requestID: requestID,
+                ProtocolError(code: .internal, "cannot encode store '\(name)': \(error)")
+            )
+        }
+    }
+
+    func range(requestID: UInt64, store name: StoreName, from: SequenceNumber, to: SequenceNumber) -> Reply {
+        guard let store = sequencer.stores[name] else { return unknownStore(requestID, name) }
+        guard from <= store.lastSeq else {
+            return .error(
+                requestID: requestID,
+                ProtocolError(
+                    code: .invalidRange,
+                    "store '\(name)' is at seq \(store.lastSeq); a range from seq \(from) is empty"
+                )
+            )
+        }
+        do {
+            switch try journal.events(store: name.rawValue, from: from, to: min(to, store.lastSeq), limit: 10_000) {
+            case let .events(events):
+                return .range(
+                    requestID: requestID,
+                    store: name,
+                    epoch: store.epoch,
+                    firstSeq: from,
+                    actions: events.map(\.action)
+                )
+            case let .compacted(firstAvailable):
+                return .compacted(requestID: requestID, store: name, epoch: store.epoch, firstAvailable: firstAvailable)
+            }
+        } catch {
+            return .error(requestID: requestID, ProtocolError(code: .internal, "cannot read store '\(name)': \(error)"))
+        }
+    }
+
+    func status(requestID: UInt64) -> Reply {
+        let uptime = ContinuousClock.now - startedAt
+        let seconds = max(Double(uptime.components.seconds) + Double(uptime.components.attoseconds) / 1e18, 1e-3)
+        let stores = sequencer.stores.values.sorted { $0.name < $1.name }.map { store in
+            let rate = Double(committedEvents[store.name] ?? 0) / seconds
+            return #"{"name":"\#(store.name)","seq":\#(store.lastSeq),"epoch":"\#(store.epoch)","#
+                + #""domainVersion":\#(store.domainVersion),"eventsPerSecond":\#(String(format: "%.1f", rate))}"#
+        }
+        let journalBytes = (try? journal.stats().fileBytes).flatMap { $0 }.map { "\($0)" } ?? "null"
+        let json =
+            #"{"uptimeSeconds":\#(uptime.components.seconds),"journal":"\#(journal.location)","#
+            + #""journalBytes":\#(journalBytes),"stores":[\#(stores.joined(separator: ","))]}"#
+        return .status(requestID: requestID, json: Array(json.utf8))
+    }
+
+    func unknownStore(_ requestID: UInt64, _ name: StoreName) -> Reply {
+        .error(
+            requestID: requestID,
+            ProtocolError(
+                code: .unknownStore,
+                "no store named '\(name)'; this daemon hosts "
+                    + sequencer.stores.keys.sorted().map(\.rawValue).joined(separator: ", ")
+            )
+        )
+    }
+}

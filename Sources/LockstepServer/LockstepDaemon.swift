@@ -1,0 +1,47 @@
+import Foundation
+import Logging
+import ServiceLifecycle
+
+/// The daemon as a swift-service-lifecycle `Service`: recovery, binding and the command loop run on a thread
+/// of their own; graceful shutdown (SIGTERM, SIGINT through a `ServiceGroup`) lets the loop finish the batch
+/// in flight, publish it, close the journal and return.
+public final class LockstepDaemon: Service, Sendable {
+    private let loop: CommandLoop
+
+    /// A daemon serving `domains` as `configuration` says; `environment` is read for systemd's variables.
+    public init(
+        configuration: DaemonConfiguration,
+        domains: [HostedDomain],
+        environment: [String: String],
+        logger: Logger
+    ) throws {
+        let known = domains.map(\.name)
+        try configuration.validate(knownDomains: known)
+        let hosted = configuration.domains.compactMap { name in domains.first { $0.name == name } }
+        loop = try CommandLoop(
+            configuration: configuration,
+            domains: hosted,
+            notifier: SystemdNotifier(environment: environment),
+            logger: logger
+        )
+    }
+
+    public func run() async throws {
+        try await withGracefulShutdownHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                let thread = Thread { [loop] in
+                    do {
+                        try loop.run()
+                        continuation.resume()
+                    } catch {
+                        continuation.resume(throwing: error)
+                    }
+                }
+                thread.name = "lockstepd loop"
+                thread.start()
+            }
+        } onGracefulShutdown: { [loop] in
+            loop.stop()
+        }
+    }
+}

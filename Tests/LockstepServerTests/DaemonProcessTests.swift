@@ -1,0 +1,186 @@
+import Foundation
+import Lockstep
+import LockstepProtocol
+import Testing
+import ZeroMQ
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A real `lockstepd` in a temporary directory, stopped (SIGTERM, then SIGKILL) when the test ends.
+final class DaemonProcess {
+    let directory: String
+    let process = Process()
+    let log: URL
+
+    init(directory: String, arguments: [String] = []) throws {
+        self.directory = directory
+        var products = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
+        if !FileManager.default.isExecutableFile(atPath: products.appendingPathComponent("lockstepd").path) {
+            products = products.deletingLastPathComponent()
+        }
+        process.executableURL = products.appendingPathComponent("lockstepd")
+        process.currentDirectoryURL = URL(fileURLWithPath: directory)
+        process.arguments = arguments
+        log = URL(fileURLWithPath: directory).appendingPathComponent("lockstepd-\(UUID()).log")
+        _ = FileManager.default.createFile(atPath: log.path, contents: nil)
+        let handle = try FileHandle(forWritingTo: log)
+        process.standardOutput = handle
+        process.standardError = handle
+        try process.run()
+    }
+
+    var command: String { "ipc://\(directory)/.lockstep/run/command" }
+    var events: String { "ipc://\(directory)/.lockstep/run/events" }
+    var output: String { (try? String(contentsOf: log, encoding: .utf8)) ?? "" }
+
+    /// Sends SIGTERM and waits (bounded) for the exit status.
+    func terminate(within timeout: Duration = .seconds(10)) -> Int32? {
+        guard process.isRunning else { return process.terminationStatus }
+        kill(process.processIdentifier, SIGTERM)
+        let deadline = ContinuousClock.now + timeout
+        while process.isRunning, ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.01) }
+        return process.isRunning ? nil : process.terminationStatus
+    }
+
+    deinit {
+        if process.isRunning {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+    }
+}
+
+/// A REQ client speaking the wire protocol with bounded waits.
+struct Client {
+    let socket: Socket
+    let clientID = ClientID.random()
+
+    init(_ context: Context, endpoint: String) throws {
+        socket = try Socket(context, type: .request)
+        try socket.set(.receiveTimeout, 5_000)
+        try socket.set(.sendTimeout, 5_000)
+        try socket.connect(endpoint)
+    }
+
+    func call(_ body: [Frame]) throws -> Reply {
+        try socket.send(body)
+        guard let reply = try socket.receive() else { throw ClientTimeout() }
+        return try Reply.decode(reply)
+    }
+
+    func dispatch(_ store: String, _ actions: [String], number: UInt64) throws -> Reply {
+        try call(
+            Request.dispatch(
+                DispatchRequest(
+                    requestID: number,
+                    domainVersion: 1,
+                    clientID: clientID,
+                    store: try StoreName(store),
+                    actions: actions.map { Array($0.utf8) }
+                )
+            ).encode()
+        )
+    }
+}
+
+struct ClientTimeout: Error {}
+
+@Suite struct DaemonProcessTests {
+    func temporaryDirectory() throws -> String {
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent(
+            "lockstepd-\(UUID().uuidString.prefix(8))"
+        ).path
+        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
+        return path
+    }
+
+    @Test func servesRemembersAndStopsCleanly() throws {
+        let directory = try temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let context = try Context()
+        var daemon = try DaemonProcess(directory: directory, arguments: ["--domain", "counter", "--domain", "numbers"])
+
+        let events = try Socket(context, type: .subscriber)
+        try events.set(.receiveTimeout, 5_000)
+        try events.subscribe(Event.topic(for: try StoreName("counter")))
+        try events.connect(daemon.events)
+        let client = try Client(context, endpoint: daemon.command)
+
+        let accepted = try client.dispatch("counter", [#"{"increment":{}}"#, #"{"increment":{}}"#], number: 1)
+        guard case let .accepted(_, epoch, firstSeq, count) = accepted else {
+            Issue.record("expected ACCEPTED, got \(accepted); log:\n\(daemon.output)")
+            return
+        }
+        #expect(firstSeq == 1 && count == 2)
+        // Events follow the ack (the subscription may miss the first ones while it connects; heartbeats come).
+        var seen: [Event] = []
+        let deadline = ContinuousClock.now + .seconds(5)
+        while ContinuousClock.now < deadline, !seen.contains(where: { if case .heartbeat = $0 { true } else { false } })
+        {
+            guard let frames = try events.receive() else { break }
+            seen.append(try Event.decode(frames))
+        }
+        #expect(seen.contains(.heartbeat(store: try StoreName("counter"), epoch: epoch, lastSeq: 2)), "\(seen)")
+
+        // A retry gets the first reply; garbage gets an error and changes nothing.
+        #expect(try client.dispatch("counter", [#"{"increment":{}}"#, #"{"increment":{}}"#], number: 1) == accepted)
+        guard case let .error(_, garbage) = try client.call([Array("garbage".utf8)]) else {
+            Issue.record("expected ERROR for garbage")
+            return
+        }
+        #expect(garbage.code == .malformed)
+        guard
+            case let .rejected(_, index, rejection) = try client.dispatch(
+                "numbers",
+                [#"{"delete":{"index":3}}"#],
+                number: 2
+            )
+        else {
+            Issue.record("expected REJECTED")
+            return
+        }
+        #expect(index == 0 && rejection.code == "out_of_range")
+
+        #expect(daemon.terminate() == 0, "\(daemon.output)")
+
+        // After a restart: the same state and epoch, and the retry still gets its first reply.
+        daemon = try DaemonProcess(directory: directory, arguments: ["--domain", "counter", "--domain", "numbers"])
+        let again = try Client(context, endpoint: daemon.command)
+        guard
+            case let .snapshot(_, snapshot) = try again.call(
+                Request.snapshot(requestID: 5, store: try StoreName("counter")).encode()
+            )
+        else {
+            Issue.record("expected SNAPSHOT; log:\n\(daemon.output)")
+            return
+        }
+        #expect(snapshot.seq == 2 && snapshot.epoch == epoch)
+        #expect(snapshot.state == Array(#"{"count":2}"#.utf8))
+        #expect(snapshot.digest == StateDigest(of: snapshot.state))
+        let retry = try Client(context, endpoint: daemon.command)
+        let sameKey = try retry.call(
+            Request.dispatch(
+                DispatchRequest(
+                    requestID: 1,
+                    domainVersion: 1,
+                    clientID: client.clientID,
+                    store: try StoreName("counter"),
+                    actions: [Array(#"{"increment":{}}"#.utf8), Array(#"{"increment":{}}"#.utf8)]
+                )
+            ).encode()
+        )
+        #expect(sameKey == accepted)
+        guard
+            case let .range(_, _, _, first, actions) = try again.call(
+                Request.range(requestID: 6, store: try StoreName("counter"), from: 1, to: 9).encode()
+            )
+        else {
+            Issue.record("expected RANGE")
+            return
+        }
+        #expect(first == 1 && actions.count == 2)
+        #expect(daemon.terminate() == 0, "\(daemon.output)")
+    }
+}

@@ -87,7 +87,9 @@ let package = Package(
         ),
         .testTarget(
             name: "LockstepServerTests",
-            dependencies: ["LockstepServer", "LockstepProtocol", "LockstepExamples", "ZeroMQ", "lockstepd"]
+            dependencies: [
+                "LockstepServer", "LockstepProtocol", "LockstepExamples", "ZeroMQ", "lockstepd", "LockstepCLI",
+            ]
         ),
         .testTarget(
             name: "LockstepJournalTests",

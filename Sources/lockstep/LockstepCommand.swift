@@ -14,9 +14,11 @@ struct LockstepCommand: AsyncParsableCommand {
               5   journal verify: the journal is damaged (the output names store, seq and what)
               64  bad usage: unknown option, missing argument
               65  bad input: an action or file that could not be read or decoded
+              69  no daemon answered at the command endpoint
             """,
         subcommands: [
             RunCommand.self, DemoCommand.self, ReplayCommand.self, ReplayChildSubcommand.self, JournalCommand.self,
+            StatsCommand.self,
         ]
     )
 }
@@ -26,4 +28,5 @@ enum ExitCodes {
     static let rejected = ExitCode(3)
     static let diverged = ExitCode(4)
     static let badInput = ExitCode(65)
+    static let unavailable = ExitCode(69)
 }

@@ -181,6 +181,22 @@ struct ClientTimeout: Error {}
             return
         }
         #expect(first == 1 && actions.count == 2)
+
+        // `lockstep stats` finds it and reports the store's seq.
+        let stats = Process()
+        stats.executableURL = daemon.process.executableURL?.deletingLastPathComponent().appendingPathComponent(
+            "lockstep"
+        )
+        stats.arguments = ["stats", "--json", "--command-endpoint", daemon.command]
+        let pipe = Pipe()
+        stats.standardOutput = pipe
+        try stats.run()
+        let output = pipe.fileHandleForReading.readDataToEndOfFile()
+        stats.waitUntilExit()
+        #expect(stats.terminationStatus == 0)
+        let status = try JSONSerialization.jsonObject(with: output) as? [String: Any]
+        let stores = status?["stores"] as? [[String: Any]]
+        #expect(stores?.first { $0["name"] as? String == "counter" }?["seq"] as? Int == 2)
         #expect(daemon.terminate() == 0, "\(daemon.output)")
     }
 }

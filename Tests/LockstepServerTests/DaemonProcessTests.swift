@@ -14,7 +14,7 @@ final class DaemonProcess {
     let process = Process()
     let log: URL
 
-    init(directory: String, arguments: [String] = []) throws {
+    init(directory: String, arguments: [String] = [], environment: [String: String] = [:]) throws {
         self.directory = directory
         var products = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
         if !FileManager.default.isExecutableFile(atPath: products.appendingPathComponent("lockstepd").path) {
@@ -23,6 +23,7 @@ final class DaemonProcess {
         process.executableURL = products.appendingPathComponent("lockstepd")
         process.currentDirectoryURL = URL(fileURLWithPath: directory)
         process.arguments = arguments
+        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         log = URL(fileURLWithPath: directory).appendingPathComponent("lockstepd-\(UUID()).log")
         _ = FileManager.default.createFile(atPath: log.path, contents: nil)
         let handle = try FileHandle(forWritingTo: log)
@@ -198,5 +199,30 @@ struct ClientTimeout: Error {}
         let stores = status?["stores"] as? [[String: Any]]
         #expect(stores?.first { $0["name"] as? String == "counter" }?["seq"] as? Int == 2)
         #expect(daemon.terminate() == 0, "\(daemon.output)")
+    }
+
+    @Test func systemdHearsReadyThenWatchdogThenStopping() throws {
+        let directory = try temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let systemd = try SystemdNotifierTests.FakeSystemd(abstract: true)
+        let daemon = try DaemonProcess(
+            directory: directory,
+            arguments: ["--domain", "counter", "--journal", "memory"],
+            environment: ["NOTIFY_SOCKET": systemd.name, "WATCHDOG_USEC": "200000"]
+        )
+        let ready = systemd.receive()
+        #expect(ready?.hasPrefix("READY=1") == true, "\(String(describing: ready)); log:\n\(daemon.output)")
+        #expect(systemd.receive() == "WATCHDOG=1")
+        #expect(systemd.receive() == "WATCHDOG=1")
+        #expect(daemon.terminate() == 0)
+        var sawStopping = false
+        while let message = systemd.receive() {
+            if message == "STOPPING=1" {
+                sawStopping = true
+                break
+            }
+            #expect(message == "WATCHDOG=1")
+        }
+        #expect(sawStopping)
     }
 }

@@ -16,6 +16,7 @@ final class CommandLoop: Sendable {
     let notifier: SystemdNotifier
     let wakeup: Wakeup
     private let stopping = Atomic<Bool>(false)
+    let reloadRequested = Atomic<Bool>(false)
 
     init(
         configuration: DaemonConfiguration,
@@ -33,6 +34,12 @@ final class CommandLoop: Sendable {
     /// Asks the loop to finish its turn and stop; callable from any thread.
     func stop() {
         stopping.store(true, ordering: .releasing)
+        wakeup.signal()
+    }
+
+    /// Asks the loop to read the allowed CURVE clients again (SIGHUP); callable from any thread.
+    func reloadClients() {
+        reloadRequested.store(true, ordering: .releasing)
         wakeup.signal()
     }
 
@@ -79,6 +86,9 @@ private struct LoopState {
     let context: Context
     let router: Socket
     let publisher: Socket
+    /// The ZAP handler's socket and the keys it checks, when CURVE is configured.
+    let zap: Socket?
+    var curve: CurveAuthority?
     var sequencer: Sequencer
     let limits: Limits
     let startedAt = ContinuousClock.now
@@ -99,6 +109,15 @@ private struct LoopState {
         )
         sequencer = try Self.recover(loop.domains, journal: journal, logger: loop.logger)
         context = try Context()
+        if let settings = loop.configuration.curve {
+            curve = try CurveAuthority(settings)
+            // The ZAP handler must be bound before any CURVE socket accepts a connection.
+            let zap = try Socket(context, type: .reply)
+            try zap.bind("inproc://zeromq.zap.01")
+            self.zap = zap
+        } else {
+            zap = nil
+        }
         router = try Socket(context, type: .router)
         publisher = try Socket(context, type: .publisher)
         let now = ContinuousClock.now
@@ -152,9 +171,19 @@ private struct LoopState {
                 )
             }
         }
-        for socket in [router, publisher] {
+        for (socket, endpoint) in [(router, configuration.commandEndpoint), (publisher, configuration.eventsEndpoint)] {
             try socket.set(.maximumMessageSize, Int64(configuration.maximumMessageBytes))
             try socket.set(.sendHighWaterMark, 100_000)
+            try socket.set(.handshakeInterval, 5_000)
+            try socket.set(.heartbeatInterval, 5_000)
+            try socket.set(.heartbeatTimeout, 15_000)
+            if endpoint.hasPrefix("tcp://"), let curve {
+                try socket.set(.curveServer, 1)
+                try socket.set(.curveSecretKey, curve.serverKeys.secretKey)
+                try socket.set(.zapDomain, "lockstep")
+                // Fail closed: with no ZAP handler answering, nobody gets in.
+                try socket.set(.zapEnforceDomain, 1)
+            }
         }
         try router.set(.receiveHighWaterMark, 100_000)
         do {
@@ -168,13 +197,32 @@ private struct LoopState {
     func close() {
         router.close()
         publisher.close()
+        zap?.close()
     }
 
     /// One turn: wait for work or the next heartbeat, take every waiting request, commit once, reply, publish.
     mutating func turn() throws {
-        let poller = Poller([.socket(router, .readable), .fileDescriptor(loop.wakeup.descriptor, .readable)])
-        let ready = try poller.poll(timeout: nextDeadline() - ContinuousClock.now)
+        var items: [Poller.Item] = [.socket(router, .readable), .fileDescriptor(loop.wakeup.descriptor, .readable)]
+        if let zap { items.append(.socket(zap, .readable)) }
+        let ready = try Poller(items).poll(timeout: nextDeadline() - ContinuousClock.now)
         if ready[1].contains(.readable) { loop.wakeup.drain() }
+        if loop.reloadRequested.exchange(false, ordering: .acquiringAndReleasing), curve != nil {
+            if let error = curve?.reload() {
+                logger.error("kept the old list of CURVE clients", metadata: ["error": "\(error)"])
+            } else {
+                logger.notice(
+                    "reloaded the CURVE clients",
+                    metadata: ["clients": "\(curve?.allowedClients.count ?? 0)"]
+                )
+            }
+        }
+        if let zap, let curve {
+            while let request = try zap.receive(wait: false, maximumFrames: 16) {
+                let answer = curve.answer(request.frames)
+                if !answer.allowed { logger.notice("refused a connection", metadata: ["client": "\(answer.client)"]) }
+                try zap.send(answer.reply)
+            }
+        }
 
         var inbox: [(envelope: [Frame], body: [Frame], dropped: Int)] = []
         while inbox.count < 1_024,

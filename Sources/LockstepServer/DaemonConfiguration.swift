@@ -43,16 +43,17 @@ public struct DaemonConfiguration: Hashable, Sendable {
     /// CURVE on the tcp endpoints; `nil` for none (ipc endpoints in a private directory need none).
     public var curve: CurveSettings?
 
-    /// CURVE keys: the daemon's secret key, and the public keys of the clients allowed in.
+    /// CURVE on tcp endpoints: the daemon's key file, and the file listing the clients allowed in.
     public struct CurveSettings: Hashable, Sendable {
-        /// The daemon's long-term secret key in Z85 (40 characters).
-        public var serverSecretKey: String
-        /// Z85 public keys of the clients that may connect; anyone else is refused.
-        public var allowedClientKeys: [String]
+        /// A file of mode 0600 holding the daemon's secret key in Z85 (40 characters; `lockstep keygen`).
+        public var serverKeyFile: String
+        /// A file with one Z85 client public key per line (`#` starts a comment); reloaded on SIGHUP.
+        /// Clients whose key is not listed are refused.
+        public var allowedClientsFile: String
 
-        public init(serverSecretKey: String, allowedClientKeys: [String]) {
-            self.serverSecretKey = serverSecretKey
-            self.allowedClientKeys = allowedClientKeys
+        public init(serverKeyFile: String, allowedClientsFile: String) {
+            self.serverKeyFile = serverKeyFile
+            self.allowedClientsFile = allowedClientsFile
         }
     }
 
@@ -98,18 +99,18 @@ public struct DaemonConfiguration: Hashable, Sendable {
         try reader.integer("limits", "max_message_bytes", 1_024...Int64(Int32.max)) { maximumMessageBytes = Int($0) }
         try reader.integer("limits", "max_batch", 1...100_000) { maximumBatch = Int($0) }
         var secret: String?
-        var clients: [String]?
-        try reader.string("curve", "server_secret_key") { secret = $0 }
-        try reader.strings("curve", "allowed_client_keys") { clients = $0 }
+        var clients: String?
+        try reader.string("curve", "server_key_file") { secret = $0 }
+        try reader.string("curve", "allowed_clients_file") { clients = $0 }
         if secret != nil || clients != nil {
             guard let secret, let clients else {
                 throw ConfigurationError(
                     file: file,
                     key: "curve",
-                    "[curve] needs both server_secret_key and allowed_client_keys (use 'lockstep keygen' to make keys)"
+                    "[curve] needs both server_key_file and allowed_clients_file (make keys with 'lockstep keygen')"
                 )
             }
-            curve = CurveSettings(serverSecretKey: secret, allowedClientKeys: clients)
+            curve = CurveSettings(serverKeyFile: secret, allowedClientsFile: clients)
         }
         try reader.finish()
     }

@@ -39,7 +39,7 @@ import Testing
         ("durability = \"sometimes\"", "durability: expected one of \"fsync\", \"relaxed\", got \"sometimes\""),
         ("[intervals]\nheartbeat_ms = 0", "intervals.heartbeat_ms: expected a whole number in 10...3600000, got 0"),
         ("domains = [\"counter\", 3]", "domains: expected strings only, got 3"),
-        ("[curve]\nserver_secret_key = \"k\"", "curve: [curve] needs both"),
+        ("[curve]\nserver_key_file = \"k\"", "curve: [curve] needs both"),
     ])
     func badSettingsAreNamed(text: String, message: String) throws {
         var configuration = DaemonConfiguration(environment: [:], domains: examples)

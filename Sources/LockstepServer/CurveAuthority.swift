@@ -1,0 +1,110 @@
+import Foundation
+import ZeroMQ
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The daemon's CURVE identity and the clients it lets in, read from the files the configuration names.
+struct CurveAuthority {
+    let serverKeys: CurveKeyPair
+    private(set) var allowedClients: Set<[UInt8]>
+    let settings: DaemonConfiguration.CurveSettings
+
+    init(_ settings: DaemonConfiguration.CurveSettings) throws(ServerError) {
+        self.settings = settings
+        serverKeys = try Self.serverKeys(settings.serverKeyFile)
+        allowedClients = try Self.clients(settings.allowedClientsFile)
+    }
+
+    /// Reads the client list again (SIGHUP); on error the old list stays and the error is returned.
+    mutating func reload() -> ServerError? {
+        do {
+            allowedClients = try Self.clients(settings.allowedClientsFile)
+            return nil
+        } catch {
+            return error
+        }
+    }
+
+    /// A secret key file must be private: anything readable by others is refused.
+    static func serverKeys(_ path: String) throws(ServerError) -> CurveKeyPair {
+        var info = stat()
+        guard stat(path, &info) == 0 else {
+            throw ServerError(code: .configuration, "cannot read the CURVE key file \(path): errno \(errno)")
+        }
+        guard info.st_mode & 0o077 == 0 else {
+            throw ServerError(
+                code: .configuration,
+                "the CURVE key file \(path) has mode \(String(info.st_mode & 0o777, radix: 8)); it holds a secret "
+                    + "key, so it must be 0600 (chmod 600 \(path))"
+            )
+        }
+        let text: String
+        do {
+            text = try String(contentsOfFile: path, encoding: .utf8)
+        } catch {
+            throw ServerError(code: .configuration, "cannot read the CURVE key file \(path): \(error)")
+        }
+        let key = text.split(whereSeparator: \.isNewline).first.map { $0.trimmingCharacters(in: .whitespaces) } ?? ""
+        do {
+            let secret = try Z85.decode(key)
+            guard secret.count == 32 else { throw ZeroMQError(errno: EINVAL, function: "zmq_z85_decode") }
+            return try CurveKeyPair(secretKey: secret)
+        } catch {
+            throw ServerError(
+                code: .configuration,
+                "\(path) does not hold a Z85 CURVE secret key (40 characters on its first line); make one with "
+                    + "'lockstep keygen --out NAME'"
+            )
+        }
+    }
+
+    /// One Z85 public key per line; blank lines and `#` comments are skipped; anything else is an error.
+    static func clients(_ path: String) throws(ServerError) -> Set<[UInt8]> {
+        let text: String
+        do {
+            text = try String(contentsOfFile: path, encoding: .utf8)
+        } catch {
+            throw ServerError(code: .configuration, "cannot read the allowed clients file \(path): \(error)")
+        }
+        var keys: Set<[UInt8]> = []
+        for (number, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
+            let entry =
+                line.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first
+                .map { $0.trimmingCharacters(in: .whitespaces) } ?? ""
+            if entry.isEmpty { continue }
+            guard let key = try? Z85.decode(entry), key.count == 32 else {
+                throw ServerError(
+                    code: .configuration,
+                    "\(path) line \(number + 1): '\(entry)' is not a Z85 CURVE public key (40 characters)"
+                )
+            }
+            keys.insert(key)
+        }
+        return keys
+    }
+
+    /// Answers one ZAP request (ZeroMQ RFC 27): 200 for a listed CURVE client, 400 for anything else.
+    func answer(_ request: [[UInt8]]) -> (reply: [[UInt8]], allowed: Bool, client: String) {
+        guard request.count >= 6 else {
+            // libzmq never sends these, but a REP socket must answer whatever it received.
+            let requestID = request.count > 1 ? request[1] : []
+            return (
+                [Array("1.0".utf8), requestID, Array("400".utf8), Array("malformed ZAP request".utf8), [], []], false,
+                "?"
+            )
+        }
+        let version = request[0]
+        let requestID = request[1]
+        let mechanism = String(decoding: request[5], as: UTF8.self)
+        let key = request.count >= 7 ? request[6] : []
+        let allowed = version == Array("1.0".utf8) && mechanism == "CURVE" && allowedClients.contains(key)
+        let client = key.count == 32 ? Z85.encode(key) : mechanism
+        let reply: [[UInt8]] = [
+            Array("1.0".utf8), requestID, Array((allowed ? "200" : "400").utf8),
+            Array((allowed ? "OK" : "client key not listed").utf8), allowed ? Array(client.utf8) : [], [],
+        ]
+        return (reply, allowed, client)
+    }
+}

@@ -62,6 +62,9 @@ public final class InMemoryJournal: Journal {
         try engine.newestSnapshot(store: store)
     }
 
+    /// Nothing is durable in memory, so there is nothing to sync.
+    public func sync() throws(JournalError) {}
+
     public func snapshot(store: String, seq: UInt64) throws(JournalError) -> JournalSnapshot? {
         try engine.snapshot(store: store, seq: seq)
     }

@@ -84,6 +84,10 @@ public protocol Journal: AnyObject, Sendable {
 
     /// Releases the file. Later calls fail. Closing twice is harmless.
     func close() throws(JournalError)
+
+    /// Makes every commit so far durable, for a journal whose commits return before they are synced
+    /// (``SQLiteJournal`` opened `relaxed`); a no-op otherwise.
+    func sync() throws(JournalError)
 }
 
 extension Journal {

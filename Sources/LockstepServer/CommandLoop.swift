@@ -16,7 +16,6 @@ final class CommandLoop: Sendable {
     let notifier: SystemdNotifier
     let wakeup: Wakeup
     private let stopping = Atomic<Bool>(false)
-    let reloadRequested = Atomic<Bool>(false)
 
     init(
         configuration: DaemonConfiguration,
@@ -37,10 +36,9 @@ final class CommandLoop: Sendable {
         wakeup.signal()
     }
 
-    /// Asks the loop to read the allowed CURVE clients again (SIGHUP); callable from any thread.
-    func reloadClients() {
-        reloadRequested.store(true, ordering: .releasing)
-        wakeup.signal()
+    /// Makes SIGHUP wake the loop to read the allowed CURVE clients again.
+    func installHangupHandler() {
+        HangupSignal.install(wakeDescriptor: wakeup.writeDescriptor)
     }
 
     /// Recovers, binds, tells systemd it is ready, and serves until ``stop()``. Runs on its own thread.
@@ -61,6 +59,7 @@ final class CommandLoop: Sendable {
             try state.turn()
         }
         notifier.notify("STOPPING=1")
+        try journal.sync()
         logger.info("lockstepd stopping: the last batch is committed, replied to and published")
         state.close()
     }
@@ -71,7 +70,11 @@ final class CommandLoop: Sendable {
             return InMemoryJournal(policy: configuration.snapshots)
         case .sqlite:
             do {
-                return try SQLiteJournal(directory: configuration.dataDirectory, policy: configuration.snapshots)
+                return try SQLiteJournal(
+                    directory: configuration.dataDirectory,
+                    policy: configuration.snapshots,
+                    relaxed: configuration.durability == .relaxed
+                )
             } catch {
                 throw ServerError(code: .journal, "cannot open the journal in \(configuration.dataDirectory): \(error)")
             }
@@ -96,6 +99,8 @@ private struct LoopState {
     var sinceDigest: [StoreName: Int] = [:]
     var committedEvents: [StoreName: UInt64] = [:]
     var lastWatchdog = ContinuousClock.now
+    /// With relaxed durability: when the commits made since the last sync must be synced.
+    var syncDue: ContinuousClock.Instant?
 
     var configuration: DaemonConfiguration { loop.configuration }
     var logger: Logger { loop.logger }
@@ -206,7 +211,7 @@ private struct LoopState {
         if let zap { items.append(.socket(zap, .readable)) }
         let ready = try Poller(items).poll(timeout: nextDeadline() - ContinuousClock.now)
         if ready[1].contains(.readable) { loop.wakeup.drain() }
-        if loop.reloadRequested.exchange(false, ordering: .acquiringAndReleasing), curve != nil {
+        if HangupSignal.take(), curve != nil {
             if let error = curve?.reload() {
                 logger.error("kept the old list of CURVE clients", metadata: ["error": "\(error)"])
             } else {
@@ -234,6 +239,10 @@ private struct LoopState {
             inbox.append((Array(frames.prefix(split)), Array(frames.dropFirst(split)), message.droppedFrames))
         }
         if !inbox.isEmpty { try serve(inbox) }
+        if let due = syncDue, ContinuousClock.now >= due {
+            try journal.sync()
+            syncDue = nil
+        }
         publishHeartbeats()
         if let interval = loop.notifier.watchdogInterval, ContinuousClock.now - lastWatchdog >= interval {
             loop.notifier.notify("WATCHDOG=1")
@@ -244,6 +253,7 @@ private struct LoopState {
     func nextDeadline() -> ContinuousClock.Instant {
         var deadline = (lastPublished.values.min() ?? ContinuousClock.now) + configuration.heartbeatInterval
         if let interval = loop.notifier.watchdogInterval { deadline = min(deadline, lastWatchdog + interval) }
+        if let syncDue { deadline = min(deadline, syncDue) }
         return max(deadline, ContinuousClock.now)
     }
 
@@ -299,6 +309,9 @@ private struct LoopState {
             do {
                 let batch = try batch(for: commits)
                 try journal.commit(batch)
+                if configuration.durability == .relaxed, syncDue == nil {
+                    syncDue = ContinuousClock.now + .milliseconds(10)
+                }
                 snapshotted = Set(batch.snapshots.compactMap { try? StoreName($0.store) })
             } catch {
                 committed = false

@@ -60,7 +60,8 @@ struct CurveAuthority {
         }
     }
 
-    /// One Z85 public key per line; blank lines and `#` comments are skipped; anything else is an error.
+    /// One Z85 public key per line; blank lines and lines starting with `#` are skipped (a `#` elsewhere can
+    /// be part of a Z85 key); anything else is an error.
     static func clients(_ path: String) throws(ServerError) -> Set<[UInt8]> {
         let text: String
         do {
@@ -70,10 +71,8 @@ struct CurveAuthority {
         }
         var keys: Set<[UInt8]> = []
         for (number, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated() {
-            let entry =
-                line.split(separator: "#", maxSplits: 1, omittingEmptySubsequences: false).first
-                .map { $0.trimmingCharacters(in: .whitespaces) } ?? ""
-            if entry.isEmpty { continue }
+            let entry = line.trimmingCharacters(in: .whitespaces)
+            if entry.isEmpty || entry.hasPrefix("#") { continue }
             guard let key = try? Z85.decode(entry), key.count == 32 else {
                 throw ServerError(
                     code: .configuration,

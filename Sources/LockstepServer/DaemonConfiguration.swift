@@ -117,11 +117,11 @@ public struct DaemonConfiguration: Hashable, Sendable {
 
     /// Checks what a flag or file could have got wrong; the error names the setting and the value.
     public func validate(knownDomains: [String]) throws(ConfigurationError) {
-        guard durability == .fsync else {
+        if durability == .relaxed, journal == .memory {
             throw ConfigurationError(
                 file: nil,
                 key: "durability",
-                "'relaxed' is not available in this build yet; use 'fsync' (every action durable before its ack)"
+                "'relaxed' means nothing for a memory journal; use the sqlite journal"
             )
         }
         guard !domains.isEmpty else {

@@ -28,11 +28,7 @@ public final class LockstepDaemon: Service, Sendable {
 
     public func run() async throws {
         // SIGHUP reloads the list of CURVE clients.
-        signal(SIGHUP, SIG_IGN)
-        let hangup = DispatchSource.makeSignalSource(signal: SIGHUP)
-        hangup.setEventHandler { [loop] in loop.reloadClients() }
-        hangup.resume()
-        defer { hangup.cancel() }
+        loop.installHangupHandler()
         try await withGracefulShutdownHandler {
             try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
                 let thread = Thread { [loop] in

@@ -6,7 +6,8 @@ import Glibc
 final class Wakeup: Sendable {
     /// The end the loop polls.
     let descriptor: Int32
-    private let writer: Int32
+    /// The end that wakes it; written from other threads and from the SIGHUP handler.
+    let writeDescriptor: Int32
 
     init() throws(ServerError) {
         var ends: [Int32] = [-1, -1]
@@ -16,13 +17,13 @@ final class Wakeup: Sendable {
             _ = fcntl(end, F_SETFD, FD_CLOEXEC)
         }
         descriptor = ends[0]
-        writer = ends[1]
+        writeDescriptor = ends[1]
     }
 
     /// Makes the descriptor readable; callable from any thread. A full pipe is already readable.
     func signal() {
         var byte: UInt8 = 1
-        _ = write(writer, &byte, 1)
+        _ = write(writeDescriptor, &byte, 1)
     }
 
     /// Empties it; the loop thread calls this after it woke.
@@ -33,7 +34,7 @@ final class Wakeup: Sendable {
 
     deinit {
         close(descriptor)
-        close(writer)
+        close(writeDescriptor)
     }
 }
 

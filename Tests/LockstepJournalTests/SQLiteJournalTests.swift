@@ -53,6 +53,21 @@ import Glibc
         try journal.close()
     }
 
+    @Test func aRelaxedJournalCommitsWithoutSyncAndSyncsOnRequest() throws {
+        let fixture = try JournalFixture(.sqlite)
+        let journal = try SQLiteJournal(directory: fixture.dataDirectory, relaxed: true)
+        _ = try journal.recover(Counter.self)
+        try journal.commit(
+            JournalBatch(events: events(Counter.name, from: 1, count: 3) { _ in Counter.Action.increment })
+        )
+        #expect(try journal.databaseQueue.read { try Int.fetchOne($0, sql: "PRAGMA synchronous") } == 1)
+        try journal.sync()
+        try journal.close()
+        let reopened = try SQLiteJournal(directory: fixture.dataDirectory)
+        #expect(try reopened.recover(Counter.self).lastSeq == 3)
+        try reopened.close()
+    }
+
     @Test func aJournalOfAnotherFormatVersionIsRefusedNamingTheFileAndBothVersions() throws {
         let fixture = try journal(withIncrements: 3)
         try tamper(fixture) { try $0.execute(sql: "UPDATE journal_format SET version = 99") }

@@ -225,4 +225,32 @@ struct ClientTimeout: Error {}
         }
         #expect(sawStopping)
     }
+
+    @Test func relaxedDurabilityServesAndKeepsWhatItAcknowledgedAcrossARestart() throws {
+        let directory = try temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let context = try Context()
+        let arguments = ["--domain", "counter", "--durability", "relaxed"]
+        var daemon = try DaemonProcess(directory: directory, arguments: arguments)
+        let client = try Client(context, endpoint: daemon.command)
+        for number: UInt64 in 1...20 {
+            guard case .accepted = try client.dispatch("counter", [#"{"increment":{}}"#], number: number) else {
+                Issue.record("dispatch \(number) was not accepted; log:\n\(daemon.output)")
+                return
+            }
+        }
+        #expect(daemon.terminate() == 0)
+        daemon = try DaemonProcess(directory: directory, arguments: arguments)
+        let again = try Client(context, endpoint: daemon.command)
+        guard
+            case let .snapshot(_, snapshot) = try again.call(
+                Request.snapshot(requestID: 1, store: try StoreName("counter")).encode()
+            )
+        else {
+            Issue.record("expected SNAPSHOT; log:\n\(daemon.output)")
+            return
+        }
+        #expect(snapshot.seq == 20)
+        #expect(daemon.terminate() == 0)
+    }
 }

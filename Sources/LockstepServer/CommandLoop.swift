@@ -16,6 +16,9 @@ final class CommandLoop: Sendable {
     let notifier: SystemdNotifier
     let wakeup: Wakeup
     private let stopping = Atomic<Bool>(false)
+    /// Replies finished by readers off the loop, waiting for the loop to send them.
+    private let outbox = LockedValue<(replies: [[Frame]], inFlight: Int)>(([], 0))
+    private let readers = DispatchQueue(label: "lockstepd.readers", attributes: .concurrent)
 
     init(
         configuration: DaemonConfiguration,
@@ -34,6 +37,28 @@ final class CommandLoop: Sendable {
     func stop() {
         stopping.store(true, ordering: .releasing)
         wakeup.signal()
+    }
+
+    /// Runs `work` on a reader thread — encoding a large state or reading the journal must not hold the
+    /// loop — and hands the reply frames back to the loop, which alone may touch the socket.
+    func offload(_ work: @escaping @Sendable () -> [Frame]) {
+        outbox.withLockedValue { $0.inFlight += 1 }
+        readers.async { [self] in
+            let frames = work()
+            outbox.withLockedValue {
+                $0.replies.append(frames)
+                $0.inFlight -= 1
+            }
+            wakeup.signal()
+        }
+    }
+
+    /// Replies ready to send, and how many are still being made.
+    func takeReplies() -> (replies: [[Frame]], inFlight: Int) {
+        outbox.withLockedValue { outbox in
+            defer { outbox.replies.removeAll() }
+            return outbox
+        }
     }
 
     /// Makes SIGHUP wake the loop to read the allowed CURVE clients again.
@@ -57,6 +82,14 @@ final class CommandLoop: Sendable {
         notifier.notify("READY=1\nSTATUS=serving \(domains.count) stores")
         while !stopping.load(ordering: .acquiring) {
             try state.turn()
+        }
+        // Replies being made off the loop go out before the sockets close (bounded: a stuck reader is left).
+        let deadline = ContinuousClock.now + .seconds(2)
+        while ContinuousClock.now < deadline {
+            let (replies, inFlight) = takeReplies()
+            state.sendReplies(replies)
+            if inFlight == 0 { break }
+            Thread.sleep(forTimeInterval: 0.001)
         }
         notifier.notify("STOPPING=1")
         try journal.sync()
@@ -211,6 +244,7 @@ private struct LoopState {
         if let zap { items.append(.socket(zap, .readable)) }
         let ready = try Poller(items).poll(timeout: nextDeadline() - ContinuousClock.now)
         if ready[1].contains(.readable) { loop.wakeup.drain() }
+        sendReplies(loop.takeReplies().replies)
         if HangupSignal.take(), curve != nil {
             if let error = curve?.reload() {
                 logger.error("kept the old list of CURVE clients", metadata: ["error": "\(error)"])
@@ -248,6 +282,10 @@ private struct LoopState {
             loop.notifier.notify("WATCHDOG=1")
             lastWatchdog = ContinuousClock.now
         }
+    }
+
+    func sendReplies(_ replies: [[Frame]]) {
+        for frames in replies { _ = try? router.send(frames, wait: false) }
     }
 
     func nextDeadline() -> ContinuousClock.Instant {
@@ -333,10 +371,25 @@ private struct LoopState {
                 }
             case let .commit(commit):
                 reply = committed ? commit.reply : unavailable(commit.requestNumber)
-            case let .snapshot(requestID, store):
-                reply = snapshot(requestID: requestID, store: store)
-            case let .range(requestID, store, from, to):
-                reply = range(requestID: requestID, store: store, from: from, to: to)
+            case let .snapshot(requestID, name):
+                guard let store = sequencer.stores[name] else {
+                    reply = unknownStore(requestID, name)
+                    break
+                }
+                // The store is a value: the reader encodes this seq's state while the loop goes on.
+                loop.offload { envelope + Self.snapshot(requestID: requestID, store: store).encode() }
+                continue
+            case let .range(requestID, name, from, to):
+                guard let store = sequencer.stores[name] else {
+                    reply = unknownStore(requestID, name)
+                    break
+                }
+                let journal = self.journal
+                loop.offload {
+                    envelope
+                        + Self.range(requestID: requestID, store: store, from: from, to: to, journal: journal).encode()
+                }
+                continue
             case let .status(requestID):
                 reply = status(requestID: requestID)
             }
@@ -420,8 +473,8 @@ private struct LoopState {
         _ = try? publisher.send(event.encode(), wait: false)
     }
 
-    func snapshot(requestID: UInt64, store name: StoreName) -> Reply {
-        guard let store = sequencer.stores[name] else { return unknownStore(requestID, name) }
+    static func snapshot(requestID: UInt64, store: any SequencedStore) -> Reply {
+        let name = store.name
         do {
             let state = try store.encodedState()
             return .snapshot(
@@ -442,8 +495,14 @@ private struct LoopState {
         }
     }
 
-    func range(requestID: UInt64, store name: StoreName, from: SequenceNumber, to: SequenceNumber) -> Reply {
-        guard let store = sequencer.stores[name] else { return unknownStore(requestID, name) }
+    static func range(
+        requestID: UInt64,
+        store: any SequencedStore,
+        from: SequenceNumber,
+        to: SequenceNumber,
+        journal: any Journal
+    ) -> Reply {
+        let name = store.name
         guard from <= store.lastSeq else {
             return .error(
                 requestID: requestID,

@@ -88,7 +88,8 @@ let package = Package(
         .testTarget(
             name: "LockstepServerTests",
             dependencies: [
-                "LockstepServer", "LockstepProtocol", "LockstepExamples", "ZeroMQ", "lockstepd", "LockstepCLI",
+                "LockstepServer", "LockstepProtocol", "LockstepJournal", "LockstepExamples", "ZeroMQ", "lockstepd",
+                "LockstepCLI",
             ]
         ),
         .testTarget(

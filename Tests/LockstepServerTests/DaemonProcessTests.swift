@@ -1,5 +1,6 @@
 import Foundation
 import Lockstep
+import LockstepJournal
 import LockstepProtocol
 import Testing
 import ZeroMQ
@@ -252,5 +253,75 @@ struct ClientTimeout: Error {}
         }
         #expect(snapshot.seq == 20)
         #expect(daemon.terminate() == 0)
+    }
+
+    @Test func fourClientProcessesAndThreeSubscribersAgreeOnOneGapFreeSequence() throws {
+        let directory = try temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let context = try Context()
+        let daemon = try DaemonProcess(directory: directory, arguments: ["--domain", "counter"])
+        let topic = Event.topic(for: try StoreName("counter"))
+        let subscribers = try (0..<3).map { _ in
+            let socket = try Socket(context, type: .subscriber)
+            try socket.set(.receiveTimeout, 5_000)
+            try socket.set(.receiveHighWaterMark, 0)
+            try socket.subscribe(topic)
+            try socket.connect(daemon.events)
+            return socket
+        }
+        // Each subscription is live once it has seen a heartbeat; only then may clients start.
+        for socket in subscribers {
+            var live = false
+            while !live, let frames = try socket.receive() {
+                if case .heartbeat = try Event.decode(frames) { live = true }
+            }
+            try #require(live, "a subscriber saw no heartbeat; log:\n\(daemon.output)")
+        }
+
+        let perClient = 100
+        let lockstep = daemon.process.executableURL!.deletingLastPathComponent().appendingPathComponent("lockstep")
+        let clients = try (0..<4).map { _ in
+            let process = Process()
+            process.executableURL = lockstep
+            process.arguments = [
+                "dispatch", "counter", #"{"increment":{}}"#, "--repeat", "\(perClient)", "--json",
+                "--command-endpoint", daemon.command,
+            ]
+            let output = Pipe()
+            process.standardOutput = output
+            process.standardError = FileHandle.nullDevice
+            try process.run()
+            return (process, output)
+        }
+        var acknowledged: [UInt64] = []
+        for (process, output) in clients {
+            let data = output.fileHandleForReading.readDataToEndOfFile()
+            process.waitUntilExit()
+            #expect(process.terminationStatus == 0)
+            for line in String(decoding: data, as: UTF8.self).split(separator: "\n") {
+                let object = try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]
+                if let seq = object?["seq"] as? Int { acknowledged.append(UInt64(seq)) }
+            }
+        }
+        let total = UInt64(4 * perClient)
+        #expect(acknowledged.sorted() == Array(1...total))
+
+        for (index, socket) in subscribers.enumerated() {
+            var seqs: [UInt64] = []
+            while seqs.count < Int(total), let frames = try socket.receive() {
+                if case let .event(_, _, seq, _) = try Event.decode(frames) { seqs.append(seq) }
+            }
+            #expect(seqs == Array(1...total), "subscriber \(index) saw \(seqs.count) events")
+        }
+
+        // SIGTERM drains and exits 0, and every acknowledged action is in the journal.
+        #expect(daemon.terminate() == 0)
+        let journal = try SQLiteJournal(directory: "\(directory)/.lockstep/data", readOnly: true)
+        defer { try? journal.close() }
+        guard case let .events(events) = try journal.events(store: "counter", from: 1, to: total, limit: 10_000) else {
+            Issue.record("the journal's history was compacted")
+            return
+        }
+        #expect(events.map(\.seq) == Array(1...total))
     }
 }

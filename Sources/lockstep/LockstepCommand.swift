@@ -18,7 +18,7 @@ struct LockstepCommand: AsyncParsableCommand {
             """,
         subcommands: [
             RunCommand.self, DemoCommand.self, ReplayCommand.self, ReplayChildSubcommand.self, JournalCommand.self,
-            StatsCommand.self, KeygenCommand.self, DispatchCommand.self,
+            StatsCommand.self, KeygenCommand.self, DispatchCommand.self, StateCommand.self, TailCommand.self,
         ]
     )
 }

@@ -324,4 +324,55 @@ struct ClientTimeout: Error {}
         }
         #expect(events.map(\.seq) == Array(1...total))
     }
+
+    @Test func stateAndTailWorkForAnyStoreWithoutItsDomain() throws {
+        let directory = try temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let daemon = try DaemonProcess(directory: directory, arguments: ["--domain", "todos"])
+        let lockstep = daemon.process.executableURL!.deletingLastPathComponent().appendingPathComponent("lockstep")
+        func run(_ arguments: [String]) throws -> (status: Int32, output: String) {
+            let process = Process()
+            process.executableURL = lockstep
+            process.arguments = arguments
+            let pipe = Pipe()
+            process.standardOutput = pipe
+            process.standardError = FileHandle.nullDevice
+            try process.run()
+            let data = pipe.fileHandleForReading.readDataToEndOfFile()
+            process.waitUntilExit()
+            return (process.terminationStatus, String(decoding: data, as: UTF8.self))
+        }
+        let tail = Process()
+        tail.executableURL = lockstep
+        tail.arguments = ["tail", "todos", "--count", "2", "--json", "--events-endpoint", daemon.events]
+        let tailOutput = Pipe()
+        tail.standardOutput = tailOutput
+        try tail.run()
+        // The subscription needs a moment to reach the daemon; dispatch until tail has seen two events.
+        var number = 0
+        let deadline = ContinuousClock.now + .seconds(10)
+        while tail.isRunning, ContinuousClock.now < deadline {
+            number += 1
+            let sent = try run([
+                "dispatch", "todos", #"{"add":{"text":"item \#(number)"}}"#, "--command-endpoint", daemon.command,
+            ])
+            #expect(sent.status == 0)
+            Thread.sleep(forTimeInterval: 0.05)
+        }
+        if tail.isRunning { tail.terminate() }
+        tail.waitUntilExit()
+        let lines = String(decoding: tailOutput.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            .split(separator: "\n")
+        #expect(lines.count == 2)
+        let first = try JSONSerialization.jsonObject(with: Data(lines[0].utf8)) as? [String: Any]
+        #expect((first?["action"] as? [String: Any])?["add"] != nil)
+
+        let state = try run(["state", "todos", "--json", "--command-endpoint", daemon.command])
+        #expect(state.status == 0)
+        let object = try JSONSerialization.jsonObject(with: Data(state.output.utf8)) as? [String: Any]
+        #expect(object?["seq"] as? Int == number)
+        let items = ((object?["state"] as? [String: Any])?["list"] as? [String: Any])?["items"] as? [Any]
+        #expect(items?.count == number)
+        #expect(daemon.terminate() == 0)
+    }
 }

@@ -1,0 +1,127 @@
+import ArgumentParser
+import Foundation
+import Lockstep
+import LockstepClient
+import LockstepProtocol
+import ZeroMQ
+
+/// Prints a store's state as the daemon holds it, from a snapshot.
+struct StateCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "state",
+        abstract: "Print a store's state, seq, epoch and digest, from the daemon's snapshot.",
+        discussion: "Works for any domain: the state is printed as the daemon encodes it (canonical JSON)."
+    )
+
+    @Argument(help: "The store's name.")
+    var store: String
+
+    @Option(help: "The daemon's command endpoint.")
+    var commandEndpoint = "ipc://.lockstep/run/command"
+
+    @Option(help: "How long to wait for the reply, in milliseconds.")
+    var timeoutMs = 2_000
+
+    @Flag(help: "Print {\"store\":…,\"epoch\":…,\"seq\":…,\"digest\":…,\"state\":…}.")
+    var json = false
+
+    func run() throws {
+        let name: StoreName
+        do {
+            name = try StoreName(store)
+        } catch {
+            throw ValidationError("\(error)")
+        }
+        let client = CommandClient(context: try Context(), endpoint: commandEndpoint, timeout: .milliseconds(timeoutMs))
+        let reply: Reply
+        do {
+            reply = try client.call(.snapshot(requestID: 1, store: name))
+        } catch {
+            printError("lockstep: \(error)")
+            throw error.code == .unavailable ? ExitCodes.unavailable : ExitCode.failure
+        }
+        switch reply {
+        case let .snapshot(_, snapshot):
+            guard StateDigest(of: snapshot.state) == snapshot.digest else {
+                printError("lockstep: the snapshot's state does not match its digest; it was damaged on the way")
+                throw ExitCode.failure
+            }
+            let state = String(decoding: snapshot.state, as: UTF8.self)
+            if json {
+                print(
+                    #"{"store":"\#(name)","epoch":"\#(snapshot.epoch)","seq":\#(snapshot.seq),"#
+                        + #""digest":"\#(snapshot.digest)","state":\#(state)}"#
+                )
+            } else {
+                print("store   \(name)")
+                print("epoch   \(snapshot.epoch)")
+                print("seq     \(snapshot.seq)")
+                print("digest  \(snapshot.digest)")
+                print("state   \(state)")
+            }
+        case let .error(_, error):
+            printError("lockstep: \(error)")
+            throw ExitCode.failure
+        case let other:
+            printError("lockstep: unexpected reply to SNAPSHOT: \(other)")
+            throw ExitCode.failure
+        }
+    }
+}
+
+/// Prints a store's events as the daemon publishes them.
+struct TailCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "tail",
+        abstract: "Print a store's events as the daemon publishes them, one per line.",
+        discussion: "Stops after --count events, or runs until interrupted. Heartbeats and digests are not printed."
+    )
+
+    @Argument(help: "The store's name.")
+    var store: String
+
+    @Option(help: "The daemon's events endpoint.")
+    var eventsEndpoint = "ipc://.lockstep/run/events"
+
+    @Option(help: "Stop after this many events.")
+    var count: Int?
+
+    @Option(help: "Give up when nothing (not even a heartbeat) arrives for this many milliseconds.")
+    var silenceMs = 10_000
+
+    @Flag(help: "Print {\"store\":…,\"epoch\":…,\"seq\":…,\"action\":…} per event.")
+    var json = false
+
+    func run() throws {
+        let name: StoreName
+        do {
+            name = try StoreName(store)
+        } catch {
+            throw ValidationError("\(error)")
+        }
+        if let count, count < 1 { throw ValidationError("--count must be at least 1, got \(count)") }
+        let context = try Context()
+        let socket = try Socket(context, type: .subscriber)
+        try socket.set(.receiveTimeout, Int32(clamping: silenceMs))
+        try socket.set(.receiveHighWaterMark, 0)
+        try socket.subscribe(Event.topic(for: name))
+        try socket.connect(eventsEndpoint)
+        var printed = 0
+        while count.map({ printed < $0 }) ?? true {
+            guard let frames = try socket.receive() else {
+                printError(
+                    "lockstep: nothing from \(eventsEndpoint) for \(silenceMs) ms (not even a heartbeat); is lockstepd "
+                        + "running and hosting '\(name)'?"
+                )
+                throw ExitCodes.unavailable
+            }
+            guard case let .event(_, epoch, seq, action) = try Event.decode(frames) else { continue }
+            let text = String(decoding: action, as: UTF8.self)
+            print(
+                json ? #"{"store":"\#(name)","epoch":"\#(epoch)","seq":\#(seq),"action":\#(text)}"# : "\(seq)  \(text)"
+            )
+            fflush(nil)
+            printed += 1
+        }
+    }
+}

@@ -23,14 +23,7 @@ struct DispatchCommand: ParsableCommand {
     @Argument(help: "One or more actions as JSON; several are one all-or-none batch.")
     var actions: [String]
 
-    @Option(help: "The daemon's command endpoint.")
-    var commandEndpoint = "ipc://.lockstep/run/command"
-
-    @Option(help: "How long to wait for each reply, in milliseconds.")
-    var timeoutMs = 2_000
-
-    @Option(help: "How many times to ask again after a silence.")
-    var retries = 3
+    @OptionGroup var daemon: DaemonOptions
 
     @Option(help: "Send the batch this many times, each a new dispatch with its own request number.")
     var `repeat` = 1
@@ -41,24 +34,11 @@ struct DispatchCommand: ParsableCommand {
     func validate() throws {
         guard !actions.isEmpty else { throw ValidationError("give at least one action") }
         guard (1...1_000_000).contains(`repeat`) else { throw ValidationError("--repeat must be 1...1000000") }
-        guard (1...600_000).contains(timeoutMs) else { throw ValidationError("--timeout-ms must be 1...600000") }
-        guard (0...100).contains(retries) else { throw ValidationError("--retries must be 0...100") }
     }
 
     func run() throws {
-        let name: StoreName
-        do {
-            name = try StoreName(store)
-        } catch {
-            throw ValidationError("\(error)")
-        }
-        let context = try Context()
-        let client = CommandClient(
-            context: context,
-            endpoint: commandEndpoint,
-            timeout: .milliseconds(timeoutMs),
-            retries: retries
-        )
+        let name = try storeName(store)
+        let client = try daemon.client()
         let version = try domainVersion(of: name, client)
         let clientID = ClientID.random()
         let frames = actions.map { Array($0.utf8) }
@@ -72,7 +52,7 @@ struct DispatchCommand: ParsableCommand {
                     actions: frames
                 )
             )
-            switch try call(client, request) {
+            switch try daemon.call(client, request) {
             case let .accepted(_, _, first, count):
                 let last = first + UInt64(count) - 1
                 if json {
@@ -84,24 +64,15 @@ struct DispatchCommand: ParsableCommand {
             case let .rejected(_, index, rejection):
                 printError("lockstep: \(name) rejected action \(index): \(rejection.reason) [\(rejection.code)]")
                 throw ExitCodes.rejected
-            case let .error(_, error):
-                printError("lockstep: the daemon refused the dispatch: \(error)")
-                throw error.code == .undecodableAction ? ExitCodes.badInput : ExitCode.failure
             case let other:
-                printError("lockstep: unexpected reply to DISPATCH: \(other)")
-                throw ExitCode.failure
+                throw unexpected(other, to: "DISPATCH")
             }
         }
     }
 
     /// The store's domain version, from the daemon's status, so the CLI needs no domain code.
     private func domainVersion(of name: StoreName, _ client: CommandClient) throws -> UInt32 {
-        guard case let .status(_, body) = try call(client, .status(requestID: 0)),
-            let status = try? JSONDecoder().decode(DaemonStatus.self, from: Data(body))
-        else {
-            printError("lockstep: the daemon at \(commandEndpoint) did not send a readable status")
-            throw ExitCode.failure
-        }
+        let status = try daemon.status(client).status
         guard let store = status.stores.first(where: { $0.name == name.rawValue }) else {
             printError(
                 "lockstep: the daemon hosts no store '\(name)'; it has "
@@ -110,14 +81,5 @@ struct DispatchCommand: ParsableCommand {
             throw ExitCode.failure
         }
         return store.domainVersion
-    }
-
-    private func call(_ client: CommandClient, _ request: Request) throws -> Reply {
-        do {
-            return try client.call(request)
-        } catch {
-            printError("lockstep: \(error)")
-            throw error.code == .unavailable ? ExitCodes.unavailable : ExitCode.failure
-        }
     }
 }

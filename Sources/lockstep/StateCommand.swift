@@ -16,30 +16,14 @@ struct StateCommand: ParsableCommand {
     @Argument(help: "The store's name.")
     var store: String
 
-    @Option(help: "The daemon's command endpoint.")
-    var commandEndpoint = "ipc://.lockstep/run/command"
-
-    @Option(help: "How long to wait for the reply, in milliseconds.")
-    var timeoutMs = 2_000
+    @OptionGroup var daemon: DaemonOptions
 
     @Flag(help: "Print {\"store\":…,\"epoch\":…,\"seq\":…,\"digest\":…,\"state\":…}.")
     var json = false
 
     func run() throws {
-        let name: StoreName
-        do {
-            name = try StoreName(store)
-        } catch {
-            throw ValidationError("\(error)")
-        }
-        let client = CommandClient(context: try Context(), endpoint: commandEndpoint, timeout: .milliseconds(timeoutMs))
-        let reply: Reply
-        do {
-            reply = try client.call(.snapshot(requestID: 1, store: name))
-        } catch {
-            printError("lockstep: \(error)")
-            throw error.code == .unavailable ? ExitCodes.unavailable : ExitCode.failure
-        }
+        let name = try storeName(store)
+        let reply = try daemon.call(try daemon.client(), .snapshot(requestID: 1, store: name))
         switch reply {
         case let .snapshot(_, snapshot):
             guard StateDigest(of: snapshot.state) == snapshot.digest else {
@@ -59,12 +43,8 @@ struct StateCommand: ParsableCommand {
                 print("digest  \(snapshot.digest)")
                 print("state   \(state)")
             }
-        case let .error(_, error):
-            printError("lockstep: \(error)")
-            throw ExitCode.failure
         case let other:
-            printError("lockstep: unexpected reply to SNAPSHOT: \(other)")
-            throw ExitCode.failure
+            throw unexpected(other, to: "SNAPSHOT")
         }
     }
 }
@@ -93,12 +73,7 @@ struct TailCommand: ParsableCommand {
     var json = false
 
     func run() throws {
-        let name: StoreName
-        do {
-            name = try StoreName(store)
-        } catch {
-            throw ValidationError("\(error)")
-        }
+        let name = try storeName(store)
         if let count, count < 1 { throw ValidationError("--count must be at least 1, got \(count)") }
         let context = try Context()
         let socket = try Socket(context, type: .subscriber)

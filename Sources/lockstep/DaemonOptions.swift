@@ -1,0 +1,72 @@
+import ArgumentParser
+import Foundation
+import LockstepClient
+import LockstepProtocol
+import ZeroMQ
+
+/// How the CLI reaches a running daemon's command socket; shared by every command that asks it something.
+struct DaemonOptions: ParsableArguments {
+    @Option(help: "The daemon's command endpoint.")
+    var commandEndpoint = "ipc://.lockstep/run/command"
+
+    @Option(help: "How long to wait for each reply, in milliseconds.")
+    var timeoutMs = 2_000
+
+    @Option(help: "How many times to ask again, on a fresh socket, after a silence.")
+    var retries = 3
+
+    func validate() throws {
+        guard (1...600_000).contains(timeoutMs) else { throw ValidationError("--timeout-ms must be 1...600000") }
+        guard (0...100).contains(retries) else { throw ValidationError("--retries must be 0...100") }
+    }
+
+    /// A client for the daemon; it owns a socket, so one per command run.
+    func client() throws -> CommandClient {
+        CommandClient(
+            context: try Context(),
+            endpoint: commandEndpoint,
+            timeout: .milliseconds(timeoutMs),
+            retries: retries
+        )
+    }
+
+    /// Sends `request`; no answer exits 69, any other failure 1, each with the reason on standard error.
+    func call(_ client: CommandClient, _ request: Request) throws -> Reply {
+        do {
+            return try client.call(request)
+        } catch {
+            printError("lockstep: \(error)")
+            throw error.code == .unavailable ? ExitCodes.unavailable : ExitCode.failure
+        }
+    }
+
+    /// The daemon's status, decoded (docs/operations.md).
+    func status(_ client: CommandClient) throws -> (status: DaemonStatus, json: [UInt8]) {
+        let reply = try call(client, .status(requestID: 0))
+        guard case let .status(_, body) = reply else { throw unexpected(reply, to: "STATUS") }
+        guard let status = try? JSONDecoder().decode(DaemonStatus.self, from: Data(body)) else {
+            printError("lockstep: the daemon at \(commandEndpoint) sent a status that is not readable")
+            throw ExitCode.failure
+        }
+        return (status, body)
+    }
+}
+
+/// Reports a reply the command did not ask for (an ERROR, or another kind) and returns the exit to throw.
+func unexpected(_ reply: Reply, to request: String) -> ExitCode {
+    if case let .error(_, error) = reply {
+        printError("lockstep: the daemon refused the \(request) request: \(error)")
+        return error.code == .undecodableAction ? ExitCodes.badInput : .failure
+    }
+    printError("lockstep: unexpected reply to \(request): \(reply)")
+    return .failure
+}
+
+/// A store name from the command line, or a usage error saying what is wrong with it.
+func storeName(_ text: String) throws -> StoreName {
+    do {
+        return try StoreName(text)
+    } catch {
+        throw ValidationError("\(error)")
+    }
+}

@@ -342,7 +342,7 @@ private struct LoopState {
 
         let commits = pending.compactMap { if case let .commit(commit) = $0.work { commit } else { nil } }
         var committed = true
-        var snapshotted: Set<StoreName> = []
+        var snapshotted: [StoreName: JournalSnapshot] = [:]
         if !commits.isEmpty {
             do {
                 let batch = try batch(for: commits)
@@ -350,7 +350,9 @@ private struct LoopState {
                 if configuration.durability == .relaxed, syncDue == nil {
                     syncDue = ContinuousClock.now + .milliseconds(10)
                 }
-                snapshotted = Set(batch.snapshots.compactMap { try? StoreName($0.store) })
+                for snapshot in batch.snapshots {
+                    if let name = try? StoreName(snapshot.store) { snapshotted[name] = snapshot }
+                }
             } catch {
                 committed = false
                 logger.error("commit failed; nothing of this batch was applied", metadata: ["error": "\(error)"])
@@ -440,8 +442,9 @@ private struct LoopState {
         return batch
     }
 
-    /// Events, then a digest for each store past its digest interval or just snapshotted.
-    mutating func publish(_ commits: [Sequencer.Commit], snapshotted: Set<StoreName>) {
+    /// Events, then a digest for each store past its digest interval or just snapshotted; a snapshot's digest
+    /// is reused rather than the state encoded again.
+    mutating func publish(_ commits: [Sequencer.Commit], snapshotted: [StoreName: JournalSnapshot]) {
         let now = ContinuousClock.now
         for commit in commits {
             for event in commit.events {
@@ -452,9 +455,19 @@ private struct LoopState {
             committedEvents[commit.store, default: 0] += UInt64(commit.events.count)
         }
         for name in Set(commits.map(\.store)) {
-            let due = (sinceDigest[name] ?? 0) >= configuration.digestEveryEvents || snapshotted.contains(name)
-            guard due, let store = sequencer.stores[name], let state = try? store.encodedState() else { continue }
-            send(Event.digest(store: name, epoch: store.epoch, seq: store.lastSeq, StateDigest(of: state)))
+            let snapshot = snapshotted[name]
+            guard (sinceDigest[name] ?? 0) >= configuration.digestEveryEvents || snapshot != nil,
+                let store = sequencer.stores[name]
+            else { continue }
+            let digest: StateDigest
+            if let snapshot, snapshot.seq == store.lastSeq {
+                digest = snapshot.digest
+            } else if let state = try? store.encodedState() {
+                digest = StateDigest(of: state)
+            } else {
+                continue
+            }
+            send(Event.digest(store: name, epoch: store.epoch, seq: store.lastSeq, digest))
             sinceDigest[name] = 0
         }
     }
@@ -538,11 +551,21 @@ private struct LoopState {
             return #"{"name":"\#(store.name)","seq":\#(store.lastSeq),"epoch":"\#(store.epoch)","#
                 + #""domainVersion":\#(store.domainVersion),"eventsPerSecond":\#(String(format: "%.1f", rate))}"#
         }
-        let journalBytes = (try? journal.stats().fileBytes).flatMap { $0 }.map { "\($0)" } ?? "null"
+        // Only the file sizes: journal.stats() counts every event, which takes tens of ms on a long history
+        // and would hold the loop.
+        let journalBytes = configuration.journal == .memory ? "null" : "\(Self.fileBytes(journal.location))"
         let json =
             #"{"uptimeSeconds":\#(uptime.components.seconds),"journal":"\#(journal.location)","#
             + #""journalBytes":\#(journalBytes),"stores":[\#(stores.joined(separator: ","))]}"#
         return .status(requestID: requestID, json: Array(json.utf8))
+    }
+
+    /// The journal file and its write-ahead log, in bytes.
+    static func fileBytes(_ path: String) -> Int64 {
+        [path, path + "-wal"].reduce(0) { total, file in
+            let size = (try? FileManager.default.attributesOfItem(atPath: file)[.size] as? NSNumber)?.int64Value
+            return total + (size ?? 0)
+        }
     }
 
     func unknownStore(_ requestID: UInt64, _ name: StoreName) -> Reply {

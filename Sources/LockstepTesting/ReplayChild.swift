@@ -38,19 +38,35 @@ public struct ReplayChildCommand: Sendable, Hashable {
         process.standardError = stderr
         try process.run()
         let deadline = ContinuousClock.now + timeout
-        // The child reads all its input before it writes anything, so writing first cannot deadlock.
-        stdin.fileHandleForWriting.write(input)
-        try stdin.fileHandleForWriting.close()
-        let output = stdout.fileHandleForReading.readDataToEndOfFile()
-        let errors = stderr.fileHandleForReading.readDataToEndOfFile()
+        // Feed the child and drain both of its pipes on other threads, so that a child that stops reading or
+        // writes a lot to one pipe cannot block this one past the deadline.
+        let collected = LockedValue<(output: Data, errors: Data)>((Data(), Data()))
+        let pipes = DispatchGroup()
+        let writer = stdin.fileHandleForWriting
+        let bytes = input
+        DispatchQueue.global().async {
+            writer.write(bytes)
+            try? writer.close()
+        }
+        for (handle, isOutput) in [(stdout.fileHandleForReading, true), (stderr.fileHandleForReading, false)] {
+            pipes.enter()
+            DispatchQueue.global().async {
+                let data = handle.readDataToEndOfFile()
+                collected.withLockedValue { if isOutput { $0.output = data } else { $0.errors = data } }
+                pipes.leave()
+            }
+        }
         while process.isRunning {
             if ContinuousClock.now > deadline {
-                process.terminate()
+                kill(process.processIdentifier, SIGKILL)
                 process.waitUntilExit()
-                throw ReplayChildError("\(executable) did not finish within \(timeout) and was stopped")
+                throw ReplayChildError("\(executable) did not finish within \(timeout) and was killed")
             }
             Thread.sleep(forTimeInterval: 0.005)
         }
+        // The child is gone, so its pipes are closed and the readers end at once.
+        _ = pipes.wait(timeout: .now() + 5)
+        let (output, errors) = collected.withLockedValue { $0 }
         guard process.terminationStatus == 0 else {
             throw ReplayChildError(
                 "\(executable) \(arguments.joined(separator: " ")) exited with \(process.terminationStatus): "

@@ -71,9 +71,11 @@ let package = Package(
             ],
             path: "Sources/lockstep"
         ),
-        .testTarget(name: "LockstepTests", dependencies: ["Lockstep", "LockstepExamples"]),
+        .testTarget(name: "LockstepTests", dependencies: ["Lockstep", "LockstepExamples", "TestSupport"]),
         .testTarget(name: "ZeroMQTests", dependencies: ["ZeroMQ"]),
         .testTarget(name: "LockstepProtocolTests", dependencies: ["LockstepProtocol", "LockstepExamples"]),
+        // Runs this package's executables from tests, with bounded waits.
+        .target(name: "TestSupport", path: "Tests/TestSupport"),
         // Deliberately nondeterministic domains, and a child-replica executable that hosts them.
         .target(name: "ReplayFixtures", dependencies: ["Lockstep"], path: "Tests/ReplayFixtures"),
         .executableTarget(
@@ -83,18 +85,20 @@ let package = Package(
         ),
         .testTarget(
             name: "LockstepTestingTests",
-            dependencies: ["LockstepTesting", "LockstepExamples", "ReplayFixtures", "replay-fixtures"]
+            dependencies: ["LockstepTesting", "LockstepExamples", "ReplayFixtures", "replay-fixtures", "TestSupport"]
         ),
         .testTarget(
             name: "LockstepServerTests",
             dependencies: [
                 "LockstepServer", "LockstepProtocol", "LockstepJournal", "LockstepExamples", "ZeroMQ", "lockstepd",
-                "LockstepCLI",
+                "LockstepCLI", "TestSupport",
             ]
         ),
         .testTarget(
             name: "LockstepJournalTests",
-            dependencies: ["LockstepJournal", "LockstepExamples", .product(name: "GRDB", package: "GRDB.swift")]
+            dependencies: [
+                "LockstepJournal", "LockstepExamples", "TestSupport", .product(name: "GRDB", package: "GRDB.swift"),
+            ]
         ),
     ],
     swiftLanguageModes: [.v6]

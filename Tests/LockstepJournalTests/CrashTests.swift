@@ -3,6 +3,7 @@ import Lockstep
 import LockstepExamples
 import LockstepJournal
 import Testing
+import TestSupport
 
 /// A `lockstep journal append-load` child, killed with SIGKILL in the middle of its stream of group
 /// commits, again and again on the same journal: no batch it acknowledged is lost, no batch is kept in

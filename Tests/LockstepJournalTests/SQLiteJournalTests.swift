@@ -4,6 +4,7 @@ import Lockstep
 import LockstepExamples
 import LockstepJournal
 import Testing
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc

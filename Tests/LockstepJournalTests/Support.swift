@@ -3,6 +3,7 @@ import GRDB
 import Lockstep
 import LockstepExamples
 import LockstepJournal
+import TestSupport
 import Testing
 
 #if canImport(Glibc)
@@ -51,13 +52,6 @@ final class JournalFixture {
             return journal
         }
     }
-}
-
-/// A new empty directory under the system's temporary directory.
-func temporaryDirectory(_ label: String) throws -> URL {
-    let url = FileManager.default.temporaryDirectory.appendingPathComponent("lockstep-\(label)-\(UUID().uuidString)")
-    try FileManager.default.createDirectory(at: url, withIntermediateDirectories: true)
-    return url
 }
 
 let clientA = [UInt8](repeating: 0xA1, count: 16)
@@ -116,122 +110,6 @@ func journalError(_ body: () throws -> Void, sourceLocation: SourceLocation = #_
     } catch {
         Issue.record("expected a JournalError, got \(error)", sourceLocation: sourceLocation)
         return nil
-    }
-}
-
-// MARK: Child processes
-
-/// One of this package's executables, built next to the test bundle.
-func productURL(_ name: String) -> URL {
-    let productsDirectory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
-    let executable = productsDirectory.appendingPathComponent(name)
-    if FileManager.default.isExecutableFile(atPath: executable.path) { return executable }
-    // swift-testing may run from inside the .xctest bundle.
-    return productsDirectory.deletingLastPathComponent().appendingPathComponent(name)
-}
-
-struct ProcessOutput {
-    var status: Int32
-    var standardOutput: String
-    var standardError: String
-}
-
-struct ProcessTimeout: Error, CustomStringConvertible {
-    var command: String
-    var description: String { "\(command) did not finish in time and was killed" }
-}
-
-/// Runs one of this package's executables to its end, waiting at most `timeout`.
-func runProduct(_ name: String, _ arguments: [String], timeout: Duration = .seconds(60)) throws -> ProcessOutput {
-    let child = try ChildProcess(name, arguments)
-    defer { child.kill() }
-    let deadline = ContinuousClock.now + timeout
-    while !child.reachedEndOfOutput {
-        guard ContinuousClock.now < deadline else {
-            throw ProcessTimeout(command: "\(name) \(arguments.joined(separator: " "))")
-        }
-        child.read(for: .milliseconds(100))
-    }
-    guard let status = child.waitForExit(within: deadline - ContinuousClock.now) else {
-        throw ProcessTimeout(command: "\(name) \(arguments.joined(separator: " "))")
-    }
-    return ProcessOutput(
-        status: status,
-        standardOutput: String(decoding: child.output, as: UTF8.self),
-        standardError: child.errors()
-    )
-}
-
-/// A child process whose standard output is read with bounded waits; its standard error goes to a file.
-final class ChildProcess {
-    let process = Process()
-    private let stdout = Pipe()
-    private let errorFile: URL
-    private(set) var output: [UInt8] = []
-    private(set) var reachedEndOfOutput = false
-    private var consumed = 0
-
-    init(_ name: String, _ arguments: [String]) throws {
-        errorFile = FileManager.default.temporaryDirectory.appendingPathComponent("lockstep-child-\(UUID().uuidString)")
-        guard FileManager.default.createFile(atPath: errorFile.path, contents: nil) else {
-            throw CocoaError(.fileWriteUnknown, userInfo: [NSFilePathErrorKey: errorFile.path])
-        }
-        process.executableURL = productURL(name)
-        process.arguments = arguments
-        process.standardOutput = stdout
-        process.standardError = try FileHandle(forWritingTo: errorFile)
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
-    }
-
-    deinit {
-        kill()
-        try? FileManager.default.removeItem(at: errorFile)
-    }
-
-    /// Waits up to `timeout` for output and takes what has arrived.
-    func read(for timeout: Duration) {
-        guard !reachedEndOfOutput else { return }
-        let fd = stdout.fileHandleForReading.fileDescriptor
-        var descriptor = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
-        let milliseconds = Int32(max(0, min(timeout / .milliseconds(1), 60_000)))
-        guard poll(&descriptor, 1, milliseconds) > 0 else { return }
-        var buffer = [UInt8](repeating: 0, count: 1 << 16)
-        let count = Glibc.read(fd, &buffer, buffer.count)
-        if count > 0 {
-            output += buffer[..<count]
-        } else if count == 0 {
-            reachedEndOfOutput = true
-        }
-    }
-
-    /// The complete lines that arrived since the last call.
-    func takeLines() -> [String] {
-        guard let end = output.lastIndex(of: UInt8(ascii: "\n")), end >= consumed else { return [] }
-        let text = String(decoding: output[consumed..<end], as: UTF8.self)
-        consumed = end + 1
-        return text.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
-    }
-
-    /// The exit status, or `nil` if the process is still running after `timeout`.
-    func waitForExit(within timeout: Duration) -> Int32? {
-        let deadline = ContinuousClock.now + timeout
-        while process.isRunning {
-            guard ContinuousClock.now < deadline else { return nil }
-            Thread.sleep(forTimeInterval: 0.002)
-        }
-        return process.terminationStatus
-    }
-
-    /// Sends SIGKILL (if it still runs) and reaps it, waiting at most 10 s.
-    func kill() {
-        if process.isRunning { _ = Glibc.kill(process.processIdentifier, SIGKILL) }
-        _ = waitForExit(within: .seconds(10))
-    }
-
-    /// What the process wrote to standard error.
-    func errors() -> String {
-        (try? String(contentsOf: errorFile, encoding: .utf8)) ?? ""
     }
 }
 

@@ -1,6 +1,7 @@
 import Foundation
 import Lockstep
 import LockstepProtocol
+import TestSupport
 import Testing
 import ZeroMQ
 
@@ -12,10 +13,7 @@ import Glibc
 /// another server key get nothing; SIGHUP reloads the list.
 @Suite struct CurveDaemonTests {
     @Test func onlyListedClientsGetThrough() throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent(
-            "curve-\(UUID().uuidString.prefix(8))"
-        ).path
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let directory = try temporaryDirectory("curve").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let server = try CurveKeyPair.generate()
         let listed = try CurveKeyPair.generate()
@@ -107,10 +105,7 @@ import Glibc
     }
 
     @Test func aKeyFileOthersCanReadIsRefused() throws {
-        let directory = FileManager.default.temporaryDirectory.appendingPathComponent(
-            "curve-\(UUID().uuidString.prefix(8))"
-        ).path
-        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        let directory = try temporaryDirectory("curve").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let server = try CurveKeyPair.generate()
         _ = FileManager.default.createFile(

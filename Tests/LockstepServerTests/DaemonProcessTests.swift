@@ -2,6 +2,7 @@ import Foundation
 import Lockstep
 import LockstepJournal
 import LockstepProtocol
+import TestSupport
 import Testing
 import ZeroMQ
 
@@ -17,11 +18,7 @@ final class DaemonProcess {
 
     init(directory: String, arguments: [String] = [], environment: [String: String] = [:]) throws {
         self.directory = directory
-        var products = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
-        if !FileManager.default.isExecutableFile(atPath: products.appendingPathComponent("lockstepd").path) {
-            products = products.deletingLastPathComponent()
-        }
-        process.executableURL = products.appendingPathComponent("lockstepd")
+        process.executableURL = productURL("lockstepd")
         process.currentDirectoryURL = URL(fileURLWithPath: directory)
         process.arguments = arguments
         process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
@@ -91,11 +88,7 @@ struct ClientTimeout: Error {}
 
 @Suite struct DaemonProcessTests {
     func temporaryDirectory() throws -> String {
-        let path = FileManager.default.temporaryDirectory.appendingPathComponent(
-            "lockstepd-\(UUID().uuidString.prefix(8))"
-        ).path
-        try FileManager.default.createDirectory(atPath: path, withIntermediateDirectories: true)
-        return path
+        try TestSupport.temporaryDirectory("lockstepd").path
     }
 
     @Test func servesRemembersAndStopsCleanly() throws {
@@ -185,18 +178,9 @@ struct ClientTimeout: Error {}
         #expect(first == 1 && actions.count == 2)
 
         // `lockstep stats` finds it and reports the store's seq.
-        let stats = Process()
-        stats.executableURL = daemon.process.executableURL?.deletingLastPathComponent().appendingPathComponent(
-            "lockstep"
-        )
-        stats.arguments = ["stats", "--json", "--command-endpoint", daemon.command]
-        let pipe = Pipe()
-        stats.standardOutput = pipe
-        try stats.run()
-        let output = pipe.fileHandleForReading.readDataToEndOfFile()
-        stats.waitUntilExit()
-        #expect(stats.terminationStatus == 0)
-        let status = try JSONSerialization.jsonObject(with: output) as? [String: Any]
+        let stats = try runProduct("lockstep", ["stats", "--json", "--command-endpoint", daemon.command])
+        #expect(stats.status == 0, "\(stats.standardError)")
+        let status = try JSONSerialization.jsonObject(with: Data(stats.standardOutput.utf8)) as? [String: Any]
         let stores = status?["stores"] as? [[String: Any]]
         #expect(stores?.first { $0["name"] as? String == "counter" }?["seq"] as? Int == 2)
         #expect(daemon.terminate() == 0, "\(daemon.output)")
@@ -279,26 +263,20 @@ struct ClientTimeout: Error {}
         }
 
         let perClient = 100
-        let lockstep = daemon.process.executableURL!.deletingLastPathComponent().appendingPathComponent("lockstep")
         let clients = try (0..<4).map { _ in
-            let process = Process()
-            process.executableURL = lockstep
-            process.arguments = [
-                "dispatch", "counter", #"{"increment":{}}"#, "--repeat", "\(perClient)", "--json",
-                "--command-endpoint", daemon.command,
-            ]
-            let output = Pipe()
-            process.standardOutput = output
-            process.standardError = FileHandle.nullDevice
-            try process.run()
-            return (process, output)
+            try ChildProcess(
+                "lockstep",
+                [
+                    "dispatch", "counter", #"{"increment":{}}"#, "--repeat", "\(perClient)", "--json",
+                    "--command-endpoint", daemon.command,
+                ]
+            )
         }
         var acknowledged: [UInt64] = []
-        for (process, output) in clients {
-            let data = output.fileHandleForReading.readDataToEndOfFile()
-            process.waitUntilExit()
-            #expect(process.terminationStatus == 0)
-            for line in String(decoding: data, as: UTF8.self).split(separator: "\n") {
+        for client in clients {
+            let result = try client.finish(within: .seconds(60))
+            #expect(result.status == 0, "\(result.standardError)")
+            for line in result.standardOutput.split(separator: "\n") {
                 let object = try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]
                 if let seq = object?["seq"] as? Int { acknowledged.append(UInt64(seq)) }
             }
@@ -329,29 +307,18 @@ struct ClientTimeout: Error {}
         let directory = try temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let daemon = try DaemonProcess(directory: directory, arguments: ["--domain", "todos"])
-        let lockstep = daemon.process.executableURL!.deletingLastPathComponent().appendingPathComponent("lockstep")
         func run(_ arguments: [String]) throws -> (status: Int32, output: String) {
-            let process = Process()
-            process.executableURL = lockstep
-            process.arguments = arguments
-            let pipe = Pipe()
-            process.standardOutput = pipe
-            process.standardError = FileHandle.nullDevice
-            try process.run()
-            let data = pipe.fileHandleForReading.readDataToEndOfFile()
-            process.waitUntilExit()
-            return (process.terminationStatus, String(decoding: data, as: UTF8.self))
+            let result = try runProduct("lockstep", arguments, timeout: .seconds(30))
+            return (result.status, result.standardOutput)
         }
-        let tail = Process()
-        tail.executableURL = lockstep
-        tail.arguments = ["tail", "todos", "--count", "2", "--json", "--events-endpoint", daemon.events]
-        let tailOutput = Pipe()
-        tail.standardOutput = tailOutput
-        try tail.run()
+        let tail = try ChildProcess(
+            "lockstep",
+            ["tail", "todos", "--count", "2", "--json", "--events-endpoint", daemon.events]
+        )
         // The subscription needs a moment to reach the daemon; dispatch until tail has seen two events.
         var number = 0
         let deadline = ContinuousClock.now + .seconds(10)
-        while tail.isRunning, ContinuousClock.now < deadline {
+        while tail.process.isRunning, ContinuousClock.now < deadline {
             number += 1
             let sent = try run([
                 "dispatch", "todos", #"{"add":{"text":"item \#(number)"}}"#, "--command-endpoint", daemon.command,
@@ -359,11 +326,9 @@ struct ClientTimeout: Error {}
             #expect(sent.status == 0)
             Thread.sleep(forTimeInterval: 0.05)
         }
-        if tail.isRunning { tail.terminate() }
-        tail.waitUntilExit()
-        let lines = String(decoding: tailOutput.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-            .split(separator: "\n")
+        let lines = try tail.finish(within: .seconds(5)).standardOutput.split(separator: "\n")
         #expect(lines.count == 2)
+        try #require(!lines.isEmpty)
         let first = try JSONSerialization.jsonObject(with: Data(lines[0].utf8)) as? [String: Any]
         #expect((first?["action"] as? [String: Any])?["add"] != nil)
 

@@ -4,19 +4,12 @@ import LockstepExamples
 import LockstepProtocol
 import LockstepTesting
 import ReplayFixtures
+import TestSupport
 import Testing
 
 /// The harness's child replica, built next to the test bundle.
 func fixtureChild() -> ReplayChildCommand {
-    var directory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
-    if !FileManager.default.isExecutableFile(atPath: directory.appendingPathComponent("replay-fixtures").path) {
-        directory = directory.deletingLastPathComponent()
-    }
-    return ReplayChildCommand(
-        executable: directory.appendingPathComponent("replay-fixtures").path,
-        arguments: [],
-        timeout: .seconds(60)
-    )
+    ReplayChildCommand(executable: productURL("replay-fixtures").path, arguments: [], timeout: .seconds(60))
 }
 
 /// Replays `actions` and returns the divergence the harness must find.

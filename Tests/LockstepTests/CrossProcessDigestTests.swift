@@ -1,6 +1,7 @@
 import Foundation
 import Lockstep
 import LockstepExamples
+import TestSupport
 import Testing
 
 /// Equal states must give equal digests in separate processes, whose hash seeds differ.
@@ -52,50 +53,4 @@ import Testing
         let state = try CanonicalEncoding.encode(store.state)
         return (lines, StateDigest(of: state), state)
     }
-}
-
-struct ProcessOutput {
-    var status: Int32
-    var standardOutput: String
-    var standardError: String
-}
-
-/// Runs one of this package's executables, built next to the test bundle, and waits at most `timeout`.
-func runProduct(_ name: String, _ arguments: [String], timeout: Duration = .seconds(60)) throws -> ProcessOutput {
-    let productsDirectory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
-    var executable = productsDirectory.appendingPathComponent(name)
-    if !FileManager.default.isExecutableFile(atPath: executable.path) {
-        // swift-testing may run from inside the .xctest bundle.
-        executable = productsDirectory.deletingLastPathComponent().appendingPathComponent(name)
-    }
-    let process = Process()
-    process.executableURL = executable
-    process.arguments = arguments
-    let stdout = Pipe()
-    let stderr = Pipe()
-    process.standardOutput = stdout
-    process.standardError = stderr
-    try process.run()
-    let deadline = ContinuousClock.now + timeout
-    // Read before waiting so a chatty child cannot fill the pipe and stall.
-    let out = stdout.fileHandleForReading.readDataToEndOfFile()
-    let err = stderr.fileHandleForReading.readDataToEndOfFile()
-    while process.isRunning {
-        if ContinuousClock.now > deadline {
-            process.terminate()
-            process.waitUntilExit()
-            throw ProcessTimeout(command: "\(name) \(arguments.joined(separator: " "))")
-        }
-        Thread.sleep(forTimeInterval: 0.01)
-    }
-    return ProcessOutput(
-        status: process.terminationStatus,
-        standardOutput: String(decoding: out, as: UTF8.self),
-        standardError: String(decoding: err, as: UTF8.self)
-    )
-}
-
-struct ProcessTimeout: Error, CustomStringConvertible {
-    var command: String
-    var description: String { "\(command) did not finish in time and was terminated" }
 }

@@ -47,6 +47,7 @@ let package = Package(
             dependencies: [
                 "Lockstep", "LockstepProtocol", "ZeroMQ",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
         .target(name: "LockstepTesting", dependencies: ["Lockstep", "LockstepProtocol"]),
@@ -68,6 +69,7 @@ let package = Package(
                 "LockstepJournal",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ],
             path: "Sources/lockstep"
         ),
@@ -75,7 +77,7 @@ let package = Package(
         .testTarget(name: "ZeroMQTests", dependencies: ["ZeroMQ"]),
         .testTarget(name: "LockstepProtocolTests", dependencies: ["LockstepProtocol", "LockstepExamples"]),
         // Runs this package's executables from tests, with bounded waits.
-        .target(name: "TestSupport", path: "Tests/TestSupport"),
+        .target(name: "TestSupport", dependencies: ["LockstepTesting"], path: "Tests/TestSupport"),
         // Deliberately nondeterministic domains, and a child-replica executable that hosts them.
         .target(name: "ReplayFixtures", dependencies: ["Lockstep"], path: "Tests/ReplayFixtures"),
         .executableTarget(

@@ -17,6 +17,14 @@ public struct ClientError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let protocolViolation = Code(rawValue: "protocol_violation")
         /// The socket itself failed.
         public static let transport = Code(rawValue: "transport")
+        /// The daemon would not take the request: an unknown store, another domain version, a malformed batch.
+        public static let refused = Code(rawValue: "refused")
+        /// The request could not be made: an empty batch, an action that cannot be encoded.
+        public static let badRequest = Code(rawValue: "bad_request")
+        /// The daemon committed the action, but this replica did not apply it in time.
+        public static let notApplied = Code(rawValue: "not_applied")
+        /// The replica is not running, or stopped before the answer came.
+        public static let stopped = Code(rawValue: "stopped")
     }
 
     public var code: Code
@@ -38,6 +46,13 @@ public struct ClientCurve: Hashable, Sendable {
     public init(keys: CurveKeyPair, serverPublicKey: [UInt8]) {
         self.keys = keys
         self.serverPublicKey = serverPublicKey
+    }
+
+    /// Makes `socket` a CURVE client of the daemon; call before `connect`.
+    func configure(_ socket: Socket) throws(ZeroMQError) {
+        try socket.set(.curveServerKey, serverPublicKey)
+        try socket.set(.curvePublicKey, keys.publicKey)
+        try socket.set(.curveSecretKey, keys.secretKey)
     }
 }
 
@@ -114,11 +129,7 @@ public final class CommandClient {
         )
         try socket.set(.receiveTimeout, milliseconds)
         try socket.set(.sendTimeout, milliseconds)
-        if let curve {
-            try socket.set(.curveServerKey, curve.serverPublicKey)
-            try socket.set(.curvePublicKey, curve.keys.publicKey)
-            try socket.set(.curveSecretKey, curve.keys.secretKey)
-        }
+        try curve?.configure(socket)
         try socket.connect(endpoint)
         self.socket = socket
         return socket

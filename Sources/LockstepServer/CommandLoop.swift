@@ -30,7 +30,11 @@ final class CommandLoop: Sendable {
         self.domains = domains
         self.notifier = notifier
         self.logger = logger
-        wakeup = try Wakeup()
+        do {
+            wakeup = try Wakeup()
+        } catch {
+            throw ServerError(code: .system, "could not make the loop's wake-up pipe: \(error)")
+        }
     }
 
     /// Asks the loop to finish its turn and stop; callable from any thread.
@@ -209,9 +213,13 @@ private struct LoopState {
                 )
             }
         }
-        for (socket, endpoint) in [(router, configuration.commandEndpoint), (publisher, configuration.eventsEndpoint)] {
+        let sockets = [
+            (router, configuration.commandEndpoint, 100_000),
+            (publisher, configuration.eventsEndpoint, configuration.eventsQueue),
+        ]
+        for (socket, endpoint, queue) in sockets {
             try socket.set(.maximumMessageSize, Int64(configuration.maximumMessageBytes))
-            try socket.set(.sendHighWaterMark, 100_000)
+            try socket.set(.sendHighWaterMark, Int32(clamping: queue))
             try socket.set(.handshakeInterval, 5_000)
             try socket.set(.heartbeatInterval, 5_000)
             try socket.set(.heartbeatTimeout, 15_000)

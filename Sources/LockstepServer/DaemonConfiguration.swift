@@ -40,6 +40,9 @@ public struct DaemonConfiguration: Hashable, Sendable {
     public var maximumMessageBytes = 1 << 20
     /// The most actions one dispatch may carry.
     public var maximumBatch = 1_000
+    /// Events queued for one subscriber before the daemon drops that subscriber's newest ones (the ZeroMQ
+    /// high-water mark); a replica that fell that far behind repairs the gap by range.
+    public var eventsQueue = 100_000
     /// CURVE on the tcp endpoints; `nil` for none (ipc endpoints in a private directory need none).
     public var curve: CurveSettings?
 
@@ -98,6 +101,7 @@ public struct DaemonConfiguration: Hashable, Sendable {
         }
         try reader.integer("limits", "max_message_bytes", 1_024...Int64(Int32.max)) { maximumMessageBytes = Int($0) }
         try reader.integer("limits", "max_batch", 1...100_000) { maximumBatch = Int($0) }
+        try reader.integer("limits", "events_queue", 1...Int64(Int32.max)) { eventsQueue = Int($0) }
         var secret: String?
         var clients: String?
         try reader.string("curve", "server_key_file") { secret = $0 }

@@ -1,174 +1,431 @@
 import ArgumentParser
-import Dispatch
 import Foundation
 import Lockstep
-import LockstepExamples
+import LockstepClient
+import LockstepProtocol
+import LockstepTesting
+import ZeroMQ
 
-/// Several clients hammer the four example stores at once; every action is recorded through the action
-/// observers, and at the end a second store per domain replays the recording and must reach the same digest.
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The whole system on one machine: a daemon in a temporary folder, client processes that dispatch to the
+/// example stores while holding replicas, one daemon crash and one stalled replica on the way, and a check
+/// that every replica ends on the daemon's digest.
 struct DemoCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "demo",
-        abstract: "Run concurrent clients against the example stores and check that a replay converges.",
+        abstract: "Run lockstepd and client processes with replicas; crash the daemon midway; check convergence.",
         discussion: """
-            This is the in-process demo: the stores, the clients and the replaying replica share one process. \
-            It exits 0 only if every replayed store reaches the live store's digest.
+            Starts lockstepd (found next to this executable) on its defaults in a temporary folder, then \
+            --clients processes, each holding a replica of every example store and dispatching --actions \
+            generated actions. At 20% one client is stopped (SIGSTOP) until the daemon has dropped events for \
+            it, so its replicas must repair a gap; at 50% the daemon is killed (SIGKILL) and restarted. Exits 0 \
+            only if every replica of every client ends on the daemon's digest.
             """
     )
 
-    @Option(help: "How many concurrent clients dispatch actions.")
+    @Option(help: "How many client processes.")
     var clients = 4
 
     @Option(help: "How many actions each client dispatches.")
-    var actions = 5_000
+    var actions = 2_500
 
-    @Option(help: "Seed of the clients' action generators; the same seed gives the same mix of actions.")
+    @Option(help: "Seed of the clients' action generators.")
     var seed: UInt64 = 1
 
+    @Flag(help: "Keep the temporary folder (journal and logs) afterwards.")
+    var keep = false
+
+    @Flag(help: "Print the summary as one JSON object.")
+    var json = false
+
     func validate() throws {
-        guard (1...256).contains(clients) else { throw ValidationError("--clients must be 1...256, got \(clients)") }
+        guard (1...64).contains(clients) else { throw ValidationError("--clients must be 1...64, got \(clients)") }
         guard (1...10_000_000).contains(actions) else {
             throw ValidationError("--actions must be 1...10000000, got \(actions)")
         }
     }
 
     func run() async throws {
-        let hub = ActionObservers()
-        let lanes = Examples.domains.map { DemoLane($0, observers: hub) }
-        let total = clients * actions
-        print(
-            "lockstep demo: \(clients) clients × \(actions) actions over \(lanes.map(\.name).joined(separator: ", "))"
-        )
-
-        let started = ContinuousClock.now
-        let progress = Progress(total: total, lanes: lanes)
-        let display = Task { await progress.show() }
-        let rejected = await withTaskGroup(of: Int.self) { group in
-            for client in 0..<clients {
-                group.addTask {
-                    var random = SplitMix64(seed: seed &+ UInt64(client) &* 0x9E37_79B9)
-                    var rejected = 0
-                    for _ in 0..<actions {
-                        let lane = lanes[Int(random.next() % UInt64(lanes.count))]
-                        if await !lane.step(&random) { rejected += 1 }
-                        progress.tick()
-                    }
-                    return rejected
-                }
-            }
-            return await group.reduce(0, +)
-        }
-        let elapsed = ContinuousClock.now - started
-        display.cancel()
-        await display.value
-
-        print("")
-        print("store     applied  digest (live)     digest (replayed)  ")
-        var converged = true
-        for lane in lanes {
-            let live = try lane.liveDigest()
-            let replayed = try await lane.replayedDigest()
-            converged = converged && live.digest == replayed
-            print(
-                lane.name.padding(toLength: 9, withPad: " ", startingAt: 0),
-                String(live.seq).leftPadded(to: 7),
-                String(live.digest.hex.prefix(16)),
-                " " + String(replayed.hex.prefix(16)),
-                live.digest == replayed ? "  converged" : "  DIVERGED"
-            )
-        }
-        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
-        print(
-            "\(total - rejected) actions applied, \(rejected) rejected by validators, "
-                + "in \(String(format: "%.2f", seconds)) s "
-                + "(\(Int(Double(total) / max(seconds, 1e-9))) actions/s)"
-        )
-        if !converged {
-            printError("lockstep demo: a replayed store did not reach the live store's digest")
+        let run = try DemoRun(clients: clients, actions: actions, seed: seed, quiet: json)
+        let summary: DemoSummary
+        do {
+            summary = try run.play()
+        } catch {
+            printError("lockstep demo: \(error); the journal and logs are in \(run.folder.path)")
             throw ExitCode.failure
         }
-        print("every replayed store converged")
+        if json {
+            print(String(decoding: try JSONEncoder().encode(summary), as: UTF8.self))
+        } else {
+            summary.print()
+        }
+        if summary.converged, !keep {
+            try? FileManager.default.removeItem(at: run.folder)
+        } else {
+            printError("lockstep demo: the journal and logs are in \(run.folder.path)")
+        }
+        if !summary.converged { throw ExitCodes.diverged }
     }
 }
 
-/// One example store in the demo, with its recording.
-struct DemoLane: Sendable {
-    let name: String
-    /// Dispatches one generated action; false when the validator refused it.
-    let step: @Sendable (inout SplitMix64) async -> Bool
-    let liveDigest: @Sendable () throws -> (seq: UInt64, digest: StateDigest)
-    let replayedDigest: @Sendable () async throws -> StateDigest
-    let seq: @Sendable () -> UInt64
-
-    init<D: ActionGenerating>(_ domain: D.Type, observers: ActionObservers) {
-        let store = Store(domain, observers: observers)
-        let recording = LockedValue<[D.Action]>([])
-        // The recording hook: every applied action, in the store's order.
-        observers.observe { observed in
-            guard observed.store == D.name, observed.rejection == nil, let action = observed.action as? D.Action
-            else { return }
-            recording.withLockedValue { $0.append(action) }
-        }
-        name = D.name
-        step = { random in
-            let action = D.randomAction(for: store.state, using: &random)
-            do {
-                try await store.dispatch(action)
-                return true
-            } catch {
-                return false
-            }
-        }
-        liveDigest = { (store.appliedCount, try CanonicalEncoding.digest(of: store.state)) }
-        replayedDigest = {
-            let replica = Store(domain, observers: ActionObservers())
-            for action in recording.withLockedValue({ $0 }) { try await replica.dispatch(action) }
-            return try CanonicalEncoding.digest(of: replica.state)
-        }
-        seq = { store.appliedCount }
+/// What the demo found.
+struct DemoSummary: Codable {
+    struct Store: Codable {
+        var store: String
+        var seq: SequenceNumber
+        var digest: String
+        /// Each client's replica's digest, in client order.
+        var replicas: [String]
     }
+
+    struct Client: Codable {
+        var pid: Int32
+        var accepted: Int
+        var rejected: Int
+        var failed: Int
+        var resyncs: Int
+        var repairs: Int
+        var divergences: Int
+        var exitStatus: Int32?
+    }
+
+    var committed: SequenceNumber
+    var seconds: Double
+    var actionsPerSecond: Double
+    var daemonRestartMilliseconds: Double
+    var stoppedClient: Int
+    var stoppedSeconds: Double
+    var stores: [Store]
+    var clients: [Client]
+    var converged: Bool
+
+    func print() {
+        Swift.print("")
+        Swift.print("store       seq  daemon digest      replicas")
+        for store in stores {
+            let marks = store.replicas.map { $0 == store.digest ? "✓" : "✗ \($0.prefix(8))" }
+            Swift.print(
+                store.store.padding(toLength: 8, withPad: " ", startingAt: 0) + String(store.seq).leftPadded(to: 7),
+                " " + store.digest.prefix(16) + "  ",
+                marks.joined(separator: " ")
+            )
+        }
+        Swift.print("")
+        for (index, client) in clients.enumerated() {
+            Swift.print(
+                "client \(index + 1) (pid \(client.pid)): \(client.accepted) accepted, \(client.rejected) rejected by "
+                    + "validators, \(client.failed) failed; replicas resynced \(client.resyncs)×, repaired "
+                    + "\(client.repairs) gaps, diverged \(client.divergences)×"
+                    + (index == stoppedClient ? "  (stopped \(Self.format(stoppedSeconds)) s)" : "")
+            )
+        }
+        Swift.print("")
+        Swift.print(
+            "\(committed) actions committed in \(Self.format(seconds)) s: \(Int(actionsPerSecond)) actions/s; "
+                + "the daemon was killed and back in \(Int(daemonRestartMilliseconds)) ms"
+        )
+        Swift.print(converged ? "every replica converged on the daemon's digest" : "NOT CONVERGED")
+    }
+
+    static func format(_ value: Double) -> String { String(format: "%.1f", value) }
 }
 
-/// The live view: a progress bar and each store's seq and digest prefix, redrawn while clients run.
-final class Progress: Sendable {
-    private let total: Int
-    private let lanes: [DemoLane]
-    private let done = LockedValue(0)
+/// One demo: the folder, the daemon and the clients, played through its stages.
+final class DemoRun {
+    let folder: URL
+    let clientCount: Int
+    let actions: Int
+    let seed: UInt64
+    let quiet: Bool
+    private let lockstepd: URL
+    private let lockstep: URL
+    private let commandEndpoint: String
+    private var daemon: ChildProcess?
+    private var daemonStarts = 0
+    private var clients: [ChildProcess] = []
+    private var reports: [DemoReport?] = []
+    private let terminal = isatty(STDOUT_FILENO) == 1
+    private var drawnLines = 0
 
-    init(total: Int, lanes: [DemoLane]) {
-        self.total = total
-        self.lanes = lanes
+    /// Events the daemon queues for one subscriber before it drops them: small, so a stopped client loses some.
+    static let eventsQueue = 500
+
+    init(clients: Int, actions: Int, seed: UInt64, quiet: Bool) throws {
+        self.clientCount = clients
+        self.actions = actions
+        self.seed = seed
+        self.quiet = quiet
+        lockstep = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+        lockstepd = lockstep.deletingLastPathComponent().appendingPathComponent("lockstepd")
+        guard FileManager.default.isExecutableFile(atPath: lockstepd.path) else {
+            throw ValidationError("no lockstepd next to this lockstep (\(lockstepd.path)); build both: swift build")
+        }
+        folder = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("lockstep-demo-\(getpid())")
+        try? FileManager.default.removeItem(at: folder)
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        commandEndpoint = "ipc://\(folder.path)/.lockstep/run/command"
+        try "[limits]\nevents_queue = \(Self.eventsQueue)\n".write(
+            to: folder.appendingPathComponent("lockstepd.toml"),
+            atomically: true,
+            encoding: .utf8
+        )
     }
 
-    func tick() {
-        done.withLockedValue { $0 += 1 }
-    }
-
-    func show() async {
-        let interactive = isatty(STDOUT_FILENO) == 1
-        var lastPrinted = -1
-        while true {
-            let done = self.done.withLockedValue { $0 }
-            let percent = done * 100 / max(total, 1)
-            // On a terminal, redraw in place; in a log, one line per 25%.
-            if interactive || percent / 25 != lastPrinted / 25 {
-                let width = 30
-                let filled = done * width / max(total, 1)
-                let bar = String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled)
-                let stores = lanes.map { lane in
-                    let digest = (try? lane.liveDigest().digest.hex.prefix(8)) ?? "--------"
-                    return "\(lane.name) \(lane.seq()) \(digest)"
-                }.joined(separator: " | ")
-                print(
-                    interactive ? "\r[\(bar)] \(percent)%  \(stores)\u{1B}[K" : "[\(bar)] \(percent)%  \(stores)",
-                    terminator: interactive ? "" : "\n"
+    func play() throws -> DemoSummary {
+        defer {
+            for client in clients { client.kill() }
+            daemon?.kill()
+        }
+        say("lockstep demo: lockstepd in \(folder.path), \(clientCount) clients × \(actions) actions")
+        try startDaemon()
+        for index in 0..<clientCount {
+            clients.append(
+                try ChildProcess(
+                    executable: lockstep,
+                    [
+                        "demo-client", "--actions", "\(actions)", "--seed", "\(seed &+ UInt64(index))",
+                        "--report-ms", "100", "--events-queue", "\(Self.eventsQueue)",
+                    ],
+                    directory: folder,
+                    errorFile: folder.appendingPathComponent("client-\(index + 1).log")
                 )
-                fflush(nil)
-                lastPrinted = percent
-            }
-            if Task.isCancelled { return }
-            try? await Task.sleep(for: .milliseconds(interactive ? 100 : 250))
+            )
         }
+        reports = Array(repeating: nil, count: clientCount)
+        let started = ContinuousClock.now
+        let stopped = clientCount - 1
+        var stoppedAt: (instant: ContinuousClock.Instant, seqs: [SequenceNumber])?
+        var stoppedFor = Duration.zero
+        var resumedAt = started
+        var restartTook = Duration.zero
+        var stage = Stage.running
+        var finalSeqs: [String: (seq: SequenceNumber, digest: String)] = [:]
+        var finishedAt = started
+        var lastDraw = started - .seconds(1)
+        while stage != .converged {
+            Thread.sleep(forTimeInterval: 0.05)
+            try readReports()
+            let now = ContinuousClock.now
+            let progress = Double(reports.reduce(0) { $0 + ($1?.dispatched ?? 0) }) / Double(clientCount * actions)
+            switch stage {
+            case .running where progress >= 0.2:
+                clients[stopped].signal(SIGSTOP)
+                stoppedAt = (now, daemonSeqs() ?? [])
+                stage = .clientStopped
+                say("client \(stopped + 1) stopped (SIGSTOP): its replicas hear nothing while the others go on")
+            case .clientStopped:
+                // Go on until every store moved well past what the daemon and the kernel queue for it.
+                let moved = zip(daemonSeqs() ?? [], stoppedAt!.seqs).map { $0 - $1 }
+                if moved.allSatisfy({ $0 > SequenceNumber(Self.eventsQueue * 3) })
+                    || now - stoppedAt!.instant > .seconds(3)
+                {
+                    clients[stopped].signal(SIGCONT)
+                    stoppedFor = now - stoppedAt!.instant
+                    resumedAt = now
+                    stage = .clientResumed
+                    say("client \(stopped + 1) resumed after \(moved.map(String.init).joined(separator: "/")) events")
+                }
+            case .clientResumed where progress >= 0.5 && now - resumedAt > .seconds(1):
+                let seqs = daemonSeqs() ?? []
+                daemon?.kill()
+                let killedAt = ContinuousClock.now
+                say("lockstepd killed (SIGKILL) at seqs \(seqs.map(String.init).joined(separator: "/")); restarting")
+                try startDaemon()
+                restartTook = ContinuousClock.now - killedAt
+                stage = .restarted
+            case .restarted where reports.allSatisfy({ $0?.done == true }):
+                finishedAt = now
+                finalSeqs = try daemonDigests()
+                stage = .settling
+            case .settling:
+                let settled = reports.allSatisfy { report in
+                    report?.stores.allSatisfy { finalSeqs[$0.store]?.digest == $0.digest } ?? false
+                }
+                if settled {
+                    stage = .converged
+                } else if now - finishedAt > .seconds(60) {
+                    say("the replicas did not reach the daemon's digests within 60 s")
+                    break
+                }
+            default:
+                break
+            }
+            if now - lastDraw >= .milliseconds(terminal ? 100 : 1_000) || stage == .converged {
+                draw(progress: progress)
+                lastDraw = now
+            }
+            if stage == .settling, now - finishedAt > .seconds(60) { break }
+        }
+        let elapsed = finishedAt - started
+        // Let each client print its final report, then stop the daemon the way systemd would.
+        var statuses: [Int32?] = []
+        for client in clients { client.signal(SIGTERM) }
+        for (index, client) in clients.enumerated() {
+            let status = client.waitForExit(within: .seconds(10))
+            statuses.append(status)
+            client.read(for: .zero)
+            for line in client.takeLines() {
+                if let report = try? JSONDecoder().decode(DemoReport.self, from: Data(line.utf8)) {
+                    reports[index] = report
+                }
+            }
+        }
+        daemon?.signal(SIGTERM)
+        _ = daemon?.waitForExit(within: .seconds(10))
+        return summary(
+            finalSeqs: finalSeqs,
+            elapsed: elapsed,
+            restartTook: restartTook,
+            stopped: stopped,
+            stoppedFor: stoppedFor,
+            statuses: statuses,
+            converged: stage == .converged
+        )
+    }
+
+    private enum Stage { case running, clientStopped, clientResumed, restarted, settling, converged }
+
+    private func startDaemon() throws {
+        daemonStarts += 1
+        daemon = try ChildProcess(
+            executable: lockstepd,
+            ["--config", "lockstepd.toml", "--log-level", "warning"],
+            directory: folder,
+            errorFile: folder.appendingPathComponent("lockstepd-\(daemonStarts).log")
+        )
+        let deadline = ContinuousClock.now + .seconds(15)
+        while daemonSeqs() == nil {
+            guard ContinuousClock.now < deadline, daemon?.process.isRunning == true else {
+                throw ValidationError("lockstepd did not answer within 15 s; see lockstepd-\(daemonStarts).log")
+            }
+            Thread.sleep(forTimeInterval: 0.02)
+        }
+    }
+
+    private func client(timeout: Duration) throws -> CommandClient {
+        CommandClient(context: try Context(), endpoint: commandEndpoint, timeout: timeout, retries: 0)
+    }
+
+    /// The daemon's seq per example store, in the daemon's order; `nil` while it does not answer.
+    private func daemonSeqs() -> [SequenceNumber]? {
+        guard let client = try? client(timeout: .milliseconds(200)),
+            case let .status(_, body)? = try? client.call(.status(requestID: 1)),
+            let status = try? JSONDecoder().decode(DaemonStatus.self, from: Data(body))
+        else { return nil }
+        return status.stores.map(\.seq)
+    }
+
+    /// Each store's seq and digest, from the daemon's snapshots.
+    private func daemonDigests() throws -> [String: (seq: SequenceNumber, digest: String)] {
+        let client = try client(timeout: .seconds(5))
+        var digests: [String: (seq: SequenceNumber, digest: String)] = [:]
+        for name in reports.first??.stores.map(\.store) ?? [] {
+            let reply = try client.call(.snapshot(requestID: 1, store: try StoreName(name)))
+            guard case let .snapshot(_, snapshot) = reply else {
+                throw ValidationError("the daemon answered a SNAPSHOT of \(name) with \(reply)")
+            }
+            digests[name] = (snapshot.seq, snapshot.digest.hex)
+        }
+        return digests
+    }
+
+    private func readReports() throws {
+        for (index, client) in clients.enumerated() {
+            client.read(for: .zero)
+            for line in client.takeLines() {
+                if let report = try? JSONDecoder().decode(DemoReport.self, from: Data(line.utf8)) {
+                    reports[index] = report
+                }
+            }
+            if !client.process.isRunning {
+                throw ValidationError("client \(index + 1) exited early; see client-\(index + 1).log")
+            }
+        }
+    }
+
+    private func say(_ line: String) {
+        guard !quiet else { return }
+        if terminal, drawnLines > 0 {
+            print("\u{1B}[\(drawnLines)A\u{1B}[J", terminator: "")
+            drawnLines = 0
+        }
+        print(line)
+        fflush(nil)
+    }
+
+    /// The live view: a progress bar, then per client each store's seq, digest prefix and lag.
+    private func draw(progress: Double) {
+        guard !quiet else { return }
+        let width = 40
+        let filled = Int(min(1, progress) * Double(width))
+        var lines = [
+            "[" + String(repeating: "#", count: filled) + String(repeating: ".", count: width - filled) + "] "
+                + "\(Int(min(1, progress) * 100))%"
+        ]
+        for (index, report) in reports.enumerated() {
+            let stores = report?.stores.map { store in
+                "\(store.store) \(store.seq) \(store.digest.prefix(8)) lag \(store.lag)"
+                    + (store.phase == "live" ? "" : " \(store.phase)")
+            }
+            lines.append("  client \(index + 1)  " + (stores?.joined(separator: " | ") ?? "starting"))
+        }
+        if terminal {
+            if drawnLines > 0 { print("\u{1B}[\(drawnLines)A\u{1B}[J", terminator: "") }
+            drawnLines = lines.count
+            print(lines.joined(separator: "\n"))
+        } else {
+            print(lines[0])
+        }
+        fflush(nil)
+    }
+
+    private func summary(
+        finalSeqs: [String: (seq: SequenceNumber, digest: String)],
+        elapsed: Duration,
+        restartTook: Duration,
+        stopped: Int,
+        stoppedFor: Duration,
+        statuses: [Int32?],
+        converged: Bool
+    ) -> DemoSummary {
+        let seconds = Double(elapsed.components.seconds) + Double(elapsed.components.attoseconds) / 1e18
+        let committed = finalSeqs.values.reduce(0) { $0 + $1.seq }
+        let stores = finalSeqs.keys.sorted().map { name in
+            DemoSummary.Store(
+                store: name,
+                seq: finalSeqs[name]!.seq,
+                digest: finalSeqs[name]!.digest,
+                replicas: reports.map { $0?.stores.first { $0.store == name }?.digest ?? "none" }
+            )
+        }
+        let clients = zip(reports, statuses).map { report, status in
+            DemoSummary.Client(
+                pid: report?.pid ?? 0,
+                accepted: report?.accepted ?? 0,
+                rejected: report?.rejected ?? 0,
+                failed: report?.failed ?? 0,
+                resyncs: report?.stores.reduce(0) { $0 + $1.resyncs } ?? 0,
+                repairs: report?.stores.reduce(0) { $0 + $1.repairs } ?? 0,
+                divergences: report?.stores.reduce(0) { $0 + $1.divergences } ?? 0,
+                exitStatus: status
+            )
+        }
+        let everyoneAgrees = stores.allSatisfy { store in store.replicas.allSatisfy { $0 == store.digest } }
+        let clean = clients.allSatisfy { $0.exitStatus == 0 && $0.divergences == 0 && $0.failed == 0 }
+        return DemoSummary(
+            committed: committed,
+            seconds: seconds,
+            actionsPerSecond: seconds > 0 ? Double(committed) / seconds : 0,
+            daemonRestartMilliseconds: Double(restartTook / .microseconds(1)) / 1_000,
+            stoppedClient: stopped,
+            stoppedSeconds: Double(stoppedFor / .milliseconds(1)) / 1_000,
+            stores: stores,
+            clients: clients,
+            converged: converged && everyoneAgrees && clean
+        )
     }
 }
 

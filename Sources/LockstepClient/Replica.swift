@@ -1,0 +1,663 @@
+import Foundation
+import Lockstep
+import LockstepProtocol
+import Logging
+import ServiceLifecycle
+import ZeroMQ
+
+/// A store in this process that stays in lockstep with the daemon's store of domain `D`.
+///
+/// It runs the domain's reducer over the actions the daemon sequenced, in seq order, and nothing else: it
+/// joins without loss (subscribe, keep what arrives, install a snapshot, apply the rest), repairs a gap by
+/// range (or by snapshot when the journal was compacted), and starts over on a new epoch, a digest mismatch
+/// or a silent daemon. Its state is never a mix: a batch is applied whole before anyone sees it.
+///
+/// ``run()`` is the replica's life: a thread that owns its two sockets until the task is cancelled or the
+/// service group shuts down. ``dispatch(_:)`` may be called from any task, many at once; the requests
+/// pipeline on one DEALER socket.
+///
+/// ```swift
+/// let replica = try Replica(Todos.self)
+/// try await withThrowingDiscardingTaskGroup { group in
+///     group.addTask { try await replica.run() }
+///     let seq = try await replica.dispatch(.add(text: "milk"))
+///     print(seq, replica.state.list)  // the todo is there: read-your-writes
+///     group.cancelAll()
+/// }
+/// ```
+public final class Replica<D: Domain>: Service, Sendable {
+    /// The store on the daemon this replica follows: the domain's name.
+    public let store: StoreName
+    public let configuration: ReplicaConfiguration
+    /// The first half of this replica's idempotency keys.
+    public let clientID: ClientID
+    fileprivate let logger: Logger
+    fileprivate let local: Store<Replicated<D.State>, Change>
+    fileprivate let shared = LockedValue(Shared())
+    private let wakeup: Wakeup
+
+    /// What the replica's thread does to the local store: the only two ways its state changes.
+    enum Change: Encodable, Sendable {
+        case install(Replicated<D.State>)
+        case apply(firstSeq: SequenceNumber, [D.Action])
+    }
+
+    public init(
+        _ domain: D.Type = D.self,
+        configuration: ReplicaConfiguration = ReplicaConfiguration(),
+        logger: Logger = Logger(label: "lockstep.replica")
+    ) throws {
+        store = try StoreName(D.name)
+        self.configuration = configuration
+        clientID = configuration.clientID ?? .random()
+        var logger = logger
+        logger[metadataKey: "store"] = "\(D.name)"
+        self.logger = logger
+        wakeup = try Wakeup()
+        local = Store(
+            name: D.name,
+            initialState: Replicated(epoch: nil, seq: 0, state: D.initialState),
+            reducer: Reducer { replicated, change in
+                switch change {
+                case let .install(snapshot):
+                    replicated = snapshot
+                case let .apply(firstSeq, actions):
+                    for action in actions { D.reduce(into: &replicated.state, action) }
+                    replicated.seq = firstSeq + SequenceNumber(actions.count) - 1
+                }
+            },
+            observers: ActionObservers()
+        )
+    }
+
+    // MARK: - Observation
+
+    /// The state with its epoch and seq, read at once.
+    public var current: Replicated<D.State> { local.state }
+
+    /// The replica's state.
+    public var state: D.State { local.state.state }
+
+    /// The seq of the replica's state.
+    public var seq: SequenceNumber { local.state.seq }
+
+    /// Where the replica stands.
+    public var status: ReplicaStatus { shared.withLockedValue { $0.status } }
+
+    /// Calls `onChange` with the selected part of the state now, and once each time it changes.
+    @discardableResult
+    public func subscribe<Value: Equatable & Sendable>(
+        _ select: @escaping @Sendable (D.State) -> Value,
+        onChange: @escaping @Sendable (Value) -> Void
+    ) -> Cancellation {
+        local.subscribe({ select($0.state) }, onChange: onChange)
+    }
+
+    /// Every (epoch, seq, state) the replica reaches from now on, starting with the current one.
+    public func states(
+        bufferingPolicy: AsyncStream<Replicated<D.State>>.Continuation.BufferingPolicy = .unbounded
+    ) -> AsyncStream<Replicated<D.State>> {
+        local.states(bufferingPolicy: bufferingPolicy)
+    }
+
+    /// Resyncs and divergences from now on. Each is also logged and counted in ``status``.
+    public func notices() -> AsyncStream<ReplicaNotice> {
+        let (stream, continuation) = AsyncStream.makeStream(of: ReplicaNotice.self)
+        let id = shared.withLockedValue { shared in
+            shared.nextListener += 1
+            shared.listeners[shared.nextListener] = continuation
+            return shared.nextListener
+        }
+        continuation.onTermination = { [shared] _ in
+            _ = shared.withLockedValue { $0.listeners.removeValue(forKey: id) }
+        }
+        return stream
+    }
+
+    /// Returns once the replica is live (joined and caught up with what it heard), or throws
+    /// ``ClientError/Code/unavailable`` after `timeout`.
+    public func waitUntilLive(timeout: Duration = .seconds(10)) async throws {
+        let deadline = ContinuousClock.now + timeout
+        while status.phase != .live {
+            guard ContinuousClock.now < deadline else {
+                let status = self.status
+                throw ClientError(
+                    code: .unavailable,
+                    "the replica of '\(store)' is still \(status.phase) after \(timeout) (at seq \(status.lastSeq)"
+                        + "\(status.problem.map { "; \($0)" } ?? "")); is lockstepd running at "
+                        + "\(configuration.commandEndpoint) and hosting '\(store)'?"
+                )
+            }
+            try await Task.sleep(for: .milliseconds(5))
+        }
+    }
+
+    // MARK: - Dispatch
+
+    /// Sends `action` to the daemon and returns its seq once this replica has applied it.
+    ///
+    /// Throws the domain's ``Rejection`` (with the daemon's reason) when the validator refused it, or a
+    /// ``ClientError``: `unavailable` after every retry went unanswered, `refused` when the daemon would not
+    /// take the request (another domain version, an unknown store), `notApplied` when it was committed but
+    /// this replica could not apply it in time. A retry after a silence carries the same idempotency key, so
+    /// the action is applied at most once.
+    @discardableResult
+    public func dispatch(_ action: D.Action) async throws -> SequenceNumber {
+        try await dispatch(batch: [action]).upperBound
+    }
+
+    /// Sends `actions` as one batch, sequenced together or not at all, and returns their seqs once this
+    /// replica has applied them. A rejection names the action's index in the batch.
+    @discardableResult
+    public func dispatch(batch actions: [D.Action]) async throws -> ClosedRange<SequenceNumber> {
+        guard !actions.isEmpty else {
+            throw ClientError(code: .badRequest, "dispatch(batch:) needs at least one action; it got none")
+        }
+        var frames: [Frame] = []
+        frames.reserveCapacity(actions.count)
+        for (index, action) in actions.enumerated() {
+            do {
+                frames.append(Array(try CanonicalEncoding.encode(action)))
+            } catch {
+                throw ClientError(
+                    code: .badRequest,
+                    "action \(index) cannot be encoded as JSON: \(CanonicalEncoding.describe(error))"
+                )
+            }
+        }
+        return try await withCheckedThrowingContinuation { continuation in
+            let queued = shared.withLockedValue { shared in
+                guard !shared.stopped else { return false }
+                shared.outbox.append(Outgoing(actions: frames, continuation: continuation))
+                return true
+            }
+            if queued {
+                wakeup.signal()
+            } else {
+                continuation.resume(throwing: ClientError(code: .stopped, "the replica of '\(store)' has stopped"))
+            }
+        }
+    }
+
+    // MARK: - Life
+
+    /// Runs the replica until the task is cancelled or a graceful shutdown begins; then fails what is still
+    /// waiting with ``ClientError/Code/stopped`` and returns. A replica runs once.
+    public func run() async throws {
+        let first = shared.withLockedValue { shared in
+            defer { shared.started = true }
+            return !shared.started
+        }
+        guard first else { throw ClientError(code: .stopped, "this replica of '\(store)' already ran; make a new one") }
+        try await withTaskCancellationHandler {
+            try await withGracefulShutdownHandler {
+                try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                    let thread = Thread { [self] in
+                        do {
+                            try self.loop()
+                            continuation.resume()
+                        } catch {
+                            continuation.resume(throwing: error)
+                        }
+                    }
+                    thread.name = "lockstep replica \(D.name)"
+                    thread.start()
+                }
+            } onGracefulShutdown: {
+                self.stop()
+            }
+        } onCancel: {
+            self.stop()
+        }
+    }
+
+    private func stop() {
+        shared.withLockedValue { $0.stopRequested = true }
+        wakeup.signal()
+    }
+
+    // MARK: - The replica's thread
+
+    /// The loop: it alone touches the sockets and the sync machine.
+    private func loop() throws {
+        defer { finish() }
+        let context = try Context()
+        defer { context.shutdown() }
+        var link = try Link(context: context, configuration: configuration, topic: Event.topic(for: store))
+        defer { link.close() }
+        var engine = Engine(replica: self, sync: ReplicaSync(settings: configuration.sync, now: .now))
+        let start = engine.sync.start(now: .now)
+        engine.perform(start, on: &link)
+        while true {
+            let now = ContinuousClock.now
+            let timeout = min(engine.nextDeadline(after: now), now + .milliseconds(100)) - now
+            let ready = try Poller([
+                .socket(link.events, .readable), .socket(link.commands, .readable),
+                .fileDescriptor(wakeup.descriptor, .readable),
+            ]).poll(timeout: max(.zero, timeout))
+            if ready[2].contains(.readable) { wakeup.drain() }
+            let (outbox, stopRequested) = shared.withLockedValue { shared in
+                defer { shared.outbox.removeAll() }
+                return (shared.outbox, shared.stopRequested)
+            }
+            if stopRequested {
+                engine.failAll(outbox, ClientError(code: .stopped, "the replica of '\(store)' stopped"))
+                return
+            }
+            engine.send(outbox, on: &link)
+            if ready[0].contains(.readable) { try engine.readEvents(from: &link) }
+            if ready[1].contains(.readable) { try engine.readReplies(from: &link) }
+            try engine.tick(on: &link)
+            shared.withLockedValue { $0.status = engine.status }
+        }
+    }
+
+    /// After the loop: nothing more will be answered.
+    private func finish() {
+        let (outbox, waiters, listeners) = shared.withLockedValue { shared in
+            shared.stopped = true
+            defer {
+                shared.outbox.removeAll()
+                shared.waiters.removeAll()
+                shared.listeners.removeAll()
+            }
+            return (shared.outbox, shared.waiters, shared.listeners)
+        }
+        let error = ClientError(code: .stopped, "the replica of '\(store)' stopped before the action was applied here")
+        for outgoing in outbox { outgoing.continuation.resume(throwing: error) }
+        for waiter in waiters { waiter.continuation.resume(throwing: error) }
+        for listener in listeners.values { listener.finish() }
+    }
+
+    /// The local store reached `seq` of `epoch`: wake the dispatches waiting for it. Runs on whichever thread
+    /// applied the change.
+    fileprivate func applied(epoch: Epoch, seq: SequenceNumber) {
+        let ready = shared.withLockedValue { shared in
+            var ready: [Waiter] = []
+            shared.waiters.removeAll { waiter in
+                guard waiter.epoch == epoch, waiter.seqs.upperBound <= seq else { return false }
+                ready.append(waiter)
+                return true
+            }
+            return ready
+        }
+        for waiter in ready { waiter.continuation.resume(returning: waiter.seqs) }
+    }
+
+    fileprivate func notify(_ notice: ReplicaNotice) {
+        for listener in shared.withLockedValue({ Array($0.listeners.values) }) { listener.yield(notice) }
+    }
+
+    fileprivate func apply(_ change: Change, epoch: Epoch, seq: SequenceNumber) {
+        local.send(change) { [self] _ in applied(epoch: epoch, seq: seq) }
+    }
+
+    fileprivate func nextRequestID() -> UInt64 {
+        shared.withLockedValue { shared in
+            shared.lastRequestID += 1
+            return shared.lastRequestID
+        }
+    }
+
+    // MARK: - Shared between the loop and callers
+
+    fileprivate struct Outgoing: Sendable {
+        var actions: [Frame]
+        var continuation: CheckedContinuation<ClosedRange<SequenceNumber>, any Error>
+    }
+
+    fileprivate struct Waiter: Sendable {
+        var epoch: Epoch
+        var seqs: ClosedRange<SequenceNumber>
+        var deadline: ContinuousClock.Instant
+        var continuation: CheckedContinuation<ClosedRange<SequenceNumber>, any Error>
+    }
+
+    fileprivate struct Shared: Sendable {
+        var started = false
+        var stopRequested = false
+        var stopped = false
+        var lastRequestID: UInt64 = 0
+        var outbox: [Outgoing] = []
+        var waiters: [Waiter] = []
+        var status = ReplicaStatus()
+        var nextListener: UInt64 = 0
+        var listeners: [UInt64: AsyncStream<ReplicaNotice>.Continuation] = [:]
+    }
+}
+
+/// The replica's two sockets: SUB for events, DEALER for requests. Owned by the replica's thread.
+private struct Link {
+    let context: Context
+    let configuration: ReplicaConfiguration
+    var events: Socket
+    var commands: Socket
+
+    init(context: Context, configuration: ReplicaConfiguration, topic: [UInt8]) throws {
+        self.context = context
+        self.configuration = configuration
+        events = try Socket(context, type: .subscriber)
+        try events.set(.linger, 0)
+        try events.set(.receiveHighWaterMark, Int32(clamping: configuration.eventsQueue))
+        try configuration.curve?.configure(events)
+        try events.subscribe(topic)
+        try events.connect(configuration.eventsEndpoint)
+        commands = try Self.commandSocket(context, configuration)
+    }
+
+    static func commandSocket(_ context: Context, _ configuration: ReplicaConfiguration) throws -> Socket {
+        let socket = try Socket(context, type: .dealer)
+        try socket.set(.linger, 0)
+        try configuration.curve?.configure(socket)
+        try socket.connect(configuration.commandEndpoint)
+        return socket
+    }
+
+    /// Lazy Pirate: a socket whose peer went silent may hold lost requests; start a fresh one.
+    mutating func renewCommandSocket() throws {
+        commands.close()
+        commands = try Self.commandSocket(context, configuration)
+    }
+
+    func send(_ request: Request) {
+        // A full queue (no daemon for a long while) counts as lost; the request's timeout sends it again.
+        _ = try? commands.send(request.encode(), wait: false)
+    }
+
+    func close() {
+        events.close()
+        commands.close()
+    }
+}
+
+/// The replica thread's state: the sync machine, the requests in flight, and what they wait for.
+private struct Engine<D: Domain> {
+    unowned let replica: Replica<D>
+    var sync: ReplicaSync
+    var inFlight: [UInt64: InFlight] = [:]
+    var repairs = 0
+    var divergences = 0
+    var disconnected = false
+    var problem: String?
+    var divergenceDetail: String?
+
+    struct InFlight {
+        var request: Request
+        var count: Int
+        var deadline: ContinuousClock.Instant
+        var triesLeft: Int
+        var continuation: CheckedContinuation<ClosedRange<SequenceNumber>, any Error>
+    }
+
+    init(replica: Replica<D>, sync: ReplicaSync) {
+        self.replica = replica
+        self.sync = sync
+    }
+
+    var store: StoreName { replica.store }
+    var configuration: ReplicaConfiguration { replica.configuration }
+
+    var status: ReplicaStatus {
+        var status = ReplicaStatus()
+        switch sync.phase {
+        case _ where disconnected: status.phase = .disconnected
+        case .joining: status.phase = .joining
+        case .live: status.phase = .live
+        case .repairing: status.phase = .repairing
+        }
+        status.epoch = sync.epoch
+        status.lastSeq = sync.lastSeq
+        status.daemonSeq = sync.daemonSeq
+        status.resyncs = sync.resyncCount
+        status.repairs = repairs
+        status.divergences = divergences
+        status.problem = problem
+        return status
+    }
+
+    func nextDeadline(after now: ContinuousClock.Instant) -> ContinuousClock.Instant {
+        inFlight.values.map(\.deadline).min() ?? now + .seconds(1)
+    }
+
+    // MARK: Dispatches
+
+    mutating func send(_ outbox: [Replica<D>.Outgoing], on link: inout Link) {
+        let now = ContinuousClock.now
+        for outgoing in outbox {
+            let request = Request.dispatch(
+                DispatchRequest(
+                    requestID: replica.nextRequestID(),
+                    domainVersion: D.version,
+                    clientID: replica.clientID,
+                    store: store,
+                    actions: outgoing.actions
+                )
+            )
+            link.send(request)
+            inFlight[request.requestID] = InFlight(
+                request: request,
+                count: outgoing.actions.count,
+                deadline: now + configuration.requestTimeout,
+                triesLeft: configuration.retries,
+                continuation: outgoing.continuation
+            )
+        }
+    }
+
+    func failAll(_ outbox: [Replica<D>.Outgoing], _ error: ClientError) {
+        for outgoing in outbox { outgoing.continuation.resume(throwing: error) }
+        for flight in inFlight.values { flight.continuation.resume(throwing: error) }
+    }
+
+    /// Answers a dispatch: a rejection or refusal at once, an acceptance once this replica applied it.
+    mutating func complete(_ flight: InFlight, with reply: Reply) {
+        switch reply {
+        case let .accepted(_, epoch, firstSeq, count) where count == flight.count && count > 0:
+            let seqs = firstSeq...(firstSeq + SequenceNumber(count) - 1)
+            let waiter = Replica<D>.Waiter(
+                epoch: epoch,
+                seqs: seqs,
+                deadline: .now + configuration.readYourWritesTimeout,
+                continuation: flight.continuation
+            )
+            replica.shared.withLockedValue { $0.waiters.append(waiter) }
+            // It may have been applied already (the event can overtake the reply).
+            let current = replica.local.state
+            if let applied = current.epoch, applied == epoch, current.seq >= seqs.upperBound {
+                replica.applied(epoch: applied, seq: current.seq)
+            }
+        case let .rejected(_, index, rejection):
+            flight.continuation.resume(
+                throwing: flight.count == 1
+                    ? rejection
+                    : Rejection(code: rejection.code, "action \(index) of the batch: \(rejection.reason)")
+            )
+        case let .error(_, error):
+            flight.continuation.resume(
+                throwing: ClientError(code: .refused, "the daemon refused the dispatch to '\(store)': \(error)")
+            )
+        default:
+            flight.continuation.resume(
+                throwing: ClientError(code: .protocolViolation, "the daemon answered a dispatch with \(reply)")
+            )
+        }
+    }
+
+    // MARK: Inputs
+
+    mutating func readEvents(from link: inout Link) throws {
+        for _ in 0..<10_000 {
+            guard let frames = try link.events.receive(wait: false) else { return }
+            let now = ContinuousClock.now
+            disconnected = false
+            switch try? Event.decode(frames) {
+            case let .event(name, epoch, seq, action) where name == store:
+                perform(sync.event(epoch: epoch, seq: seq, action: action, now: now), on: &link)
+            case let .heartbeat(name, epoch, lastSeq) where name == store:
+                perform(sync.heartbeat(epoch: epoch, lastSeq: lastSeq, now: now), on: &link)
+            case let .digest(name, epoch, seq, digest) where name == store:
+                perform(sync.digest(epoch: epoch, seq: seq, digest: digest, now: now), on: &link)
+            case nil:
+                replica.logger.warning("ignored an unreadable message on the events socket (\(frames.count) frames)")
+            default:
+                break
+            }
+        }
+    }
+
+    mutating func readReplies(from link: inout Link) throws {
+        for _ in 0..<10_000 {
+            guard let frames = try link.commands.receive(wait: false) else { return }
+            let now = ContinuousClock.now
+            disconnected = false
+            let reply: Reply
+            do {
+                reply = try Reply.decode(frames)
+            } catch {
+                replica.logger.warning("ignored an unreadable reply from \(configuration.commandEndpoint): \(error)")
+                continue
+            }
+            if let flight = inFlight.removeValue(forKey: reply.requestID) {
+                complete(flight, with: reply)
+                continue
+            }
+            switch reply {
+            case let .snapshot(_, snapshot) where snapshot.store == store:
+                problem = nil
+                perform(
+                    sync.snapshot(
+                        epoch: snapshot.epoch,
+                        seq: snapshot.seq,
+                        digest: snapshot.digest,
+                        state: snapshot.state,
+                        now: now
+                    ),
+                    on: &link
+                )
+            case let .range(_, name, epoch, firstSeq, actions) where name == store:
+                perform(sync.range(epoch: epoch, firstSeq: firstSeq, actions: actions, now: now), on: &link)
+            case let .compacted(_, name, epoch, firstAvailable) where name == store:
+                perform(sync.compacted(epoch: epoch, firstAvailable: firstAvailable, now: now), on: &link)
+            case let .error(_, error):
+                if problem == nil { replica.logger.error("the daemon refused to serve '\(store)': \(error)") }
+                problem = "the daemon refused to serve '\(store)': \(error)"
+            default:
+                break  // the answer to a dispatch that already timed out, or to an older request
+            }
+        }
+    }
+
+    /// Resends what went unanswered, gives up on what ran out of tries, and lets the sync machine see time pass.
+    mutating func tick(on link: inout Link) throws {
+        let now = ContinuousClock.now
+        let expired = inFlight.filter { $0.value.deadline <= now }
+        if !expired.isEmpty {
+            for (id, flight) in expired where flight.triesLeft == 0 {
+                inFlight[id] = nil
+                flight.continuation.resume(
+                    throwing: ClientError(
+                        code: .unavailable,
+                        "no reply from the daemon at \(configuration.commandEndpoint) after "
+                            + "\(configuration.retries + 1) tries of \(configuration.requestTimeout) each; "
+                            + "is lockstepd running, and is the endpoint right?"
+                    )
+                )
+            }
+            // A fresh socket, and everything still in flight on it again, with the same idempotency keys.
+            try link.renewCommandSocket()
+            for id in inFlight.keys.sorted() {
+                if expired[id] != nil { inFlight[id]!.triesLeft -= 1 }
+                inFlight[id]!.deadline = now + configuration.requestTimeout
+                link.send(inFlight[id]!.request)
+            }
+        }
+        let late = replica.shared.withLockedValue { shared in
+            var late: [Replica<D>.Waiter] = []
+            shared.waiters.removeAll { waiter in
+                guard waiter.deadline <= now else { return false }
+                late.append(waiter)
+                return true
+            }
+            return late
+        }
+        for waiter in late {
+            waiter.continuation.resume(
+                throwing: ClientError(
+                    code: .notApplied,
+                    "the daemon committed seqs \(waiter.seqs), but this replica has not applied them within "
+                        + "\(configuration.readYourWritesTimeout) (it is \(status.phase) at seq \(sync.lastSeq))"
+                )
+            )
+        }
+        perform(sync.tick(now: now), on: &link)
+    }
+
+    // MARK: Outputs
+
+    /// Does what the sync machine asked, in order. A check that fails hands the machine the mismatch and
+    /// drops the rest: the machine has started over, so what followed is void.
+    mutating func perform(_ outputs: [ReplicaSync.Output], on link: inout Link) {
+        for output in outputs {
+            switch output {
+            case .requestSnapshot:
+                link.send(.snapshot(requestID: replica.nextRequestID(), store: store))
+            case let .requestRange(from, to):
+                repairs += 1
+                link.send(.range(requestID: replica.nextRequestID(), store: store, from: from, to: to))
+            case let .install(epoch, seq, digest, bytes):
+                guard StateDigest(of: bytes) == digest else {
+                    return mismatch(seq, "the snapshot's bytes do not match its digest \(digest)", on: &link)
+                }
+                let state: D.State
+                do {
+                    state = try JSONDecoder().decode(D.State.self, from: Data(bytes))
+                } catch {
+                    let reason = CanonicalEncoding.describe(error)
+                    return mismatch(seq, "the snapshot is not a \(D.name) v\(D.version) state: \(reason)", on: &link)
+                }
+                replica.apply(.install(Replicated(epoch: epoch, seq: seq, state: state)), epoch: epoch, seq: seq)
+            case let .apply(events):
+                guard let epoch = sync.epoch, let last = events.last else { continue }
+                var actions: [D.Action] = []
+                actions.reserveCapacity(events.count)
+                let decoder = JSONDecoder()
+                for event in events {
+                    do {
+                        actions.append(try decoder.decode(D.Action.self, from: Data(event.action)))
+                    } catch {
+                        let reason = CanonicalEncoding.describe(error)
+                        return mismatch(
+                            event.seq,
+                            "the action is not a \(D.name) v\(D.version) action (\(reason)); does the daemon run "
+                                + "another version of the domain?",
+                            on: &link
+                        )
+                    }
+                }
+                replica.apply(.apply(firstSeq: events[0].seq, actions), epoch: epoch, seq: last.seq)
+            case let .verifyDigest(seq, digest):
+                let current = replica.local.state
+                // Not applied yet when another thread is draining the local store; the next digest checks.
+                guard current.seq == seq, let mine = try? CanonicalEncoding.digest(of: current.state) else { continue }
+                if mine != digest {
+                    return mismatch(seq, "the daemon's digest is \(digest), this replica's is \(mine)", on: &link)
+                }
+            case let .reportDivergence(seq):
+                divergences += 1
+                let detail = divergenceDetail ?? "the state differs from the daemon's"
+                divergenceDetail = nil
+                replica.logger.error("diverged from the daemon at seq \(seq): \(detail); resyncing")
+                replica.notify(.diverged(seq: seq, detail: detail))
+            case let .resync(reason):
+                if case .silence = reason { disconnected = true }
+                replica.logger.warning("replica resyncs: \(reason)")
+                replica.notify(.resynced(reason))
+            }
+        }
+    }
+
+    private mutating func mismatch(_ seq: SequenceNumber, _ detail: String, on link: inout Link) {
+        divergenceDetail = detail
+        perform(sync.digestMismatch(at: seq, now: .now), on: &link)
+    }
+}

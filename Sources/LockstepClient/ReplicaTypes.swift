@@ -1,0 +1,104 @@
+import Lockstep
+import LockstepProtocol
+
+/// A replica's state and where in the daemon's history it stands.
+public struct Replicated<State: Equatable & Sendable>: Equatable, Sendable {
+    /// The journal lifetime the state belongs to; `nil` before the first snapshot.
+    public var epoch: Epoch?
+    /// The seq of the last action applied (or of the snapshot installed); 0 before any.
+    public var seq: SequenceNumber
+    /// The state after exactly the actions `1...seq`, never part of a batch.
+    public var state: State
+
+    public init(epoch: Epoch?, seq: SequenceNumber, state: State) {
+        self.epoch = epoch
+        self.seq = seq
+        self.state = state
+    }
+}
+
+extension Replicated: Encodable where State: Encodable {}
+
+/// How a replica reaches the daemon and how patient it is.
+public struct ReplicaConfiguration: Sendable {
+    /// The daemon's command endpoint (ROUTER); the default is the daemon's own default.
+    public var commandEndpoint = "ipc://.lockstep/run/command"
+    /// The daemon's events endpoint (PUB); the default is the daemon's own default.
+    public var eventsEndpoint = "ipc://.lockstep/run/events"
+    /// CURVE keys for tcp endpoints.
+    public var curve: ClientCurve?
+    /// How long one try of a dispatch waits for its reply.
+    public var requestTimeout = Duration.seconds(2)
+    /// How many times a dispatch is sent again, on a fresh socket, after a silence.
+    public var retries = 3
+    /// How long an accepted dispatch waits for this replica to apply it before `dispatch` gives up.
+    public var readYourWritesTimeout = Duration.seconds(10)
+    /// Join, repair and silence settings.
+    public var sync = ReplicaSync.Settings()
+    /// Events queued on this side before the newest are dropped (the ZeroMQ high-water mark); a gap is
+    /// repaired by range, so this bounds memory, not correctness.
+    public var eventsQueue = 100_000
+    /// The first half of every idempotency key the replica sends; `nil` gives each replica a random one.
+    /// Two replicas must never share one: their request numbers would collide.
+    public var clientID: ClientID?
+
+    public init() {}
+
+    /// The defaults, with these endpoints.
+    public init(commandEndpoint: String, eventsEndpoint: String) {
+        self.commandEndpoint = commandEndpoint
+        self.eventsEndpoint = eventsEndpoint
+    }
+}
+
+/// Where a replica stands, for dashboards and health checks.
+public struct ReplicaStatus: Hashable, Sendable {
+    public enum Phase: String, Hashable, Sendable, CustomStringConvertible {
+        /// Waiting for its first snapshot (or a new one after a resync).
+        case joining
+        /// Applying events as they are published.
+        case live
+        /// Filling a gap by range or snapshot; events are kept meanwhile.
+        case repairing
+        /// Nothing heard from the daemon for longer than the silence limit; it keeps trying.
+        case disconnected
+
+        public var description: String { rawValue }
+    }
+
+    public var phase = Phase.joining
+    public var epoch: Epoch?
+    /// The seq of the state this replica holds.
+    public var lastSeq: SequenceNumber = 0
+    /// The highest seq the daemon announced (events, heartbeats, digests).
+    public var daemonSeq: SequenceNumber = 0
+    /// Times the replica threw its state away and joined again.
+    public var resyncs = 0
+    /// Gaps filled by range.
+    public var repairs = 0
+    /// Times its state's digest differed from the daemon's.
+    public var divergences = 0
+    /// The daemon's last refusal to serve this store (an unknown store, say), until a snapshot arrives.
+    public var problem: String?
+
+    /// How many actions the replica is behind the daemon's last word.
+    public var lag: UInt64 { daemonSeq > lastSeq ? daemonSeq - lastSeq : 0 }
+
+    public init() {}
+}
+
+/// Something a replica's user should know about: it had to start over, or its state was wrong.
+public enum ReplicaNotice: Hashable, Sendable, CustomStringConvertible {
+    /// The replica threw its state away and is joining again.
+    case resynced(ReplicaSync.ResyncReason)
+    /// The replica's state differed from the daemon's at `seq`; it resyncs. The reducers are not
+    /// deterministic, or this process runs another version of the domain: run `lockstep replay`.
+    case diverged(seq: SequenceNumber, detail: String)
+
+    public var description: String {
+        switch self {
+        case let .resynced(reason): "resynced: \(reason)"
+        case let .diverged(seq, detail): "diverged at seq \(seq): \(detail)"
+        }
+    }
+}

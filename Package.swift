@@ -73,7 +73,10 @@ let package = Package(
             ],
             path: "Sources/lockstep"
         ),
-        .testTarget(name: "LockstepTests", dependencies: ["Lockstep", "LockstepExamples", "TestSupport"]),
+        .testTarget(
+            name: "LockstepTests",
+            dependencies: ["Lockstep", "LockstepExamples", "LockstepTesting", "TestSupport"]
+        ),
         .testTarget(name: "ZeroMQTests", dependencies: ["ZeroMQ"]),
         .testTarget(name: "LockstepProtocolTests", dependencies: ["LockstepProtocol", "LockstepExamples"]),
         // Runs this package's executables from tests, with bounded waits.
@@ -93,13 +96,14 @@ let package = Package(
             name: "LockstepServerTests",
             dependencies: [
                 "LockstepServer", "LockstepProtocol", "LockstepJournal", "LockstepExamples", "ZeroMQ", "lockstepd",
-                "LockstepCLI", "TestSupport",
+                "LockstepCLI", "LockstepClient", "LockstepTesting", "TestSupport",
             ]
         ),
         .testTarget(
             name: "LockstepJournalTests",
             dependencies: [
-                "LockstepJournal", "LockstepExamples", "TestSupport", .product(name: "GRDB", package: "GRDB.swift"),
+                "LockstepJournal", "LockstepExamples", "LockstepTesting", "TestSupport",
+                .product(name: "GRDB", package: "GRDB.swift"),
             ]
         ),
     ],

@@ -17,7 +17,8 @@ struct LockstepCommand: AsyncParsableCommand {
               69  no daemon answered at the command endpoint
             """,
         subcommands: [
-            RunCommand.self, DemoCommand.self, DemoClientCommand.self, ReplayCommand.self, ReplayChildSubcommand.self, JournalCommand.self,
+            RunCommand.self, DemoCommand.self, DemoClientCommand.self, ReplayCommand.self, ReplayChildSubcommand.self,
+            JournalCommand.self,
             StatsCommand.self, KeygenCommand.self, DispatchCommand.self, StateCommand.self, TailCommand.self,
         ]
     )

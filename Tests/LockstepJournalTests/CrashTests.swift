@@ -3,6 +3,7 @@ import Lockstep
 import LockstepExamples
 import LockstepJournal
 import Testing
+import LockstepTesting
 import TestSupport
 
 /// A `lockstep journal append-load` child, killed with SIGKILL in the middle of its stream of group

@@ -4,6 +4,7 @@ import Lockstep
 import LockstepExamples
 import LockstepJournal
 import Testing
+import LockstepTesting
 import TestSupport
 
 /// `lockstep replay --journal DIR` against a real journal: clean, and with a snapshot the reducers do not

@@ -4,6 +4,7 @@ import Lockstep
 import LockstepExamples
 import LockstepJournal
 import Testing
+import LockstepTesting
 import TestSupport
 
 #if canImport(Glibc)

@@ -2,6 +2,7 @@ import Foundation
 import Lockstep
 import LockstepJournal
 import LockstepProtocol
+import LockstepTesting
 import TestSupport
 import Testing
 import ZeroMQ

@@ -1,6 +1,7 @@
 import Foundation
 import Lockstep
 import LockstepExamples
+import LockstepTesting
 import TestSupport
 import Testing
 

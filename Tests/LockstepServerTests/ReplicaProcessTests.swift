@@ -1,0 +1,250 @@
+import Foundation
+import Lockstep
+import LockstepClient
+import LockstepProtocol
+import LockstepTesting
+import TestSupport
+import Testing
+import ZeroMQ
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One report line of `lockstep demo-client`, as the demo reads it.
+struct ClientReport: Decodable {
+    struct Store: Decodable {
+        var store: String
+        var phase: String
+        var seq: UInt64
+        var digest: String
+        var lag: UInt64
+        var resyncs: Int
+        var repairs: Int
+        var divergences: Int
+        var state: String?
+    }
+
+    var dispatched: Int
+    var accepted: Int
+    var rejected: Int
+    var failed: Int
+    var done: Bool
+    var final: Bool
+    var stores: [Store]
+
+    func store(_ name: String) -> Store? { stores.first { $0.store == name } }
+}
+
+/// A `lockstep demo-client` process: replicas of some example stores, dispatching or only watching.
+final class ReplicaClient {
+    let child: ChildProcess
+    private(set) var last: ClientReport?
+
+    init(_ daemon: DaemonProcess, stores: [String], actions: Int, extra: [String] = []) throws {
+        child = try ChildProcess(
+            "lockstep",
+            [
+                "demo-client", "--stores", stores.joined(separator: ","), "--actions", "\(actions)", "--report-ms",
+                "50",
+                "--timeout-ms", "1000", "--retries", "8", "--command-endpoint", daemon.command,
+                "--events-endpoint", daemon.events,
+            ] + extra
+        )
+    }
+
+    /// Reads reports until one satisfies `condition`, for at most `timeout`; the last report either way.
+    @discardableResult
+    func wait(within timeout: Duration, until condition: (ClientReport) -> Bool) -> ClientReport? {
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            child.read(for: .milliseconds(50))
+            for line in child.takeLines() {
+                if let report = try? JSONDecoder().decode(ClientReport.self, from: Data(line.utf8)) { last = report }
+            }
+            if let last, condition(last) { return last }
+            if child.reachedEndOfOutput { break }
+        }
+        return last
+    }
+
+    /// SIGTERM, then the final report and the exit status.
+    func stop() throws -> (report: ClientReport?, status: Int32) {
+        child.signal(SIGTERM)
+        let output = try child.finish(within: .seconds(15))
+        let final = output.standardOutput.split(separator: "\n").compactMap {
+            try? JSONDecoder().decode(ClientReport.self, from: Data($0.utf8))
+        }.last
+        return (final ?? last, output.status)
+    }
+}
+
+@Suite struct ReplicaProcessTests {
+    func startDaemon(_ directory: String, configuration: String? = nil) throws -> DaemonProcess {
+        var arguments: [String] = []
+        if let configuration {
+            let file = URL(fileURLWithPath: directory).appendingPathComponent("lockstepd.toml")
+            try configuration.write(to: file, atomically: true, encoding: .utf8)
+            arguments = ["--config", file.path]
+        }
+        let daemon = try DaemonProcess(directory: directory, arguments: arguments)
+        _ = try daemonDigests(daemon, stores: [])
+        return daemon
+    }
+
+    /// Each store's (seq, digest) from the daemon's snapshots, asking until it answers (at most 15 s).
+    func daemonDigests(_ daemon: DaemonProcess, stores: [String]) throws -> [String: (UInt64, String)] {
+        let client = CommandClient(context: try Context(), endpoint: daemon.command, timeout: .seconds(1), retries: 15)
+        _ = try client.call(.status(requestID: 1))
+        var digests: [String: (UInt64, String)] = [:]
+        for store in stores {
+            guard
+                case let .snapshot(_, snapshot) = try client.call(.snapshot(requestID: 2, store: try StoreName(store)))
+            else { throw ClientTimeout() }
+            digests[store] = (snapshot.seq, snapshot.digest.hex)
+        }
+        return digests
+    }
+
+    func converged(_ report: ClientReport, on digests: [String: (UInt64, String)]) -> Bool {
+        digests.allSatisfy { name, expected in
+            report.store(name).map { $0.seq == expected.0 && $0.digest == expected.1 } ?? false
+        }
+    }
+
+    @Test func aReplicaThatJoinsDuringABurstEndsOnTheDaemonsDigest() throws {
+        let directory = try TestSupport.temporaryDirectory("replica-join").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let daemon = try startDaemon(directory)
+        let stores = ["counter", "todos"]
+        let writer = try ReplicaClient(daemon, stores: stores, actions: 3_000, extra: ["--concurrency", "8"])
+        let started = writer.wait(within: .seconds(30)) { $0.accepted >= 300 }
+        try #require(started.map { $0.accepted >= 300 } == true, "the writer did not get going")
+        let watcher = try ReplicaClient(daemon, stores: stores, actions: 0)
+        // It joined while the burst was on: the writer had not finished.
+        let joined = watcher.wait(within: .seconds(30)) { report in stores.allSatisfy { report.store($0)?.seq ?? 0 > 0 }
+        }
+        let written = writer.wait(within: .seconds(60)) { $0.done }
+        try #require(written?.done == true, "the writer did not finish")
+        #expect(written?.failed == 0)
+        let digests = try daemonDigests(daemon, stores: stores)
+        #expect(digests.values.reduce(0) { $0 + $1.0 } == UInt64(written!.accepted))
+        let watched = watcher.wait(within: .seconds(30)) { converged($0, on: digests) }
+        #expect(watched.map { converged($0, on: digests) } == true, "watcher: \(String(describing: watched))")
+        #expect(joined != nil)
+        #expect(watched?.stores.allSatisfy { $0.divergences == 0 } == true)
+        #expect(try watcher.stop().status == 0)
+        #expect(try writer.stop().status == 0)
+        #expect(daemon.terminate() == 0)
+    }
+
+    @Test func aStoppedReplicaWhoseEventsWereDroppedRepairsAndConverges() throws {
+        let directory = try TestSupport.temporaryDirectory("replica-gap").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        // A short queue on both sides, so the stopped replica's events are dropped, not held.
+        let daemon = try startDaemon(directory, configuration: "[limits]\nevents_queue = 100\n")
+        let watcher = try ReplicaClient(daemon, stores: ["counter"], actions: 0, extra: ["--events-queue", "100"])
+        let live = watcher.wait(within: .seconds(30)) { $0.store("counter")?.phase == "live" }
+        try #require(live?.store("counter")?.phase == "live", "the watcher never went live")
+        watcher.child.signal(SIGSTOP)
+        // 40,000 events while it sleeps: far more than the queues and the socket buffers hold.
+        let batch = Array(repeating: #"{"increment":{}}"#, count: 1_000)
+        let burst = try runProduct(
+            "lockstep",
+            ["dispatch", "counter"] + batch + ["--repeat", "40", "--command-endpoint", daemon.command],
+            timeout: .seconds(120)
+        )
+        watcher.child.signal(SIGCONT)
+        #expect(burst.status == 0, "\(burst.standardError)")
+        let digests = try daemonDigests(daemon, stores: ["counter"])
+        #expect(digests["counter"]?.0 == 40_000)
+        let caught = watcher.wait(within: .seconds(60)) { converged($0, on: digests) }
+        #expect(caught.map { converged($0, on: digests) } == true, "watcher: \(String(describing: caught))")
+        // It had a gap to fill: the events were dropped, and the replica asked for them.
+        #expect((caught?.store("counter")?.repairs ?? 0) + (caught?.store("counter")?.resyncs ?? 0) >= 1)
+        #expect(caught?.store("counter")?.divergences == 0)
+        #expect(try watcher.stop().status == 0)
+        #expect(daemon.terminate() == 0)
+    }
+
+    @Test func everyReplicaSurvivesADaemonRestart() throws {
+        let directory = try TestSupport.temporaryDirectory("replica-restart").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var daemon = try startDaemon(directory)
+        let stores = ["counter", "numbers", "todos"]
+        let before = try daemonDigests(daemon, stores: stores)
+        let writer = try ReplicaClient(daemon, stores: stores, actions: 1_500)
+        let watcher = try ReplicaClient(daemon, stores: stores, actions: 0)
+        let halfway = writer.wait(within: .seconds(60)) { $0.accepted >= 500 }
+        try #require(halfway.map { $0.accepted >= 500 } == true)
+        kill(daemon.process.processIdentifier, SIGKILL)
+        daemon.process.waitUntilExit()
+        daemon = try startDaemon(directory)
+        let written = writer.wait(within: .seconds(90)) { $0.done }
+        try #require(written?.done == true, "the writer did not finish after the restart")
+        // Every dispatch got an answer: retries across the restart were applied once, not lost.
+        #expect(written?.failed == 0)
+        let digests = try daemonDigests(daemon, stores: stores)
+        #expect(
+            digests.values.reduce(0) { $0 + $1.0 } - before.values.reduce(0) { $0 + $1.0 } == UInt64(written!.accepted)
+        )
+        for client in [writer, watcher] {
+            let report = client.wait(within: .seconds(30)) { converged($0, on: digests) }
+            #expect(report.map { converged($0, on: digests) } == true, "\(String(describing: report))")
+            #expect(try client.stop().status == 0)
+        }
+        #expect(daemon.terminate() == 0)
+    }
+
+    @Test func twoProcessesDispatchingToTodosEachSeeTheOthersTodos() throws {
+        let directory = try TestSupport.temporaryDirectory("replica-todos").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let daemon = try startDaemon(directory)
+        let alice = try ReplicaClient(
+            daemon,
+            stores: ["todos"],
+            actions: 60,
+            extra: ["--tag", "alice", "--print-state"]
+        )
+        let bob = try ReplicaClient(daemon, stores: ["todos"], actions: 60, extra: ["--tag", "bob", "--print-state"])
+        for client in [alice, bob] { try #require(client.wait(within: .seconds(60)) { $0.done }?.done == true) }
+        let digests = try daemonDigests(daemon, stores: ["todos"])
+        for client in [alice, bob] { client.wait(within: .seconds(30)) { converged($0, on: digests) } }
+        let (aliceFinal, aliceStatus) = try alice.stop()
+        let (bobFinal, bobStatus) = try bob.stop()
+        #expect(aliceStatus == 0 && bobStatus == 0)
+        for final in [aliceFinal, bobFinal] {
+            let state = try #require(final?.store("todos")?.state)
+            let todos = try JSONDecoder().decode(TodosState.self, from: Data(state.utf8))
+            let texts = todos.list.items.map(\.text)
+            #expect(texts.contains { $0.hasPrefix("alice ") }, "\(texts)")
+            #expect(texts.contains { $0.hasPrefix("bob ") }, "\(texts)")
+            #expect(final?.store("todos")?.digest == digests["todos"]?.1)
+        }
+        #expect(daemon.terminate() == 0)
+    }
+
+    @Test func aRejectedDispatchExitsNonZeroWithTheDaemonsReason() throws {
+        let directory = try TestSupport.temporaryDirectory("replica-reject").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let daemon = try startDaemon(directory)
+        let result = try runProduct(
+            "lockstep",
+            ["dispatch", "numbers", #"{"delete":{"index":99}}"#, "--command-endpoint", daemon.command],
+            timeout: .seconds(30)
+        )
+        #expect(result.status == 3)
+        #expect(result.standardError.contains("delete index 99 is out of range"), "\(result.standardError)")
+        #expect(try daemonDigests(daemon, stores: ["numbers"])["numbers"]?.0 == 0)
+        #expect(daemon.terminate() == 0)
+    }
+}
+
+/// The parts of the todos state the test reads.
+private struct TodosState: Decodable {
+    struct List: Decodable {
+        struct Item: Decodable { var text: String }
+        var items: [Item]
+    }
+    var list: List
+}

@@ -1,0 +1,141 @@
+import Foundation
+import Lockstep
+import LockstepClient
+import LockstepExamples
+import LockstepProtocol
+import TestSupport
+import Testing
+
+/// `Replica<D>` in this process against a real `lockstepd`.
+@Suite struct ReplicaTests {
+    /// Runs `body` with a replica of `D` that is running against `daemon`, and stops it afterwards.
+    func withReplica<D: Domain, T: Sendable>(
+        _ domain: D.Type,
+        _ daemon: DaemonProcess,
+        _ body: @Sendable (Replica<D>) async throws -> T
+    ) async throws -> T {
+        var configuration = ReplicaConfiguration(commandEndpoint: daemon.command, eventsEndpoint: daemon.events)
+        configuration.requestTimeout = .seconds(1)
+        configuration.retries = 10
+        let replica = try Replica(D.self, configuration: configuration)
+        return try await withThrowingTaskGroup(of: T?.self) { group in
+            group.addTask {
+                try await replica.run()
+                return nil
+            }
+            try await replica.waitUntilLive(timeout: .seconds(15))
+            let result = try await body(replica)
+            group.cancelAll()
+            while let next = try await group.next() { _ = next }
+            return result
+        }
+    }
+
+    func startDaemon(_ label: String, _ configuration: String = "") throws -> (DaemonProcess, String) {
+        let directory = try TestSupport.temporaryDirectory(label).path
+        let file = URL(fileURLWithPath: directory).appendingPathComponent("lockstepd.toml")
+        try configuration.write(to: file, atomically: true, encoding: .utf8)
+        return (try DaemonProcess(directory: directory, arguments: ["--config", file.path]), directory)
+    }
+
+    @Test func dispatchReturnsTheSeqOnceThisReplicaAppliedIt() async throws {
+        let (daemon, directory) = try startDaemon("replica-ryw")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try await withReplica(Todos.self, daemon) { replica in
+            let states = replica.states()
+            // Many tasks at once: each sees its own todo in the state the moment dispatch returns.
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for index in 0..<40 {
+                    group.addTask {
+                        let seq = try await replica.dispatch(.add(text: "task \(index)"))
+                        let current = replica.current
+                        #expect(current.seq >= seq)
+                        #expect(current.state.list.items.contains { $0.text == "task \(index)" })
+                    }
+                }
+                try await group.waitForAll()
+            }
+            let batch = try await replica.dispatch(batch: [.toggle(id: 1), .setFilter(filter: .showCompleted)])
+            #expect(batch == 41...42)
+            #expect(replica.state.filter == .showCompleted)
+            #expect(replica.status.phase == .live)
+            #expect(replica.status.lastSeq == 42)
+            // The stream saw seqs in order and ended at 42.
+            var seen: [UInt64] = []
+            for await state in states {
+                seen.append(state.seq)
+                if state.seq == 42 { break }
+            }
+            #expect(seen == seen.sorted())
+            #expect(seen.last == 42)
+        }
+        #expect(daemon.terminate() == 0)
+    }
+
+    @Test func aRejectionCarriesTheDaemonsReasonAndChangesNothing() async throws {
+        let (daemon, directory) = try startDaemon("replica-reject")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try await withReplica(Numbers.self, daemon) { replica in
+            try await replica.dispatch(.add(number: 7))
+            await #expect(throws: Rejection.self) { try await replica.dispatch(.delete(index: 5)) }
+            do {
+                try await replica.dispatch(batch: [.add(number: 1), .delete(index: 9)])
+                Issue.record("the batch was accepted")
+            } catch let rejection as Rejection {
+                #expect(rejection.reason.hasPrefix("action 1 of the batch: "), "\(rejection)")
+                #expect(rejection.reason.contains("delete index 9 is out of range"), "\(rejection)")
+            }
+            #expect(replica.state.numbers == [7])
+            #expect(replica.seq == 1)
+        }
+        #expect(daemon.terminate() == 0)
+    }
+
+    /// A counter that counts twice: same name, version and wire form as the daemon's, another reducer.
+    enum DoubleCounter: Domain {
+        typealias State = Counter.State
+        typealias Action = Counter.Action
+        static let name = "counter"
+        static let version: UInt32 = 1
+        static var initialState: State { State() }
+        static func reduce(into state: inout State, _ action: Action) {
+            state.count += action == .increment ? 2 : -2
+        }
+    }
+
+    @Test func aDivergenceIsLoggedCountedAnnouncedAndRepairedByResync() async throws {
+        // A digest after every event, so the first wrong state is caught at once.
+        let (daemon, directory) = try startDaemon("replica-diverge", "[intervals]\ndigest_every_events = 1\n")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try await withReplica(DoubleCounter.self, daemon) { replica in
+            let notices = replica.notices()
+            let seq = try await replica.dispatch(.increment)
+            #expect(seq == 1)
+            var diverged: ReplicaNotice?
+            var resynced: ReplicaNotice?
+            for await notice in notices {
+                switch notice {
+                case .diverged: diverged = notice
+                case .resynced: resynced = notice
+                }
+                if diverged != nil, resynced != nil { break }
+            }
+            guard case let .diverged(divergedAt, detail)? = diverged else {
+                Issue.record("no divergence was announced")
+                return
+            }
+            #expect(divergedAt == 1)
+            #expect(detail.contains("the daemon's digest is"), "\(detail)")
+            #expect("\(resynced!)".contains("digest differed from the daemon's at seq 1"))
+            // After the resync it holds the daemon's state, from the snapshot.
+            let deadline = ContinuousClock.now + .seconds(10)
+            while replica.status.phase != .live || replica.state.count != 1, ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(10))
+            }
+            #expect(replica.state.count == 1)
+            #expect(replica.status.divergences >= 1)
+            #expect(replica.status.resyncs >= 1)
+        }
+        #expect(daemon.terminate() == 0)
+    }
+}

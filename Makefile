@@ -1,15 +1,16 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
 SWIFT ?= swift
 
-.PHONY: deps build demo test clean
+.PHONY: deps build demo test faults clean
 
-# Installs the system libraries Lockstep links when pkg-config cannot find them: libzmq 4.3.3 or newer
-# (ZeroMQ) and SQLite (the journal, through GRDB).
+# Installs what Lockstep needs when it is missing: libzmq 4.3.3 or newer (ZeroMQ), SQLite (the journal,
+# through GRDB), and libfaketime (the fault suite's clock jumps).
 deps:
-	@pkg-config --atleast-version=4.3.3 libzmq 2>/dev/null && pkg-config --exists sqlite3 2>/dev/null || { \
-		echo "make: installing libzmq3-dev and libsqlite3-dev"; \
+	@pkg-config --atleast-version=4.3.3 libzmq 2>/dev/null && pkg-config --exists sqlite3 2>/dev/null \
+		&& ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || { \
+		echo "make: installing libzmq3-dev, libsqlite3-dev and faketime"; \
 		SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq libzmq3-dev libsqlite3-dev pkg-config; \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq libzmq3-dev libsqlite3-dev pkg-config faketime; \
 	}
 
 build: deps
@@ -18,9 +19,15 @@ build: deps
 demo: build
 	$$($(SWIFT) build --show-bin-path)/lockstep demo
 
+# The unit and integration tests, then the fault suite's quick mode (it mounts a tmpfs: run as root).
 test: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
+	$$($(SWIFT) build --show-bin-path)/lockstep-faults
+
+# The fault suite's long mode: 200 crash cycles, 100,000 bad inputs.
+faults: build
+	$$($(SWIFT) build --show-bin-path)/lockstep-faults --long
 
 clean:
 	rm -rf .build .lockstep

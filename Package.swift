@@ -92,6 +92,15 @@ let package = Package(
             name: "LockstepTestingTests",
             dependencies: ["LockstepTesting", "LockstepExamples", "ReplayFixtures", "replay-fixtures", "TestSupport"]
         ),
+        // The fault and bad-input suite: `lockstep-faults` (quick, in `make test`) or `--long` (`make faults`).
+        .executableTarget(
+            name: "lockstep-faults",
+            dependencies: [
+                "Lockstep", "LockstepClient", "LockstepJournal", "LockstepProtocol", "LockstepTesting", "ZeroMQ",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ],
+            path: "Tests/Faults"
+        ),
         .testTarget(
             name: "LockstepServerTests",
             dependencies: [

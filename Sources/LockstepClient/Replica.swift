@@ -235,6 +235,9 @@ public final class Replica<D: Domain>: Service, Sendable {
                 .socket(link.events, .readable), .socket(link.commands, .readable),
                 .fileDescriptor(wakeup.descriptor, .readable),
             ]).poll(timeout: max(.zero, timeout))
+            // Woken far later than asked: this process was stopped, and the silence meanwhile is not the daemon's.
+            let woke = ContinuousClock.now
+            if woke - now > max(.zero, timeout) + .seconds(1) { engine.sync.resumed(now: woke) }
             if ready[2].contains(.readable) { wakeup.drain() }
             let (outbox, stopRequested) = shared.withLockedValue { shared in
                 defer { shared.outbox.removeAll() }

@@ -263,6 +263,13 @@ public struct ReplicaSync: Sendable {
         [.reportDivergence(seq: seq)] + resync(.divergence(seq: seq), now: now)
     }
 
+    /// The owner itself was not running (the process was stopped or starved) until `now`: silence since then
+    /// says nothing about the daemon. What was missed meanwhile shows up as a gap and is repaired by range.
+    public mutating func resumed(now: ContinuousClock.Instant) {
+        lastHeard = now
+        requestedAt = now
+    }
+
     /// Time passed: resend a request nobody answered, and start over if the daemon fell silent.
     public mutating func tick(now: ContinuousClock.Instant) -> [Output] {
         let silence = now - lastHeard

@@ -15,6 +15,7 @@ final class CommandLoop: Sendable {
     let logger: Logger
     let notifier: SystemdNotifier
     let wakeup: Wakeup
+    let failpoint: Failpoint?
     private let stopping = Atomic<Bool>(false)
     /// Replies finished by readers off the loop, waiting for the loop to send them.
     private let outbox = LockedValue<(replies: [[Frame]], inFlight: Int)>(([], 0))
@@ -24,11 +25,13 @@ final class CommandLoop: Sendable {
         configuration: DaemonConfiguration,
         domains: [HostedDomain],
         notifier: SystemdNotifier,
+        failpoint: Failpoint? = nil,
         logger: Logger
     ) throws(ServerError) {
         self.configuration = configuration
         self.domains = domains
         self.notifier = notifier
+        self.failpoint = failpoint
         self.logger = logger
         do {
             wakeup = try Wakeup()
@@ -138,6 +141,8 @@ private struct LoopState {
     var lastWatchdog = ContinuousClock.now
     /// With relaxed durability: when the commits made since the last sync must be synced.
     var syncDue: ContinuousClock.Instant?
+    /// The fault suite's crash point, if any.
+    var failpoint: Failpoint?
 
     var configuration: DaemonConfiguration { loop.configuration }
     var logger: Logger { loop.logger }
@@ -145,6 +150,7 @@ private struct LoopState {
     init(loop: CommandLoop, journal: any Journal) throws {
         self.loop = loop
         self.journal = journal
+        failpoint = loop.failpoint
         limits = Limits(
             maximumBatch: loop.configuration.maximumBatch,
             maximumActionBytes: loop.configuration.maximumMessageBytes
@@ -354,7 +360,9 @@ private struct LoopState {
         if !commits.isEmpty {
             do {
                 let batch = try batch(for: commits)
+                failpoint?.pass(.beforeCommit)
                 try journal.commit(batch)
+                failpoint?.pass(.afterCommit)
                 if configuration.durability == .relaxed, syncDue == nil {
                     syncDue = ContinuousClock.now + .milliseconds(10)
                 }
@@ -405,7 +413,10 @@ private struct LoopState {
             }
             _ = try? router.send(envelope + reply.encode(), wait: false)
         }
-        if committed { publish(commits, snapshotted: snapshotted) }
+        if committed, !commits.isEmpty {
+            failpoint?.pass(.afterReply)
+            publish(commits, snapshotted: snapshotted)
+        }
     }
 
     func unavailable(_ requestID: UInt64) -> Reply {

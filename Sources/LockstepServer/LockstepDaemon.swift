@@ -22,6 +22,7 @@ public final class LockstepDaemon: Service, Sendable {
             configuration: configuration,
             domains: hosted,
             notifier: SystemdNotifier(environment: environment),
+            failpoint: try Failpoint(environment: environment),
             logger: logger
         )
     }

@@ -30,9 +30,15 @@ public final class ChildProcess {
     public private(set) var reachedEndOfOutput = false
     private var consumed = 0
 
-    /// Starts `executable` with `arguments`, in `directory` if given; its standard error goes to `errorFile`
-    /// (kept), or to a temporary file removed with this object.
-    public init(executable: URL, _ arguments: [String], directory: URL? = nil, errorFile: URL? = nil) throws {
+    /// Starts `executable` with `arguments`, in `directory` if given, with `environment` added to this
+    /// process's; its standard error goes to `errorFile` (kept), or to a temporary file removed with this object.
+    public init(
+        executable: URL,
+        _ arguments: [String],
+        directory: URL? = nil,
+        errorFile: URL? = nil,
+        environment: [String: String] = [:]
+    ) throws {
         command = ([executable.lastPathComponent] + arguments).joined(separator: " ")
         keepsErrorFile = errorFile != nil
         self.errorFile =
@@ -44,6 +50,9 @@ public final class ChildProcess {
         process.executableURL = executable
         process.arguments = arguments
         process.currentDirectoryURL = directory
+        if !environment.isEmpty {
+            process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        }
         process.standardOutput = stdout
         process.standardError = try FileHandle(forWritingTo: self.errorFile)
         process.standardInput = FileHandle.nullDevice

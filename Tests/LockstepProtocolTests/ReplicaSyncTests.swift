@@ -196,6 +196,20 @@ import Testing
         #expect(sync.lastSeq == 0)
     }
 
+    @Test func aStoppedOwnerIsNotASilentDaemon() {
+        var sync = ReplicaSync(now: t0)
+        _ = sync.start(now: t0)
+        _ = sync.snapshot(epoch: epoch, seq: 3, digest: digest, state: [], now: t0)
+        // The owner's process was stopped for 10 s; on waking it says so before it looks at the clock.
+        sync.resumed(now: at(10_000))
+        #expect(sync.tick(now: at(10_100)) == [])
+        // What it missed arrives as a gap, repaired by range, not by starting over.
+        #expect(sync.event(epoch: epoch, seq: 9, action: action(9), now: at(10_200)) == [.requestRange(from: 4, to: 8)])
+        #expect(sync.resyncCount == 0)
+        // A daemon that stays silent after that is still caught.
+        #expect(sync.tick(now: at(13_300)) == [.resync(.silence(.milliseconds(3_100))), .requestSnapshot])
+    }
+
     @Test func unansweredRangeIsSentAgain() {
         var sync = live(at: 1)
         #expect(sync.event(epoch: epoch, seq: 4, action: action(4), now: t0) == [.requestRange(from: 2, to: 3)])

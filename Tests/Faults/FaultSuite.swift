@@ -1,0 +1,101 @@
+import ArgumentParser
+import Foundation
+import Lockstep
+import LockstepClient
+import LockstepProtocol
+import LockstepTesting
+import ZeroMQ
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The fault and bad-input suite (docs/operations.md's promises, under the faults real machines have).
+///
+/// Each fault class runs against real `lockstepd` processes in a temporary folder and ends with one line:
+/// injected, survived, actions lost. The suite exits non-zero if any acknowledged action was lost or
+/// misplaced, any replica diverged, or the daemon did not survive.
+@main
+struct FaultSuite: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "lockstep-faults",
+        abstract: "Inject faults into real lockstepd processes and check that nothing acknowledged is lost."
+    )
+
+    @Flag(help: "The soak run: 200 crash cycles, 100,000 bad inputs and more of everything.")
+    var long = false
+
+    @Option(help: "Seed for the random moments and inputs.")
+    var seed: UInt64 = UInt64(UInt32.random(in: 1...UInt32.max))
+
+    @Flag(help: "Keep the temporary folder (journals and logs).")
+    var keep = false
+
+    @Option(help: "Run only the fault classes whose name contains this.")
+    var only: String?
+
+    func run() throws {
+        let folder = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("lockstep-faults-\(getpid())")
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        print("lockstep-faults: \(long ? "long" : "quick") mode, seed \(seed), in \(folder.path)")
+        let faults = Faults(folder: folder, long: long, seed: seed)
+        let classes: [(String, () throws -> FaultResult)] = [
+            ("kill -9 under load", faults.killUnderLoad),
+            ("SIGSTOP of the daemon", faults.stopDaemon),
+            ("SIGSTOP of a replica", faults.stopReplica),
+            ("journal surgery", faults.journalSurgery),
+            ("disk full", faults.diskFull),
+            ("bad input", faults.badInput),
+            ("CURVE", faults.curve),
+            ("clock jump", faults.clockJump),
+        ]
+        var results: [FaultResult] = []
+        for (name, run) in classes where only.map({ name.contains($0) }) ?? true {
+            let started = ContinuousClock.now
+            var result: FaultResult
+            do {
+                result = try run()
+            } catch {
+                result = FaultResult(injected: 0, survived: 0, lost: 0, failure: "the suite could not run it: \(error)")
+            }
+            result.name = name
+            result.seconds = Double((ContinuousClock.now - started) / .milliseconds(1)) / 1_000
+            print(result.line)
+            fflush(nil)
+            results.append(result)
+        }
+        let failed = results.filter { !$0.passed }
+        print("")
+        print("fault class              injected  survived  lost  time")
+        for result in results { print(result.row) }
+        if failed.isEmpty, !keep { try? FileManager.default.removeItem(at: folder) }
+        if !failed.isEmpty {
+            print("FAILED: \(failed.map(\.name).joined(separator: ", ")); journals and logs in \(folder.path)")
+            throw ExitCode.failure
+        }
+        print("every fault survived, no acknowledged action lost")
+    }
+}
+
+/// One fault class's outcome.
+struct FaultResult {
+    var name = ""
+    var injected: Int
+    var survived: Int
+    var lost: Int
+    var failure: String?
+    var notes: [String] = []
+    var seconds = 0.0
+
+    var passed: Bool { failure == nil && lost == 0 && survived == injected && injected > 0 }
+
+    var line: String {
+        "\(passed ? "ok  " : "FAIL") \(name): injected \(injected), survived \(survived), lost \(lost)"
+            + (failure.map { " — \($0)" } ?? "") + notes.map { "\n       \($0)" }.joined()
+    }
+
+    var row: String {
+        name.padding(toLength: 24, withPad: " ", startingAt: 0)
+            + String(format: "%9d %9d %5d %5.1fs", injected, survived, lost, seconds)
+    }
+}

@@ -1,0 +1,638 @@
+import Foundation
+import Lockstep
+import LockstepClient
+import LockstepJournal
+import LockstepProtocol
+import LockstepTesting
+import ZeroMQ
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The fault classes. Each starts its own daemon in its own folder.
+final class Faults {
+    let folder: URL
+    let long: Bool
+    private var random: SplitMix64
+
+    init(folder: URL, long: Bool, seed: UInt64) {
+        self.folder = folder
+        self.long = long
+        random = SplitMix64(seed: seed)
+    }
+
+    /// No snapshot (so no compaction) for a long while: the suite checks the whole history.
+    static let keepHistory = "[snapshots]\nevery_events = 100000000\n"
+
+    private func pause(_ range: ClosedRange<Int>) {
+        Thread.sleep(forTimeInterval: Double(Int.random(in: range, using: &random)) / 1_000)
+    }
+
+    /// Waits until `load` has more acknowledgements than `count`; false after `timeout`.
+    private func progresses(_ load: Load, beyond count: Int, within timeout: Duration = .seconds(10)) -> Bool {
+        let deadline = ContinuousClock.now + timeout
+        while load.acks.count <= count {
+            guard ContinuousClock.now < deadline else { return false }
+            Thread.sleep(forTimeInterval: 0.01)
+        }
+        return true
+    }
+
+    /// Stops the load, checks the journal against its acknowledgements, and the watchers against the daemon.
+    private func settle(
+        _ daemon: Daemon,
+        _ load: Load,
+        watchers: [Watcher],
+        into result: inout FaultResult
+    ) throws {
+        load.stop()
+        let expected = try daemon.digests(["todos"])
+        for (index, watcher) in watchers.enumerated() {
+            if !watcher.converge(on: expected, within: .seconds(30)) {
+                result.failure = "replica \(index + 1) did not reach the daemon's \(expected["todos"]!)"
+            }
+            if let divergences = watcher.stores["todos"]?.divergences, divergences > 0 {
+                result.failure = "replica \(index + 1) diverged \(divergences) times"
+            }
+            if watcher.stop() != 0 { result.failure = "replica \(index + 1) did not exit cleanly" }
+        }
+        if daemon.stop() != 0 { result.failure = result.failure ?? "lockstepd did not exit 0 on SIGTERM" }
+        let (lost, problems) = try checkJournal(daemon.data, acks: load.acks)
+        result.lost += lost
+        result.notes += problems
+        result.notes.append(
+            "\(load.acks.count) dispatches acknowledged and found once at their seq; \(load.unanswered) gave up "
+                + "(allowed: at most once)"
+        )
+        if !load.refused.isEmpty { result.notes.append("refusals: \(Set(load.refused).sorted().prefix(3))") }
+    }
+
+    // MARK: - kill -9
+
+    func killUnderLoad() throws -> FaultResult {
+        let daemon = try Daemon(folder: folder.appendingPathComponent("kill"), configuration: Self.keepHistory)
+        try daemon.start()
+        let watchers = try (0..<2).map { _ in try Watcher(daemon, stores: ["todos"]) }
+        let load = Load(endpoint: daemon.command, label: "kill")
+        load.start()
+        let cycles = long ? 200 : 20
+        let points = ["before-commit", "after-commit", "after-reply"]
+        var result = FaultResult(injected: 0, survived: 0, lost: 0)
+        var byPoint: [String: Int] = [:]
+        for cycle in 0..<cycles {
+            let before = load.acks.count
+            if cycle % 4 == 0 {
+                pause(20...400)
+                daemon.kill()
+                byPoint["random moment", default: 0] += 1
+            } else {
+                let point = points[cycle % 4 - 1]
+                daemon.kill()
+                try daemon.start(
+                    environment: ["LOCKSTEP_FAILPOINT": "\(point):\(Int.random(in: 1...10, using: &random))"],
+                    waitForReady: false
+                )
+                let deadline = ContinuousClock.now + .seconds(20)
+                while daemon.isRunning, ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.005) }
+                guard !daemon.isRunning else {
+                    result.failure = "the failpoint \(point) was never reached"
+                    break
+                }
+                byPoint[point, default: 0] += 1
+            }
+            result.injected += 1
+            try daemon.start()
+            if progresses(load, beyond: before) { result.survived += 1 }
+        }
+        result.notes.append(
+            byPoint.sorted { $0.key < $1.key }.map { "\($0.value) × \($0.key)" }.joined(separator: ", ")
+        )
+        try settle(daemon, load, watchers: watchers, into: &result)
+        return result
+    }
+
+    // MARK: - SIGSTOP of the daemon
+
+    func stopDaemon() throws -> FaultResult {
+        let daemon = try Daemon(folder: folder.appendingPathComponent("stop"), configuration: Self.keepHistory)
+        try daemon.start()
+        let watchers = [try Watcher(daemon, stores: ["todos"])]
+        // A 200 ms timeout: a 1 s stop makes every client retry several times, on fresh sockets.
+        let load = Load(endpoint: daemon.command, label: "stop", threads: 2, timeout: .milliseconds(200), retries: 30)
+        load.start()
+        var result = FaultResult(injected: 0, survived: 0, lost: 0)
+        for _ in 0..<(long ? 20 : 3) {
+            pause(100...300)
+            let before = load.acks.count
+            kill(daemon.pid, SIGSTOP)
+            Thread.sleep(forTimeInterval: 1)
+            kill(daemon.pid, SIGCONT)
+            result.injected += 1
+            if progresses(load, beyond: before) { result.survived += 1 }
+        }
+        try settle(daemon, load, watchers: watchers, into: &result)
+        return result
+    }
+
+    // MARK: - SIGSTOP of a replica
+
+    func stopReplica() throws -> FaultResult {
+        let daemon = try Daemon(
+            folder: folder.appendingPathComponent("replica"),
+            configuration: Self.keepHistory + "[limits]\nevents_queue = 100\n"
+        )
+        try daemon.start()
+        let watcher = try Watcher(daemon, stores: ["counter"], eventsQueue: 100)
+        let client = CommandClient(context: try Context(), endpoint: daemon.command, timeout: .seconds(5), retries: 2)
+        var result = FaultResult(injected: 0, survived: 0, lost: 0)
+        var number: UInt64 = 0
+        let clientID = ClientID.random()
+        for round in 0..<(long ? 5 : 1) {
+            guard watcher.converge(on: try daemon.digests(["counter"]), within: .seconds(30)) else {
+                result.failure = "the replica did not catch up before round \(round + 1)"
+                break
+            }
+            let repairsBefore = watcher.stores["counter"]?.repairs ?? 0
+            kill(watcher.child.process.processIdentifier, SIGSTOP)
+            // 40,000 events while it sleeps: far more than both queues and the socket buffers hold.
+            for _ in 0..<40 {
+                number += 1
+                let request = DispatchRequest(
+                    requestID: number,
+                    domainVersion: 1,
+                    clientID: clientID,
+                    store: try StoreName("counter"),
+                    actions: Array(repeating: Array(#"{"increment":{}}"#.utf8), count: 1_000)
+                )
+                guard case .accepted = try client.call(.dispatch(request)) else { throw SuiteError("burst refused") }
+            }
+            kill(watcher.child.process.processIdentifier, SIGCONT)
+            result.injected += 1
+            let expected = try daemon.digests(["counter"])
+            guard watcher.converge(on: expected, within: .seconds(60)) else {
+                result.failure = "the replica did not repair to \(expected["counter"]!)"
+                break
+            }
+            let repairs = watcher.stores["counter"]?.repairs ?? 0
+            if let resyncs = watcher.stores["counter"]?.resyncs, resyncs > 0 {
+                result.failure = "the replica resynced \(resyncs) times instead of repairing the gap"
+            } else if repairs > repairsBefore {
+                result.survived += 1
+            } else {
+                result.failure = "no gap formed: the replica lost no events while stopped"
+            }
+            if let divergences = watcher.stores["counter"]?.divergences, divergences > 0 {
+                result.lost += divergences
+            }
+        }
+        result.notes.append(
+            "\(number * 1_000) events published; gaps repaired: \(watcher.stores["counter"]?.repairs ?? 0)"
+        )
+        _ = watcher.stop()
+        if daemon.stop() != 0 { result.failure = "lockstepd did not exit 0 on SIGTERM" }
+        return result
+    }
+
+    // MARK: - Journal surgery
+
+    func journalSurgery() throws -> FaultResult {
+        let base = folder.appendingPathComponent("surgery")
+        let pristine = try Daemon(
+            folder: base.appendingPathComponent("pristine"),
+            configuration: "[snapshots]\nevery_events = 500\n"
+        )
+        try pristine.start()
+        let client = CommandClient(context: try Context(), endpoint: pristine.command, timeout: .seconds(5), retries: 2)
+        let clientID = ClientID.random()
+        for number in 1...30 {
+            let store = number % 2 == 0 ? "counter" : "todos"
+            let action = store == "counter" ? #"{"increment":{}}"# : #"{"add":{"text":"surgery \#(number)"}}"#
+            let request = DispatchRequest(
+                requestID: UInt64(number),
+                domainVersion: 1,
+                clientID: clientID,
+                store: try StoreName(store),
+                actions: Array(repeating: Array(action.utf8), count: 100)
+            )
+            guard case .accepted = try client.call(.dispatch(request)) else { throw SuiteError("setup refused") }
+        }
+        let stores = ["counter", "todos", "posts", "numbers"]
+        let before = try pristine.digests(stores)
+        guard pristine.stop() == 0 else { throw SuiteError("the pristine daemon did not stop cleanly") }
+        let file = URL(fileURLWithPath: pristine.data).appendingPathComponent(SQLiteJournal.fileName)
+        let size = try FileManager.default.attributesOfItem(atPath: file.path)[.size] as! Int
+        var cuts: [(String, (FileHandle) throws -> Void)] = [
+            ("truncated to 50%", { try $0.truncate(atOffset: UInt64(size / 2)) }),
+            ("truncated by one page", { try $0.truncate(atOffset: UInt64(size - 4_096)) }),
+            ("truncated mid-page", { try $0.truncate(atOffset: UInt64(size - 1_000)) }),
+            (
+                "4 KiB of garbage appended",
+                { handle in
+                    try handle.seekToEnd()
+                    handle.write(Data((0..<4_096).map { _ in UInt8.random(in: 0...255) }))
+                }
+            ),
+        ]
+        for _ in 0..<(long ? 40 : 6) {
+            let offset = UInt64(Int.random(in: 100..<size, using: &random))
+            let bit = UInt8(1) << UInt8.random(in: 0..<8, using: &random)
+            cuts.append(
+                (
+                    "byte \(offset) flipped",
+                    { handle in
+                        try handle.seek(toOffset: offset)
+                        let byte = try handle.read(upToCount: 1)![0]
+                        try handle.seek(toOffset: offset)
+                        handle.write(Data([byte ^ bit]))
+                    }
+                )
+            )
+        }
+        var result = FaultResult(injected: 0, survived: 0, lost: 0)
+        var outcomes: [String: Int] = [:]
+        for (index, (name, cut)) in cuts.enumerated() {
+            let copy = base.appendingPathComponent("cut-\(index)")
+            try FileManager.default.createDirectory(
+                at: copy.appendingPathComponent(".lockstep"),
+                withIntermediateDirectories: true
+            )
+            try FileManager.default.copyItem(
+                at: URL(fileURLWithPath: pristine.data),
+                to: copy.appendingPathComponent(".lockstep/data")
+            )
+            let handle = try FileHandle(
+                forUpdating: copy.appendingPathComponent(".lockstep/data/\(SQLiteJournal.fileName)")
+            )
+            try cut(handle)
+            try handle.close()
+            result.injected += 1
+            let damaged = try Daemon(folder: copy, configuration: pristine.configuration)
+            try damaged.start(waitForReady: false)
+            let deadline = ContinuousClock.now + .seconds(15)
+            while damaged.isRunning, damaged.status() == nil, ContinuousClock.now < deadline {
+                Thread.sleep(forTimeInterval: 0.02)
+            }
+            if damaged.isRunning, damaged.status() != nil {
+                // It serves: only the state it had is acceptable.
+                let now = try damaged.digests(stores)
+                if now == before {
+                    result.survived += 1
+                    outcomes["served the same state", default: 0] += 1
+                } else {
+                    result.lost += 1
+                    result.notes.append("\(name): served \(now) instead of \(before)")
+                }
+                damaged.kill()
+            } else {
+                damaged.kill()
+                let log = (try? String(contentsOf: damaged.log, encoding: .utf8)) ?? ""
+                if log.contains("cannot run"), log.contains("journal") || log.contains(SQLiteJournal.fileName) {
+                    result.survived += 1
+                    outcomes["refused to start", default: 0] += 1
+                    if outcomes["refused to start"] == 1 {
+                        result.notes.append(
+                            "\(name): " + (log.split(separator: "\n").last { $0.contains("cannot run") } ?? "")
+                        )
+                    }
+                } else {
+                    result.failure = "\(name): lockstepd stopped without a clear reason: \(log.suffix(300))"
+                }
+            }
+        }
+        result.notes.insert(
+            outcomes.sorted { $0.key < $1.key }.map { "\($0.value) \($0.key)" }.joined(separator: ", "),
+            at: 0
+        )
+        return result
+    }
+
+    // MARK: - Disk full
+
+    func diskFull() throws -> FaultResult {
+        let base = folder.appendingPathComponent("diskfull")
+        let mountPoint = base.appendingPathComponent("data")
+        try FileManager.default.createDirectory(at: mountPoint, withIntermediateDirectories: true)
+        guard run("/bin/mount", ["-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", mountPoint.path]) == 0 else {
+            throw SuiteError("cannot mount a 1 MiB tmpfs at \(mountPoint.path) (the suite needs root for this)")
+        }
+        defer { _ = run("/bin/umount", ["-l", mountPoint.path]) }
+        let daemon = try Daemon(
+            folder: base,
+            configuration: "data_dir = \"\(mountPoint.path)\"\n" + Self.keepHistory,
+            data: mountPoint.path
+        )
+        try daemon.start()
+        let load = Load(endpoint: daemon.command, label: "full", threads: 2)
+        load.start()
+        var result = FaultResult(injected: 0, survived: 0, lost: 0)
+        let deadline = ContinuousClock.now + .seconds(60)
+        while load.refused.isEmpty, ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.01) }
+        guard let refusal = load.refused.first else {
+            load.stop()
+            daemon.kill()
+            throw SuiteError("1 MiB never filled up in 60 s")
+        }
+        result.injected = 1
+        result.notes.append("full after \(load.acks.count) dispatches; refused with: \(refusal)")
+        Thread.sleep(forTimeInterval: 0.5)
+        guard daemon.isRunning, daemon.status() != nil else {
+            result.failure = "lockstepd did not stay up with a full disk"
+            load.stop()
+            return result
+        }
+        let whileFull = load.acks.count
+        guard run("/bin/mount", ["-o", "remount,size=64m", mountPoint.path]) == 0 else {
+            throw SuiteError("cannot grow the tmpfs")
+        }
+        if progresses(load, beyond: whileFull) {
+            result.survived = 1
+        } else {
+            result.failure = "lockstepd did not serve again once space returned"
+        }
+        try settle(daemon, load, watchers: [], into: &result)
+        return result
+    }
+
+    // MARK: - Bad input
+
+    func badInput() throws -> FaultResult {
+        let daemon = try Daemon(
+            folder: folder.appendingPathComponent("input"),
+            configuration: Self.keepHistory + "[limits]\nmax_message_bytes = 65536\n"
+        )
+        try daemon.start()
+        let stores = ["counter", "todos", "posts", "numbers"]
+        let before = try daemon.digests(stores)
+        Thread.sleep(forTimeInterval: 0.2)
+        let memoryBefore = daemon.memory()
+        let count = long ? 100_000 : 10_000
+        let context = try Context()
+        var socket = try Socket(context, type: .dealer)
+        try socket.set(.linger, 0)
+        try socket.connect(daemon.command)
+        var replies = 0
+        var kinds: [String: Int] = [:]
+        for index in 0..<count {
+            let (kind, frames) = badMessage(index)
+            kinds[kind, default: 0] += 1
+            while try !socket.send(frames, wait: false) {
+                while try socket.receive(wait: false) != nil { replies += 1 }
+                Thread.sleep(forTimeInterval: 0.001)
+            }
+            if kind == "oversized part" {
+                // The daemon drops the connection of a peer that sends too much; start a fresh one.
+                socket.close()
+                socket = try Socket(context, type: .dealer)
+                try socket.set(.linger, 0)
+                try socket.connect(daemon.command)
+            }
+            if index % 256 == 0 { while try socket.receive(wait: false) != nil { replies += 1 } }
+        }
+        let deadline = ContinuousClock.now + .seconds(5)
+        while ContinuousClock.now < deadline {
+            guard try socket.receive(wait: false) != nil else {
+                Thread.sleep(forTimeInterval: 0.05)
+                continue
+            }
+            replies += 1
+        }
+        socket.close()
+        var result = FaultResult(injected: count, survived: 0, lost: 0)
+        result.notes.append(kinds.sorted { $0.key < $1.key }.map { "\($0.value) \($0.key)" }.joined(separator: ", "))
+        guard daemon.isRunning, daemon.status() != nil else {
+            result.failure = "lockstepd did not survive; see \(daemon.log.path)"
+            return result
+        }
+        let after = try daemon.digests(stores)
+        let memoryAfter = daemon.memory()
+        result.notes.append(
+            "\(replies) ERROR replies read (the rest went to sockets closed after an oversized part); "
+                + "resident memory \(memoryBefore.rss / 1024) → \(memoryAfter.rss / 1024) MiB "
+                + "(peak \(memoryAfter.peak / 1024) MiB)"
+        )
+        if after != before {
+            result.lost = 1
+            result.failure = "the state changed: \(before) → \(after)"
+        } else if memoryAfter.rss - memoryBefore.rss > 64 * 1024 {
+            result.failure = "resident memory grew by \((memoryAfter.rss - memoryBefore.rss) / 1024) MiB"
+        } else {
+            result.survived = count
+        }
+        if daemon.stop() != 0 { result.failure = "lockstepd did not exit 0 on SIGTERM" }
+        return result
+    }
+
+    /// The `index`-th bad message: never a valid dispatch, so nothing may change.
+    private func badMessage(_ index: Int) -> (String, [Frame]) {
+        func bytes(_ count: Int) -> Frame { (0..<count).map { _ in UInt8(truncatingIfNeeded: random.next()) } }
+        let valid = Request.dispatch(
+            DispatchRequest(
+                requestID: UInt64(index + 1),
+                domainVersion: 1,
+                clientID: ClientID.random(),
+                store: try! StoreName("counter"),
+                actions: [Array(#"{"increment":{}}"#.utf8)]
+            )
+        ).encode()
+        switch index % 12 {
+        case 0: return ("random single frame", [bytes(Int.random(in: 0...64, using: &random))])
+        case 1:
+            let frames = (0..<Int.random(in: 1...8, using: &random)).map { _ in
+                bytes(Int.random(in: 0...32, using: &random))
+            }
+            return ("random frames", frames)
+        case 2:
+            let header = valid[0]
+            return (
+                "truncated header",
+                [Array(header.prefix(Int.random(in: 0..<header.count, using: &random)))] + valid.dropFirst()
+            )
+        case 3: return ("header only", [valid[0]])
+        case 4:
+            var header = valid[0]
+            header[2] = 9
+            return ("wrong protocol version", [header] + valid.dropFirst())
+        case 5: return ("unknown store", [valid[0], Array("no-such-store".utf8), valid[2]])
+        case 6: return ("undecodable action", [valid[0], valid[1], Array(#"{"bogus":1}"#.utf8)])
+        case 7: return ("random action bytes", [valid[0], valid[1], bytes(Int.random(in: 0...100, using: &random))])
+        case 8:
+            var header = valid[0]
+            header[15] ^= 0xFF  // inside the domain version
+            return ("wrong domain version", [header] + valid.dropFirst())
+        case 9: return ("empty frame", [[]])
+        case 10 where index % 120 == 10:
+            return ("too many frames", [valid[0], valid[1]] + Array(repeating: valid[2], count: 1_500))
+        case 11 where index % 120 == 11:
+            return ("oversized part", [valid[0], valid[1], bytes(70_000)])
+        default:
+            var header = valid[0]
+            header[3] = UInt8.random(in: 0x05...0x7F, using: &random)
+            return ("unknown message type", [header] + valid.dropFirst())
+        }
+    }
+
+    // MARK: - CURVE
+
+    func curve() throws -> FaultResult {
+        let base = folder.appendingPathComponent("curve")
+        try FileManager.default.createDirectory(at: base, withIntermediateDirectories: true)
+        let server = try CurveKeyPair.generate()
+        let listed = try CurveKeyPair.generate()
+        let unlisted = try CurveKeyPair.generate()
+        let keyFile = base.appendingPathComponent("server.key").path
+        _ = FileManager.default.createFile(
+            atPath: keyFile,
+            contents: Data((Z85.encode(server.secretKey) + "\n").utf8),
+            attributes: [.posixPermissions: 0o600]
+        )
+        let clientsFile = base.appendingPathComponent("clients").path
+        try "\(Z85.encode(listed.publicKey))\n".write(toFile: clientsFile, atomically: true, encoding: .utf8)
+        let port = Int.random(in: 30_000..<60_000, using: &random)
+        let daemon = try Daemon(
+            folder: base,
+            configuration: """
+                command_endpoint = "tcp://127.0.0.1:\(port)"
+                events_endpoint = "tcp://127.0.0.1:\(port + 1)"
+                [curve]
+                server_key_file = "\(keyFile)"
+                allowed_clients_file = "\(clientsFile)"
+                """
+        )
+        try daemon.start(waitForReady: false)
+        let endpoint = "tcp://127.0.0.1:\(port)"
+        func dispatch(_ curve: ClientCurve?, timeout: Duration) throws -> Reply? {
+            let client = CommandClient(
+                context: try Context(),
+                endpoint: endpoint,
+                timeout: timeout,
+                retries: 0,
+                curve: curve
+            )
+            let request = DispatchRequest(
+                requestID: 1,
+                domainVersion: 1,
+                clientID: ClientID.random(),
+                store: try StoreName("counter"),
+                actions: [Array(#"{"increment":{}}"#.utf8)]
+            )
+            return try? client.call(.dispatch(request))
+        }
+        // The listed key gets through (asking until the daemon is up).
+        var accepted = false
+        for _ in 0..<30 where !accepted {
+            if case .accepted? = try dispatch(
+                ClientCurve(keys: listed, serverPublicKey: server.publicKey),
+                timeout: .milliseconds(500)
+            ) {
+                accepted = true
+            }
+        }
+        guard accepted else { throw SuiteError("the listed CURVE client never got through; see \(daemon.log.path)") }
+        var result = FaultResult(injected: 0, survived: 0, lost: 0)
+        let wrongServer = try CurveKeyPair.generate()
+        let attempts: [(String, ClientCurve?)] = [
+            ("an unlisted key", ClientCurve(keys: unlisted, serverPublicKey: server.publicKey)),
+            ("no encryption", nil),
+            ("the wrong server key", ClientCurve(keys: listed, serverPublicKey: wrongServer.publicKey)),
+        ]
+        for (name, curve) in attempts {
+            result.injected += 1
+            if let reply = try dispatch(curve, timeout: .seconds(1)) {
+                result.lost += 1
+                result.notes.append("\(name) was answered: \(reply)")
+            } else {
+                result.survived += 1
+            }
+        }
+        // Random bytes straight at the TCP port.
+        let connections = long ? 10_000 : 300
+        for _ in 0..<connections {
+            let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+            var address = sockaddr_in()
+            address.sin_family = sa_family_t(AF_INET)
+            address.sin_port = in_port_t(UInt16(port).bigEndian)
+            address.sin_addr.s_addr = inet_addr("127.0.0.1")
+            let connected = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) {
+                    connect(fd, $0, socklen_t(MemoryLayout<sockaddr_in>.size))
+                }
+            }
+            if connected == 0 {
+                let junk = (0..<Int.random(in: 1...512, using: &random)).map { _ in
+                    UInt8(truncatingIfNeeded: random.next())
+                }
+                _ = junk.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            }
+            close(fd)
+        }
+        result.injected += 1
+        if case .accepted(_, _, let seq, _)? = try dispatch(
+            ClientCurve(keys: listed, serverPublicKey: server.publicKey),
+            timeout: .seconds(5)
+        ) {
+            // Only the listed client's two dispatches ever landed.
+            if seq == 2 { result.survived += 1 } else { result.lost += 1 }
+            result.notes.append("\(connections) connections of random bytes; the listed client's next seq: \(seq)")
+        } else {
+            result.failure = "lockstepd stopped answering after random bytes on its port"
+        }
+        if daemon.stop() != 0 { result.failure = "lockstepd did not exit 0 on SIGTERM" }
+        return result
+    }
+
+    // MARK: - Clock jump
+
+    func clockJump() throws -> FaultResult {
+        let candidates = [
+            "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
+            "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
+            "/usr/lib/faketime/libfaketime.so.1",
+        ]
+        guard let library = candidates.first(where: { FileManager.default.fileExists(atPath: $0) }) else {
+            throw SuiteError("libfaketime is not installed (apt-get install faketime)")
+        }
+        let base = folder.appendingPathComponent("clock")
+        try FileManager.default.createDirectory(at: base, withIntermediateDirectories: true)
+        let clock = base.appendingPathComponent("faketime")
+        try "+0\n".write(to: clock, atomically: true, encoding: .utf8)
+        // The wall clock jumps, as when NTP steps it; the monotonic clock never does.
+        let daemon = try Daemon(
+            folder: base,
+            configuration: Self.keepHistory,
+            environment: [
+                "LD_PRELOAD": library, "FAKETIME_TIMESTAMP_FILE": clock.path, "FAKETIME_NO_CACHE": "1",
+                "DONT_FAKE_MONOTONIC": "1",
+            ]
+        )
+        try daemon.start()
+        let watcher = try Watcher(daemon, stores: ["todos"])
+        let load = Load(endpoint: daemon.command, label: "clock", threads: 2)
+        load.start()
+        var result = FaultResult(injected: 0, survived: 0, lost: 0)
+        for jump in ["-2d", "+365d", "-1y", "+0"] {
+            Thread.sleep(forTimeInterval: 0.3)
+            let before = load.acks.count
+            try "\(jump)\n".write(to: clock, atomically: true, encoding: .utf8)
+            result.injected += 1
+            if progresses(load, beyond: before) { result.survived += 1 }
+        }
+        // Idle for more than the silence limit: heartbeats must keep coming across the jumps.
+        load.stop()
+        try "-3d\n".write(to: clock, atomically: true, encoding: .utf8)
+        Thread.sleep(forTimeInterval: 4)
+        watcher.read(for: .milliseconds(100))
+        if let resyncs = watcher.stores["todos"]?.resyncs, resyncs > 0 {
+            result.failure = "the replica resynced \(resyncs) times across the jumps"
+        }
+        try settle(daemon, load, watchers: [watcher], into: &result)
+        return result
+    }
+
+    private func run(_ executable: String, _ arguments: [String]) -> Int32 {
+        guard let child = try? ChildProcess(executable: URL(fileURLWithPath: executable), arguments),
+            let output = try? child.finish(within: .seconds(30))
+        else { return -1 }
+        return output.status
+    }
+}

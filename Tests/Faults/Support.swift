@@ -1,0 +1,310 @@
+import Foundation
+import Lockstep
+import LockstepClient
+import LockstepJournal
+import LockstepProtocol
+import LockstepTesting
+import ZeroMQ
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The suite failed to set something up (not a fault the daemon failed to survive).
+struct SuiteError: Error, CustomStringConvertible {
+    var description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// This package's executables, next to the suite's own.
+enum Binaries {
+    static let directory = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().deletingLastPathComponent()
+    static let lockstepd = directory.appendingPathComponent("lockstepd")
+    static let lockstep = directory.appendingPathComponent("lockstep")
+}
+
+/// A `lockstepd` in `folder`, on its default endpoints there (or those of `configuration`).
+final class Daemon {
+    let folder: URL
+    let configuration: String
+    let environment: [String: String]
+    private(set) var child: ChildProcess?
+    private(set) var starts = 0
+
+    /// The journal's directory.
+    let data: String
+
+    init(folder: URL, configuration: String = "", environment: [String: String] = [:], data: String? = nil) throws {
+        self.folder = folder
+        self.data = data ?? "\(folder.path)/.lockstep/data"
+        self.configuration = configuration
+        self.environment = environment
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        try configuration.write(to: folder.appendingPathComponent("lockstepd.toml"), atomically: true, encoding: .utf8)
+    }
+
+    var command: String { "ipc://\(folder.path)/.lockstep/run/command" }
+    var events: String { "ipc://\(folder.path)/.lockstep/run/events" }
+    var pid: Int32 { child?.process.processIdentifier ?? 0 }
+    var isRunning: Bool { child?.process.isRunning == true }
+    var log: URL { folder.appendingPathComponent("lockstepd-\(starts).log") }
+
+    /// Starts it (with extra environment) and waits until it answers, at most 15 s; or, with `waitForReady`
+    /// false, returns at once.
+    func start(environment extra: [String: String] = [:], arguments: [String] = [], waitForReady: Bool = true) throws {
+        starts += 1
+        child = try ChildProcess(
+            executable: Binaries.lockstepd,
+            ["--config", "lockstepd.toml", "--log-level", "notice"] + arguments,
+            directory: folder,
+            errorFile: log,
+            environment: environment.merging(extra) { $1 }
+        )
+        if waitForReady { try waitUntilServing() }
+    }
+
+    func waitUntilServing(within timeout: Duration = .seconds(15)) throws {
+        let deadline = ContinuousClock.now + timeout
+        while status() == nil {
+            guard isRunning, ContinuousClock.now < deadline else {
+                throw SuiteError("lockstepd did not answer within \(timeout); see \(log.path)")
+            }
+            Thread.sleep(forTimeInterval: 0.02)
+        }
+    }
+
+    /// The daemon's STATUS reply body, `nil` when it does not answer within 300 ms.
+    func status() -> [UInt8]? {
+        guard
+            let client = try? CommandClient(
+                context: Context(),
+                endpoint: command,
+                timeout: .milliseconds(300),
+                retries: 0
+            ),
+            case let .status(_, body)? = try? client.call(.status(requestID: 1))
+        else { return nil }
+        return body
+    }
+
+    /// Each store's (seq, digest) from its snapshot.
+    func digests(_ stores: [String]) throws -> [String: Digest] {
+        let client = CommandClient(context: try Context(), endpoint: command, timeout: .seconds(2), retries: 3)
+        var digests: [String: Digest] = [:]
+        for store in stores {
+            guard
+                case let .snapshot(_, snapshot) = try client.call(.snapshot(requestID: 1, store: try StoreName(store)))
+            else { throw SuiteError("no snapshot of \(store)") }
+            digests[store] = Digest(seq: snapshot.seq, digest: snapshot.digest.hex)
+        }
+        return digests
+    }
+
+    func kill() {
+        child?.kill()
+    }
+
+    /// SIGTERM, then the exit status (SIGKILL after 10 s).
+    @discardableResult
+    func stop() -> Int32? {
+        child?.signal(SIGTERM)
+        let status = child?.waitForExit(within: .seconds(10))
+        child?.kill()
+        return status
+    }
+
+    /// Peak and current resident memory, in KiB, from /proc.
+    func memory() -> (rss: Int, peak: Int) {
+        let text = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
+        func field(_ name: String) -> Int {
+            let line = text.split(separator: "\n").first { $0.hasPrefix(name) } ?? ""
+            return Int(line.split(separator: " ").dropFirst().first ?? "") ?? 0
+        }
+        return (field("VmRSS:"), field("VmHWM:"))
+    }
+}
+
+struct Digest: Hashable, CustomStringConvertible {
+    var seq: SequenceNumber
+    var digest: String
+    var description: String { "seq \(seq) \(digest.prefix(12))" }
+}
+
+/// An acknowledged dispatch: the todo's text and the seq the daemon answered with.
+struct Ack: Hashable {
+    var text: String
+    var seq: SequenceNumber
+}
+
+/// Client threads adding todos with unique texts through Lazy Pirate clients, keeping every acknowledgement.
+final class Load: @unchecked Sendable {
+    private let endpoint: String
+    private let threads: Int
+    private let timeout: Duration
+    private let retries: Int
+    private let state = LockedValue<(acks: [Ack], unanswered: Int, refused: [String], running: Int)>(([], 0, [], 0))
+    private let stopping = LockedValue(false)
+    private let label: String
+
+    init(endpoint: String, label: String, threads: Int = 4, timeout: Duration = .milliseconds(300), retries: Int = 40) {
+        self.endpoint = endpoint
+        self.label = label
+        self.threads = threads
+        self.timeout = timeout
+        self.retries = retries
+    }
+
+    var acks: [Ack] { state.withLockedValue { $0.acks } }
+    var unanswered: Int { state.withLockedValue { $0.unanswered } }
+    var refused: [String] { state.withLockedValue { $0.refused } }
+
+    func start() {
+        for thread in 0..<threads {
+            state.withLockedValue { $0.running += 1 }
+            let worker = Thread { [self] in
+                defer { state.withLockedValue { $0.running -= 1 } }
+                guard let context = try? Context() else { return }
+                let client = CommandClient(context: context, endpoint: endpoint, timeout: timeout, retries: retries)
+                let clientID = ClientID.random()
+                var number: UInt64 = 0
+                while !stopping.withLockedValue({ $0 }) {
+                    number += 1
+                    let text = "\(label)-\(thread)-\(number)"
+                    let request = Request.dispatch(
+                        DispatchRequest(
+                            requestID: number,
+                            domainVersion: 1,
+                            clientID: clientID,
+                            store: try! StoreName("todos"),
+                            actions: [Array(#"{"add":{"text":"\#(text)"}}"#.utf8)]
+                        )
+                    )
+                    do {
+                        let reply = try client.call(request)
+                        state.withLockedValue { state in
+                            switch reply {
+                            case let .accepted(_, _, seq, _): state.acks.append(Ack(text: text, seq: seq))
+                            case let .error(_, error): state.refused.append("\(error)")
+                            default: state.refused.append("\(reply)")
+                            }
+                        }
+                    } catch {
+                        state.withLockedValue { $0.unanswered += 1 }
+                    }
+                }
+            }
+            worker.start()
+        }
+    }
+
+    /// Stops the threads and waits for them (each finishes its dispatch in flight).
+    func stop() {
+        stopping.withLockedValue { $0 = true }
+        let deadline = ContinuousClock.now + timeout * (retries + 2)
+        while state.withLockedValue({ $0.running }) > 0, ContinuousClock.now < deadline {
+            Thread.sleep(forTimeInterval: 0.01)
+        }
+    }
+}
+
+/// What the journal holds for `todos`, checked against the acknowledgements: each acknowledged text at the seq
+/// it was acknowledged with, and every text at most once. Returns the number of acknowledged actions lost or
+/// misplaced, and a description of the first problems.
+func checkJournal(_ directory: String, acks: [Ack]) throws -> (lost: Int, problems: [String]) {
+    let journal = try SQLiteJournal(directory: directory, readOnly: true)
+    defer { try? journal.close() }
+    var texts: [SequenceNumber: String] = [:]
+    var seen: [String: Int] = [:]
+    var from: SequenceNumber = 1
+    while true {
+        guard case let .events(events) = try journal.events(store: "todos", from: from, to: .max, limit: 10_000) else {
+            throw SuiteError("the todos history was compacted; the suite keeps it whole")
+        }
+        for event in events {
+            struct Add: Decodable {
+                struct Text: Decodable { var text: String }
+                var add: Text
+            }
+            let text = (try? JSONDecoder().decode(Add.self, from: Data(event.action)).add.text) ?? "?"
+            texts[event.seq] = text
+            seen[text, default: 0] += 1
+        }
+        guard let last = events.last, events.count == 10_000 else { break }
+        from = last.seq + 1
+    }
+    var problems: [String] = []
+    var lost = 0
+    for ack in acks where texts[ack.seq] != ack.text || seen[ack.text] != 1 {
+        lost += 1
+        if problems.count < 5 {
+            problems.append(
+                "'\(ack.text)' was acknowledged as seq \(ack.seq); the journal has "
+                    + "'\(texts[ack.seq] ?? "nothing")' there and the text \(seen[ack.text] ?? 0) times"
+            )
+        }
+    }
+    for (text, count) in seen where count > 1 && problems.count < 10 {
+        problems.append("'\(text)' is in the journal \(count) times")
+        lost += 1
+    }
+    return (lost, problems)
+}
+
+/// A `lockstep demo-client` holding replicas and only watching, reporting every 50 ms.
+final class Watcher {
+    let child: ChildProcess
+    private(set) var stores:
+        [String: (seq: SequenceNumber, digest: String, resyncs: Int, repairs: Int, divergences: Int)] =
+            [:]
+
+    init(_ daemon: Daemon, stores: [String], eventsQueue: Int = 100_000) throws {
+        child = try ChildProcess(
+            executable: Binaries.lockstep,
+            [
+                "demo-client", "--stores", stores.joined(separator: ","), "--actions", "0", "--report-ms", "50",
+                "--events-queue", "\(eventsQueue)", "--command-endpoint", daemon.command,
+                "--events-endpoint", daemon.events,
+            ]
+        )
+    }
+
+    func read(for timeout: Duration) {
+        child.read(for: timeout)
+        struct Report: Decodable {
+            struct Store: Decodable {
+                var store: String
+                var seq: SequenceNumber
+                var digest: String
+                var resyncs: Int
+                var repairs: Int
+                var divergences: Int
+            }
+            var stores: [Store]
+        }
+        for line in child.takeLines() {
+            guard let report = try? JSONDecoder().decode(Report.self, from: Data(line.utf8)) else { continue }
+            for store in report.stores {
+                stores[store.store] = (store.seq, store.digest, store.resyncs, store.repairs, store.divergences)
+            }
+        }
+    }
+
+    /// Waits until every store is at `expected`; false after `timeout`.
+    func converge(on expected: [String: Digest], within timeout: Duration) -> Bool {
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            read(for: .milliseconds(50))
+            if expected.allSatisfy({ name, digest in
+                stores[name].map { $0.seq == digest.seq && $0.digest == digest.digest } ?? false
+            }) {
+                return true
+            }
+        }
+        return false
+    }
+
+    func stop() -> Int32? {
+        child.signal(SIGTERM)
+        return try? child.finish(within: .seconds(15)).status
+    }
+}

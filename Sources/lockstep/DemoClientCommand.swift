@@ -4,6 +4,7 @@ import Lockstep
 import LockstepClient
 import LockstepExamples
 import LockstepProtocol
+import LockstepTesting
 import Logging
 import ServiceLifecycle
 
@@ -108,7 +109,7 @@ protocol DemoReplica: Sendable {
     var service: any Service { get }
     /// Dispatches an action generated from the replica's state; `false` if the domain rejected it.
     func dispatchGenerated(using random: inout SplitMix64, tag: String?) async throws -> Bool
-    func report(withState: Bool) -> DemoReport.Store
+    func report(withState: Bool) -> ReplicaReport.Store
 }
 
 final class DemoReplicaOf<D: ActionGenerating>: DemoReplica {
@@ -138,7 +139,7 @@ final class DemoReplicaOf<D: ActionGenerating>: DemoReplica {
         }
     }
 
-    func report(withState: Bool) -> DemoReport.Store {
+    func report(withState: Bool) -> ReplicaReport.Store {
         let current = replica.current
         let status = replica.status
         // The digest costs an encoding of the state: only when the state moved.
@@ -148,7 +149,7 @@ final class DemoReplicaOf<D: ActionGenerating>: DemoReplica {
             cached = (current.seq, current.epoch, hex)
             return hex
         }
-        return DemoReport.Store(
+        return ReplicaReport.Store(
             store: D.name,
             phase: status.phase.rawValue,
             epoch: current.epoch?.description,
@@ -164,31 +165,6 @@ final class DemoReplicaOf<D: ActionGenerating>: DemoReplica {
     }
 }
 
-/// One line of a demo client's output.
-struct DemoReport: Codable, Sendable {
-    struct Store: Codable, Sendable {
-        var store: String
-        var phase: String
-        var epoch: String?
-        var seq: SequenceNumber
-        var digest: String
-        var lag: UInt64
-        var resyncs: Int
-        var repairs: Int
-        var divergences: Int
-        var state: String?
-    }
-
-    var pid: Int32
-    var dispatched = 0
-    var accepted = 0
-    var rejected = 0
-    var failed = 0
-    var done = false
-    var final = false
-    var stores: [Store] = []
-}
-
 /// Dispatches the client's actions from `concurrency` tasks and reports until the group shuts down.
 struct DemoWorkload: Service {
     let replicas: [any DemoReplica]
@@ -198,7 +174,7 @@ struct DemoWorkload: Service {
     let tag: String?
     let reportInterval: Duration
     let printState: Bool
-    private let counts = LockedValue(DemoReport(pid: ProcessInfo.processInfo.processIdentifier))
+    private let counts = LockedValue(ReplicaReport(pid: ProcessInfo.processInfo.processIdentifier))
 
     init(
         replicas: [any DemoReplica],

@@ -146,7 +146,7 @@ final class DemoRun {
     private var daemon: ChildProcess?
     private var daemonStarts = 0
     private var clients: [ChildProcess] = []
-    private var reports: [DemoReport?] = []
+    private var reports: [ReplicaReport?] = []
     private let terminal = isatty(STDOUT_FILENO) == 1
     private var drawnLines = 0
 
@@ -241,9 +241,7 @@ final class DemoRun {
                 finalSeqs = try daemonDigests()
                 stage = .settling
             case .settling:
-                let settled = reports.allSatisfy { report in
-                    report?.stores.allSatisfy { finalSeqs[$0.store]?.digest == $0.digest } ?? false
-                }
+                let settled = reports.allSatisfy { $0?.matches(finalSeqs) ?? false }
                 if settled {
                     stage = .converged
                 } else if now - finishedAt > .seconds(60) {
@@ -266,12 +264,7 @@ final class DemoRun {
         for (index, client) in clients.enumerated() {
             let status = client.waitForExit(within: .seconds(10))
             statuses.append(status)
-            client.read(for: .zero)
-            for line in client.takeLines() {
-                if let report = try? JSONDecoder().decode(DemoReport.self, from: Data(line.utf8)) {
-                    reports[index] = report
-                }
-            }
+            if let report = client.newestReport(waiting: .zero) { reports[index] = report }
         }
         daemon?.signal(SIGTERM)
         _ = daemon?.waitForExit(within: .seconds(10))
@@ -334,12 +327,7 @@ final class DemoRun {
 
     private func readReports() throws {
         for (index, client) in clients.enumerated() {
-            client.read(for: .zero)
-            for line in client.takeLines() {
-                if let report = try? JSONDecoder().decode(DemoReport.self, from: Data(line.utf8)) {
-                    reports[index] = report
-                }
-            }
+            if let report = client.newestReport(waiting: .zero) { reports[index] = report }
             if !client.process.isRunning {
                 throw ValidationError("client \(index + 1) exited early; see client-\(index + 1).log")
             }

@@ -52,7 +52,7 @@ final class Faults {
             if !watcher.converge(on: expected, within: .seconds(30)) {
                 result.failure = "replica \(index + 1) did not reach the daemon's \(expected["todos"]!)"
             }
-            if let divergences = watcher.stores["todos"]?.divergences, divergences > 0 {
+            if let divergences = watcher.store("todos")?.divergences, divergences > 0 {
                 result.failure = "replica \(index + 1) diverged \(divergences) times"
             }
             if watcher.stop() != 0 { result.failure = "replica \(index + 1) did not exit cleanly" }
@@ -149,11 +149,23 @@ final class Faults {
         var number: UInt64 = 0
         let clientID = ClientID.random()
         for round in 0..<(long ? 5 : 1) {
-            guard watcher.converge(on: try daemon.digests(["counter"]), within: .seconds(30)) else {
+            // One event first, seen by the replica: its subscription is in place before it is stopped.
+            number += 1
+            let first = DispatchRequest(
+                requestID: number,
+                domainVersion: 1,
+                clientID: clientID,
+                store: try StoreName("counter"),
+                actions: [Array(#"{"increment":{}}"#.utf8)]
+            )
+            guard case .accepted = try client.call(.dispatch(first)) else { throw SuiteError("dispatch refused") }
+            guard watcher.converge(on: try daemon.digests(["counter"]), within: .seconds(30)),
+                watcher.store("counter")?.phase == "live"
+            else {
                 result.failure = "the replica did not catch up before round \(round + 1)"
                 break
             }
-            let repairsBefore = watcher.stores["counter"]?.repairs ?? 0
+            let repairsBefore = watcher.store("counter")?.repairs ?? 0
             kill(watcher.child.process.processIdentifier, SIGSTOP)
             // 40,000 events while it sleeps: far more than both queues and the socket buffers hold.
             for _ in 0..<40 {
@@ -174,20 +186,20 @@ final class Faults {
                 result.failure = "the replica did not repair to \(expected["counter"]!)"
                 break
             }
-            let repairs = watcher.stores["counter"]?.repairs ?? 0
-            if let resyncs = watcher.stores["counter"]?.resyncs, resyncs > 0 {
+            let repairs = watcher.store("counter")?.repairs ?? 0
+            if let resyncs = watcher.store("counter")?.resyncs, resyncs > 0 {
                 result.failure = "the replica resynced \(resyncs) times instead of repairing the gap"
             } else if repairs > repairsBefore {
                 result.survived += 1
             } else {
                 result.failure = "no gap formed: the replica lost no events while stopped"
             }
-            if let divergences = watcher.stores["counter"]?.divergences, divergences > 0 {
+            if let divergences = watcher.store("counter")?.divergences, divergences > 0 {
                 result.lost += divergences
             }
         }
         result.notes.append(
-            "\(number * 1_000) events published; gaps repaired: \(watcher.stores["counter"]?.repairs ?? 0)"
+            "\(number * 1_000) events published; gaps repaired: \(watcher.store("counter")?.repairs ?? 0)"
         )
         _ = watcher.stop()
         if daemon.stop() != 0 { result.failure = "lockstepd did not exit 0 on SIGTERM" }
@@ -622,7 +634,7 @@ final class Faults {
         try "-3d\n".write(to: clock, atomically: true, encoding: .utf8)
         Thread.sleep(forTimeInterval: 4)
         watcher.read(for: .milliseconds(100))
-        if let resyncs = watcher.stores["todos"]?.resyncs, resyncs > 0 {
+        if let resyncs = watcher.store("todos")?.resyncs, resyncs > 0 {
             result.failure = "the replica resynced \(resyncs) times across the jumps"
         }
         try settle(daemon, load, watchers: [watcher], into: &result)

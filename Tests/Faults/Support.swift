@@ -253,9 +253,7 @@ func checkJournal(_ directory: String, acks: [Ack]) throws -> (lost: Int, proble
 /// A `lockstep demo-client` holding replicas and only watching, reporting every 50 ms.
 final class Watcher {
     let child: ChildProcess
-    private(set) var stores:
-        [String: (seq: SequenceNumber, digest: String, resyncs: Int, repairs: Int, divergences: Int)] =
-            [:]
+    private(set) var last: ReplicaReport?
 
     init(_ daemon: Daemon, stores: [String], eventsQueue: Int = 100_000) throws {
         child = try ChildProcess(
@@ -268,37 +266,20 @@ final class Watcher {
         )
     }
 
+    /// The newest report's replica of `name`.
+    func store(_ name: String) -> ReplicaReport.Store? { last?.store(name) }
+
     func read(for timeout: Duration) {
-        child.read(for: timeout)
-        struct Report: Decodable {
-            struct Store: Decodable {
-                var store: String
-                var seq: SequenceNumber
-                var digest: String
-                var resyncs: Int
-                var repairs: Int
-                var divergences: Int
-            }
-            var stores: [Store]
-        }
-        for line in child.takeLines() {
-            guard let report = try? JSONDecoder().decode(Report.self, from: Data(line.utf8)) else { continue }
-            for store in report.stores {
-                stores[store.store] = (store.seq, store.digest, store.resyncs, store.repairs, store.divergences)
-            }
-        }
+        if let report = child.newestReport(waiting: timeout) { last = report }
     }
 
     /// Waits until every store is at `expected`; false after `timeout`.
     func converge(on expected: [String: Digest], within timeout: Duration) -> Bool {
+        let wanted = expected.mapValues { (seq: $0.seq, digest: $0.digest) }
         let deadline = ContinuousClock.now + timeout
         while ContinuousClock.now < deadline {
             read(for: .milliseconds(50))
-            if expected.allSatisfy({ name, digest in
-                stores[name].map { $0.seq == digest.seq && $0.digest == digest.digest } ?? false
-            }) {
-                return true
-            }
+            if last?.matches(wanted) == true { return true }
         }
         return false
     }

@@ -1,0 +1,82 @@
+import Foundation
+
+/// One line of `lockstep demo-client`'s output: what the client dispatched and where each of its replicas
+/// stands. The demo, the integration tests and the fault suite read these lines from client processes.
+public struct ReplicaReport: Codable, Sendable {
+    /// One replica.
+    public struct Store: Codable, Sendable {
+        public var store: String
+        /// `joining`, `live`, `repairing` or `disconnected`.
+        public var phase: String
+        public var epoch: String?
+        public var seq: UInt64
+        /// The SHA-256 of the replica's state, in hex.
+        public var digest: String
+        public var lag: UInt64
+        public var resyncs: Int
+        public var repairs: Int
+        public var divergences: Int
+        /// The state's canonical JSON, in the final report when asked for.
+        public var state: String?
+
+        public init(
+            store: String,
+            phase: String,
+            epoch: String?,
+            seq: UInt64,
+            digest: String,
+            lag: UInt64,
+            resyncs: Int,
+            repairs: Int,
+            divergences: Int,
+            state: String?
+        ) {
+            self.store = store
+            self.phase = phase
+            self.epoch = epoch
+            self.seq = seq
+            self.digest = digest
+            self.lag = lag
+            self.resyncs = resyncs
+            self.repairs = repairs
+            self.divergences = divergences
+            self.state = state
+        }
+    }
+
+    public var pid: Int32
+    public var dispatched = 0
+    public var accepted = 0
+    /// Refused by the domain's validator.
+    public var rejected = 0
+    /// No answer, or another error.
+    public var failed = 0
+    /// Every dispatch has been answered.
+    public var done = false
+    /// The last line, printed on SIGTERM.
+    public var final = false
+    public var stores: [Store] = []
+
+    public init(pid: Int32) {
+        self.pid = pid
+    }
+
+    /// The replica of `name`.
+    public func store(_ name: String) -> Store? { stores.first { $0.store == name } }
+
+    /// Whether every store in `expected` is at that (seq, digest).
+    public func matches(_ expected: [String: (seq: UInt64, digest: String)]) -> Bool {
+        expected.allSatisfy { name, want in store(name).map { $0.seq == want.seq && $0.digest == want.digest } ?? false
+        }
+    }
+}
+
+extension ChildProcess {
+    /// Reads what arrives within `timeout` and returns the newest report among the complete lines, if any.
+    public func newestReport(waiting timeout: Duration) -> ReplicaReport? {
+        read(for: timeout)
+        return takeLines().reversed().lazy.compactMap {
+            try? JSONDecoder().decode(ReplicaReport.self, from: Data($0.utf8))
+        }.first
+    }
+}

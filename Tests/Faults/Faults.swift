@@ -199,7 +199,8 @@ final class Faults {
             }
         }
         result.notes.append(
-            "\(number * 1_000) events published; gaps repaired: \(watcher.store("counter")?.repairs ?? 0)"
+            "\(result.injected * 40_000) events published while it was stopped; gaps repaired: "
+                + "\(watcher.store("counter")?.repairs ?? 0)"
         )
         _ = watcher.stop()
         if daemon.stop() != 0 { result.failure = "lockstepd did not exit 0 on SIGTERM" }

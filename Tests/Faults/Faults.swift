@@ -151,14 +151,7 @@ final class Faults {
         for round in 0..<(long ? 5 : 1) {
             // One event first, seen by the replica: its subscription is in place before it is stopped.
             number += 1
-            let first = DispatchRequest(
-                requestID: number,
-                domainVersion: 1,
-                clientID: clientID,
-                store: try StoreName("counter"),
-                actions: [Array(#"{"increment":{}}"#.utf8)]
-            )
-            guard case .accepted = try client.call(.dispatch(first)) else { throw SuiteError("dispatch refused") }
+            try client.mustAccept("counter", #"{"increment":{}}"#, number: number, clientID: clientID)
             guard watcher.converge(on: try daemon.digests(["counter"]), within: .seconds(30)),
                 watcher.store("counter")?.phase == "live"
             else {
@@ -170,14 +163,7 @@ final class Faults {
             // 40,000 events while it sleeps: far more than both queues and the socket buffers hold.
             for _ in 0..<40 {
                 number += 1
-                let request = DispatchRequest(
-                    requestID: number,
-                    domainVersion: 1,
-                    clientID: clientID,
-                    store: try StoreName("counter"),
-                    actions: Array(repeating: Array(#"{"increment":{}}"#.utf8), count: 1_000)
-                )
-                guard case .accepted = try client.call(.dispatch(request)) else { throw SuiteError("burst refused") }
+                try client.mustAccept("counter", #"{"increment":{}}"#, count: 1_000, number: number, clientID: clientID)
             }
             kill(watcher.child.process.processIdentifier, SIGCONT)
             result.injected += 1
@@ -221,14 +207,7 @@ final class Faults {
         for number in 1...30 {
             let store = number % 2 == 0 ? "counter" : "todos"
             let action = store == "counter" ? #"{"increment":{}}"# : #"{"add":{"text":"surgery \#(number)"}}"#
-            let request = DispatchRequest(
-                requestID: UInt64(number),
-                domainVersion: 1,
-                clientID: clientID,
-                store: try StoreName(store),
-                actions: Array(repeating: Array(action.utf8), count: 100)
-            )
-            guard case .accepted = try client.call(.dispatch(request)) else { throw SuiteError("setup refused") }
+            try client.mustAccept(store, action, count: 100, number: UInt64(number), clientID: clientID)
         }
         let stores = ["counter", "todos", "posts", "numbers"]
         let before = try pristine.digests(stores)
@@ -522,14 +501,7 @@ final class Faults {
                 retries: 0,
                 curve: curve
             )
-            let request = DispatchRequest(
-                requestID: 1,
-                domainVersion: 1,
-                clientID: ClientID.random(),
-                store: try StoreName("counter"),
-                actions: [Array(#"{"increment":{}}"#.utf8)]
-            )
-            return try? client.call(.dispatch(request))
+            return try? client.dispatch("counter", #"{"increment":{}}"#, number: 1, clientID: ClientID.random())
         }
         // The listed key gets through (asking until the daemon is up).
         var accepted = false

@@ -130,6 +130,34 @@ struct Digest: Hashable, CustomStringConvertible {
     var description: String { "seq \(seq) \(digest.prefix(12))" }
 }
 
+extension CommandClient {
+    /// Dispatches `count` copies of `action` to `store` as request `number` of `clientID`.
+    func dispatch(
+        _ store: String,
+        _ action: String,
+        count: Int = 1,
+        number: UInt64,
+        clientID: ClientID
+    ) throws
+        -> Reply
+    {
+        let request = DispatchRequest(
+            requestID: number,
+            domainVersion: 1,
+            clientID: clientID,
+            store: try StoreName(store),
+            actions: Array(repeating: Array(action.utf8), count: count)
+        )
+        return try call(.dispatch(request))
+    }
+
+    /// The same, for set-up: anything but ACCEPTED stops the fault class.
+    func mustAccept(_ store: String, _ action: String, count: Int = 1, number: UInt64, clientID: ClientID) throws {
+        let reply = try dispatch(store, action, count: count, number: number, clientID: clientID)
+        guard case .accepted = reply else { throw SuiteError("the daemon answered a set-up dispatch with \(reply)") }
+    }
+}
+
 /// An acknowledged dispatch: the todo's text and the seq the daemon answered with.
 struct Ack: Hashable {
     var text: String

@@ -205,11 +205,17 @@ final class DemoRun {
         var finalSeqs: [String: (seq: SequenceNumber, digest: String)] = [:]
         var finishedAt = started
         var lastDraw = started - .seconds(1)
+        var lastProgress = (value: -1.0, at: started)
         while stage != .converged {
             Thread.sleep(forTimeInterval: 0.05)
             try readReports()
             let now = ContinuousClock.now
             let progress = Double(reports.reduce(0) { $0 + ($1?.dispatched ?? 0) }) / Double(clientCount * actions)
+            if progress != lastProgress.value || stage == .settling || stage == .clientStopped {
+                lastProgress = (progress, now)
+            } else if now - lastProgress.at > .seconds(60) {
+                throw ValidationError("no client dispatched anything for 60 s (see client-*.log)")
+            }
             switch stage {
             case .running where progress >= 0.2:
                 clients[stopped].signal(SIGSTOP)

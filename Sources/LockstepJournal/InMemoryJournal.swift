@@ -6,14 +6,9 @@ import Lockstep
 /// ``capacityBytes`` lets a test make it run out of space: a commit that would store more bytes (actions,
 /// snapshot states, idempotency replies) than that fails with ``JournalError/Code/storageFull`` and keeps
 /// nothing, as a full disk does to ``SQLiteJournal``.
-public final class InMemoryJournal: Journal {
-    /// Always `memory`.
-    public var location: String { storage.location }
-    /// The journal's policy.
-    public var policy: JournalPolicy { engine.policy }
-
-    private let storage: MemoryStorage
-    private let engine: JournalEngine<MemoryStorage>
+public final class InMemoryJournal: EngineJournal {
+    let engine: JournalEngine<MemoryStorage>
+    private var storage: MemoryStorage { engine.storage }
 
     /// An empty journal.
     public convenience init(policy: JournalPolicy = JournalPolicy(), capacityBytes: Int? = nil) {
@@ -21,7 +16,6 @@ public final class InMemoryJournal: Journal {
     }
 
     private init(storage: MemoryStorage, policy: JournalPolicy) {
-        self.storage = storage
         engine = JournalEngine(storage: storage, policy: policy)
     }
 
@@ -38,52 +32,8 @@ public final class InMemoryJournal: Journal {
         set { storage.state.withLockedValue { $0.capacityBytes = newValue } }
     }
 
-    public func recover<D: Domain>(_ domain: D.Type) throws(JournalError) -> RecoveredStore<D> {
-        try engine.recover(domain)
-    }
-
-    public func commit(_ batch: JournalBatch) throws(JournalError) {
-        try engine.commit(batch)
-    }
-
-    public func snapshotDue(store: String, pendingEvents: Int, pendingBytes: Int) -> Bool {
-        engine.snapshotDue(store: store, pendingEvents: pendingEvents, pendingBytes: pendingBytes)
-    }
-
-    public func lastSeq(store: String) -> UInt64? {
-        engine.lastSeq(store: store)
-    }
-
-    public func events(store: String, from: UInt64, to: UInt64, limit: Int) throws(JournalError) -> JournalRange {
-        try engine.events(store: store, from: from, to: to, limit: limit)
-    }
-
-    public func newestSnapshot(store: String) throws(JournalError) -> JournalSnapshot? {
-        try engine.newestSnapshot(store: store)
-    }
-
     /// Nothing is durable in memory, so there is nothing to sync.
     public func sync() throws(JournalError) {}
-
-    public func snapshot(store: String, seq: UInt64) throws(JournalError) -> JournalSnapshot? {
-        try engine.snapshot(store: store, seq: seq)
-    }
-
-    public func idempotencyRecord(for key: IdempotencyKey) throws(JournalError) -> IdempotencyRecord? {
-        try storage.idempotencyRecord(for: key)
-    }
-
-    public func idempotencyRecords() throws(JournalError) -> [IdempotencyRecord] {
-        try storage.idempotencyRecords()
-    }
-
-    public func stats() throws(JournalError) -> JournalStats {
-        try engine.stats()
-    }
-
-    public func verify() throws(JournalError) -> [JournalProblem] {
-        try engine.verify()
-    }
 
     /// Nothing to release; the contents stay until the journal is dropped.
     public func close() throws(JournalError) {}

@@ -72,6 +72,64 @@ protocol JournalStorage: Sendable {
     func close() throws(JournalError)
 }
 
+/// A journal that is its engine over one storage: every query of `Journal` is answered here once, for both the
+/// SQLite and the in-memory journal; each keeps only what differs (opening, `sync`, `close`).
+protocol EngineJournal: Journal {
+    associatedtype Storage: JournalStorage
+    var engine: JournalEngine<Storage> { get }
+}
+
+extension EngineJournal {
+    /// Where the journal lives: the SQLite file's path, or `memory`.
+    public var location: String { engine.storage.location }
+    /// The journal's policy.
+    public var policy: JournalPolicy { engine.policy }
+
+    public func recover<D: Domain>(_ domain: D.Type) throws(JournalError) -> RecoveredStore<D> {
+        try engine.recover(domain)
+    }
+
+    public func commit(_ batch: JournalBatch) throws(JournalError) {
+        try engine.commit(batch)
+    }
+
+    public func snapshotDue(store: String, pendingEvents: Int, pendingBytes: Int) -> Bool {
+        engine.snapshotDue(store: store, pendingEvents: pendingEvents, pendingBytes: pendingBytes)
+    }
+
+    public func lastSeq(store: String) -> UInt64? {
+        engine.lastSeq(store: store)
+    }
+
+    public func events(store: String, from: UInt64, to: UInt64, limit: Int) throws(JournalError) -> JournalRange {
+        try engine.events(store: store, from: from, to: to, limit: limit)
+    }
+
+    public func newestSnapshot(store: String) throws(JournalError) -> JournalSnapshot? {
+        try engine.newestSnapshot(store: store)
+    }
+
+    public func snapshot(store: String, seq: UInt64) throws(JournalError) -> JournalSnapshot? {
+        try engine.snapshot(store: store, seq: seq)
+    }
+
+    public func idempotencyRecord(for key: IdempotencyKey) throws(JournalError) -> IdempotencyRecord? {
+        try engine.storage.idempotencyRecord(for: key)
+    }
+
+    public func idempotencyRecords() throws(JournalError) -> [IdempotencyRecord] {
+        try engine.storage.idempotencyRecords()
+    }
+
+    public func stats() throws(JournalError) -> JournalStats {
+        try engine.stats()
+    }
+
+    public func verify() throws(JournalError) -> [JournalProblem] {
+        try engine.verify()
+    }
+}
+
 /// The journal's rules — recovery, batch checks, snapshot policy, compaction, range answers — over any storage.
 final class JournalEngine<Storage: JournalStorage>: Sendable {
     /// What the engine knows about a recovered store.

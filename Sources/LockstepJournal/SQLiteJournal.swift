@@ -12,19 +12,14 @@ import Darwin
 
 /// The journal in one SQLite file, `journal.sqlite` in the data directory: WAL, `synchronous = FULL`, mode
 /// 0600. Its schema, durability and tools are described in docs/operations.md.
-public final class SQLiteJournal: Journal {
+public final class SQLiteJournal: EngineJournal {
     /// The journal's file name inside the data directory.
     public static let fileName = "journal.sqlite"
     /// The format this build writes and reads. A journal of another format is refused when opened.
     public static let formatVersion = 1
 
-    /// The path of the journal's file.
-    public var location: String { storage.location }
-    /// The journal's policy.
-    public var policy: JournalPolicy { engine.policy }
-
-    private let storage: SQLiteStorage
-    private let engine: JournalEngine<SQLiteStorage>
+    let engine: JournalEngine<SQLiteStorage>
+    private var storage: SQLiteStorage { engine.storage }
 
     /// Opens the journal in `directory`, creating the directory (mode 0700) and the journal when absent.
     ///
@@ -33,68 +28,26 @@ public final class SQLiteJournal: Journal {
     ///   - policy: When snapshots are due and how much history is kept.
     ///   - readOnly: Open for reading only (the CLI's `verify`, `dump` and `stats`): nothing is created,
     ///     commits are refused, and a store not yet in the journal cannot be recovered.
-    /// - Throws: ``JournalError`` with ``JournalError/Code/formatVersionMismatch`` when the file was written
-    ///   in another format, ``JournalError/Code/notAJournal`` when it is some other database, and the
-    ///   SQLite or I/O failure otherwise.
     ///   - relaxed: `synchronous = NORMAL`: a commit returns once written, not synced; call ``sync()`` soon
     ///     after (lockstepd does within 10 ms). A crash of the process loses nothing; a power cut can lose
     ///     what was committed since the last sync.
+    /// - Throws: ``JournalError`` with ``JournalError/Code/formatVersionMismatch`` when the file was written
+    ///   in another format, ``JournalError/Code/notAJournal`` when it is some other database, and the
+    ///   SQLite or I/O failure otherwise.
     public init(
         directory: String,
         policy: JournalPolicy = JournalPolicy(),
         readOnly: Bool = false,
         relaxed: Bool = false
     ) throws(JournalError) {
-        storage = try SQLiteStorage(directory: directory, readOnly: readOnly, relaxed: relaxed)
-        engine = JournalEngine(storage: storage, policy: policy)
+        engine = JournalEngine(
+            storage: try SQLiteStorage(directory: directory, readOnly: readOnly, relaxed: relaxed),
+            policy: policy
+        )
     }
 
     /// The open connection, for tests that must reach under the journal (e.g. `PRAGMA max_page_count`).
     package var databaseQueue: DatabaseQueue { storage.queue }
-
-    public func recover<D: Domain>(_ domain: D.Type) throws(JournalError) -> RecoveredStore<D> {
-        try engine.recover(domain)
-    }
-
-    public func commit(_ batch: JournalBatch) throws(JournalError) {
-        try engine.commit(batch)
-    }
-
-    public func snapshotDue(store: String, pendingEvents: Int, pendingBytes: Int) -> Bool {
-        engine.snapshotDue(store: store, pendingEvents: pendingEvents, pendingBytes: pendingBytes)
-    }
-
-    public func lastSeq(store: String) -> UInt64? {
-        engine.lastSeq(store: store)
-    }
-
-    public func events(store: String, from: UInt64, to: UInt64, limit: Int) throws(JournalError) -> JournalRange {
-        try engine.events(store: store, from: from, to: to, limit: limit)
-    }
-
-    public func newestSnapshot(store: String) throws(JournalError) -> JournalSnapshot? {
-        try engine.newestSnapshot(store: store)
-    }
-
-    public func snapshot(store: String, seq: UInt64) throws(JournalError) -> JournalSnapshot? {
-        try engine.snapshot(store: store, seq: seq)
-    }
-
-    public func idempotencyRecord(for key: IdempotencyKey) throws(JournalError) -> IdempotencyRecord? {
-        try storage.idempotencyRecord(for: key)
-    }
-
-    public func idempotencyRecords() throws(JournalError) -> [IdempotencyRecord] {
-        try storage.idempotencyRecords()
-    }
-
-    public func stats() throws(JournalError) -> JournalStats {
-        try engine.stats()
-    }
-
-    public func verify() throws(JournalError) -> [JournalProblem] {
-        try engine.verify()
-    }
 
     public func close() throws(JournalError) {
         try storage.close()

@@ -56,9 +56,10 @@ public struct DomainStore<D: Domain>: SequencedStore {
     public mutating func sequence(_ frames: [Frame]) -> Result<[SequencedAction], BatchFailure> {
         var actions: [D.Action] = []
         actions.reserveCapacity(frames.count)
+        let decoder = JSONDecoder()
         for (index, frame) in frames.enumerated() {
             do {
-                actions.append(try JSONDecoder().decode(D.Action.self, from: Data(frame)))
+                actions.append(try decoder.decode(D.Action.self, from: Data(frame)))
             } catch {
                 return .failure(.undecodable(index: index, reason: "\(CanonicalEncoding.describe(error))"))
             }
@@ -158,7 +159,7 @@ public struct Sequencer: Sendable {
                 )
             )
         }
-        guard var store = stores[request.store] else {
+        guard let domainVersion = stores[request.store]?.domainVersion else {
             let hosted = stores.keys.sorted().map(\.rawValue).joined(separator: ", ")
             return .reply(
                 .error(
@@ -170,20 +171,21 @@ public struct Sequencer: Sendable {
                 )
             )
         }
-        guard request.domainVersion == store.domainVersion else {
+        guard request.domainVersion == domainVersion else {
             return .reply(
                 .error(
                     requestID: request.requestID,
                     ProtocolError(
                         code: .domainVersionMismatch,
-                        "store '\(request.store)' runs domain version \(store.domainVersion), the client sent "
+                        "store '\(request.store)' runs domain version \(domainVersion), the client sent "
                             + "version \(request.domainVersion); build the client with the daemon's domain"
                     )
                 )
             )
         }
-        let result = store.sequence(request.actions)
-        stores[request.store] = store
+        // Through the dictionary in place: a local copy would hold a second reference to the state, and the
+        // reducer's first write would copy all of it.
+        let result = stores[request.store]!.sequence(request.actions)
         switch result {
         case let .failure(.undecodable(index, reason)):
             return .reply(
@@ -200,9 +202,10 @@ public struct Sequencer: Sendable {
             idempotency.insert(key, IdempotencyCache.Entry(fingerprint: fingerprint, reply: reply))
             return .reply(reply)
         case let .success(events):
+            let epoch = stores[request.store]!.epoch
             let reply = Reply.accepted(
                 requestID: request.requestID,
-                epoch: store.epoch,
+                epoch: epoch,
                 firstSeq: events[0].seq,
                 count: UInt32(events.count)
             )
@@ -210,7 +213,7 @@ public struct Sequencer: Sendable {
             return .commit(
                 Commit(
                     store: request.store,
-                    epoch: store.epoch,
+                    epoch: epoch,
                     clientID: request.clientID,
                     requestNumber: request.requestID,
                     fingerprint: fingerprint,

@@ -311,6 +311,9 @@ private struct LoopState {
 
     private enum Pending {
         case reply(Reply)
+        /// The sequencer's answer to a dispatch that needs no commit: it stands only if the turn's commit
+        /// does, since it was decided against the state the turn's earlier dispatches left.
+        case decided(Reply)
         case commit(Sequencer.Commit)
         case snapshot(requestID: UInt64, store: StoreName)
         case range(requestID: UInt64, store: StoreName, from: SequenceNumber, to: SequenceNumber)
@@ -342,7 +345,7 @@ private struct LoopState {
             switch request {
             case let .dispatch(dispatch):
                 switch sequencer.dispatch(dispatch) {
-                case let .reply(reply): pending.append((message.envelope, .reply(reply)))
+                case let .reply(reply): pending.append((message.envelope, .decided(reply)))
                 case let .commit(commit): pending.append((message.envelope, .commit(commit)))
                 }
             case let .snapshot(requestID, store):
@@ -381,12 +384,10 @@ private struct LoopState {
         for (envelope, work) in pending {
             let reply: Reply
             switch work {
-            case let .reply(decided):
-                if !committed, case .accepted = decided {
-                    reply = unavailable(decided.requestID)
-                } else {
-                    reply = decided
-                }
+            case let .reply(answer):
+                reply = answer
+            case let .decided(answer):
+                reply = committed ? answer : unavailable(answer.requestID)
             case let .commit(commit):
                 reply = committed ? commit.reply : unavailable(commit.requestNumber)
             case let .snapshot(requestID, name):

@@ -99,6 +99,8 @@ public struct ReplicaSync: Sendable {
     public private(set) var lastSeq: SequenceNumber = 0
     /// The highest seq the daemon is known to have reached, from events, heartbeats and digests.
     public private(set) var daemonSeq: SequenceNumber = 0
+    /// The epoch `daemonSeq` was heard in: a seq of another epoch says nothing about this one.
+    private var daemonSeqEpoch: Epoch?
     /// How many times the replica started over.
     public private(set) var resyncCount = 0
 
@@ -135,7 +137,7 @@ public struct ReplicaSync: Sendable {
         if let epoch, eventEpoch != epoch, phase != .joining {
             return resync(.newEpoch(old: epoch, new: eventEpoch), now: now, keeping: (eventEpoch, seq, action))
         }
-        daemonSeq = max(daemonSeq, seq)
+        heard(epoch: eventEpoch, seq: seq)
         switch phase {
         case .joining:
             keep(epoch: eventEpoch, SequencedAction(seq: seq, action: action))
@@ -167,7 +169,7 @@ public struct ReplicaSync: Sendable {
         if let epoch, beatEpoch != epoch, phase != .joining {
             return resync(.newEpoch(old: epoch, new: beatEpoch), now: now)
         }
-        daemonSeq = max(daemonSeq, daemonLast)
+        heard(epoch: beatEpoch, seq: daemonLast)
         return repairIfBehind(now: now)
     }
 
@@ -182,7 +184,7 @@ public struct ReplicaSync: Sendable {
         if let epoch, digestEpoch != epoch, phase != .joining {
             return resync(.newEpoch(old: epoch, new: digestEpoch), now: now)
         }
-        daemonSeq = max(daemonSeq, seq)
+        heard(epoch: digestEpoch, seq: seq)
         guard phase != .joining, seq >= lastSeq else { return [] }
         if seq == lastSeq { return [.verifyDigest(seq: seq, digest: digest)] }
         pendingDigest = (seq, digest)
@@ -207,7 +209,7 @@ public struct ReplicaSync: Sendable {
         epoch = snapshotEpoch
         bufferEpoch = snapshotEpoch
         lastSeq = seq
-        daemonSeq = max(daemonSeq, seq)
+        heard(epoch: snapshotEpoch, seq: seq)
         return [.install(epoch: snapshotEpoch, seq: seq, digest: digest, state: state)] + drainBuffer(now: now)
     }
 
@@ -304,6 +306,7 @@ public struct ReplicaSync: Sendable {
         epoch = nil
         lastSeq = 0
         daemonSeq = 0
+        daemonSeqEpoch = nil
         pendingDigest = nil
         buffer.removeAll()
         bufferEpoch = nil
@@ -360,6 +363,16 @@ public struct ReplicaSync: Sendable {
         guard phase == .live, daemonSeq > lastSeq, awaiting == nil else { return [] }
         phase = .repairing
         return request(.range(from: lastSeq + 1, to: daemonSeq), now: now)
+    }
+
+    /// The daemon said it reached `seq` in `epoch`; a newer epoch's word replaces an older one's.
+    private mutating func heard(epoch heardEpoch: Epoch, seq: SequenceNumber) {
+        if daemonSeqEpoch != heardEpoch {
+            daemonSeqEpoch = heardEpoch
+            daemonSeq = seq
+        } else {
+            daemonSeq = max(daemonSeq, seq)
+        }
     }
 
     private mutating func checkPendingDigest() -> [Output] {

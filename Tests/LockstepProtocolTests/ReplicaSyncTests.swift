@@ -196,6 +196,18 @@ import Testing
         #expect(sync.lastSeq == 0)
     }
 
+    @Test func whatAnOldEpochSaidIsForgottenWithItsSnapshot() {
+        var sync = ReplicaSync(now: t0)
+        _ = sync.start(now: t0)
+        // While joining it hears the old journal at seq 1000; then the daemon comes back with a new one.
+        _ = sync.heartbeat(epoch: epoch, lastSeq: 1_000, now: t0)
+        let newEpoch = Epoch(rawValue: epoch.rawValue &+ 1)
+        let outputs = sync.snapshot(epoch: newEpoch, seq: 0, digest: digest, state: [], now: t0)
+        #expect(outputs == [.install(epoch: newEpoch, seq: 0, digest: digest, state: [])])
+        #expect(sync.phase == .live)
+        #expect(sync.daemonSeq == 0)
+    }
+
     @Test func aStoppedOwnerIsNotASilentDaemon() {
         var sync = ReplicaSync(now: t0)
         _ = sync.start(now: t0)

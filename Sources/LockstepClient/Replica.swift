@@ -119,7 +119,7 @@ public final class Replica<D: Domain>: Service, Sendable {
     public func waitUntilLive(timeout: Duration = .seconds(10)) async throws {
         let deadline = ContinuousClock.now + timeout
         while status.phase != .live {
-            guard ContinuousClock.now < deadline else {
+            guard ContinuousClock.now < deadline, status.phase != .stopped else {
                 let status = self.status
                 throw ClientError(
                     code: .unavailable,
@@ -228,6 +228,16 @@ public final class Replica<D: Domain>: Service, Sendable {
         var engine = Engine(replica: self, sync: ReplicaSync(settings: configuration.sync, now: .now))
         let start = engine.sync.start(now: .now)
         engine.perform(start, on: &link)
+        do {
+            try turns(&engine, &link)
+        } catch {
+            engine.failAll([], ClientError(code: .stopped, "the replica of '\(store)' stopped: \(error)"))
+            throw error
+        }
+    }
+
+    /// Turns until a stop is asked for; what is in flight is failed on the way out.
+    private func turns(_ engine: inout Engine<D>, _ link: inout Link) throws {
         while true {
             let now = ContinuousClock.now
             let timeout = min(engine.nextDeadline(after: now), now + .milliseconds(100)) - now
@@ -259,6 +269,7 @@ public final class Replica<D: Domain>: Service, Sendable {
     private func finish() {
         let (outbox, waiters, listeners) = shared.withLockedValue { shared in
             shared.stopped = true
+            shared.status.phase = .stopped
             defer {
                 shared.outbox.removeAll()
                 shared.waiters.removeAll()
@@ -447,9 +458,10 @@ private struct Engine<D: Domain> {
         }
     }
 
-    func failAll(_ outbox: [Replica<D>.Outgoing], _ error: ClientError) {
+    mutating func failAll(_ outbox: [Replica<D>.Outgoing], _ error: ClientError) {
         for outgoing in outbox { outgoing.continuation.resume(throwing: error) }
         for flight in inFlight.values { flight.continuation.resume(throwing: error) }
+        inFlight.removeAll()
     }
 
     /// Answers a dispatch: a rejection or refusal at once, an acceptance once this replica applied it.
@@ -474,6 +486,11 @@ private struct Engine<D: Domain> {
                 throwing: flight.count == 1
                     ? rejection
                     : Rejection(code: rejection.code, "action \(index) of the batch: \(rejection.reason)")
+            )
+        case let .error(_, error) where error.code == .unavailable:
+            // Nothing was applied and a retry with the same key is safe: the caller may try again later.
+            flight.continuation.resume(
+                throwing: ClientError(code: .unavailable, "the daemon could not take the dispatch now: \(error)")
             )
         case let .error(_, error):
             flight.continuation.resume(
@@ -555,7 +572,7 @@ private struct Engine<D: Domain> {
         let now = ContinuousClock.now
         let expired = inFlight.filter { $0.value.deadline <= now }
         if !expired.isEmpty {
-            for (id, flight) in expired where flight.triesLeft == 0 {
+            for (id, flight) in expired where flight.triesLeft <= 0 {
                 inFlight[id] = nil
                 flight.continuation.resume(
                     throwing: ClientError(

@@ -62,6 +62,8 @@ public struct ReplicaStatus: Hashable, Sendable {
         case repairing
         /// Nothing heard from the daemon for longer than the silence limit; it keeps trying.
         case disconnected
+        /// `run()` returned: the replica no longer follows the daemon.
+        case stopped
 
         public var description: String { rawValue }
     }

@@ -575,9 +575,14 @@ private struct LoopState {
         // and would hold the loop.
         let journalBytes = configuration.journal == .memory ? "null" : "\(Self.fileBytes(journal.location))"
         let json =
-            #"{"uptimeSeconds":\#(uptime.components.seconds),"journal":"\#(journal.location)","#
+            #"{"uptimeSeconds":\#(uptime.components.seconds),"journal":\#(Self.jsonString(journal.location)),"#
             + #""journalBytes":\#(journalBytes),"stores":[\#(stores.joined(separator: ","))]}"#
         return .status(requestID: requestID, json: Array(json.utf8))
+    }
+
+    /// `text` as a JSON string: a data directory may hold quotes or backslashes.
+    static func jsonString(_ text: String) -> String {
+        (try? JSONEncoder().encode(text)).map { String(decoding: $0, as: UTF8.self) } ?? "null"
     }
 
     /// The journal file and its write-ahead log, in bytes.

@@ -88,8 +88,10 @@ public final class ChildProcess {
         return text.split(separator: "\n", omittingEmptySubsequences: false).map(String.init)
     }
 
-    /// The exit status, or `nil` if the process is still running after `timeout`.
+    /// The exit status, or `nil` if the process is still running after `timeout` (or never started).
     public func waitForExit(within timeout: Duration) -> Int32? {
+        // A process that failed to start has no status to read (Foundation traps on it).
+        guard process.processIdentifier != 0 else { return nil }
         let deadline = ContinuousClock.now + timeout
         while process.isRunning {
             guard ContinuousClock.now < deadline else { return nil }

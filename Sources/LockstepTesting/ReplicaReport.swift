@@ -1,5 +1,9 @@
 import Foundation
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// One line of `lockstep demo-client`'s output: what the client dispatched and where each of its replicas
 /// stands. The demo, the integration tests and the fault suite read these lines from client processes.
 public struct ReplicaReport: Codable, Sendable {
@@ -78,5 +82,61 @@ extension ChildProcess {
         return takeLines().reversed().lazy.compactMap {
             try? JSONDecoder().decode(ReplicaReport.self, from: Data($0.utf8))
         }.first
+    }
+}
+
+/// A `lockstep demo-client` process (replicas of some example stores, dispatching or only watching) whose
+/// report lines are read with bounded waits.
+public final class ReplicaClient {
+    public let child: ChildProcess
+    /// The newest report read.
+    public private(set) var last: ReplicaReport?
+
+    /// Starts `lockstep demo-client` against the daemon at these endpoints, reporting every 50 ms.
+    public init(
+        lockstep: URL,
+        commandEndpoint: String,
+        eventsEndpoint: String,
+        stores: [String],
+        actions: Int,
+        extra: [String] = []
+    ) throws {
+        child = try ChildProcess(
+            executable: lockstep,
+            [
+                "demo-client", "--stores", stores.joined(separator: ","), "--actions", "\(actions)",
+                "--report-ms", "50", "--command-endpoint", commandEndpoint, "--events-endpoint", eventsEndpoint,
+            ] + extra
+        )
+    }
+
+    /// The newest report's replica of `name`.
+    public func store(_ name: String) -> ReplicaReport.Store? { last?.store(name) }
+
+    /// Reads reports until one satisfies `condition`, for at most `timeout` (or until the client's output
+    /// ends); the newest report either way.
+    @discardableResult
+    public func wait(within timeout: Duration, until condition: (ReplicaReport) -> Bool) -> ReplicaReport? {
+        let deadline = ContinuousClock.now + timeout
+        repeat {
+            if let report = child.newestReport(waiting: .milliseconds(50)) { last = report }
+            if let last, condition(last) { return last }
+        } while ContinuousClock.now < deadline && !child.reachedEndOfOutput
+        return last
+    }
+
+    /// Whether every store reaches the given (seq, digest) within `timeout`.
+    public func converge(on expected: [String: (seq: UInt64, digest: String)], within timeout: Duration) -> Bool {
+        wait(within: timeout) { $0.matches(expected) }?.matches(expected) == true
+    }
+
+    /// SIGTERM, then the final report and the exit status (within 15 s, else it is killed and this throws).
+    public func stop() throws -> (report: ReplicaReport?, status: Int32) {
+        child.signal(SIGTERM)
+        let output = try child.finish(within: .seconds(15))
+        let final = output.standardOutput.split(separator: "\n").compactMap {
+            try? JSONDecoder().decode(ReplicaReport.self, from: Data($0.utf8))
+        }.last
+        return (final ?? last, output.status)
     }
 }

@@ -218,13 +218,16 @@ final class DemoRun {
             }
             switch stage {
             case .running where progress >= 0.2:
+                // The daemon's seqs now, to see when it has moved on far enough; ask again next turn if silent.
+                guard let seqs = daemonSeqs() else { break }
                 clients[stopped].signal(SIGSTOP)
-                stoppedAt = (now, daemonSeqs() ?? [])
+                stoppedAt = (now, seqs)
                 stage = .clientStopped
                 say("client \(stopped + 1) stopped (SIGSTOP): its replicas hear nothing while the others go on")
             case .clientStopped:
                 // Go on until every store moved well past what the daemon and the kernel queue for it.
-                let moved = zip(daemonSeqs() ?? [], stoppedAt!.seqs).map { $0 - $1 }
+                guard let seqs = daemonSeqs() else { break }
+                let moved = zip(seqs, stoppedAt!.seqs).map { $0 - $1 }
                 if moved.allSatisfy({ $0 > SequenceNumber(Self.eventsQueue * 3) })
                     || now - stoppedAt!.instant > .seconds(3)
                 {

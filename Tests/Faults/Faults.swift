@@ -43,7 +43,7 @@ final class Faults {
     private func settle(
         _ daemon: Daemon,
         _ load: Load,
-        watchers: [Watcher],
+        watchers: [ReplicaClient],
         into result: inout FaultResult
     ) throws {
         load.stop()
@@ -55,7 +55,7 @@ final class Faults {
             if let divergences = watcher.store("todos")?.divergences, divergences > 0 {
                 result.failure = "replica \(index + 1) diverged \(divergences) times"
             }
-            if watcher.stop() != 0 { result.failure = "replica \(index + 1) did not exit cleanly" }
+            if (try? watcher.stop())?.status != 0 { result.failure = "replica \(index + 1) did not exit cleanly" }
         }
         if daemon.stop() != 0 { result.failure = result.failure ?? "lockstepd did not exit 0 on SIGTERM" }
         let (lost, problems) = try checkJournal(daemon.data, acks: load.acks)
@@ -73,15 +73,15 @@ final class Faults {
     func killUnderLoad() throws -> FaultResult {
         let daemon = try Daemon(folder: folder.appendingPathComponent("kill"), configuration: Self.keepHistory)
         try daemon.start()
-        let watchers = try (0..<2).map { _ in try Watcher(daemon, stores: ["todos"]) }
+        let watchers = try (0..<2).map { _ in try ReplicaClient(watching: daemon, stores: ["todos"]) }
         let load = Load(endpoint: daemon.command, label: "kill")
         load.start()
+        defer { load.stop() }
         let cycles = long ? 200 : 20
         let points = ["before-commit", "after-commit", "after-reply"]
         var result = FaultResult(injected: 0, survived: 0, lost: 0)
         var byPoint: [String: Int] = [:]
         for cycle in 0..<cycles {
-            let before = load.acks.count
             if cycle % 4 == 0 {
                 pause(20...400)
                 daemon.kill()
@@ -103,6 +103,8 @@ final class Faults {
             }
             result.injected += 1
             try daemon.start()
+            // Counted after the restart, so only the new daemon's answers show it serves again.
+            let before = load.acks.count
             if progresses(load, beyond: before) { result.survived += 1 }
         }
         result.notes.append(
@@ -117,17 +119,19 @@ final class Faults {
     func stopDaemon() throws -> FaultResult {
         let daemon = try Daemon(folder: folder.appendingPathComponent("stop"), configuration: Self.keepHistory)
         try daemon.start()
-        let watchers = [try Watcher(daemon, stores: ["todos"])]
+        let watchers = [try ReplicaClient(watching: daemon, stores: ["todos"])]
         // A 200 ms timeout: a 1 s stop makes every client retry several times, on fresh sockets.
         let load = Load(endpoint: daemon.command, label: "stop", threads: 2, timeout: .milliseconds(200), retries: 30)
         load.start()
+        defer { load.stop() }
         var result = FaultResult(injected: 0, survived: 0, lost: 0)
         for _ in 0..<(long ? 20 : 3) {
             pause(100...300)
-            let before = load.acks.count
-            kill(daemon.pid, SIGSTOP)
+            daemon.signal(SIGSTOP)
             Thread.sleep(forTimeInterval: 1)
-            kill(daemon.pid, SIGCONT)
+            // Counted while it is stopped: only answers after SIGCONT (to retries, mostly) show it survived.
+            let before = load.acks.count
+            daemon.signal(SIGCONT)
             result.injected += 1
             if progresses(load, beyond: before) { result.survived += 1 }
         }
@@ -143,7 +147,7 @@ final class Faults {
             configuration: Self.keepHistory + "[limits]\nevents_queue = 100\n"
         )
         try daemon.start()
-        let watcher = try Watcher(daemon, stores: ["counter"], eventsQueue: 100)
+        let watcher = try ReplicaClient(watching: daemon, stores: ["counter"], eventsQueue: 100)
         let client = CommandClient(context: try Context(), endpoint: daemon.command, timeout: .seconds(5), retries: 2)
         var result = FaultResult(injected: 0, survived: 0, lost: 0)
         var number: UInt64 = 0
@@ -159,13 +163,13 @@ final class Faults {
                 break
             }
             let repairsBefore = watcher.store("counter")?.repairs ?? 0
-            kill(watcher.child.process.processIdentifier, SIGSTOP)
+            watcher.child.signal(SIGSTOP)
             // 40,000 events while it sleeps: far more than both queues and the socket buffers hold.
             for _ in 0..<40 {
                 number += 1
                 try client.mustAccept("counter", #"{"increment":{}}"#, count: 1_000, number: number, clientID: clientID)
             }
-            kill(watcher.child.process.processIdentifier, SIGCONT)
+            watcher.child.signal(SIGCONT)
             result.injected += 1
             let expected = try daemon.digests(["counter"])
             guard watcher.converge(on: expected, within: .seconds(60)) else {
@@ -188,7 +192,7 @@ final class Faults {
             "\(result.injected * 40_000) events published while it was stopped; gaps repaired: "
                 + "\(watcher.store("counter")?.repairs ?? 0)"
         )
-        _ = watcher.stop()
+        _ = try? watcher.stop()
         if daemon.stop() != 0 { result.failure = "lockstepd did not exit 0 on SIGTERM" }
         return result
     }
@@ -317,6 +321,7 @@ final class Faults {
         try daemon.start()
         let load = Load(endpoint: daemon.command, label: "full", threads: 2)
         load.start()
+        defer { load.stop() }
         var result = FaultResult(injected: 0, survived: 0, lost: 0)
         let deadline = ContinuousClock.now + .seconds(60)
         while load.refused.isEmpty, ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.01) }
@@ -368,10 +373,14 @@ final class Faults {
         for index in 0..<count {
             let (kind, frames) = badMessage(index)
             kinds[kind, default: 0] += 1
+            // A daemon that died stops taking messages: give up on it rather than wait for ever.
+            let deadline = ContinuousClock.now + .seconds(10)
             while try !socket.send(frames, wait: false) {
                 while try socket.receive(wait: false) != nil { replies += 1 }
+                guard daemon.isRunning, ContinuousClock.now < deadline else { break }
                 Thread.sleep(forTimeInterval: 0.001)
             }
+            guard daemon.isRunning else { break }
             if kind == "oversized part" {
                 // The daemon drops the connection of a peer that sends too much; start a fresh one.
                 socket.close()
@@ -591,9 +600,10 @@ final class Faults {
             ]
         )
         try daemon.start()
-        let watcher = try Watcher(daemon, stores: ["todos"])
+        let watcher = try ReplicaClient(watching: daemon, stores: ["todos"])
         let load = Load(endpoint: daemon.command, label: "clock", threads: 2)
         load.start()
+        defer { load.stop() }
         var result = FaultResult(injected: 0, survived: 0, lost: 0)
         for jump in ["-2d", "+365d", "-1y", "+0"] {
             Thread.sleep(forTimeInterval: 0.3)
@@ -606,7 +616,7 @@ final class Faults {
         load.stop()
         try "-3d\n".write(to: clock, atomically: true, encoding: .utf8)
         Thread.sleep(forTimeInterval: 4)
-        watcher.read(for: .milliseconds(100))
+        watcher.wait(within: .milliseconds(100)) { _ in false }
         if let resyncs = watcher.store("todos")?.resyncs, resyncs > 0 {
             result.failure = "the replica resynced \(resyncs) times across the jumps"
         }

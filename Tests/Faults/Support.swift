@@ -45,7 +45,9 @@ final class Daemon {
 
     var command: String { "ipc://\(folder.path)/.lockstep/run/command" }
     var events: String { "ipc://\(folder.path)/.lockstep/run/events" }
-    var pid: Int32 { child?.process.processIdentifier ?? 0 }
+    private var pid: Int32 { child?.process.processIdentifier ?? 0 }
+    /// Sends `signal` to the daemon if it runs.
+    func signal(_ signal: Int32) { child?.signal(signal) }
     var isRunning: Bool { child?.process.isRunning == true }
     var log: URL { folder.appendingPathComponent("lockstepd-\(starts).log") }
 
@@ -278,42 +280,21 @@ func checkJournal(_ directory: String, acks: [Ack]) throws -> (lost: Int, proble
     return (lost, problems)
 }
 
-/// A `lockstep demo-client` holding replicas and only watching, reporting every 50 ms.
-final class Watcher {
-    let child: ChildProcess
-    private(set) var last: ReplicaReport?
-
-    init(_ daemon: Daemon, stores: [String], eventsQueue: Int = 100_000) throws {
-        child = try ChildProcess(
-            executable: Binaries.lockstep,
-            [
-                "demo-client", "--stores", stores.joined(separator: ","), "--actions", "0", "--report-ms", "50",
-                "--events-queue", "\(eventsQueue)", "--command-endpoint", daemon.command,
-                "--events-endpoint", daemon.events,
-            ]
+extension ReplicaClient {
+    /// A demo client of `daemon` that only watches.
+    convenience init(watching daemon: Daemon, stores: [String], eventsQueue: Int = 100_000) throws {
+        try self.init(
+            lockstep: Binaries.lockstep,
+            commandEndpoint: daemon.command,
+            eventsEndpoint: daemon.events,
+            stores: stores,
+            actions: 0,
+            extra: ["--events-queue", "\(eventsQueue)"]
         )
     }
 
-    /// The newest report's replica of `name`.
-    func store(_ name: String) -> ReplicaReport.Store? { last?.store(name) }
-
-    func read(for timeout: Duration) {
-        if let report = child.newestReport(waiting: timeout) { last = report }
-    }
-
-    /// Waits until every store is at `expected`; false after `timeout`.
+    /// Waits until every store is at `expected`.
     func converge(on expected: [String: Digest], within timeout: Duration) -> Bool {
-        let wanted = expected.mapValues { (seq: $0.seq, digest: $0.digest) }
-        let deadline = ContinuousClock.now + timeout
-        while ContinuousClock.now < deadline {
-            read(for: .milliseconds(50))
-            if last?.matches(wanted) == true { return true }
-        }
-        return false
-    }
-
-    func stop() -> Int32? {
-        child.signal(SIGTERM)
-        return try? child.finish(within: .seconds(15)).status
+        converge(on: expected.mapValues { (seq: $0.seq, digest: $0.digest) }, within: timeout)
     }
 }

@@ -126,7 +126,7 @@ import Glibc
         )
         let deadline = ContinuousClock.now + .seconds(10)
         while daemon.process.isRunning, ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.02) }
-        #expect(!daemon.process.isRunning)
+        try #require(!daemon.process.isRunning, "lockstepd kept running with a readable key file")
         #expect(daemon.process.terminationStatus != 0)
         #expect(daemon.output.contains("must be 0600"), "\(daemon.output)")
     }

@@ -200,7 +200,7 @@ struct ClientTimeout: Error {}
         #expect(ready?.hasPrefix("READY=1") == true, "\(String(describing: ready)); log:\n\(daemon.output)")
         #expect(systemd.receive() == "WATCHDOG=1")
         #expect(systemd.receive() == "WATCHDOG=1")
-        #expect(daemon.terminate() == 0)
+        try #require(daemon.terminate() == 0)
         var sawStopping = false
         while let message = systemd.receive() {
             if message == "STOPPING=1" {
@@ -287,7 +287,9 @@ struct ClientTimeout: Error {}
 
         for (index, socket) in subscribers.enumerated() {
             var seqs: [UInt64] = []
-            while seqs.count < Int(total), let frames = try socket.receive() {
+            // Heartbeats keep arriving, so a lost event must end the wait by the deadline, not by silence.
+            let deadline = ContinuousClock.now + .seconds(30)
+            while seqs.count < Int(total), ContinuousClock.now < deadline, let frames = try socket.receive() {
                 if case let .event(_, _, seq, _) = try Event.decode(frames) { seqs.append(seq) }
             }
             #expect(seqs == Array(1...total), "subscriber \(index) saw \(seqs.count) events")

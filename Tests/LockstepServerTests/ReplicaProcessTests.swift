@@ -11,43 +11,17 @@ import ZeroMQ
 import Glibc
 #endif
 
-/// A `lockstep demo-client` process: replicas of some example stores, dispatching or only watching.
-final class ReplicaClient {
-    let child: ChildProcess
-    private(set) var last: ReplicaReport?
-
-    init(_ daemon: DaemonProcess, stores: [String], actions: Int, extra: [String] = []) throws {
-        child = try ChildProcess(
-            "lockstep",
-            [
-                "demo-client", "--stores", stores.joined(separator: ","), "--actions", "\(actions)", "--report-ms",
-                "50",
-                "--timeout-ms", "1000", "--retries", "8", "--command-endpoint", daemon.command,
-                "--events-endpoint", daemon.events,
-            ] + extra
+extension ReplicaClient {
+    /// A demo client of `daemon`, with short timeouts and retries enough to ride out a restart.
+    convenience init(_ daemon: DaemonProcess, stores: [String], actions: Int, extra: [String] = []) throws {
+        try self.init(
+            lockstep: productURL("lockstep"),
+            commandEndpoint: daemon.command,
+            eventsEndpoint: daemon.events,
+            stores: stores,
+            actions: actions,
+            extra: ["--timeout-ms", "1000", "--retries", "8"] + extra
         )
-    }
-
-    /// Reads reports until one satisfies `condition`, for at most `timeout`; the last report either way.
-    @discardableResult
-    func wait(within timeout: Duration, until condition: (ReplicaReport) -> Bool) -> ReplicaReport? {
-        let deadline = ContinuousClock.now + timeout
-        while ContinuousClock.now < deadline {
-            if let report = child.newestReport(waiting: .milliseconds(50)) { last = report }
-            if let last, condition(last) { return last }
-            if child.reachedEndOfOutput { break }
-        }
-        return last
-    }
-
-    /// SIGTERM, then the final report and the exit status.
-    func stop() throws -> (report: ReplicaReport?, status: Int32) {
-        child.signal(SIGTERM)
-        let output = try child.finish(within: .seconds(15))
-        let final = output.standardOutput.split(separator: "\n").compactMap {
-            try? JSONDecoder().decode(ReplicaReport.self, from: Data($0.utf8))
-        }.last
-        return (final ?? last, output.status)
     }
 }
 
@@ -90,10 +64,11 @@ final class ReplicaClient {
         let writer = try ReplicaClient(daemon, stores: stores, actions: 3_000, extra: ["--concurrency", "8"])
         let started = writer.wait(within: .seconds(30)) { $0.accepted >= 300 }
         try #require(started.map { $0.accepted >= 300 } == true, "the writer did not get going")
+        // The watcher starts while the burst is on: the writer is a tenth of the way through.
+        #expect(started?.done == false)
         let watcher = try ReplicaClient(daemon, stores: stores, actions: 0)
-        // It joined while the burst was on: the writer had not finished.
-        let joined = watcher.wait(within: .seconds(30)) { report in stores.allSatisfy { report.store($0)?.seq ?? 0 > 0 }
-        }
+        func hasJoined(_ report: ReplicaReport) -> Bool { stores.allSatisfy { report.store($0)?.seq ?? 0 > 0 } }
+        let joined = watcher.wait(within: .seconds(30), until: hasJoined)
         let written = writer.wait(within: .seconds(60)) { $0.done }
         try #require(written?.done == true, "the writer did not finish")
         #expect(written?.failed == 0)
@@ -101,7 +76,7 @@ final class ReplicaClient {
         #expect(digests.values.reduce(0) { $0 + $1.seq } == UInt64(written!.accepted))
         let watched = watcher.wait(within: .seconds(30)) { converged($0, on: digests) }
         #expect(watched.map { converged($0, on: digests) } == true, "watcher: \(String(describing: watched))")
-        #expect(joined != nil)
+        #expect(joined.map(hasJoined) == true, "the watcher never joined: \(String(describing: joined))")
         #expect(watched?.stores.allSatisfy { $0.divergences == 0 } == true)
         #expect(try watcher.stop().status == 0)
         #expect(try writer.stop().status == 0)

@@ -61,11 +61,7 @@ import Testing
             #expect(replica.status.phase == .live)
             #expect(replica.status.lastSeq == 42)
             // The stream saw seqs in order and ended at 42.
-            var seen: [UInt64] = []
-            for await state in states {
-                seen.append(state.seq)
-                if state.seq == 42 { break }
-            }
+            let seen = await collect(states, within: .seconds(10)) { $0.last?.seq == 42 }.map(\.seq)
             #expect(seen == seen.sorted())
             #expect(seen.last == 42)
         }
@@ -111,22 +107,21 @@ import Testing
             let notices = replica.notices()
             let seq = try await replica.dispatch(.increment)
             #expect(seq == 1)
-            var diverged: ReplicaNotice?
-            var resynced: ReplicaNotice?
-            for await notice in notices {
-                switch notice {
-                case .diverged: diverged = notice
-                case .resynced: resynced = notice
-                }
-                if diverged != nil, resynced != nil { break }
+            @Sendable func isDivergence(_ notice: ReplicaNotice) -> Bool {
+                if case .diverged = notice { true } else { false }
             }
-            guard case let .diverged(divergedAt, detail)? = diverged else {
-                Issue.record("no divergence was announced")
+            let announced = await collect(notices, within: .seconds(10)) { seen in
+                seen.contains(where: isDivergence) && seen.contains { !isDivergence($0) }
+            }
+            guard case let .diverged(divergedAt, detail)? = announced.first(where: isDivergence),
+                let resynced = announced.first(where: { !isDivergence($0) })
+            else {
+                Issue.record("within 10 s the replica announced only \(announced)")
                 return
             }
             #expect(divergedAt == 1)
             #expect(detail.contains("the daemon's digest is"), "\(detail)")
-            #expect("\(resynced!)".contains("digest differed from the daemon's at seq 1"))
+            #expect("\(resynced)".contains("digest differed from the daemon's at seq 1"))
             // After the resync it holds the daemon's state, from the snapshot.
             let deadline = ContinuousClock.now + .seconds(10)
             while replica.status.phase != .live || replica.state.count != 1, ContinuousClock.now < deadline {
@@ -137,5 +132,37 @@ import Testing
             #expect(replica.status.resyncs >= 1)
         }
         #expect(daemon.terminate() == 0)
+    }
+}
+
+/// What `stream` yields until `enough` holds, or until `timeout` passes: never a wait without end.
+func collect<Element: Sendable>(
+    _ stream: AsyncStream<Element>,
+    within timeout: Duration,
+    until enough: @escaping @Sendable ([Element]) -> Bool
+) async -> [Element] {
+    await withTaskGroup(of: [Element]?.self) { group in
+        group.addTask {
+            var seen: [Element] = []
+            for await element in stream {
+                seen.append(element)
+                if enough(seen) { break }
+            }
+            return seen
+        }
+        group.addTask {
+            try? await Task.sleep(for: timeout)
+            return nil
+        }
+        // The first to finish ends the other; the collector returns what it has when cancelled.
+        var collected: [Element] = []
+        for await result in group {
+            group.cancelAll()
+            if let result {
+                collected = result
+                break
+            }
+        }
+        return collected
     }
 }

@@ -42,7 +42,13 @@ import Testing
         let store = Store(D.self, observers: ActionObservers())
         var random = SplitMix64(seed: seed)
         var lines: [String] = []
+        var attempts = 0
         while lines.count < count {
+            attempts += 1
+            try #require(
+                attempts <= count * 100,
+                "the generator made \(lines.count) valid actions in \(attempts) tries"
+            )
             let action = D.randomAction(for: store.state, using: &random)
             do {
                 try await store.dispatch(action)

@@ -92,6 +92,7 @@ final class LockedBox<Value: Sendable>: Sendable {
         let store = Store(Ticks.self, observers: ActionObservers())
         let rejections = Recorder<Rejection>()
         let perProducer = 2_000
+        let unfinished = Recorder<Int>()
         DispatchQueue.concurrentPerform(iterations: Ticks.producers) { producer in
             let done = DispatchSemaphore(value: 0)
             for number in 1...perProducer {
@@ -100,8 +101,9 @@ final class LockedBox<Value: Sendable>: Sendable {
                     if number == perProducer { done.signal() }
                 }
             }
-            done.wait()
+            if done.wait(timeout: .now() + 60) == .timedOut { unfinished.append(producer) }
         }
+        #expect(unfinished.values.isEmpty, "producers whose last tick was never applied")
         #expect(rejections.values.isEmpty)
         #expect(store.state.counts == Array(repeating: perProducer, count: Ticks.producers))
     }

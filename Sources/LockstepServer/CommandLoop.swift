@@ -46,10 +46,20 @@ final class CommandLoop: Sendable {
         wakeup.signal()
     }
 
+    /// SNAPSHOT and RANGE requests being answered at once; more are refused, so a flood of them cannot pile
+    /// up threads and copies of states.
+    static let maximumOffloaded = 64
+
     /// Runs `work` on a reader thread — encoding a large state or reading the journal must not hold the
-    /// loop — and hands the reply frames back to the loop, which alone may touch the socket.
-    func offload(_ work: @escaping @Sendable () -> [Frame]) {
-        outbox.withLockedValue { $0.inFlight += 1 }
+    /// loop — and hands the reply frames back to the loop, which alone may touch the socket. Returns false,
+    /// doing nothing, when ``maximumOffloaded`` are already being answered.
+    func offload(_ work: @escaping @Sendable () -> [Frame]) -> Bool {
+        let accepted = outbox.withLockedValue { outbox in
+            guard outbox.inFlight < Self.maximumOffloaded else { return false }
+            outbox.inFlight += 1
+            return true
+        }
+        guard accepted else { return false }
         readers.async { [self] in
             let frames = work()
             outbox.withLockedValue {
@@ -58,6 +68,7 @@ final class CommandLoop: Sendable {
             }
             wakeup.signal()
         }
+        return true
     }
 
     /// Replies ready to send, and how many are still being made.
@@ -396,19 +407,29 @@ private struct LoopState {
                     break
                 }
                 // The store is a value: the reader encodes this seq's state while the loop goes on.
-                loop.offload { envelope + Self.snapshot(requestID: requestID, store: store).encode() }
-                continue
+                if loop.offload({ envelope + Self.snapshot(requestID: requestID, store: store).encode() }) { continue }
+                reply = busy(requestID)
             case let .range(requestID, name, from, to):
                 guard let store = sequencer.stores[name] else {
                     reply = unknownStore(requestID, name)
                     break
                 }
-                let journal = self.journal
-                loop.offload {
+                // Only what the reader needs: holding the store would make the next dispatch copy its state.
+                let (journal, epoch, lastSeq) = (self.journal, store.epoch, store.lastSeq)
+                let offloaded = loop.offload {
                     envelope
-                        + Self.range(requestID: requestID, store: store, from: from, to: to, journal: journal).encode()
+                        + Self.range(
+                            requestID: requestID,
+                            store: name,
+                            epoch: epoch,
+                            lastSeq: lastSeq,
+                            from: from,
+                            to: to,
+                            journal: journal
+                        ).encode()
                 }
-                continue
+                if offloaded { continue }
+                reply = busy(requestID)
             case let .status(requestID):
                 reply = status(requestID: requestID)
             }
@@ -530,33 +551,34 @@ private struct LoopState {
 
     static func range(
         requestID: UInt64,
-        store: any SequencedStore,
+        store name: StoreName,
+        epoch: Epoch,
+        lastSeq: SequenceNumber,
         from: SequenceNumber,
         to: SequenceNumber,
         journal: any Journal
     ) -> Reply {
-        let name = store.name
-        guard from <= store.lastSeq else {
+        guard from <= lastSeq else {
             return .error(
                 requestID: requestID,
                 ProtocolError(
                     code: .invalidRange,
-                    "store '\(name)' is at seq \(store.lastSeq); a range from seq \(from) is empty"
+                    "store '\(name)' is at seq \(lastSeq); a range from seq \(from) is empty"
                 )
             )
         }
         do {
-            switch try journal.events(store: name.rawValue, from: from, to: min(to, store.lastSeq), limit: 10_000) {
+            switch try journal.events(store: name.rawValue, from: from, to: min(to, lastSeq), limit: 10_000) {
             case let .events(events):
                 return .range(
                     requestID: requestID,
                     store: name,
-                    epoch: store.epoch,
+                    epoch: epoch,
                     firstSeq: from,
                     actions: events.map(\.action)
                 )
             case let .compacted(firstAvailable):
-                return .compacted(requestID: requestID, store: name, epoch: store.epoch, firstAvailable: firstAvailable)
+                return .compacted(requestID: requestID, store: name, epoch: epoch, firstAvailable: firstAvailable)
             }
         } catch {
             return .error(requestID: requestID, ProtocolError(code: .internal, "cannot read store '\(name)': \(error)"))
@@ -591,6 +613,16 @@ private struct LoopState {
             let size = (try? FileManager.default.attributesOfItem(atPath: file)[.size] as? NSNumber)?.int64Value
             return total + (size ?? 0)
         }
+    }
+
+    func busy(_ requestID: UInt64) -> Reply {
+        .error(
+            requestID: requestID,
+            ProtocolError(
+                code: .unavailable,
+                "\(CommandLoop.maximumOffloaded) snapshot and range requests are already being answered; ask again"
+            )
+        )
     }
 
     func unknownStore(_ requestID: UInt64, _ name: StoreName) -> Reply {

@@ -49,7 +49,7 @@ public struct ClientCurve: Hashable, Sendable {
     }
 
     /// Makes `socket` a CURVE client of the daemon; call before `connect`.
-    func configure(_ socket: Socket) throws(ZeroMQError) {
+    public func configure(_ socket: Socket) throws(ZeroMQError) {
         try socket.set(.curveServerKey, serverPublicKey)
         try socket.set(.curvePublicKey, keys.publicKey)
         try socket.set(.curveSecretKey, keys.secretKey)

@@ -24,6 +24,8 @@ public final class ChildProcess {
     /// The command line, for messages.
     public let command: String
     private let stdout = Pipe()
+    /// The child's standard input when it was started with `input: true`; else it reads /dev/null.
+    private let stdin: Pipe?
     private let errorFile: URL
     private let keepsErrorFile: Bool
     public private(set) var output: [UInt8] = []
@@ -32,13 +34,16 @@ public final class ChildProcess {
 
     /// Starts `executable` with `arguments`, in `directory` if given, with `environment` added to this
     /// process's; its standard error goes to `errorFile` (kept), or to a temporary file removed with this object.
+    /// With `input`, ``send(_:)`` writes to its standard input.
     public init(
         executable: URL,
         _ arguments: [String],
         directory: URL? = nil,
         errorFile: URL? = nil,
-        environment: [String: String] = [:]
+        environment: [String: String] = [:],
+        input: Bool = false
     ) throws {
+        stdin = input ? Pipe() : nil
         command = ([executable.lastPathComponent] + arguments).joined(separator: " ")
         keepsErrorFile = errorFile != nil
         self.errorFile =
@@ -55,13 +60,26 @@ public final class ChildProcess {
         }
         process.standardOutput = stdout
         process.standardError = try FileHandle(forWritingTo: self.errorFile)
-        process.standardInput = FileHandle.nullDevice
+        process.standardInput = stdin ?? FileHandle.nullDevice
         try process.run()
     }
 
     deinit {
         kill()
         if !keepsErrorFile { try? FileManager.default.removeItem(at: errorFile) }
+    }
+
+    /// Writes `line` and a newline to the child's standard input (started with `input: true`); false if the
+    /// child no longer reads it.
+    @discardableResult
+    public func send(_ line: String) -> Bool {
+        guard let stdin else { return false }
+        do {
+            try stdin.fileHandleForWriting.write(contentsOf: Data((line + "\n").utf8))
+            return true
+        } catch {
+            return false
+        }
     }
 
     /// Waits up to `timeout` for output and takes what has arrived.

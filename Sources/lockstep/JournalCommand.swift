@@ -267,25 +267,49 @@ private func counterBatch(
     count: Int,
     clientID: [UInt8]
 ) throws -> JournalBatch {
-    let action = Array(try CanonicalEncoding.encode(Counter.Action.increment))
+    let increment = Array(try CanonicalEncoding.encode(Counter.Action.increment))
+    return try journalBatch(
+        Counter.self,
+        journal: journal,
+        state: &state,
+        lastSeq: lastSeq,
+        count: count,
+        clientID: clientID
+    ) { _ in (.increment, increment) }
+}
+
+/// A batch of `count` events of store `D` after `lastSeq`: the action `action(seq)` gives (with its encoding)
+/// is applied to `state` for each, with an idempotency entry (request number = seq), and the snapshot the
+/// journal's policy makes due. What `journal append-load`, `bench-recovery` and `lockstep bench` commit.
+func journalBatch<D: Domain>(
+    _ domain: D.Type,
+    journal: any Journal,
+    state: inout D.State,
+    lastSeq: UInt64,
+    count: Int,
+    clientID: [UInt8],
+    action: (UInt64) -> (D.Action, [UInt8])
+) throws -> JournalBatch {
     var batch = JournalBatch()
     batch.events.reserveCapacity(count)
+    batch.idempotency.reserveCapacity(count)
     for offset in 1...UInt64(count) {
         let seq = lastSeq + offset
+        let (value, encoded) = action(seq)
         batch.events.append(
-            JournalEvent(store: Counter.name, seq: seq, action: action, clientID: clientID, requestNumber: seq)
+            JournalEvent(store: D.name, seq: seq, action: encoded, clientID: clientID, requestNumber: seq)
         )
         batch.idempotency.append(
             IdempotencyRecord(
                 key: IdempotencyKey(clientID: clientID, requestNumber: seq),
-                fingerprint: action,
+                fingerprint: encoded,
                 reply: withUnsafeBytes(of: seq.bigEndian) { Array($0) }
             )
         )
-        Counter.reduce(into: &state, .increment)
+        D.reduce(into: &state, value)
     }
-    if journal.snapshotDue(store: Counter.name, in: batch) {
-        batch.snapshots.append(try JournalSnapshot(store: Counter.name, seq: lastSeq + UInt64(count), encoding: state))
+    if journal.snapshotDue(store: D.name, in: batch) {
+        batch.snapshots.append(try JournalSnapshot(store: D.name, seq: lastSeq + UInt64(count), encoding: state))
     }
     return batch
 }

@@ -20,6 +20,7 @@ struct LockstepCommand: AsyncParsableCommand {
             RunCommand.self, DemoCommand.self, DemoClientCommand.self, ReplayCommand.self, ReplayChildSubcommand.self,
             JournalCommand.self,
             StatsCommand.self, KeygenCommand.self, DispatchCommand.self, StateCommand.self, TailCommand.self,
+            BenchCommand.self, BenchWorkerCommand.self,
         ]
     )
 }

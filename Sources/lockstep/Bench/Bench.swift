@@ -1,0 +1,646 @@
+import ArgumentParser
+import Foundation
+import Lockstep
+import LockstepClient
+import LockstepExamples
+import LockstepJournal
+import LockstepProtocol
+import LockstepTesting
+import ZeroMQ
+
+/// One run of `lockstep bench`: owns its folder and every process it starts (killed when released).
+final class Bench {
+    typealias Transport = BenchCommand.Transport
+
+    let folder: URL
+    let transport: Transport
+    let seconds: Double
+    let keep: Bool
+    private let progressToStandardError: Bool
+    private let lockstep: URL
+    private let lockstepd: URL
+    /// With tcp: the daemon's (and the raw servers') key pair and the one client pair every client uses.
+    private let curve: (server: CurveKeyPair, client: CurveKeyPair)?
+    private var workers = 0
+    private var results: BenchResults
+
+    init(transport: Transport, seconds: Double, keep: Bool, progressToStandardError: Bool) throws {
+        self.transport = transport
+        self.seconds = seconds
+        self.keep = keep
+        self.progressToStandardError = progressToStandardError
+        lockstep = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+        lockstepd = lockstep.deletingLastPathComponent().appendingPathComponent("lockstepd")
+        guard FileManager.default.isExecutableFile(atPath: lockstepd.path) else {
+            throw ValidationError(
+                "no lockstepd next to this lockstep (\(lockstepd.path)); build both: swift build -c release"
+            )
+        }
+        folder = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("lockstep-bench-\(getpid())")
+        try? FileManager.default.removeItem(at: folder)
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        curve = transport == .tcp ? (try CurveKeyPair.generate(), try CurveKeyPair.generate()) : nil
+        #if DEBUG
+        let build = "debug"
+        #else
+        let build = "release"
+        #endif
+        results = BenchResults(
+            build: build,
+            transport: transport.rawValue,
+            cores: ProcessInfo.processInfo.activeProcessorCount,
+            secondsPerMeasurement: seconds
+        )
+    }
+
+    deinit {
+        if !keep { try? FileManager.default.removeItem(at: folder) }
+    }
+
+    func run(histories: [Int], redis: Bool) throws -> BenchResults {
+        let started = ContinuousClock.now
+        if results.build == "debug" {
+            say("this lockstep is a debug build: the figures say little; make bench builds -c release")
+        }
+        say(
+            "lockstep bench: \(transport) transport, \(results.cores) cores, \(seconds) s per measurement, in \(folder.path)"
+        )
+        try measureBaselines()
+        try measureDispatch()
+        if redis { try measureRedis() }
+        try measureFanOut()
+        try measureLateJoin(histories: histories)
+        measureStore()
+        let p6 = results.p4.last.map { $0.stateBytes } ?? 0
+        results.p6.stateBytes = p6
+        results.p6.budgetBytes = 64 << 20 + 3 * p6
+        results.p6.withinBudget =
+            max(results.p6.daemonPeakBytes, results.p6.replicaPeakBytes) <= results.p6.budgetBytes
+        results.totalSeconds = ((ContinuousClock.now - started) / .milliseconds(100)).rounded() / 10
+        if keep { say("kept \(folder.path)") }
+        return results
+    }
+
+    // MARK: - Baselines
+
+    private func measureBaselines() throws {
+        say("baselines: fsync, raw REQ/REP, ROUTER ← 8 REQ, PUB → 4 SUB")
+        let fsync = try fsyncLatencies(count: 2_000)
+        results.baselines.fsyncP50Us = fsync.p50
+        results.baselines.fsyncP99Us = fsync.p99
+
+        let repEndpoint = endpoint("echo-rep")
+        let rep = try worker("echo-rep", ["--endpoint", repEndpoint], curve: .server, input: false)
+        _ = try awaitLine(rep, within: .seconds(30)) { $0 == "ready" }
+        let single = try runClients([try worker("req", ["--endpoint", repEndpoint, "--seconds", "\(seconds)"])])
+        rep.kill()
+        let singleLatencies = Latencies(single.flatMap(\.latencies))
+        results.baselines.reqRepP50Us = singleLatencies.p50
+        results.baselines.reqRepP99Us = singleLatencies.p99
+        results.baselines.reqRepRoundTripsPerS = rate(single)
+
+        let routerEndpoint = endpoint("echo-router")
+        let router = try worker("echo-router", ["--endpoint", routerEndpoint], curve: .server, input: false)
+        _ = try awaitLine(router, within: .seconds(30)) { $0 == "ready" }
+        let eight = try runClients(
+            try (0..<8).map { _ in try worker("req", ["--endpoint", routerEndpoint, "--seconds", "\(seconds)"]) }
+        )
+        router.kill()
+        results.baselines.router8ReqRoundTripsPerS = rate(eight)
+
+        results.baselines.pub4SubMsgsPerS = try publishToFour()
+    }
+
+    private func fsyncLatencies(count: Int) throws -> Latencies {
+        let path = folder.appendingPathComponent("fsync-probe").path
+        let descriptor = open(path, O_WRONLY | O_CREAT | O_APPEND, 0o600)
+        guard descriptor >= 0 else { throw BenchFailure("cannot open \(path): \(String(cString: strerror(errno)))") }
+        defer {
+            close(descriptor)
+            unlink(path)
+        }
+        let record = [UInt8](repeating: UInt8(ascii: "x"), count: 200)
+        var samples: [UInt64] = []
+        samples.reserveCapacity(count)
+        for _ in 0..<count {
+            let start = monotonicNanos()
+            guard record.withUnsafeBytes({ write(descriptor, $0.baseAddress, $0.count) }) == record.count,
+                fsync(descriptor) == 0
+            else { throw BenchFailure("write + fsync of \(path) failed: \(String(cString: strerror(errno)))") }
+            samples.append(monotonicNanos() - start)
+        }
+        return Latencies(samples)
+    }
+
+    /// PUB in this process, 4 SUB processes: the rate at which all four received every message.
+    private func publishToFour() throws -> Double {
+        let count = 200_000
+        let context = try Context()
+        let publisher = try Socket(context, type: .publisher)
+        defer { publisher.close() }
+        try publisher.set(.sendHighWaterMark, 0)
+        try publisher.set(.linger, 0)
+        if let curve {
+            try publisher.set(.curveServer, 1)
+            try publisher.set(.curveSecretKey, curve.server.secretKey)
+        }
+        let address = endpoint("pub")
+        try publisher.bind(address)
+        let subscribers = try (0..<4).map { _ in
+            try worker("sub", ["--endpoint", address, "--count", "\(count)", "--seconds", "60"], input: false)
+        }
+        // A subscription takes a moment to reach the publisher: announce until every subscriber heard one.
+        var ready = Set<Int>()
+        let deadline = ContinuousClock.now + .seconds(30)
+        while ready.count < subscribers.count {
+            guard ContinuousClock.now < deadline else {
+                throw BenchFailure("only \(ready.count) of 4 subscribers heard the publisher within 30 s")
+            }
+            _ = try publisher.send([[UInt8(ascii: "w")]])
+            for (index, subscriber) in subscribers.enumerated() where !ready.contains(index) {
+                subscriber.read(for: .milliseconds(2))
+                if subscriber.takeLines().contains("ready") { ready.insert(index) }
+            }
+        }
+        let message = [UInt8](repeating: UInt8(ascii: "d"), count: 200)
+        let start = monotonicNanos()
+        for _ in 0..<count { _ = try publisher.send([message]) }
+        let reports = try subscribers.map { try report(of: $0, within: .seconds(90)) }
+        if let short = reports.first(where: { $0.count < count }) {
+            throw BenchFailure("a subscriber received \(short.count) of \(count) messages")
+        }
+        return perSecond(count, nanoseconds: (reports.map(\.finishedAt).max() ?? start) - start)
+    }
+
+    // MARK: - P1, P2
+
+    private func measureDispatch() throws {
+        let daemon = try startDaemon("dispatch", domains: [Counter.name])
+        for clients in [1, 8, 32] {
+            say("P\(clients == 1 ? "1, P2" : "2"): \(clients) dispatching \(clients == 1 ? "process" : "processes")")
+            let before = try daemon.seq()
+            let reports = try runClients(
+                try (0..<clients).map { _ in
+                    try worker("dispatch", ["--endpoint", daemon.command, "--seconds", "\(seconds)"])
+                }
+            )
+            // Each client dispatched once before go, to connect.
+            let committed = Int(try daemon.seq() - before) - clients
+            let latencies = Latencies(reports.flatMap(\.latencies))
+            let acknowledged = reports.reduce(0) { $0 + $1.count }
+            results.p2.append(
+                .init(
+                    clients: clients,
+                    actionsPerS: rate(reports),
+                    ratioToRouter8Req: ratio(rate(reports), results.baselines.router8ReqRoundTripsPerS),
+                    p50Us: latencies.p50,
+                    p99Us: latencies.p99,
+                    acknowledged: acknowledged,
+                    committed: committed,
+                    failures: reports.reduce(0) { $0 + $1.failures }
+                )
+            )
+            if clients == 1 {
+                let baseline = results.baselines.reqRepP50Us + results.baselines.fsyncP50Us
+                results.p1 = .init(
+                    dispatches: acknowledged,
+                    p50Us: latencies.p50,
+                    p99Us: latencies.p99,
+                    baselineUs: baseline,
+                    ratioP50: ratio(latencies.p50.value, baseline.value),
+                    ratioP99: ratio(latencies.p99.value, baseline.value)
+                )
+            }
+        }
+        results.p6.daemonPeakBytes = max(results.p6.daemonPeakBytes, daemon.peakResident)
+    }
+
+    // MARK: - Redis Streams
+
+    private func measureRedis() throws {
+        guard let server = executableOnPath("redis-server") else {
+            say("Redis: redis-server is not installed; skipped (apt-get install redis-server)")
+            return
+        }
+        let directory = folder.appendingPathComponent("redis")
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let socketPath = directory.appendingPathComponent("redis.sock").path
+        let process = try ChildProcess(
+            executable: server,
+            [
+                "--port", "0", "--unixsocket", socketPath, "--unixsocketperm", "700", "--dir", directory.path,
+                "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--daemonize", "no",
+            ],
+            directory: directory,
+            errorFile: directory.appendingPathComponent("redis.log")
+        )
+        defer { process.kill() }
+        let deadline = ContinuousClock.now + .seconds(15)
+        var connection: RedisConnection?
+        while connection == nil {
+            connection = try? RedisConnection(path: socketPath)
+            guard connection == nil else { break }
+            guard ContinuousClock.now < deadline, process.process.isRunning else {
+                throw BenchFailure(
+                    "redis-server did not open \(socketPath) within 15 s; see \(directory.path)/redis.log"
+                )
+            }
+            Thread.sleep(forTimeInterval: 0.02)
+        }
+        var version = "unknown"
+        if case let .bulk(info?) = try connection?.call("INFO", "server") {
+            let line = String(decoding: info, as: UTF8.self).split(separator: "\r\n")
+                .first { $0.hasPrefix("redis_version:") }
+            version = line.map { String($0.dropFirst("redis_version:".count)) } ?? version
+        }
+        var rows: [BenchResults.RedisStreams.Row] = []
+        for clients in [1, 8, 32] {
+            say("Redis Streams \(version): XADD from \(clients) \(clients == 1 ? "process" : "processes")")
+            let reports = try runClients(
+                try (0..<clients).map { _ in
+                    try worker("redis", ["--endpoint", socketPath, "--seconds", "\(seconds)"], curve: .none)
+                }
+            )
+            let latencies = Latencies(reports.flatMap(\.latencies))
+            rows.append(.init(clients: clients, xaddsPerS: rate(reports), p50Us: latencies.p50, p99Us: latencies.p99))
+        }
+        results.redis = .init(version: version, rows: rows)
+        for index in results.p2.indices {
+            let redisRate = rows.first { $0.clients == results.p2[index].clients }?.xaddsPerS ?? 0
+            results.p2[index].ratioToRedis = ratio(results.p2[index].actionsPerS, redisRate)
+        }
+    }
+
+    // MARK: - P3
+
+    private func measureFanOut() throws {
+        let daemon = try startDaemon("fanout", domains: [Counter.name])
+        let p2Rate = results.p2.first { $0.clients == 8 }?.actionsPerS ?? 0
+        for count in [4, 16] {
+            say("P3: \(count) replicas while 8 processes dispatch")
+            let replicas = try (0..<count).map { _ in
+                try worker("replica", ["--endpoint", daemon.command, "--events-endpoint", daemon.events])
+            }
+            for replica in replicas { _ = try awaitLine(replica, within: .seconds(60)) { $0 == "ready" } }
+            let dispatchers = try runClients(
+                try (0..<8).map { _ in
+                    try worker(
+                        "dispatch",
+                        ["--endpoint", daemon.command, "--seconds", "\(seconds)", "--record-seqs"]
+                    )
+                }
+            )
+            let lastSeq = dispatchers.flatMap(\.sent).map(\.seq).max() ?? 0
+            let lastAck =
+                dispatchers.compactMap { report in
+                    zip(report.sent, report.latencies).map { $0.at + $1 }.max()
+                }.max() ?? 0
+            for replica in replicas { replica.send("until \(lastSeq)") }
+            let applied = try replicas.map { try report(of: $0, within: .seconds(60)) }
+            let timelines = applied.map { AppliedTimeline($0.applied) }
+            var latencies: [UInt64] = []
+            for sample in dispatchers.flatMap(\.sent) {
+                let times = timelines.map { $0.time(reaching: sample.seq) }
+                if times.allSatisfy({ $0 != nil }), let last = times.compactMap({ $0 }).max(), last > sample.at {
+                    latencies.append(last - sample.at)
+                }
+            }
+            let reachedAll = applied.allSatisfy { $0.seq >= lastSeq }
+            let caughtUp = timelines.compactMap { $0.time(reaching: lastSeq) }.max() ?? 0
+            let catchUpMs = reachedAll && caughtUp > lastAck ? Double((caughtUp - lastAck) / 1_000) / 1_000 : 0
+            let resyncs = applied.reduce(0) { $0 + $1.resyncs }
+            let summary = Latencies(latencies)
+            results.p3.append(
+                .init(
+                    replicas: count,
+                    actionsPerS: rate(dispatchers),
+                    ratioToP2: ratio(rate(dispatchers), p2Rate),
+                    keptUp: reachedAll && resyncs == 0 && catchUpMs <= 100,
+                    catchUpMs: catchUpMs,
+                    p50Us: summary.p50,
+                    p99Us: summary.p99,
+                    resyncs: resyncs,
+                    repairs: applied.reduce(0) { $0 + $1.repairs },
+                    replicaPeakBytes: applied.map(\.peakResident).max() ?? 0
+                )
+            )
+            results.p6.replicaPeakBytes = max(results.p6.replicaPeakBytes, applied.map(\.peakResident).max() ?? 0)
+            for replica in replicas { replica.kill() }
+        }
+        results.p6.daemonPeakBytes = max(results.p6.daemonPeakBytes, daemon.peakResident)
+    }
+
+    // MARK: - P4
+
+    private func measureLateJoin(histories: [Int]) throws {
+        let increment = Array(try CanonicalEncoding.encode(Counter.Action.increment))
+        for events in histories {
+            say("P4: a late join against \(events) counter events")
+            try lateJoin(Counter.self, events: events) { _ in (.increment, increment) }
+        }
+        // About 1 MB of state: 10,000 posts of 100-character ids, one per event.
+        say("P4: a late join against 1 MB of state (10,000 posts)")
+        try lateJoin(Posts.self, events: 10_000) { seq in
+            let id = String(repeating: "p", count: 80) + String(format: "%020llu", seq)
+            let action = Posts.Action.appendPosts(posts: [id])
+            return (action, (try? CanonicalEncoding.encode(action)).map { Array($0) } ?? [])
+        }
+    }
+
+    private func lateJoin<D: Domain>(
+        _ domain: D.Type,
+        events: Int,
+        action: (UInt64) -> (D.Action, [UInt8])
+    ) throws {
+        let name = "join-\(D.name)-\(events)"
+        let directory = folder.appendingPathComponent(name)
+        let fillStart = ContinuousClock.now
+        do {
+            let journal = try SQLiteJournal(directory: directory.path, policy: JournalPolicy(), relaxed: true)
+            var state = try journal.recover(D.self).state
+            let clientID = [UInt8](repeating: 7, count: 16)
+            var lastSeq: UInt64 = 0
+            while lastSeq < UInt64(events) {
+                let count = min(10_000, events - Int(lastSeq))
+                try journal.commit(
+                    try journalBatch(
+                        D.self,
+                        journal: journal,
+                        state: &state,
+                        lastSeq: lastSeq,
+                        count: count,
+                        clientID: clientID,
+                        action: action
+                    )
+                )
+                lastSeq += UInt64(count)
+            }
+            try journal.sync()
+            try journal.close()
+        } catch {
+            throw BenchFailure("could not write the \(events)-event journal in \(directory.path): \(error)")
+        }
+        let fill = ContinuousClock.now - fillStart
+        let daemonStart = ContinuousClock.now
+        let daemon = try startDaemon(name, domains: [D.name])
+        let started = ContinuousClock.now - daemonStart
+        let joiner = try worker(
+            "join",
+            [
+                "--endpoint", daemon.command, "--events-endpoint", daemon.events, "--store", D.name,
+                "--count", "\(events)",
+            ],
+            input: false
+        )
+        let joined = try report(of: joiner, within: .seconds(90))
+        guard joined.seq == UInt64(events) else {
+            throw BenchFailure("the joining \(D.name) replica reached seq \(joined.seq) of \(events) within 60 s")
+        }
+        let row = BenchResults.P4(
+            store: D.name,
+            events: events,
+            stateBytes: joined.stateBytes,
+            joinSeconds: Double(joined.elapsed / 100_000) / 10_000,
+            daemonStartSeconds: (started / .milliseconds(1)).rounded() / 1_000,
+            fillSeconds: (fill / .milliseconds(10)).rounded() / 100,
+            replicaPeakBytes: joined.peakResident,
+            daemonPeakBytes: daemon.peakResident
+        )
+        results.p4.append(row)
+        results.p6.daemonPeakBytes = max(results.p6.daemonPeakBytes, row.daemonPeakBytes)
+        results.p6.replicaPeakBytes = max(results.p6.replicaPeakBytes, row.replicaPeakBytes)
+    }
+
+    // MARK: - P5
+
+    /// An in-process `Store<Counter>` dispatching from one thread, with 0, 1 and 100 subscribers selecting the
+    /// count (so every subscriber is told of every change).
+    private func measureStore() {
+        for subscribers in [0, 1, 100] {
+            say("P5: in-process Store with \(subscribers) subscribers")
+            let store = Store(Counter.self)
+            let cancellations = (0..<subscribers).map { _ in store.subscribe({ $0.count }) { _ in } }
+            for _ in 0..<10_000 { store.send(.increment) }
+            let start = monotonicNanos()
+            let end = start + UInt64(seconds * 1e9)
+            var dispatched = 0
+            var now = start
+            while now < end {
+                for _ in 0..<1_000 { store.send(.increment) }
+                dispatched += 1_000
+                now = monotonicNanos()
+            }
+            precondition(store.state.count == dispatched + 10_000, "the store lost dispatches")
+            results.p5.append(
+                .init(subscribers: subscribers, dispatchesPerS: perSecond(dispatched, nanoseconds: now - start))
+            )
+            for cancellation in cancellations { cancellation.cancel() }
+        }
+    }
+
+    // MARK: - Processes
+
+    enum CurveRole { case client, server, none }
+
+    private func say(_ line: String) {
+        if progressToStandardError {
+            FileHandle.standardError.write(Data((line + "\n").utf8))
+        } else {
+            print(line)
+            fflush(nil)
+        }
+    }
+
+    /// An endpoint of the bench's transport: a socket file in the folder, or a free loopback port.
+    private func endpoint(_ name: String) -> String {
+        switch transport {
+        case .ipc: "ipc://\(folder.path)/\(name)"
+        case .tcp: "tcp://127.0.0.1:\(freeLoopbackPort())"
+        }
+    }
+
+    private func worker(
+        _ role: String,
+        _ arguments: [String],
+        curve role2: CurveRole = .client,
+        input: Bool = true
+    ) throws -> ChildProcess {
+        workers += 1
+        var curveArguments: [String] = []
+        if let curve {
+            switch role2 {
+            case .client:
+                curveArguments = [
+                    "--curve", "\(Z85.encode(curve.server.publicKey)),\(Z85.encode(curve.client.secretKey))",
+                ]
+            case .server: curveArguments = ["--curve-server", Z85.encode(curve.server.secretKey)]
+            case .none: break
+            }
+        }
+        return try ChildProcess(
+            executable: lockstep,
+            ["bench-worker", role] + arguments + curveArguments,
+            directory: folder,
+            errorFile: folder.appendingPathComponent("worker-\(workers)-\(role).log"),
+            input: input
+        )
+    }
+
+    /// The first line `child` prints that `matches`, waiting at most `timeout`.
+    private func awaitLine(
+        _ child: ChildProcess,
+        within timeout: Duration,
+        matching matches: (String) -> Bool
+    ) throws -> String {
+        let deadline = ContinuousClock.now + timeout
+        while true {
+            if let line = child.takeLines().first(where: matches) { return line }
+            guard !child.reachedEndOfOutput else {
+                throw BenchFailure("\(child.command) ended early: \(child.errors().suffix(500))")
+            }
+            guard ContinuousClock.now < deadline else {
+                throw BenchFailure("\(child.command) did not answer within \(timeout)")
+            }
+            child.read(for: .milliseconds(50))
+        }
+    }
+
+    private func report(of child: ChildProcess, within timeout: Duration) throws -> WorkerReport {
+        let line = try awaitLine(child, within: timeout) { $0.hasPrefix("{") }
+        return try JSONDecoder().decode(WorkerReport.self, from: Data(line.utf8))
+    }
+
+    /// Waits until every client is ready, tells them all to go, and collects their reports.
+    private func runClients(_ clients: [ChildProcess]) throws -> [WorkerReport] {
+        for client in clients { _ = try awaitLine(client, within: .seconds(60)) { $0 == "ready" } }
+        for client in clients { client.send("go") }
+        return try clients.map { try report(of: $0, within: .seconds(seconds + 60)) }
+    }
+
+    /// Operations per second summed over clients, each over its own measured window.
+    private func rate(_ reports: [WorkerReport]) -> Double {
+        reports.reduce(0) { $0 + perSecond($1.count, nanoseconds: $1.elapsed) }.rounded()
+    }
+
+    /// A lockstepd serving `domains` from the folder `name` (its journal, config and log).
+    final class Daemon {
+        let process: ChildProcess
+        let command: String
+        let events: String
+        private let client: CommandClient
+
+        init(process: ChildProcess, command: String, events: String, curve: ClientCurve?) throws {
+            self.process = process
+            self.command = command
+            self.events = events
+            client = CommandClient(
+                context: try Context(),
+                endpoint: command,
+                timeout: .milliseconds(500),
+                retries: 0,
+                curve: curve
+            )
+        }
+
+        func seq() throws -> UInt64 {
+            guard case let .status(_, body) = try client.call(.status(requestID: 1)) else {
+                throw BenchFailure("lockstepd at \(command) did not answer STATUS with a status")
+            }
+            return try JSONDecoder().decode(DaemonStatus.self, from: Data(body)).stores.reduce(0) { $0 + $1.seq }
+        }
+
+        var peakResident: Int { peakResidentBytes(of: process.process.processIdentifier) ?? 0 }
+    }
+
+    private func startDaemon(_ name: String, domains: [String]) throws -> Daemon {
+        let directory = folder.appendingPathComponent(name)
+        try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        let command = endpoint("\(name)-command")
+        let events = endpoint("\(name)-events")
+        var toml = """
+            data_dir = "\(directory.path)"
+            command_endpoint = "\(command)"
+            events_endpoint = "\(events)"
+            domains = [\(domains.map { "\"\($0)\"" }.joined(separator: ", "))]
+
+            """
+        var clientCurve: ClientCurve?
+        if let curve {
+            let keyFile = directory.appendingPathComponent("server.key").path
+            let clientsFile = directory.appendingPathComponent("clients").path
+            FileManager.default.createFile(
+                atPath: keyFile,
+                contents: Data((Z85.encode(curve.server.secretKey) + "\n").utf8),
+                attributes: [.posixPermissions: 0o600]
+            )
+            try (Z85.encode(curve.client.publicKey) + "\n").write(
+                toFile: clientsFile,
+                atomically: true,
+                encoding: .utf8
+            )
+            toml += "[curve]\nserver_key_file = \"\(keyFile)\"\nallowed_clients_file = \"\(clientsFile)\"\n"
+            clientCurve = ClientCurve(keys: curve.client, serverPublicKey: curve.server.publicKey)
+        }
+        let configuration = directory.appendingPathComponent("lockstepd.toml")
+        try toml.write(to: configuration, atomically: true, encoding: .utf8)
+        let process = try ChildProcess(
+            executable: lockstepd,
+            ["--config", configuration.path, "--log-level", "warning"],
+            directory: directory,
+            errorFile: directory.appendingPathComponent("lockstepd.log")
+        )
+        let daemon = try Daemon(process: process, command: command, events: events, curve: clientCurve)
+        let deadline = ContinuousClock.now + .seconds(60)
+        while (try? daemon.seq()) == nil {
+            guard ContinuousClock.now < deadline, process.process.isRunning else {
+                throw BenchFailure("lockstepd did not answer within 60 s; see \(directory.path)/lockstepd.log")
+            }
+            Thread.sleep(forTimeInterval: 0.005)
+        }
+        return daemon
+    }
+}
+
+/// When a replica's state reached each seq: its samples in seq order, searched for the first at or past one.
+private struct AppliedTimeline {
+    private let samples: [WorkerReport.Sample]
+
+    init(_ samples: [WorkerReport.Sample]) {
+        self.samples = samples.sorted { $0.seq < $1.seq }
+    }
+
+    func time(reaching seq: UInt64) -> UInt64? {
+        var low = 0
+        var high = samples.count
+        while low < high {
+            let middle = (low + high) / 2
+            if samples[middle].seq < seq { low = middle + 1 } else { high = middle }
+        }
+        return low < samples.count ? samples[low].at : nil
+    }
+}
+
+/// The full path of `name` on the PATH, if it is there.
+func executableOnPath(_ name: String) -> URL? {
+    let path = ProcessInfo.processInfo.environment["PATH"] ?? "/usr/local/bin:/usr/bin:/bin"
+    return path.split(separator: ":").map { URL(fileURLWithPath: String($0)).appendingPathComponent(name) }
+        .first { FileManager.default.isExecutableFile(atPath: $0.path) }
+}
+
+/// A loopback port nothing listens on right now (the kernel's pick; free again once this returns).
+func freeLoopbackPort() -> Int {
+    let descriptor = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    defer { close(descriptor) }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    address.sin_port = 0
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    _ = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer in
+            bind(descriptor, pointer, length)
+            return getsockname(descriptor, pointer, &length)
+        }
+    }
+    return Int(UInt16(bigEndian: address.sin_port))
+}

@@ -1,0 +1,81 @@
+import ArgumentParser
+import Foundation
+import Lockstep
+import LockstepExamples
+import LockstepJournal
+import ZeroMQ
+
+/// `lockstep bench`: Lockstep next to the raw transport under it, measured in one run on this machine.
+struct BenchCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "bench",
+        abstract: "Measure Lockstep next to raw libzmq (and Redis Streams, when installed) on this machine.",
+        discussion: """
+            Runs lockstepd (found next to this executable), raw libzmq echo servers and clients, replicas and, \
+            when redis-server is on the PATH, Redis with appendfsync always, all as separate processes in a \
+            temporary folder, and prints each figure next to its baseline. Build with -c release first \
+            (make bench does). The figures and the JSON keys are explained in docs/performance.md.
+            """
+    )
+
+    enum Transport: String, ExpressibleByArgument, CaseIterable {
+        case ipc, tcp
+    }
+
+    @Flag(help: "Print one JSON object (keys in docs/performance.md) instead of the table.")
+    var json = false
+
+    @Option(help: "The transport every socket uses: ipc, or tcp on 127.0.0.1 (with CURVE, as lockstepd requires).")
+    var transport = Transport.ipc
+
+    @Option(help: "How long each latency and throughput measurement runs, in seconds.")
+    var seconds = 2.0
+
+    @Option(help: "The history lengths late joins are timed against, comma-separated.")
+    var histories = "10000,100000,1000000"
+
+    @Flag(help: "Leave Redis out even when redis-server is installed.")
+    var noRedis = false
+
+    @Flag(help: "Keep the bench's folder (journals and every process's log) and say where it is.")
+    var keep = false
+
+    func validate() throws {
+        guard (0.2...60).contains(seconds) else { throw ValidationError("--seconds must be 0.2...60, got \(seconds)") }
+        _ = try historyLengths()
+    }
+
+    private func historyLengths() throws -> [Int] {
+        let lengths = histories.split(separator: ",").map { Int($0.trimmingCharacters(in: .whitespaces)) }
+        guard !lengths.isEmpty, lengths.allSatisfy({ $0.map { (1...10_000_000).contains($0) } ?? false }) else {
+            throw ValidationError("--histories wants event counts 1...10000000, comma-separated; got '\(histories)'")
+        }
+        return lengths.compactMap { $0 }
+    }
+
+    func run() throws {
+        signal(SIGPIPE, SIG_IGN)
+        let bench = try Bench(transport: transport, seconds: seconds, keep: keep, progressToStandardError: json)
+        let results: BenchResults
+        do {
+            results = try bench.run(histories: try historyLengths(), redis: !noRedis)
+        } catch let failure as BenchFailure {
+            printError("lockstep bench: \(failure.description) (logs in \(bench.folder.path))")
+            throw ExitCode.failure
+        }
+        if json {
+            let encoder = JSONEncoder()
+            encoder.keyEncodingStrategy = .convertToSnakeCase
+            encoder.outputFormatting = [.sortedKeys]
+            print(String(decoding: try encoder.encode(results), as: UTF8.self))
+        } else {
+            print(BenchTable(results).text)
+        }
+    }
+}
+
+/// Why the bench could not finish; names the process or step and where its log is.
+struct BenchFailure: Error, CustomStringConvertible {
+    var description: String
+    init(_ description: String) { self.description = description }
+}

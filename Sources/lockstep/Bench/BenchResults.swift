@@ -1,0 +1,115 @@
+/// What `lockstep bench --json` prints: one object, keys in snake_case, documented in docs/performance.md.
+/// Latencies are in microseconds, rates per second, memory in bytes.
+struct BenchResults: Codable {
+    var build: String
+    var transport: String
+    var cores: Int
+    var secondsPerMeasurement: Double
+    var baselines = Baselines()
+    var p1 = P1()
+    var p2: [P2] = []
+    var p3: [P3] = []
+    var p4: [P4] = []
+    var p5: [P5] = []
+    var p6 = P6()
+    /// Redis Streams from 1, 8 and 32 clients, when `redis-server` is installed; else `null`.
+    var redis: RedisStreams?
+    var totalSeconds = 0.0
+
+    struct Baselines: Codable {
+        /// Raw REQ → REP echo of a counter DISPATCH's bytes, one client.
+        var reqRepP50Us = Microseconds(0)
+        var reqRepP99Us = Microseconds(0)
+        var reqRepRoundTripsPerS = 0.0
+        /// Raw ROUTER echo with 8 REQ client processes, all round trips per second.
+        var router8ReqRoundTripsPerS = 0.0
+        /// Raw PUB → 4 SUB processes, 200-byte messages each subscriber received per second.
+        var pub4SubMsgsPerS = 0.0
+        /// write(2) of 200 bytes + fsync(2) to a file in the bench's data directory.
+        var fsyncP50Us = Microseconds(0)
+        var fsyncP99Us = Microseconds(0)
+    }
+
+    struct P1: Codable {
+        var dispatches = 0
+        var p50Us = Microseconds(0)
+        var p99Us = Microseconds(0)
+        /// The raw REQ/REP p50 + the fsync p50: what one durable round trip cannot beat.
+        var baselineUs = Microseconds(0)
+        var ratioP50: Double?
+        var ratioP99: Double?
+    }
+
+    struct P2: Codable {
+        var clients: Int
+        var actionsPerS: Double
+        var ratioToRouter8Req: Double?
+        var ratioToRedis: Double?
+        var p50Us: Microseconds
+        var p99Us: Microseconds
+        /// Dispatches acknowledged as accepted, and the daemon's seq advance over the same run: equal when
+        /// nothing was lost or committed unacknowledged.
+        var acknowledged: Int
+        var committed: Int
+        var failures: Int
+    }
+
+    struct P3: Codable {
+        var replicas: Int
+        /// Committed actions/s from 8 dispatching processes while the replicas run.
+        var actionsPerS: Double
+        var ratioToP2: Double?
+        /// Every replica reached the last seq within 100 ms of the last acknowledgement, without a resync.
+        var keptUp: Bool
+        /// From the last acknowledgement to the last replica applying the last seq.
+        var catchUpMs: Double
+        /// From sending a dispatch to the last replica applying it.
+        var p50Us: Microseconds
+        var p99Us: Microseconds
+        var resyncs: Int
+        var repairs: Int
+        var replicaPeakBytes: Int
+    }
+
+    struct P4: Codable {
+        var store: String
+        var events: Int
+        var stateBytes: Int
+        /// From a new replica process starting its replica to its state at the last seq.
+        var joinSeconds: Double
+        /// From starting lockstepd on the journal to its first answer (recovery included).
+        var daemonStartSeconds: Double
+        /// Seconds to write the history into the journal (not part of the join).
+        var fillSeconds: Double
+        var replicaPeakBytes: Int
+        var daemonPeakBytes: Int
+    }
+
+    struct P5: Codable {
+        var subscribers: Int
+        var dispatchesPerS: Double
+    }
+
+    struct P6: Codable {
+        /// The highest resident set (VmHWM) of any lockstepd the bench ran, and of any replica process.
+        var daemonPeakBytes = 0
+        var replicaPeakBytes = 0
+        /// The largest state the bench held (P4's 1 MB store).
+        var stateBytes = 0
+        /// 64 MiB + 3 × state bytes.
+        var budgetBytes = 0
+        var withinBudget = false
+    }
+
+    struct RedisStreams: Codable {
+        var version: String
+        var rows: [Row]
+
+        struct Row: Codable {
+            var clients: Int
+            var xaddsPerS: Double
+            var p50Us: Microseconds
+            var p99Us: Microseconds
+        }
+    }
+}

@@ -1,0 +1,123 @@
+import Foundation
+
+/// `lockstep bench`'s table: each figure, its baseline ratio and its target.
+struct BenchTable {
+    let results: BenchResults
+
+    init(_ results: BenchResults) { self.results = results }
+
+    var text: String {
+        let r = results
+        let b = r.baselines
+        var lines = [
+            "",
+            "lockstep bench: \(r.build) build, \(r.transport), \(r.cores) cores, \(r.secondsPerMeasurement) s per "
+                + "measurement, \(r.totalSeconds) s in all",
+            "",
+            "baselines (raw libzmq over \(r.transport); the disk under the bench's folder)",
+            row(
+                "REQ/REP round trip",
+                "p50 \(b.reqRepP50Us)  p99 \(b.reqRepP99Us)",
+                "\(count(b.reqRepRoundTripsPerS))/s"
+            ),
+            row("ROUTER ← 8 REQ processes", "\(count(b.router8ReqRoundTripsPerS)) round trips/s"),
+            row("PUB → 4 SUB processes", "\(count(b.pub4SubMsgsPerS)) msgs/s to each (200 bytes)"),
+            row("write + fsync, 200 bytes", "p50 \(b.fsyncP50Us)  p99 \(b.fsyncP99Us)"),
+            "",
+            "P1 dispatch round trip, durable (vs raw REQ/REP p50 + fsync p50 = \(r.p1.baselineUs))",
+            row(
+                "p50 / p99",
+                "\(r.p1.p50Us) / \(r.p1.p99Us)",
+                "\(times(r.p1.ratioP50)) / \(times(r.p1.ratioP99))",
+                "target ≤ 1.3× / ≤ 3×"
+            ),
+            "",
+            "P2 committed actions/s (vs raw ROUTER ← 8 REQ\(r.redis == nil ? "" : "; vs Redis Streams XADD"))",
+        ]
+        for p2 in r.p2 {
+            let redis = r.redis == nil ? "" : ", \(times(p2.ratioToRedis)) Redis"
+            let lost = p2.committed == p2.acknowledged ? "" : "  (committed \(p2.committed) ≠ acknowledged)"
+            lines.append(
+                row(
+                    "\(p2.clients) client\(p2.clients == 1 ? "" : "s")",
+                    "\(count(p2.actionsPerS))/s  p50 \(p2.p50Us)  p99 \(p2.p99Us)",
+                    "\(times(p2.ratioToRouter8Req))\(redis)",
+                    "target ≥ 0.6×" + lost
+                )
+            )
+        }
+        if let redis = r.redis {
+            lines += ["", "Redis Streams \(redis.version): XADD, appendonly yes, appendfsync always, unix socket"]
+            for row in redis.rows {
+                lines.append(
+                    self.row(
+                        "\(row.clients) client\(row.clients == 1 ? "" : "s")",
+                        "\(count(row.xaddsPerS))/s  p50 \(row.p50Us)  p99 \(row.p99Us)"
+                    )
+                )
+            }
+        }
+        lines += ["", "P3 replicas while 8 processes dispatch: dispatch → last replica applied"]
+        for p3 in r.p3 {
+            lines.append(
+                row(
+                    "\(p3.replicas) replicas",
+                    "\(count(p3.actionsPerS))/s (\(times(p3.ratioToP2)) P2)  p50 \(p3.p50Us)  p99 \(p3.p99Us)",
+                    p3.keptUp ? "kept up" : "fell behind",
+                    String(format: "caught up %.1f ms after the last ack; target p99 ≤ 5 ms", p3.catchUpMs)
+                )
+            )
+        }
+        lines += ["", "P4 late join: a new replica process to the last seq"]
+        for p4 in r.p4 {
+            lines.append(
+                row(
+                    "\(count(Double(p4.events))) \(p4.store) events",
+                    String(format: "%.3f s", p4.joinSeconds),
+                    "state \(bytes(p4.stateBytes))",
+                    String(format: "daemon up in %.2f s; target < 0.5 s", p4.daemonStartSeconds)
+                )
+            )
+        }
+        lines += ["", "P5 in-process Store<Counter>, one dispatching thread"]
+        for p5 in r.p5 {
+            lines.append(row("\(p5.subscribers) subscribers", "\(count(p5.dispatchesPerS)) dispatches/s"))
+        }
+        let p6 = r.p6
+        lines += [
+            "",
+            "P6 peak resident memory (budget 64 MiB + 3 × \(bytes(p6.stateBytes)) = \(mebibytes(p6.budgetBytes)))",
+            row("lockstepd", mebibytes(p6.daemonPeakBytes), p6.daemonPeakBytes <= p6.budgetBytes ? "within" : "over"),
+            row(
+                "replica process",
+                mebibytes(p6.replicaPeakBytes),
+                p6.replicaPeakBytes <= p6.budgetBytes ? "within" : "over"
+            ),
+        ]
+        return lines.joined(separator: "\n")
+    }
+
+    private func row(_ name: String, _ value: String, _ ratio: String = "", _ note: String = "") -> String {
+        let line =
+            "  " + name.padding(toLength: 28, withPad: " ", startingAt: 0)
+            + value.padding(toLength: max(value.count, 44), withPad: " ", startingAt: 0)
+            + "  " + ratio.padding(toLength: max(ratio.count, 16), withPad: " ", startingAt: 0) + "  " + note
+        return line.trimmingCharacters(in: .whitespaces).isEmpty
+            ? "" : String(line.reversed().drop { $0 == " " }.reversed())
+    }
+
+    private func times(_ ratio: Double?) -> String {
+        ratio.map { String(format: "%.2f×", $0) } ?? "–"
+    }
+
+    private func count(_ value: Double) -> String {
+        let formatter = NumberFormatter()
+        formatter.numberStyle = .decimal
+        formatter.maximumFractionDigits = 0
+        return formatter.string(from: NSNumber(value: value)) ?? "\(Int(value))"
+    }
+
+    private func bytes(_ value: Int) -> String {
+        value >= 1_048_576 ? mebibytes(value) : String(format: "%.1f KiB", Double(value) / 1_024)
+    }
+}

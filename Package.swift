@@ -33,7 +33,14 @@ let package = Package(
         .target(name: "ZeroMQ", dependencies: ["CZeroMQ"]),
         .target(name: "Lockstep", dependencies: [.product(name: "Crypto", package: "swift-crypto")]),
         .target(name: "LockstepProtocol", dependencies: ["Lockstep"]),
-        .target(name: "LockstepJournal", dependencies: ["Lockstep", .product(name: "GRDB", package: "GRDB.swift")]),
+        // GRDBSQLite: the commit path binds and steps its statements through SQLite's C API.
+        .target(
+            name: "LockstepJournal",
+            dependencies: [
+                "Lockstep", .product(name: "GRDB", package: "GRDB.swift"),
+                .product(name: "GRDBSQLite", package: "GRDB.swift"),
+            ]
+        ),
         .target(
             name: "LockstepServer",
             dependencies: [

@@ -198,13 +198,16 @@ final class MemoryStorage: JournalStorage {
         state.withLockedValue { $0.idempotency[key]?.record }
     }
 
-    func idempotencyRecords() throws(JournalError) -> [IdempotencyRecord] {
-        state.withLockedValue { state in
-            state.idempotencyOrder[state.idempotencyHead...].compactMap { position, key in
+    func forEachIdempotencyRecord(
+        _ body: (IdempotencyRecord) throws(JournalError) -> Void
+    ) throws(JournalError) {
+        let records: [IdempotencyRecord] = state.withLockedValue { state in
+            state.idempotencyOrder[state.idempotencyHead...].compactMap { position, key -> IdempotencyRecord? in
                 guard let entry = state.idempotency[key], entry.position == position else { return nil }
                 return entry.record
             }
         }
+        for record in records { try body(record) }
     }
 
     func idempotencyCount() throws(JournalError) -> Int {

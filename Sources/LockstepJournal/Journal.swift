@@ -70,9 +70,10 @@ public protocol Journal: AnyObject, Sendable {
     /// The entry kept for `key`, if any.
     func idempotencyRecord(for key: IdempotencyKey) throws(JournalError) -> IdempotencyRecord?
 
-    /// Every idempotency entry kept, oldest first: what a daemon loads at start so retries across a
-    /// restart get their first reply.
-    func idempotencyRecords() throws(JournalError) -> [IdempotencyRecord]
+    /// Calls `body` with every idempotency entry kept, oldest first, one at a time: what a daemon loads at
+    /// start so retries across a restart get their first reply (100,000 entries by default: read as a list
+    /// first, they doubled the daemon's peak memory).
+    func forEachIdempotencyRecord(_ body: (IdempotencyRecord) throws(JournalError) -> Void) throws(JournalError)
 
     /// Per store: epoch, domain version, first and last seq, events and snapshots kept; and the file's size.
     func stats() throws(JournalError) -> JournalStats
@@ -91,6 +92,13 @@ public protocol Journal: AnyObject, Sendable {
 }
 
 extension Journal {
+    /// Every idempotency entry kept, oldest first.
+    public func idempotencyRecords() throws(JournalError) -> [IdempotencyRecord] {
+        var records: [IdempotencyRecord] = []
+        try forEachIdempotencyRecord { records.append($0) }
+        return records
+    }
+
     /// Whether the store is due a snapshot, counting only what is committed.
     public func snapshotDue(store: String) -> Bool {
         snapshotDue(store: store, pendingEvents: 0, pendingBytes: 0)

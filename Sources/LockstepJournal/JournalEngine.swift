@@ -64,7 +64,7 @@ protocol JournalStorage: Sendable {
     func write(_ plan: CommitPlan) throws(JournalError)
     func idempotencyRecord(for key: IdempotencyKey) throws(JournalError) -> IdempotencyRecord?
     /// Oldest first.
-    func idempotencyRecords() throws(JournalError) -> [IdempotencyRecord]
+    func forEachIdempotencyRecord(_ body: (IdempotencyRecord) throws(JournalError) -> Void) throws(JournalError)
     func idempotencyCount() throws(JournalError) -> Int
     func fileBytes() -> Int64?
     /// What the storage itself finds damaged (SQLite's integrity check); empty when intact.
@@ -117,8 +117,10 @@ extension EngineJournal {
         try engine.storage.idempotencyRecord(for: key)
     }
 
-    public func idempotencyRecords() throws(JournalError) -> [IdempotencyRecord] {
-        try engine.storage.idempotencyRecords()
+    public func forEachIdempotencyRecord(
+        _ body: (IdempotencyRecord) throws(JournalError) -> Void
+    ) throws(JournalError) {
+        try engine.storage.forEachIdempotencyRecord(body)
     }
 
     public func stats() throws(JournalError) -> JournalStats {

@@ -202,10 +202,10 @@ private struct LoopState {
             }
         }
         var sequencer = Sequencer(stores: stores, idempotencyCapacity: journal.policy.idempotencyEntriesKept)
-        for record in try journal.idempotencyRecords() {
+        try journal.forEachIdempotencyRecord { record in
             guard let client = ClientID(bytes: record.key.clientID), let reply = ReplyRecord.decode(record.reply),
                 let fingerprint = StateDigest(bytes: record.fingerprint)
-            else { continue }
+            else { return }
             sequencer.remember(
                 IdempotencyCache.Key(client: client, requestNumber: record.key.requestNumber),
                 IdempotencyCache.Entry(fingerprint: fingerprint, reply: reply)

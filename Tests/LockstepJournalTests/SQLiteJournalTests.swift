@@ -3,9 +3,9 @@ import GRDB
 import Lockstep
 import LockstepExamples
 import LockstepJournal
-import Testing
 import LockstepTesting
 import TestSupport
+import Testing
 
 #if canImport(Glibc)
 import Glibc
@@ -85,6 +85,45 @@ import Glibc
             journalError { _ = try SQLiteJournal(directory: fixture.dataDirectory, readOnly: true) }?.code
                 == .formatVersionMismatch
         )
+    }
+
+    @Test func aFormat1JournalIsReadAsItIsAndRebuiltAsFormat2WhenOpenedForWriting() throws {
+        let fixture = try journal(withIncrements: 3)
+        let original = try fixture.open()
+        let records = try original.idempotencyRecords()
+        try original.close()
+        // Format 1: the same tables, the idempotency entries indexed by (client_id, request_number).
+        try tamper(fixture) { db in
+            try db.execute(
+                sql: """
+                    CREATE TABLE idempotency_1 (
+                        position INTEGER PRIMARY KEY, client_id BLOB NOT NULL, request_number INTEGER NOT NULL,
+                        fingerprint BLOB NOT NULL, reply BLOB NOT NULL, UNIQUE (client_id, request_number));
+                    INSERT INTO idempotency_1 SELECT * FROM idempotency;
+                    DROP TABLE idempotency;
+                    ALTER TABLE idempotency_1 RENAME TO idempotency;
+                    UPDATE journal_format SET version = 1;
+                    """
+            )
+        }
+        let schema = { () throws -> String? in
+            let queue = try DatabaseQueue(path: file(fixture))
+            defer { try? queue.close() }
+            return try queue.read {
+                try String.fetchOne($0, sql: "SELECT sql FROM sqlite_master WHERE name = 'idempotency'")
+            }
+        }
+        let reader = try SQLiteJournal(directory: fixture.dataDirectory, readOnly: true)
+        #expect(try reader.idempotencyRecords() == records)
+        try reader.close()
+        #expect(try schema()?.contains("UNIQUE (client_id, request_number)") == true)
+
+        let writer = try SQLiteJournal(directory: fixture.dataDirectory)
+        #expect(try writer.recover(Counter.self).lastSeq == 3)
+        #expect(try writer.idempotencyRecords() == records)
+        #expect(try writer.databaseQueue.read { try Int.fetchOne($0, sql: "SELECT version FROM journal_format") } == 2)
+        try writer.close()
+        #expect(try schema()?.contains("UNIQUE (request_number, client_id)") == true)
     }
 
     @Test func anotherDatabaseIsNotAJournal() throws {

@@ -34,6 +34,11 @@ struct BenchCommand: ParsableCommand {
     @Option(help: "The history lengths late joins are timed against, comma-separated.")
     var histories = "10000,100000,1000000"
 
+    @Option(
+        help: "Run only these parts, comma-separated: baselines, p1, p2, redis, p3, p4, p5 (p6 comes with the others)."
+    )
+    var only: String?
+
     @Flag(help: "Leave Redis out even when redis-server is installed.")
     var noRedis = false
 
@@ -43,6 +48,20 @@ struct BenchCommand: ParsableCommand {
     func validate() throws {
         guard (0.2...60).contains(seconds) else { throw ValidationError("--seconds must be 0.2...60, got \(seconds)") }
         _ = try historyLengths()
+        _ = try parts()
+    }
+
+    static let allParts = ["baselines", "p1", "p2", "redis", "p3", "p4", "p5"]
+
+    private func parts() throws -> Set<String> {
+        guard let only else { return Set(Self.allParts) }
+        let parts = Set(only.split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces).lowercased() })
+        if let unknown = parts.first(where: { !Self.allParts.contains($0) }) {
+            throw ValidationError(
+                "--only: no part '\(unknown)'; the parts are \(Self.allParts.joined(separator: ", "))"
+            )
+        }
+        return parts
     }
 
     private func historyLengths() throws -> [Int] {
@@ -58,7 +77,9 @@ struct BenchCommand: ParsableCommand {
         let bench = try Bench(transport: transport, seconds: seconds, keep: keep, progressToStandardError: json)
         let results: BenchResults
         do {
-            results = try bench.run(histories: try historyLengths(), redis: !noRedis)
+            var parts = try parts()
+            if noRedis { parts.remove("redis") }
+            results = try bench.run(histories: try historyLengths(), parts: parts)
         } catch let failure as BenchFailure {
             printError("lockstep bench: \(failure.description) (logs in \(bench.folder.path))")
             throw ExitCode.failure

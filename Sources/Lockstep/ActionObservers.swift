@@ -12,6 +12,14 @@ public struct ObservedAction: Sendable {
     public let action: any Encodable & Sendable
     /// `nil` when the action was applied, the validator's reason when it was refused.
     public let rejection: Rejection?
+
+    @usableFromInline
+    init(store: String, index: UInt64, action: any Encodable & Sendable, rejection: Rejection?) {
+        self.store = store
+        self.index = index
+        self.action = action
+        self.rejection = rejection
+    }
 }
 
 /// Observers that see every action through every store attached to them (seed 001's subscribe-to-all-stores):
@@ -57,8 +65,9 @@ public final class ActionObservers: Sendable {
     }
 
     /// Whether anyone is listening: stores skip building an ``ObservedAction`` when nobody is.
-    var isEmpty: Bool { count.load(ordering: .acquiring) == 0 }
+    @usableFromInline var isEmpty: Bool { count.load(ordering: .acquiring) == 0 }
 
+    @usableFromInline
     func notify(_ observed: @autoclosure () -> ObservedAction) {
         guard !isEmpty else { return }
         let observers = registry.withLockedValue { registry in

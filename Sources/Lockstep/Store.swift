@@ -11,9 +11,9 @@ import Synchronization
 public final class Store<State: Equatable & Sendable, Action: Encodable & Sendable>: Sendable {
     /// The store's name, as observers see it.
     public let name: String
-    private let reducer: Reducer<State, Action>
-    private let observers: ActionObservers
-    private let core: LockedValue<Core>
+    @usableFromInline let reducer: Reducer<State, Action>
+    @usableFromInline let observers: ActionObservers
+    @usableFromInline let core: LockedValue<Core>
 
     /// A store over `initialState` changed by `reducer`, reporting to `observers`.
     public init(
@@ -50,13 +50,17 @@ public final class Store<State: Equatable & Sendable, Action: Encodable & Sendab
 
     /// Queues `action` and returns at once; `completion`, if any, learns the outcome after the action is
     /// applied or refused (seed 002's dispatch with completion). This is the form to use inside a subscriber.
+    ///
+    /// This path and the ones it takes are `@inlinable`, so they are compiled for the caller's state and
+    /// action types: unspecialized, they looked up generic metadata at run time on every dispatch.
+    @inlinable
     public func send(_ action: Action, completion: (@Sendable (Result<Void, Rejection>) -> Void)? = nil) {
         submit(.action(action, completion))
     }
 
     /// Calls `onChange` with the selected part of the state now (replay-last), and then once each time it
     /// changes, never for changes elsewhere in the state.
-    @discardableResult
+    @discardableResult @inlinable
     public func subscribe<Value: Equatable & Sendable>(
         _ select: @escaping @Sendable (State) -> Value,
         onChange: @escaping @Sendable (Value) -> Void
@@ -88,32 +92,42 @@ public final class Store<State: Equatable & Sendable, Action: Encodable & Sendab
 
     // MARK: - The queue
 
-    private final class Subscriber: Sendable {
-        let deliver: @Sendable (State) -> Void
-        let active = Atomic<Bool>(true)
+    @usableFromInline
+    final class Subscriber: Sendable {
+        @usableFromInline let deliver: @Sendable (State) -> Void
+        @usableFromInline let active = Atomic<Bool>(true)
 
+        @usableFromInline
         init(_ deliver: @escaping @Sendable (State) -> Void) {
             self.deliver = deliver
         }
     }
 
-    private enum Work: Sendable {
+    @usableFromInline
+    enum Work: Sendable {
         case action(Action, (@Sendable (Result<Void, Rejection>) -> Void)?)
         case subscribe(UInt64, Subscriber)
     }
 
-    private struct Core: Sendable {
-        var state: State
-        var applied: UInt64 = 0
-        var handled: UInt64 = 0
-        var queue: [Work] = []
-        var head = 0
-        var draining = false
-        var nextSubscriberID: UInt64 = 0
-        var subscribers: [UInt64: Subscriber] = [:]
+    @usableFromInline
+    struct Core: Sendable {
+        @usableFromInline var state: State
+        @usableFromInline var applied: UInt64 = 0
+        @usableFromInline var handled: UInt64 = 0
+        @usableFromInline var queue: [Work] = []
+        @usableFromInline var head = 0
+        @usableFromInline var draining = false
+        @usableFromInline var nextSubscriberID: UInt64 = 0
+        @usableFromInline var subscribers: [UInt64: Subscriber] = [:]
         /// The subscribers in subscription order, rebuilt only after a change, so notifying takes no copy.
-        var subscriberList: [Subscriber]? = []
+        @usableFromInline var subscriberList: [Subscriber]? = []
 
+        @usableFromInline
+        init(state: State) {
+            self.state = state
+        }
+
+        @inlinable
         mutating func next() -> Work? {
             guard head < queue.count else {
                 queue.removeAll(keepingCapacity: true)
@@ -125,6 +139,7 @@ public final class Store<State: Equatable & Sendable, Action: Encodable & Sendab
             return queue[head]
         }
 
+        @inlinable
         mutating func currentSubscribers() -> [Subscriber] {
             if let list = subscriberList { return list }
             let list = subscribers.sorted { $0.key < $1.key }.map(\.value)
@@ -133,7 +148,8 @@ public final class Store<State: Equatable & Sendable, Action: Encodable & Sendab
         }
     }
 
-    private func addSubscriber(_ deliver: @escaping @Sendable (State) -> Void) -> Cancellation {
+    @usableFromInline
+    func addSubscriber(_ deliver: @escaping @Sendable (State) -> Void) -> Cancellation {
         let subscriber = Subscriber(deliver)
         let id = core.withLockedValue { core in
             core.nextSubscriberID += 1
@@ -148,7 +164,8 @@ public final class Store<State: Equatable & Sendable, Action: Encodable & Sendab
         }
     }
 
-    private func submit(_ work: Work) {
+    @inlinable
+    func submit(_ work: Work) {
         let mustDrain = core.withLockedValue { core in
             core.queue.append(work)
             if core.draining { return false }
@@ -158,7 +175,8 @@ public final class Store<State: Equatable & Sendable, Action: Encodable & Sendab
         if mustDrain { drain() }
     }
 
-    private func drain() {
+    @inlinable
+    func drain() {
         while let work = core.withLockedValue({ $0.next() }) {
             switch work {
             case let .action(action, completion):
@@ -176,7 +194,8 @@ public final class Store<State: Equatable & Sendable, Action: Encodable & Sendab
         }
     }
 
-    private func apply(_ action: Action, completion: (@Sendable (Result<Void, Rejection>) -> Void)?) {
+    @inlinable
+    func apply(_ action: Action, completion: (@Sendable (Result<Void, Rejection>) -> Void)?) {
         let reducer = self.reducer
         let outcome: (index: UInt64, result: Result<(State, [Subscriber])?, Rejection>) = core.withLockedValue {
             core in

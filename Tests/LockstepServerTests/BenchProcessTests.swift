@@ -1,0 +1,65 @@
+import Foundation
+import TestSupport
+import Testing
+
+/// `lockstep bench` end to end on a tiny run: every part runs as real processes and reports every figure
+/// docs/performance.md documents. Only completeness and consistency are checked, never a speed.
+@Suite(.serialized) struct BenchProcessTests {
+    @Test func aShortBenchReportsEveryFigureAndLosesNoAcknowledgedDispatch() throws {
+        let output = try runProduct(
+            "lockstep",
+            ["bench", "--json", "--seconds", "0.3", "--histories", "300", "--no-redis"],
+            timeout: .seconds(300)
+        )
+        #expect(output.status == 0, "\(output.standardError)")
+        let json = try #require(
+            try JSONSerialization.jsonObject(with: Data(output.standardOutput.utf8)) as? [String: Any],
+            "not one JSON object: \(output.standardOutput)"
+        )
+        for key in ["baselines", "p1", "p2", "p3", "p4", "p5", "p6", "transport", "build", "total_seconds"] {
+            #expect(json[key] != nil, "no \(key) in \(json.keys.sorted())")
+        }
+        let baselines = try #require(json["baselines"] as? [String: Double])
+        for key in [
+            "req_rep_p50_us", "req_rep_p99_us", "req_rep_round_trips_per_s", "router8_req_round_trips_per_s",
+            "pub4_sub_msgs_per_s", "fsync_p50_us", "fsync_p99_us",
+        ] {
+            #expect((baselines[key] ?? 0) > 0, "baseline \(key) is \(baselines[key] ?? -1)")
+        }
+        let p1 = try #require(json["p1"] as? [String: Any])
+        #expect((p1["dispatches"] as? Int ?? 0) > 0)
+        #expect(p1["ratio_p50"] as? Double != nil)
+
+        let p2 = try #require(json["p2"] as? [[String: Any]])
+        #expect(p2.compactMap { $0["clients"] as? Int } == [1, 8, 32])
+        for row in p2 {
+            // The daemon's seq advanced by exactly the dispatches acknowledged: nothing lost, nothing extra.
+            #expect(row["acknowledged"] as? Int == row["committed"] as? Int, "\(row)")
+            #expect(row["failures"] as? Int == 0, "\(row)")
+            #expect((row["actions_per_s"] as? Double ?? 0) > 0)
+        }
+        let p3 = try #require(json["p3"] as? [[String: Any]])
+        #expect(p3.compactMap { $0["replicas"] as? Int } == [4, 16])
+        for row in p3 { #expect(row["resyncs"] as? Int == 0, "\(row)") }
+
+        let p4 = try #require(json["p4"] as? [[String: Any]])
+        #expect(p4.compactMap { $0["events"] as? Int } == [300, 1_000])
+        let posts = try #require(p4.last)
+        #expect((posts["state_bytes"] as? Int ?? 0) > 1_000_000)
+
+        let p5 = try #require(json["p5"] as? [[String: Any]])
+        #expect(p5.compactMap { $0["subscribers"] as? Int } == [0, 1, 100])
+        let p6 = try #require(json["p6"] as? [String: Any])
+        #expect((p6["daemon_peak_bytes"] as? Int ?? 0) > 0)
+        #expect((p6["replica_peak_bytes"] as? Int ?? 0) > 0)
+    }
+
+    @Test func badOptionsAreRefusedNamingTheValue() throws {
+        let output = try runProduct("lockstep", ["bench", "--only", "p9"])
+        #expect(output.status == 64)
+        #expect(output.standardError.contains("no part 'p9'"))
+        let histories = try runProduct("lockstep", ["bench", "--histories", "10,x"])
+        #expect(histories.status == 64)
+        #expect(histories.standardError.contains("'10,x'"))
+    }
+}

@@ -1,7 +1,7 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
 SWIFT ?= swift
 
-.PHONY: deps build demo test faults clean
+.PHONY: deps build demo test faults bench clean
 
 # Installs what Lockstep needs when it is missing: libzmq 4.3.3 or newer (ZeroMQ), SQLite (the journal,
 # through GRDB), and libfaketime (the fault suite's clock jumps).
@@ -28,6 +28,15 @@ test: deps
 # The fault suite's long mode: 200 crash cycles, 100,000 bad inputs.
 faults: build
 	$$($(SWIFT) build --show-bin-path)/lockstep-faults --long
+
+# Lockstep next to raw libzmq (and Redis Streams, installed here when apt can): a release build, under 5 min.
+# Figures and keys: docs/performance.md. BENCH_FLAGS=--json for one JSON object.
+bench: deps
+	@command -v redis-server >/dev/null || { SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+		$$SUDO apt-get install -y -qq redis-server >/dev/null 2>&1 \
+		|| echo "make: redis-server not installed; the bench runs without the Redis comparison"; }
+	$(SWIFT) build -c release
+	$$($(SWIFT) build -c release --show-bin-path)/lockstep bench $(BENCH_FLAGS)
 
 clean:
 	rm -rf .build .lockstep

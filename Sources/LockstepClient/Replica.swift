@@ -394,6 +394,12 @@ private struct Engine<D: Domain> {
     var disconnected = false
     var problem: String?
     var divergenceDetail: String?
+    /// Actions read in this pass over the events socket and not yet handed to the local store: a pass
+    /// applies its in-order events as one change, so the store (and its subscribers) see one run per pass,
+    /// not one change per event. Anything else the sync machine asks for hands them over first.
+    var unapplied: (epoch: Epoch, firstSeq: SequenceNumber, lastSeq: SequenceNumber, actions: [D.Action])?
+    var batching = false
+    let decoder = JSONDecoder()
 
     struct InFlight {
         var request: Request
@@ -430,7 +436,8 @@ private struct Engine<D: Domain> {
     }
 
     func nextDeadline(after now: ContinuousClock.Instant) -> ContinuousClock.Instant {
-        inFlight.values.map(\.deadline).min() ?? now + .seconds(1)
+        // A closure, not a key path: in this generic context a key path is built at run time on every call.
+        inFlight.values.lazy.map { $0.deadline }.min() ?? now + .seconds(1)
     }
 
     // MARK: Dispatches
@@ -506,6 +513,11 @@ private struct Engine<D: Domain> {
     // MARK: Inputs
 
     mutating func readEvents(from link: inout Link) throws {
+        batching = true
+        defer {
+            batching = false
+            handOver()
+        }
         for _ in 0..<10_000 {
             guard let frames = try link.events.receive(wait: false) else { return }
             let now = ContinuousClock.now
@@ -618,6 +630,7 @@ private struct Engine<D: Domain> {
     /// drops the rest: the machine has started over, so what followed is void.
     mutating func perform(_ outputs: [ReplicaSync.Output], on link: inout Link) {
         for output in outputs {
+            if case .apply = output {} else { handOver() }
             switch output {
             case .requestSnapshot:
                 link.send(.snapshot(requestID: replica.nextRequestID(), store: store))
@@ -637,10 +650,10 @@ private struct Engine<D: Domain> {
                 }
                 replica.apply(.install(Replicated(epoch: epoch, seq: seq, state: state)), epoch: epoch, seq: seq)
             case let .apply(events):
-                guard let epoch = sync.epoch, let last = events.last else { continue }
-                var actions: [D.Action] = []
-                actions.reserveCapacity(events.count)
-                let decoder = JSONDecoder()
+                guard let epoch = sync.epoch, let first = events.first, let last = events.last else { continue }
+                if let pending = unapplied, pending.epoch != epoch || pending.lastSeq + 1 != first.seq { handOver() }
+                var actions = unapplied?.actions ?? []
+                actions.reserveCapacity(actions.count + events.count)
                 for event in events {
                     do {
                         actions.append(try decoder.decode(D.Action.self, from: Data(event.action)))
@@ -654,7 +667,8 @@ private struct Engine<D: Domain> {
                         )
                     }
                 }
-                replica.apply(.apply(firstSeq: events[0].seq, actions), epoch: epoch, seq: last.seq)
+                unapplied = (epoch, unapplied?.firstSeq ?? first.seq, last.seq, actions)
+                if !batching { handOver() }
             case let .verifyDigest(seq, digest):
                 let current = replica.local.state
                 // Not applied yet when another thread is draining the local store; the next digest checks.
@@ -674,6 +688,13 @@ private struct Engine<D: Domain> {
                 replica.notify(.resynced(reason))
             }
         }
+    }
+
+    /// Gives the local store the actions read so far, as one change.
+    mutating func handOver() {
+        guard let pending = unapplied else { return }
+        unapplied = nil
+        replica.apply(.apply(firstSeq: pending.firstSeq, pending.actions), epoch: pending.epoch, seq: pending.lastSeq)
     }
 
     private mutating func mismatch(_ seq: SequenceNumber, _ detail: String, on link: inout Link) {

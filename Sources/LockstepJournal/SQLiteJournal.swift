@@ -101,14 +101,19 @@ final class SQLiteStorage: JournalStorage {
             digest BLOB NOT NULL,
             UNIQUE (store, seq)
         );
-        CREATE TABLE idempotency (
+        CREATE TABLE idempotency \(idempotencyColumns);
+        """
+
+    /// The idempotency table's columns and index, in the schema and in the migration from format 1.
+    static let idempotencyColumns = """
+        (
             position INTEGER PRIMARY KEY,
             client_id BLOB NOT NULL,
             request_number INTEGER NOT NULL,
             fingerprint BLOB NOT NULL,
             reply BLOB NOT NULL,
             UNIQUE (request_number, client_id)
-        );
+        )
         """
 
     /// Format 1 ordered the idempotency index by (client_id, request_number): client ids are random, so
@@ -117,14 +122,7 @@ final class SQLiteStorage: JournalStorage {
     /// 1, so one commit's entries share the index's last pages. Opening a format 1 journal read-write
     /// rebuilds the table once, in one transaction; nothing else changed.
     static let migrationFrom1 = """
-        CREATE TABLE idempotency_2 (
-            position INTEGER PRIMARY KEY,
-            client_id BLOB NOT NULL,
-            request_number INTEGER NOT NULL,
-            fingerprint BLOB NOT NULL,
-            reply BLOB NOT NULL,
-            UNIQUE (request_number, client_id)
-        );
+        CREATE TABLE idempotency_2 \(idempotencyColumns);
         INSERT INTO idempotency_2 (position, client_id, request_number, fingerprint, reply)
             SELECT position, client_id, request_number, fingerprint, reply FROM idempotency;
         DROP TABLE idempotency;

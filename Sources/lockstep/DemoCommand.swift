@@ -158,11 +158,7 @@ final class DemoRun {
         self.actions = actions
         self.seed = seed
         self.quiet = quiet
-        lockstep = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
-        lockstepd = lockstep.deletingLastPathComponent().appendingPathComponent("lockstepd")
-        guard FileManager.default.isExecutableFile(atPath: lockstepd.path) else {
-            throw ValidationError("no lockstepd next to this lockstep (\(lockstepd.path)); build both: swift build")
-        }
+        (lockstep, lockstepd) = try executablesBesideThis(build: "swift build")
         folder = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("lockstep-demo-\(getpid())")
         try? FileManager.default.removeItem(at: folder)
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)

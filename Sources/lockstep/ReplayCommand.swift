@@ -259,3 +259,13 @@ func currentExecutable() throws -> String {
     let path = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
     return path
 }
+
+/// This `lockstep` and the `lockstepd` built beside it, for the commands that run the daemon (demo, bench).
+func executablesBesideThis(build: String) throws -> (lockstep: URL, lockstepd: URL) {
+    let lockstep = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+    let lockstepd = lockstep.deletingLastPathComponent().appendingPathComponent("lockstepd")
+    guard FileManager.default.isExecutableFile(atPath: lockstepd.path) else {
+        throw ValidationError("no lockstepd next to this lockstep (\(lockstepd.path)); build both: \(build)")
+    }
+    return (lockstep, lockstepd)
+}

@@ -29,13 +29,7 @@ final class Bench {
         self.seconds = seconds
         self.keep = keep
         self.progressToStandardError = progressToStandardError
-        lockstep = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
-        lockstepd = lockstep.deletingLastPathComponent().appendingPathComponent("lockstepd")
-        guard FileManager.default.isExecutableFile(atPath: lockstepd.path) else {
-            throw ValidationError(
-                "no lockstepd next to this lockstep (\(lockstepd.path)); build both: swift build -c release"
-            )
-        }
+        (lockstep, lockstepd) = try executablesBesideThis(build: "swift build -c release")
         folder = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("lockstep-bench-\(getpid())")
         try? FileManager.default.removeItem(at: folder)
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)

@@ -278,6 +278,35 @@ private func counterBatch(
     ) { _ in (.increment, increment) }
 }
 
+/// Recovers store `D` from a new `journal` and commits `events` events to it, `batchSize` per commit (see
+/// ``journalBatch(_:journal:state:lastSeq:count:clientID:action:)``); returns the state they lead to.
+func fill<D: Domain>(
+    _ journal: any Journal,
+    _ domain: D.Type,
+    events: Int,
+    batchSize: Int,
+    action: (UInt64) -> (D.Action, [UInt8])
+) throws -> D.State {
+    var state = try journal.recover(D.self).state
+    let clientID = [UInt8](repeating: 7, count: 16)
+    var lastSeq: UInt64 = 0
+    while lastSeq < UInt64(events) {
+        let count = min(batchSize, events - Int(lastSeq))
+        let batch = try journalBatch(
+            D.self,
+            journal: journal,
+            state: &state,
+            lastSeq: lastSeq,
+            count: count,
+            clientID: clientID,
+            action: action
+        )
+        try journal.commit(batch)
+        lastSeq += UInt64(count)
+    }
+    return state
+}
+
 /// A batch of `count` events of store `D` after `lastSeq`: the action `action(seq)` gives (with its encoding)
 /// is applied to `state` for each, with an idempotency entry (request number = seq), and the snapshot the
 /// journal's policy makes due. What `journal append-load`, `bench-recovery` and `lockstep bench` commit.
@@ -421,22 +450,12 @@ struct JournalBenchRecoveryCommand: ParsableCommand {
         let policy = JournalPolicy(snapshotEveryEvents: snapshotEvery, snapshotsKept: snapshotsKept)
         do {
             let journal = try openJournal(directory, command: "bench-recovery", readOnly: false, policy: policy)
-            var state = try journal.recover(Counter.self).state
-            let clientID = [UInt8](repeating: 7, count: 16)
             let fillStart = ContinuousClock.now
-            var lastSeq: UInt64 = 0
-            while lastSeq < UInt64(events) {
-                let count = min(batchSize, events - Int(lastSeq))
-                let batch = try counterBatch(
-                    journal: journal,
-                    state: &state,
-                    lastSeq: lastSeq,
-                    count: count,
-                    clientID: clientID
-                )
-                try journal.commit(batch)
-                lastSeq += UInt64(count)
+            let increment = Array(try CanonicalEncoding.encode(Counter.Action.increment))
+            let state = try fill(journal, Counter.self, events: events, batchSize: batchSize) { _ in
+                (.increment, increment)
             }
+            let lastSeq = UInt64(events)
             let fill = ContinuousClock.now - fillStart
             try journal.close()
 

@@ -350,24 +350,7 @@ final class Bench {
         let fillStart = ContinuousClock.now
         do {
             let journal = try SQLiteJournal(directory: directory.path, policy: JournalPolicy(), relaxed: true)
-            var state = try journal.recover(D.self).state
-            let clientID = [UInt8](repeating: 7, count: 16)
-            var lastSeq: UInt64 = 0
-            while lastSeq < UInt64(events) {
-                let count = min(10_000, events - Int(lastSeq))
-                try journal.commit(
-                    try journalBatch(
-                        D.self,
-                        journal: journal,
-                        state: &state,
-                        lastSeq: lastSeq,
-                        count: count,
-                        clientID: clientID,
-                        action: action
-                    )
-                )
-                lastSeq += UInt64(count)
-            }
+            _ = try fill(journal, D.self, events: events, batchSize: 10_000, action: action)
             try journal.sync()
             try journal.close()
         } catch {

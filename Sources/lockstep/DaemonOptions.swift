@@ -44,7 +44,7 @@ struct DaemonOptions: ParsableArguments {
     func status(_ client: CommandClient) throws -> (status: DaemonStatus, json: [UInt8]) {
         let reply = try call(client, .status(requestID: 0))
         guard case let .status(_, body) = reply else { throw unexpected(reply, to: "STATUS") }
-        guard let status = try? JSONDecoder().decode(DaemonStatus.self, from: Data(body)) else {
+        guard let status = DaemonStatus(reply) else {
             printError("lockstep: the daemon at \(commandEndpoint) sent a status that is not readable")
             throw ExitCode.failure
         }

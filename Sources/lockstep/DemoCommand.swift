@@ -310,8 +310,7 @@ final class DemoRun {
     /// The daemon's seq per example store, in the daemon's order; `nil` while it does not answer.
     private func daemonSeqs() -> [SequenceNumber]? {
         guard let client = try? client(timeout: .milliseconds(200)),
-            case let .status(_, body)? = try? client.call(.status(requestID: 1)),
-            let status = try? JSONDecoder().decode(DaemonStatus.self, from: Data(body))
+            let reply = try? client.call(.status(requestID: 1)), let status = DaemonStatus(reply)
         else { return nil }
         return status.stores.map(\.seq)
     }

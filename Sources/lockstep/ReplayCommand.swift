@@ -124,7 +124,7 @@ struct ReplayCommand: ParsableCommand {
         settings.replicas = replicas
         settings.checkpointInterval = checkpointEvery
         settings.roundTripSeed = seed
-        let child = ReplayChildCommand(executable: try currentExecutable(), arguments: ["replay-child"])
+        let child = ReplayChildCommand(executable: currentExecutable().path, arguments: ["replay-child"])
         let harness = ReplayHarness<D>(settings: settings, children: Array(repeating: child, count: processes))
         do {
             let report = try harness.replay(log)
@@ -254,15 +254,14 @@ struct ReplayChildSubcommand: ParsableCommand {
     }
 }
 
-/// The path of the running executable, so child replicas run the very same code.
-func currentExecutable() throws -> String {
-    let path = try FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")
-    return path
+/// The running executable, so child processes run the very same code.
+func currentExecutable() -> URL {
+    URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
 }
 
 /// This `lockstep` and the `lockstepd` built beside it, for the commands that run the daemon (demo, bench).
 func executablesBesideThis(build: String) throws -> (lockstep: URL, lockstepd: URL) {
-    let lockstep = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
+    let lockstep = currentExecutable()
     let lockstepd = lockstep.deletingLastPathComponent().appendingPathComponent("lockstepd")
     guard FileManager.default.isExecutableFile(atPath: lockstepd.path) else {
         throw ValidationError("no lockstepd next to this lockstep (\(lockstepd.path)); build both: \(build)")

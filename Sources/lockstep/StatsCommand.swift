@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import LockstepProtocol
 
 /// Asks a running daemon for its status.
 struct StatsCommand: ParsableCommand {
@@ -37,6 +38,13 @@ struct StatsCommand: ParsableCommand {
 
 /// The STATUS reply's JSON (docs/operations.md).
 struct DaemonStatus: Decodable {
+    /// The status `reply` carries; `nil` when it is not a STATUS reply or its JSON is not readable.
+    init?(_ reply: Reply) {
+        guard case let .status(_, body) = reply, let status = try? JSONDecoder().decode(Self.self, from: Data(body))
+        else { return nil }
+        self = status
+    }
+
     struct Store: Decodable {
         var name: String
         var seq: UInt64

@@ -519,10 +519,10 @@ final class Bench {
         }
 
         func seq() throws -> UInt64 {
-            guard case let .status(_, body) = try client.call(.status(requestID: 1)) else {
-                throw BenchFailure("lockstepd at \(command) did not answer STATUS with a status")
+            guard let status = DaemonStatus(try client.call(.status(requestID: 1))) else {
+                throw BenchFailure("lockstepd at \(command) did not answer STATUS with a readable status")
             }
-            return try JSONDecoder().decode(DaemonStatus.self, from: Data(body)).stores.reduce(0) { $0 + $1.seq }
+            return status.stores.reduce(0) { $0 + $1.seq }
         }
 
         var peakResident: Int { peakResidentBytes(of: process.process.processIdentifier) ?? 0 }

@@ -92,7 +92,8 @@ struct WorkerReport: Codable, Sendable {
     var elapsed: UInt64 = 0
     /// One round-trip time per operation, in nanoseconds.
     var latencies: [UInt64] = []
-    /// Dispatch workers with `--record-seqs`: the seq each dispatch got and when (monotonic ns) it was sent.
+    /// Dispatch workers with `--record-seqs`: the seq each dispatch got and when (monotonic ns) it was sent;
+    /// `sent[i]` and `latencies[i]` are the same dispatch, so its acknowledgement came at `at + latencies[i]`.
     var sent: [Sample] = []
     /// Replica workers: a seq and when (monotonic ns) the replica's state reached it.
     var applied: [Sample] = []

@@ -83,17 +83,17 @@ struct BenchWorkerCommand: AsyncParsableCommand {
         fflush(nil)
     }
 
-    /// The bytes of the counter DISPATCH every client sends (the raw ones send them too, for the same load).
-    static func dispatchFrames(requestID: UInt64, clientID: ClientID) -> [Frame] {
-        Request.dispatch(
+    /// The counter DISPATCH every client sends (the raw ones send its bytes, for the same load).
+    static func dispatchRequest(number: UInt64, clientID: ClientID) -> Request {
+        .dispatch(
             DispatchRequest(
-                requestID: requestID,
+                requestID: number,
                 domainVersion: Counter.version,
                 clientID: clientID,
                 store: try! StoreName(Counter.name),
                 actions: [action]
             )
-        ).encode()
+        )
     }
 
     /// `{"increment":{}}`, as every client and Redis send it.
@@ -160,7 +160,7 @@ struct BenchWorkerCommand: AsyncParsableCommand {
         try socket.set(.receiveTimeout, 5_000)
         try clientCurve()?.configure(socket)
         try socket.connect(endpoint)
-        let frames = Self.dispatchFrames(requestID: 1, clientID: .random())
+        let frames = Self.dispatchRequest(number: 1, clientID: .random()).encode()
         func roundTrip() throws {
             guard try socket.send(frames), try socket.receive() != nil else {
                 throw ValidationError("no echo from \(endpoint) within 5 s")
@@ -210,14 +210,11 @@ struct BenchWorkerCommand: AsyncParsableCommand {
         func dispatchOne() throws {
             number += 1
             let at = monotonicNanos()
-            let request = DispatchRequest(
-                requestID: number,
-                domainVersion: Counter.version,
-                clientID: clientID,
-                store: try StoreName(Counter.name),
-                actions: [Self.action]
-            )
-            guard case let .accepted(_, _, seq, _) = try client.call(.dispatch(request)) else {
+            guard
+                case let .accepted(_, _, seq, _) = try client.call(
+                    Self.dispatchRequest(number: number, clientID: clientID)
+                )
+            else {
                 throw ValidationError("the daemon did not accept dispatch \(number)")
             }
             if recordSeqs { sent.append(.init(seq: seq, at: at)) }

@@ -12,6 +12,7 @@ let package = Package(
         .library(name: "LockstepClient", targets: ["LockstepClient"]),
         .library(name: "LockstepTesting", targets: ["LockstepTesting"]),
         .library(name: "LockstepExamples", targets: ["LockstepExamples"]),
+        .library(name: "LockstepTool", targets: ["LockstepTool"]),
         .library(name: "ZeroMQ", targets: ["ZeroMQ"]),
         .executable(name: "lockstepd", targets: ["lockstepd"]),
         .executable(name: "lockstep", targets: ["LockstepCLI"]),
@@ -45,6 +46,7 @@ let package = Package(
             name: "LockstepServer",
             dependencies: [
                 "Lockstep", "LockstepProtocol", "LockstepJournal", "ZeroMQ",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
@@ -61,11 +63,14 @@ let package = Package(
         .target(name: "LockstepExamples", dependencies: ["Lockstep"]),
         .executableTarget(
             name: "lockstepd",
+            dependencies: ["LockstepServer", "LockstepExamples"]
+        ),
+        // The domain-aware tool for any domains: `LockstepToolMain.run(domains:)`.
+        .target(
+            name: "LockstepTool",
             dependencies: [
-                "LockstepServer", "LockstepExamples",
+                "Lockstep", "LockstepProtocol", "LockstepClient", "LockstepTesting", "ZeroMQ", "LockstepJournal",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
         // The target is not called `lockstep`: its module would clash with `Lockstep` on a case-blind disk.
@@ -73,7 +78,7 @@ let package = Package(
             name: "LockstepCLI",
             dependencies: [
                 "Lockstep", "LockstepProtocol", "LockstepClient", "LockstepExamples", "LockstepTesting", "ZeroMQ",
-                "LockstepJournal",
+                "LockstepJournal", "LockstepTool",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

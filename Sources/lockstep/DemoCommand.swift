@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import LockstepTool
 import Lockstep
 import LockstepClient
 import LockstepProtocol
@@ -418,11 +419,5 @@ final class DemoRun {
             clients: clients,
             converged: converged && everyoneAgrees && clean
         )
-    }
-}
-
-extension String {
-    func leftPadded(to width: Int) -> String {
-        count >= width ? self : String(repeating: " ", count: width - count) + self
     }
 }

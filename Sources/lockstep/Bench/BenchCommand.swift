@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import LockstepTool
 import Lockstep
 import LockstepExamples
 import LockstepJournal

@@ -1,4 +1,5 @@
 import Foundation
+import LockstepTool
 
 #if canImport(Glibc)
 import Glibc

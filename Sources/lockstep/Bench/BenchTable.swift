@@ -1,4 +1,5 @@
 import Foundation
+import LockstepTool
 
 /// `lockstep bench`'s table: each figure, its baseline ratio and its target.
 struct BenchTable {

@@ -37,24 +37,24 @@ struct StatsCommand: ParsableCommand {
 }
 
 /// The STATUS reply's JSON (docs/operations.md).
-struct DaemonStatus: Decodable {
+package struct DaemonStatus: Decodable {
     /// The status `reply` carries; `nil` when it is not a STATUS reply or its JSON is not readable.
-    init?(_ reply: Reply) {
+    package init?(_ reply: Reply) {
         guard case let .status(_, body) = reply, let status = try? JSONDecoder().decode(Self.self, from: Data(body))
         else { return nil }
         self = status
     }
 
-    struct Store: Decodable {
-        var name: String
-        var seq: UInt64
-        var epoch: String
-        var domainVersion: UInt32
-        var eventsPerSecond: Double
+    package struct Store: Decodable {
+        package var name: String
+        package var seq: UInt64
+        package var epoch: String
+        package var domainVersion: UInt32
+        package var eventsPerSecond: Double
     }
 
-    var uptimeSeconds: Int64
-    var journal: String
-    var journalBytes: Int64?
-    var stores: [Store]
+    package var uptimeSeconds: Int64
+    package var journal: String
+    package var journalBytes: Int64?
+    package var stores: [Store]
 }

@@ -1,9 +1,8 @@
 import ArgumentParser
 import Foundation
 import Lockstep
-import LockstepExamples
 
-/// Applies actions to an example domain's store in this process and prints the resulting state.
+/// Applies actions to one of the tool's domains in a store in this process and prints the resulting state.
 struct RunCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "run",
@@ -15,7 +14,7 @@ struct RunCommand: AsyncParsableCommand {
             """
     )
 
-    @Argument(help: "The example store: \(Examples.domains.map { $0.name }.joined(separator: ", ")).")
+    @Argument(help: ArgumentHelp("The store: \(Tool.domainList)."))
     var store: String
 
     @Argument(help: "Actions as JSON, applied in order.")
@@ -28,12 +27,7 @@ struct RunCommand: AsyncParsableCommand {
     var json = false
 
     func run() async throws {
-        guard let domain = Examples.domain(named: store) else {
-            throw ValidationError(
-                "unknown store '\(store)'; the example stores are "
-                    + Examples.domains.map { $0.name }.joined(separator: ", ")
-            )
-        }
+        let domain = try Tool.requireDomain(store)
         var lines = actions.enumerated().map { (label: "argument \($0.offset + 1)", text: $0.element) }
         if let input {
             let text: String
@@ -89,13 +83,4 @@ struct RunCommand: AsyncParsableCommand {
         }
         if rejected > 0 { throw ExitCodes.rejected }
     }
-}
-
-/// Writes one line to standard error.
-func printError(_ message: String) {
-    FileHandle.standardError.write(Data((message + "\n").utf8))
-}
-
-func readStandardInput() -> String {
-    String(decoding: FileHandle.standardInput.readDataToEndOfFile(), as: UTF8.self)
 }

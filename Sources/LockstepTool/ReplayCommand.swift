@@ -1,12 +1,11 @@
 import ArgumentParser
 import Foundation
 import Lockstep
-import LockstepExamples
 import LockstepJournal
 import LockstepProtocol
 import LockstepTesting
 
-/// Replays an action log through several replicas of an example domain, here and in child processes.
+/// Replays an action log through several replicas of one of the tool's domains, here and in child processes.
 struct ReplayCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "replay",
@@ -24,8 +23,8 @@ struct ReplayCommand: ParsableCommand {
 
     @Argument(
         help: ArgumentHelp(
-            "The example store: \(Examples.domains.map { $0.name }.joined(separator: ", ")); with --journal, "
-                + "every example store in the journal when left out."
+            "The store: \(Tool.domainList); with --journal, every store of these domains in the journal when "
+                + "left out."
         )
     )
     var store: String?
@@ -73,20 +72,10 @@ struct ReplayCommand: ParsableCommand {
             try replayJournal(journal)
             return
         }
-        try replay(try exampleDomain(store ?? ""), journal: nil)
+        try replay(try Tool.requireDomain(store ?? ""), journal: nil)
     }
 
-    private func exampleDomain(_ name: String) throws -> any ActionGenerating.Type {
-        guard let domain = Examples.domain(named: name) else {
-            throw ValidationError(
-                "unknown store '\(name)'; the example stores are "
-                    + Examples.domains.map { $0.name }.joined(separator: ", ")
-            )
-        }
-        return domain
-    }
-
-    /// Replays every example store of a journal (or the one named); the first divergence stops it.
+    /// Replays every store of a journal whose domain the tool has (or the one named); the first divergence stops it.
     private func replayJournal(_ directory: String) throws {
         let opened: SQLiteJournal
         do {
@@ -97,7 +86,7 @@ struct ReplayCommand: ParsableCommand {
         }
         defer { try? opened.close() }
         let names = try opened.stats().stores.map(\.name)
-        let chosen = store.map { [$0] } ?? names.filter { Examples.domain(named: $0) != nil }
+        let chosen = store.map { [$0] } ?? names.filter { Tool.domain(named: $0) != nil }
         if let store, !names.contains(store) {
             printError(
                 "lockstep: the journal in \(directory) has no store '\(store)'; it has \(names.joined(separator: ", "))"
@@ -105,17 +94,17 @@ struct ReplayCommand: ParsableCommand {
             throw ExitCode.failure
         }
         for name in names where !chosen.contains(name) && store == nil {
-            printError("lockstep: store '\(name)' is not an example domain; its reducer is not here, so it is skipped")
+            printError("lockstep: store '\(name)' is not a domain of this tool; its reducer is not here, so it is skipped")
         }
-        for name in chosen { try replay(try exampleDomain(name), journal: opened) }
+        for name in chosen { try replay(try Tool.requireDomain(name), journal: opened) }
     }
 
-    private func replay<D: ActionGenerating>(_: D.Type, journal: SQLiteJournal?) throws {
+    private func replay<D: Domain>(_: D.Type, journal: SQLiteJournal?) throws {
         let log: ReplayLog<D>
         if let journal {
             log = try journalLog(D.self, journal)
         } else if let generate {
-            log = try ReplayLog<D>(DeterminismCheck<D>.generate(length: generate, seed: seed))
+            log = try ReplayLog<D>(try generated(D.self, length: generate))
         } else {
             log = try ReplayLog<D>(try readLog(D.self))
         }
@@ -208,6 +197,18 @@ struct ReplayCommand: ParsableCommand {
         return ReplayLog<D>(startSeq: startSeq, startState: startState, actions: actions, expected: expected)
     }
 
+    /// `length` actions from the domain's generator, or an error when it has none.
+    private func generated<D: Domain>(_: D.Type, length: Int) throws -> [D.Action] {
+        guard let generating = D.self as? any ActionGenerating.Type else {
+            throw ValidationError(
+                "--generate needs the domain's generator, and \(D.name) does not conform to ActionGenerating; "
+                    + "give --input FILE (or --journal DIR) instead"
+            )
+        }
+        func generate<G: ActionGenerating>(_: G.Type) -> [Any] { DeterminismCheck<G>.generate(length: length, seed: seed) }
+        return generate(generating).compactMap { $0 as? D.Action }
+    }
+
     /// Reads JSON lines: either actions, or `journal dump`'s {"store","seq","action"} objects.
     private func readLog<D: Domain>(_: D.Type) throws -> [D.Action] {
         let text: String
@@ -249,22 +250,7 @@ struct ReplayChildSubcommand: ParsableCommand {
     )
 
     func run() throws {
-        let status = ReplayChild.serve(domains: Examples.domains)
+        let status = ReplayChild.serve(domains: Tool.domains)
         if status != 0 { throw ExitCode(status) }
     }
-}
-
-/// The running executable, so child processes run the very same code.
-func currentExecutable() -> URL {
-    URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()
-}
-
-/// This `lockstep` and the `lockstepd` built beside it, for the commands that run the daemon (demo, bench).
-func executablesBesideThis(build: String) throws -> (lockstep: URL, lockstepd: URL) {
-    let lockstep = currentExecutable()
-    let lockstepd = lockstep.deletingLastPathComponent().appendingPathComponent("lockstepd")
-    guard FileManager.default.isExecutableFile(atPath: lockstepd.path) else {
-        throw ValidationError("no lockstepd next to this lockstep (\(lockstepd.path)); build both: \(build)")
-    }
-    return (lockstep, lockstepd)
 }

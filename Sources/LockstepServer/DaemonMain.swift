@@ -1,0 +1,192 @@
+import ArgumentParser
+import Foundation
+import Lockstep
+import Logging
+import ServiceLifecycle
+
+/// The whole of `lockstepd` for any domains: one call makes a user's executable a Lockstep daemon.
+///
+/// ```swift
+/// import LockstepServer
+/// import Shelf
+///
+/// await LockstepDaemonMain.run(domains: [Shelf.self])
+/// ```
+///
+/// The executable then takes every flag of `lockstepd` (`--help` lists them) and `--config` TOML files, logs to
+/// standard error, speaks systemd's notify protocol (READY=1 after recovery and binding, the watchdog, STOPPING=1),
+/// drains the batch in flight on SIGTERM or SIGINT, and exits 0 after a clean stop, 64 for a wrong flag, 78 for a
+/// configuration it cannot serve and 1 when it cannot go on (the log says why). `lockstepd` is this call with the
+/// example domains.
+public enum LockstepDaemonMain {
+    /// Runs the daemon hosting `domains` (by default all of them; `--domain` picks some) with this process's
+    /// arguments, and exits the process when it stops.
+    ///
+    /// - Parameters:
+    ///   - domains: every domain the executable links; their names must differ.
+    ///   - commandName: the name `--help` shows; the executable's file name when `nil`.
+    public static func run(domains: [any Domain.Type], commandName: String? = nil) async -> Never {
+        DaemonCommand.hosting.withLockedValue {
+            $0 = DaemonCommand.Hosting(
+                domains: domains.map { HostedDomain($0) },
+                commandName: commandName ?? CommandLine.arguments.first.map { URL(fileURLWithPath: $0).lastPathComponent }
+                    ?? "lockstepd"
+            )
+        }
+        await DaemonCommand.main()
+        exit(0)
+    }
+}
+
+/// The flags of `lockstepd` and of every daemon made with ``LockstepDaemonMain``.
+public struct DaemonFlags: ParsableArguments, Sendable {
+    @Option(help: "A TOML configuration file (see deploy/lockstepd.toml).")
+    public var config: String?
+
+    @Option(help: "The journal's directory.")
+    public var dataDir: String?
+
+    @Option(help: "The command endpoint (ROUTER), e.g. ipc:///run/lockstep/command.")
+    public var commandEndpoint: String?
+
+    @Option(help: "The events endpoint (PUB), e.g. ipc:///run/lockstep/events.")
+    public var eventsEndpoint: String?
+
+    @Option(name: .customLong("domain"), help: "A domain to host (repeatable); default: every domain linked in.")
+    public var domains: [String] = []
+
+    @Option(help: "fsync (every action durable before its ack) or relaxed.")
+    public var durability: String?
+
+    @Option(help: "sqlite or memory.")
+    public var journal: String?
+
+    @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
+    public var logLevel: String = "info"
+
+    /// Options as parsed; every one unset.
+    public init() {}
+
+    /// The configuration these options give: the defaults for `environment` hosting `domains`, then the
+    /// `--config` file over them, then the flags over that.
+    ///
+    /// Throws ``ConfigurationError`` naming the file or flag and the value when one cannot be read.
+    public func configuration(environment: [String: String], domains known: [String]) throws -> DaemonConfiguration {
+        var settings = DaemonConfiguration(environment: environment, domains: known)
+        if let config {
+            let text: String
+            do {
+                text = try String(contentsOfFile: config, encoding: .utf8)
+            } catch {
+                throw ConfigurationError(file: config, key: "--config", "cannot read the file: \(error.localizedDescription)")
+            }
+            let document: TOMLDocument
+            do {
+                document = try TOMLDocument.parse(text)
+            } catch {
+                throw ConfigurationError(file: config, key: "syntax", error.description)
+            }
+            try settings.apply(document, file: config)
+        }
+        if let dataDir { settings.dataDirectory = dataDir }
+        if let commandEndpoint { settings.commandEndpoint = commandEndpoint }
+        if let eventsEndpoint { settings.eventsEndpoint = eventsEndpoint }
+        if !domains.isEmpty { settings.domains = domains }
+        if let durability {
+            guard let value = DaemonConfiguration.Durability(rawValue: durability) else {
+                throw ConfigurationError(file: nil, key: "--durability", "must be fsync or relaxed, got '\(durability)'")
+            }
+            settings.durability = value
+        }
+        if let journal {
+            guard let value = DaemonConfiguration.JournalKind(rawValue: journal) else {
+                throw ConfigurationError(file: nil, key: "--journal", "must be sqlite or memory, got '\(journal)'")
+            }
+            settings.journal = value
+        }
+        try settings.validate(knownDomains: known)
+        return settings
+    }
+
+    /// The `--log-level`, or an error naming the value.
+    public func level() throws -> Logger.Level {
+        guard let level = Logger.Level(rawValue: logLevel) else {
+            let levels = Logger.Level.allCases.map(\.rawValue).joined(separator: ", ")
+            throw ConfigurationError(file: nil, key: "--log-level", "must be one of \(levels), got '\(logLevel)'")
+        }
+        return level
+    }
+}
+
+/// The command behind ``LockstepDaemonMain``.
+struct DaemonCommand: AsyncParsableCommand {
+    /// What the executable hosts, set once by ``LockstepDaemonMain/run(domains:commandName:)`` before parsing.
+    struct Hosting: Sendable {
+        var domains: [HostedDomain]
+        var commandName: String
+    }
+
+    static let hosting = LockedValue(Hosting(domains: [], commandName: "lockstepd"))
+
+    /// A configuration it cannot serve: sysexits' EX_CONFIG.
+    static let configurationExit = ExitCode(78)
+
+    static var configuration: CommandConfiguration {
+        let hosting = hosting.withLockedValue { $0 }
+        return CommandConfiguration(
+            commandName: hosting.commandName,
+            abstract: "A Lockstep daemon: validates, sequences, journals and publishes every action of "
+                + hosting.domains.map(\.name).joined(separator: ", ") + ".",
+            discussion: """
+                With no flags it keeps its journal in $STATE_DIRECTORY or ./.lockstep/data and listens on ipc:// \
+                sockets in $RUNTIME_DIRECTORY or ./.lockstep/run, hosting every domain it links. Flags win over \
+                --config, which wins over the defaults. SIGTERM or SIGINT stops it after the batch in flight.
+                Exit codes: 0 stopped cleanly, 1 could not go on (the log says why), 64 bad usage, 78 a \
+                configuration it cannot serve.
+                """
+        )
+    }
+
+    @OptionGroup var options: DaemonFlags
+
+    func run() async throws {
+        let hosting = Self.hosting.withLockedValue { $0 }
+        let settings: DaemonConfiguration
+        let level: Logger.Level
+        do {
+            level = try options.level()
+            settings = try options.configuration(
+                environment: ProcessInfo.processInfo.environment,
+                domains: hosting.domains.map(\.name)
+            )
+        } catch {
+            FileHandle.standardError.write(Data("\(hosting.commandName): \(error)\n".utf8))
+            throw Self.configurationExit
+        }
+        LoggingSystem.bootstrap { label in
+            var handler = StreamLogHandler.standardError(label: label)
+            handler.logLevel = level
+            return handler
+        }
+        let logger = Logger(label: hosting.commandName)
+        do {
+            let daemon = try LockstepDaemon(
+                configuration: settings,
+                domains: hosting.domains,
+                environment: ProcessInfo.processInfo.environment,
+                logger: logger
+            )
+            let group = ServiceGroup(
+                configuration: .init(
+                    services: [.init(service: daemon)],
+                    gracefulShutdownSignals: [.sigterm, .sigint],
+                    logger: logger
+                )
+            )
+            try await group.run()
+        } catch {
+            logger.critical("\(hosting.commandName) cannot run: \(error)")
+            throw ExitCode.failure
+        }
+    }
+}

@@ -1,0 +1,261 @@
+import ArgumentParser
+import Foundation
+import Lockstep
+import LockstepJournal
+
+/// `lockstep journal …`: look into a data directory's journal without the daemon's help.
+package struct JournalCommand: ParsableCommand {
+    package static var configuration: CommandConfiguration {
+        CommandConfiguration(
+        commandName: "journal",
+        abstract: "Check, dump and describe a daemon's journal; generate journal load.",
+        discussion: """
+            DIR is the daemon's data directory; the journal is DIR/\(SQLiteJournal.fileName). verify, dump and \
+            stats open it read-only and may run while the daemon runs. See docs/operations.md, "The journal".
+            """,
+        subcommands: [JournalVerifyCommand.self, JournalDumpCommand.self, JournalStatsCommand.self]
+            + Tool.current.withLockedValue { $0.journalCommands }
+        )
+    }
+
+    package init() {}
+
+    /// `lockstep journal verify` found the journal damaged.
+    package static let damaged = ExitCode(5)
+}
+
+/// Opens `directory`'s journal, turning a failure into a message and an exit code.
+package func openJournal(
+    _ directory: String,
+    command: String,
+    readOnly: Bool,
+    policy: JournalPolicy = JournalPolicy()
+) throws -> SQLiteJournal {
+    do {
+        return try SQLiteJournal(directory: directory, policy: policy, readOnly: readOnly)
+    } catch {
+        printError("lockstep journal \(command): \(error)")
+        switch error.code {
+        case .notFound: throw ExitCode.failure
+        case .corrupt, .notAJournal, .formatVersionMismatch: throw JournalCommand.damaged
+        default: throw ExitCode.failure
+        }
+    }
+}
+
+/// A JSON string literal for `text`.
+private func jsonString(_ text: String) -> String {
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.withoutEscapingSlashes]
+    return (try? String(decoding: encoder.encode(text), as: UTF8.self)) ?? "\"\""
+}
+
+/// Writes to standard output in large unbuffered chunks.
+private struct OutputBuffer {
+    private var data = Data()
+
+    mutating func append(_ line: String) {
+        data.append(contentsOf: line.utf8)
+        data.append(UInt8(ascii: "\n"))
+        if data.count > 1 << 16 { flush() }
+    }
+
+    mutating func flush() {
+        guard !data.isEmpty else { return }
+        FileHandle.standardOutput.write(data)
+        data.removeAll(keepingCapacity: true)
+    }
+}
+
+struct JournalVerifyCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "verify",
+        abstract: "Check every checksum, seq and digest in a journal; exit 0 only when it is intact.",
+        discussion: """
+            Checks SQLite's integrity, every snapshot's digest, every event's checksum, and that each store's \
+            seqs are contiguous and join its newest snapshot. Stores of this tool's domains are also recovered \
+            (snapshot plus replay through the reducer), which proves every action decodes. Each problem is \
+            printed with its store and seq. Exit 0 when intact, 5 when something is wrong, 1 when the journal \
+            cannot be read at all.
+            """
+    )
+
+    @Argument(help: "The data directory.")
+    var directory: String
+
+    @Flag(
+        name: .long,
+        help: "Print one JSON object: {\"intact\":…,\"problems\":[{\"code\",\"store\",\"seq\",\"message\"}]}."
+    )
+    var json = false
+
+    func run() throws {
+        let journal = try openJournal(directory, command: "verify", readOnly: true)
+        defer { try? journal.close() }
+        var problems: [JournalProblem]
+        var stores: [JournalStoreStats] = []
+        do {
+            problems = try journal.verify()
+            stores = try journal.stats().stores
+        } catch {
+            problems = [JournalProblem(code: error.code, store: error.store, seq: error.seq, message: error.message)]
+        }
+        for store in stores where !problems.contains(where: { $0.store == store.name }) {
+            guard let domain = Tool.domain(named: store.name), domain.version == store.domainVersion else {
+                continue
+            }
+            do {
+                _ = try recoverStore(domain, from: journal)
+            } catch {
+                problems.append(
+                    JournalProblem(code: error.code, store: error.store, seq: error.seq, message: error.message)
+                )
+            }
+        }
+        if json {
+            let items = problems.map { problem in
+                "{\"code\":\(jsonString(problem.code.description)),\"store\":"
+                    + (problem.store.map(jsonString) ?? "null") + ",\"seq\":" + (problem.seq.map { "\($0)" } ?? "null")
+                    + ",\"message\":\(jsonString(problem.message))}"
+            }
+            let list = items.joined(separator: ",")
+            print("{\"journal\":\(jsonString(journal.location)),\"intact\":\(problems.isEmpty),\"problems\":[\(list)]}")
+        } else if problems.isEmpty {
+            let events = stores.reduce(0) { $0 + $1.eventCount }
+            print("journal \(journal.location): intact (\(stores.count) stores, \(events) events kept)")
+        } else {
+            for problem in problems { print("journal \(journal.location): \(problem)") }
+        }
+        if !problems.isEmpty { throw JournalCommand.damaged }
+    }
+
+    private func recoverStore<D: Domain>(_: D.Type, from journal: SQLiteJournal) throws(JournalError) -> UInt64 {
+        try journal.recover(D.self).lastSeq
+    }
+}
+
+struct JournalDumpCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "dump",
+        abstract: "Print a journal's events as JSON lines: {\"store\":…,\"seq\":…,\"action\":…}.",
+        discussion: """
+            Stores in name order, each from its first kept event (or --from) to its last (or --to). The action \
+            is the action's own JSON. Asking --from below what the journal keeps is an error that names the \
+            first seq still kept.
+            """
+    )
+
+    @Argument(help: "The data directory.")
+    var directory: String
+
+    @Option(name: .long, help: "Only this store.")
+    var store: String?
+
+    @Option(name: .long, help: "The first seq to print.")
+    var from: UInt64?
+
+    @Option(name: .long, help: "The last seq to print.")
+    var to: UInt64?
+
+    func run() throws {
+        let journal = try openJournal(directory, command: "dump", readOnly: true)
+        defer { try? journal.close() }
+        var output = OutputBuffer()
+        defer { output.flush() }
+        do {
+            let stores = try journal.stats().stores
+            let selected = store.map { name in stores.filter { $0.name == name } } ?? stores
+            if let store, selected.isEmpty {
+                let names = stores.map(\.name).joined(separator: ", ")
+                printError("lockstep journal dump: the journal has no store '\(store)'; it has: \(names)")
+                throw ExitCode.failure
+            }
+            for info in selected {
+                var next = from ?? info.firstSeq ?? info.lastSeq + 1
+                let last = min(to ?? info.lastSeq, info.lastSeq)
+                while next <= last {
+                    switch try journal.events(store: info.name, from: next, to: last, limit: 10_000) {
+                    case let .compacted(firstAvailable):
+                        output.flush()
+                        printError(
+                            "lockstep journal dump: store \(info.name) is compacted below seq \(firstAvailable); "
+                                + "use --from \(firstAvailable) or later"
+                        )
+                        throw ExitCode.failure
+                    case let .events(events):
+                        guard let lastEvent = events.last else {
+                            next = last + 1
+                            break
+                        }
+                        for event in events { output.append(line(event)) }
+                        next = lastEvent.seq + 1
+                    }
+                }
+            }
+        } catch let error as JournalError {
+            output.flush()
+            printError("lockstep journal dump: \(error)")
+            throw JournalCommand.damaged
+        }
+    }
+
+    private func line(_ event: JournalEvent) -> String {
+        let action = Data(event.action)
+        let prefix = "{\"store\":\(jsonString(event.store)),\"seq\":\(event.seq),\"action\":"
+        if (try? JSONSerialization.jsonObject(with: action, options: [.fragmentsAllowed])) != nil {
+            return prefix + String(decoding: action, as: UTF8.self) + "}"
+        }
+        // Not JSON (a domain with another encoding): keep the line parseable.
+        return prefix + "null,\"actionBase64\":\"\(action.base64EncodedString())\"}"
+    }
+}
+
+struct JournalStatsCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "stats",
+        abstract: "Per store: epoch, domain version, first and last seq, events and snapshots kept; file size."
+    )
+
+    @Argument(help: "The data directory.")
+    var directory: String
+
+    @Flag(name: .long, help: "Print the figures as one JSON object.")
+    var json = false
+
+    func run() throws {
+        let journal = try openJournal(directory, command: "stats", readOnly: true)
+        defer { try? journal.close() }
+        let stats: JournalStats
+        do {
+            stats = try journal.stats()
+        } catch {
+            printError("lockstep journal stats: \(error)")
+            throw JournalCommand.damaged
+        }
+        if json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+            print(String(decoding: try encoder.encode(stats), as: UTF8.self))
+            return
+        }
+        print("journal      \(stats.location)")
+        print("format       \(stats.formatVersion)")
+        print("file bytes   \(stats.fileBytes.map { "\($0)" } ?? "-")")
+        print("idempotency  \(stats.idempotencyEntries) entries")
+        print("")
+        print("store            epoch               version  first seq  last seq   events     snapshots")
+        for store in stats.stores {
+            let snapshots = store.snapshotSeqs.isEmpty ? "-" : store.snapshotSeqs.map { "\($0)" }.joined(separator: ",")
+            print(
+                store.name.padding(toLength: 16, withPad: " ", startingAt: 0),
+                String(store.epoch, radix: 16).leftPadded(to: 16).replacingOccurrences(of: " ", with: "0") + "   ",
+                String(store.domainVersion).padding(toLength: 8, withPad: " ", startingAt: 0),
+                (store.firstSeq.map { "\($0)" } ?? "-").padding(toLength: 10, withPad: " ", startingAt: 0),
+                String(store.lastSeq).padding(toLength: 10, withPad: " ", startingAt: 0),
+                String(store.eventCount).padding(toLength: 10, withPad: " ", startingAt: 0),
+                snapshots
+            )
+        }
+    }
+}
+

@@ -1,0 +1,13 @@
+import ArgumentParser
+import Foundation
+import LockstepTool
+
+/// This `lockstep` and the `lockstepd` built beside it, for the commands that run the daemon (demo, bench).
+func executablesBesideThis(build: String) throws -> (lockstep: URL, lockstepd: URL) {
+    let lockstep = currentExecutable()
+    let lockstepd = lockstep.deletingLastPathComponent().appendingPathComponent("lockstepd")
+    guard FileManager.default.isExecutableFile(atPath: lockstepd.path) else {
+        throw ValidationError("no lockstepd next to this lockstep (\(lockstepd.path)); build both: \(build)")
+    }
+    return (lockstep, lockstepd)
+}

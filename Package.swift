@@ -113,17 +113,23 @@ let package = Package(
             ],
             path: "Tests/Faults"
         ),
+        // A daemon of one version of the fixtures' `shelf` domain, for the upgrade tests.
+        .executableTarget(
+            name: "shelf-daemon",
+            dependencies: ["LockstepServer", "ReplayFixtures"],
+            path: "Tests/UpgradeFixtureDaemon"
+        ),
         .testTarget(
             name: "LockstepServerTests",
             dependencies: [
                 "LockstepServer", "LockstepProtocol", "LockstepJournal", "LockstepExamples", "ZeroMQ", "lockstepd",
-                "LockstepCLI", "LockstepClient", "LockstepTesting", "TestSupport",
+                "LockstepCLI", "LockstepClient", "LockstepTesting", "TestSupport", "ReplayFixtures", "shelf-daemon",
             ]
         ),
         .testTarget(
             name: "LockstepJournalTests",
             dependencies: [
-                "LockstepJournal", "LockstepExamples", "LockstepTesting", "TestSupport",
+                "LockstepJournal", "LockstepExamples", "LockstepTesting", "TestSupport", "ReplayFixtures",
                 .product(name: "GRDB", package: "GRDB.swift"),
             ]
         ),

@@ -23,11 +23,29 @@ public protocol Domain: Sendable {
 
     /// Applies an action that passed ``validate(_:in:)``. Total: it never fails.
     static func reduce(into state: inout State, _ action: Action)
+
+    /// How this version takes over a store written by an earlier one; empty (the default) refuses such a store.
+    ///
+    /// A daemon that finds a store written by an earlier version recovers it with that version's own domain
+    /// type (its snapshot, and its reducer over the events after it), migrates the state through the upgrades
+    /// up to this version, and journals the result as a snapshot of this version at the same seq. See
+    /// ``DomainUpgrade`` and docs/domains.md, "Versions and upgrades".
+    static var upgrades: [DomainUpgrade<Self>] { get }
 }
 
 extension Domain {
     /// A domain that accepts every action needs no validator.
     public static func validate(_ action: Action, in state: State) throws(Rejection) {}
+
+    /// No upgrades: a store written by another version is refused.
+    public static var upgrades: [DomainUpgrade<Self>] { [] }
+
+    /// Whether a store written by domain version `version` can be taken over by this one: it is this version,
+    /// or one of ``upgrades`` starts from it or from a version that can (each step to a higher version).
+    public static func canTakeOver(version: UInt32) -> Bool {
+        version == Self.version
+            || upgrades.contains { $0.from.version < Self.version && $0.from.canTakeOver(version: version) }
+    }
 
     /// The domain's validator and reducer as one composable value.
     public static var reducer: Reducer<State, Action> {
@@ -48,4 +66,29 @@ public struct Rejection: Error, Hashable, Sendable, Codable, CustomStringConvert
     }
 
     public var description: String { "\(reason) [\(code)]" }
+}
+
+/// How a domain takes over a store that an earlier version of it wrote: that version's domain type (kept in the
+/// code base under another type name, e.g. `BoardV1`, with its state, actions and reducer as they were) and a
+/// pure function from its state to this version's state.
+///
+/// The old type's own ``Domain/upgrades`` chain on: `Board` (version 3) lists an upgrade from `BoardV2`, which
+/// lists one from `BoardV1`, and a store of version 1 is recovered as `BoardV1`, migrated to `BoardV2` and then
+/// to `Board`. The migration runs once, when the daemon opens the journal; its result is journaled.
+public struct DomainUpgrade<D: Domain>: Sendable {
+    /// The earlier version's domain type; its `name` is the store's name and its `version` is below `D.version`.
+    public let from: any Domain.Type
+    private let migrateState: @Sendable (Any) -> D.State?
+
+    /// An upgrade from `old`: `migrate` turns the state `old` reached into this version's state. It must be pure
+    /// and total, as a reducer is.
+    public init<Old: Domain>(from old: Old.Type, migrate: @escaping @Sendable (Old.State) -> D.State) {
+        from = old
+        migrateState = { state in (state as? Old.State).map(migrate) }
+    }
+
+    /// The migrated state, or `nil` when `Old` is not ``from``.
+    public func migrate<Old: Domain>(_ state: Old.State, from _: Old.Type) -> D.State? {
+        migrateState(state)
+    }
 }

@@ -45,6 +45,8 @@ final class MemoryStorage: JournalStorage {
         var capacityBytes: Int?
         var bytes = 0
         var stores: [String: StoreRecord] = [:]
+        /// Per store, oldest first.
+        var versions: [String: [JournalDomainVersion]] = [:]
         /// Per store, ascending by seq.
         var events: [String: [StoredEvent]] = [:]
         /// Per store, ascending by seq.
@@ -75,7 +77,14 @@ final class MemoryStorage: JournalStorage {
     }
 
     func register(_ record: StoreRecord) throws(JournalError) {
-        state.withLockedValue { $0.stores[record.name] = record }
+        state.withLockedValue {
+            $0.stores[record.name] = record
+            $0.versions[record.name] = [JournalDomainVersion(store: record.name, version: record.domainVersion, sinceSeq: 0)]
+        }
+    }
+
+    func versionHistory(store: String) throws(JournalError) -> [JournalDomainVersion] {
+        state.withLockedValue { $0.versions[store, default: []] }
     }
 
     func snapshotSeqs(store: String) throws(JournalError) -> [UInt64] {
@@ -89,10 +98,14 @@ final class MemoryStorage: JournalStorage {
     func forEachEvent(
         store: String,
         from: UInt64,
+        through: UInt64,
         _ body: (StoredEvent) throws(JournalError) -> Void
     ) throws(JournalError) {
         let events = state.withLockedValue { $0.events[store, default: []] }
-        for event in events[Self.index(of: from, in: events)...] { try body(event) }
+        for event in events[Self.index(of: from, in: events)...] {
+            guard event.event.seq <= through else { return }
+            try body(event)
+        }
     }
 
     /// The index of the first event with seq ≥ `seq`.
@@ -152,7 +165,16 @@ final class MemoryStorage: JournalStorage {
                 )
             }
             for snapshot in plan.batch.snapshots {
+                // An upgrade's snapshot replaces the older version's at the same seq.
+                if let old = state.snapshots[snapshot.store]?.last, old.seq == snapshot.seq {
+                    state.bytes -= old.state.count
+                    state.snapshots[snapshot.store]?.removeLast()
+                }
                 state.snapshots[snapshot.store, default: []].append(snapshot)
+            }
+            for upgrade in plan.upgrades {
+                state.stores[upgrade.store]?.domainVersion = upgrade.version
+                state.versions[upgrade.store, default: []].append(upgrade)
             }
             for compaction in plan.compactions {
                 let snapshots = state.snapshots[compaction.store, default: []]

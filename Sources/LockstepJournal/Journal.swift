@@ -28,8 +28,11 @@ public protocol Journal: AnyObject, Sendable {
     /// contiguous).
     ///
     /// A store the journal has never seen is registered, durably, with a fresh random epoch and the domain's
-    /// version. Throws ``JournalError/Code/domainVersionMismatch`` when the store was written by another
-    /// version of the domain, and a checksum, sequence, digest or decoding error naming the store and the
+    /// version. A store written by an earlier version is upgraded through the domain's ``Domain/upgrades``
+    /// (recovered by that version, migrated, and journaled as a snapshot of this version at the same seq, with
+    /// the older version's events and snapshots compacted away; read-write journals only). Throws
+    /// ``JournalError/Code/domainVersionMismatch``, changing nothing, when the store was written by another
+    /// version that the domain states no upgrade from, and a checksum, sequence, digest or decoding error naming the store and the
     /// seq when the journal cannot prove a state. It never returns a state it cannot prove.
     func recover<D: Domain>(_ domain: D.Type) throws(JournalError) -> RecoveredStore<D>
 
@@ -60,6 +63,16 @@ public protocol Journal: AnyObject, Sendable {
     /// Fewer events than asked for means the store's last seq or the limit was reached. Each event's
     /// checksum is checked before it is returned.
     func events(store: String, from: UInt64, to: UInt64, limit: Int) throws(JournalError) -> JournalRange
+
+    /// The state of `domain`'s store after exactly its events `1...seq`: the newest snapshot at or below `seq`
+    /// (digest checked) with the events after it up to `seq` replayed through the domain's reducer (each
+    /// checksum checked). Works on a read-only journal, e.g. a copy of a live one; changes nothing.
+    ///
+    /// Throws ``JournalError/Code/invalidArgument`` when `seq` is past the store's last seq or compacted away
+    /// (below the oldest snapshot kept), ``JournalError/Code/domainVersionMismatch`` when that part of the store
+    /// was written by another version of the domain, ``JournalError/Code/unknownStore`` when the journal has no
+    /// such store.
+    func state<D: Domain>(of domain: D.Type, at seq: UInt64) throws(JournalError) -> D.State
 
     /// The store's newest snapshot, digest checked, or `nil` when it has none.
     func newestSnapshot(store: String) throws(JournalError) -> JournalSnapshot?
@@ -251,12 +264,32 @@ public struct RecoveredStore<D: Domain>: Sendable {
     public var lastSeq: UInt64
     /// The random id of this store's journal lifetime; a replica that sees it change resyncs.
     public var epoch: UInt64
-    /// The domain version the store was written with (equal to `D.version`).
+    /// The domain version the store runs (equal to `D.version`).
     public var domainVersion: UInt32
     /// The seq of the snapshot recovery started from, or `nil` when it started from the initial state.
     public var snapshotSeq: UInt64?
     /// How many events recovery replayed after the snapshot.
     public var replayedEvents: Int
+    /// The version the store was written by when recovery upgraded it to `D.version`; `nil` when it was already.
+    public var upgradedFrom: UInt32?
+}
+
+/// A domain version in a store's history: it wrote the store's events after `sinceSeq` (0: from the start).
+public struct JournalDomainVersion: Hashable, Sendable, Codable {
+    /// The store's name.
+    public var store: String
+    /// The domain version.
+    public var version: UInt32
+    /// The seq of the state it started from: 0 for the version that started the store, the seq of the upgrade
+    /// snapshot for a later one.
+    public var sinceSeq: UInt64
+
+    /// A version in a history.
+    public init(store: String, version: UInt32, sinceSeq: UInt64) {
+        self.store = store
+        self.version = version
+        self.sinceSeq = sinceSeq
+    }
 }
 
 /// The answer to a range read.
@@ -308,6 +341,8 @@ public struct JournalStoreStats: Hashable, Sendable, Codable {
     public var eventCount: Int
     /// The seqs of the snapshots kept, oldest first.
     public var snapshotSeqs: [UInt64]
+    /// The domain versions that wrote the store, oldest first; the last is ``domainVersion``.
+    public var versions: [JournalDomainVersion]
 }
 
 /// What a journal holds.

@@ -27,6 +27,8 @@ struct CommitPlan: Sendable {
     var batch: JournalBatch
     var compactions: [Compaction]
     var idempotencyKept: Int
+    /// Stores that now run another domain version, from a seq on (an upgrade at recovery).
+    var upgrades: [JournalDomainVersion] = []
 }
 
 /// What a range read found, in one consistent read.
@@ -46,16 +48,19 @@ protocol JournalStorage: Sendable {
 
     func storeRecord(named name: String) throws(JournalError) -> StoreRecord?
     func storeRecords() throws(JournalError) -> [StoreRecord]
-    /// Durable before it returns.
+    /// Durable before it returns; the record's version is the store's first, since seq 0.
     func register(_ record: StoreRecord) throws(JournalError)
+    /// The versions that wrote the store, oldest first.
+    func versionHistory(store: String) throws(JournalError) -> [JournalDomainVersion]
     /// Ascending.
     func snapshotSeqs(store: String) throws(JournalError) -> [UInt64]
     /// As stored; the digest is not checked here.
     func snapshot(store: String, seq: UInt64) throws(JournalError) -> JournalSnapshot?
-    /// Every event of `store` with seq ≥ `from`, ascending.
+    /// Every event of `store` with `from` ≤ seq ≤ `through`, ascending.
     func forEachEvent(
         store: String,
         from: UInt64,
+        through: UInt64,
         _ body: (StoredEvent) throws(JournalError) -> Void
     ) throws(JournalError)
     func eventSummary(store: String) throws(JournalError) -> (first: UInt64, last: UInt64, count: Int)?
@@ -107,6 +112,10 @@ extension EngineJournal {
 
     public func newestSnapshot(store: String) throws(JournalError) -> JournalSnapshot? {
         try engine.newestSnapshot(store: store)
+    }
+
+    public func state<D: Domain>(of domain: D.Type, at seq: UInt64) throws(JournalError) -> D.State {
+        try engine.state(of: domain, at: seq)
     }
 
     public func snapshot(store: String, seq: UInt64) throws(JournalError) -> JournalSnapshot? {
@@ -192,34 +201,151 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
             record = StoreRecord(name: name, domainVersion: D.version, epoch: UInt64.random(in: 1...UInt64.max))
             try storage.register(record)
         }
-        guard record.domainVersion == D.version else {
+        let writtenBy = record.domainVersion
+        var proof = try prove(D.self, store: name, writtenBy: writtenBy)
+        if writtenBy != D.version {
+            // Journal the migrated state as this version's snapshot at the same seq, and drop what only the older
+            // version can read: its events up to that seq and its older snapshots.
+            let seq = proof.lastSeq
+            var batch = JournalBatch()
+            if seq > 0 {
+                do {
+                    batch.snapshots = [try JournalSnapshot(store: name, seq: seq, encoding: proof.state)]
+                } catch {
+                    throw self.error(
+                        .undecodableState,
+                        operation,
+                        store: name,
+                        seq: seq,
+                        "the state migrated from \(name) version \(writtenBy) to \(D.version) does not encode: "
+                            + "\(error); fix the upgrade's migration"
+                    )
+                }
+            }
+            try storage.write(
+                CommitPlan(
+                    batch: batch,
+                    compactions: seq > 0 ? [Compaction(store: name, throughSeq: seq)] : [],
+                    idempotencyKept: policy.idempotencyEntriesKept,
+                    upgrades: [JournalDomainVersion(store: name, version: D.version, sinceSeq: seq)]
+                )
+            )
+            record.domainVersion = D.version
+            proof.snapshotSeqs = seq > 0 ? [seq] : []
+            proof.replayed = 0
+            proof.bytes = 0
+        }
+        tracking.withLockedValue {
+            $0[name] = Tracking(
+                record: record,
+                lastSeq: proof.lastSeq,
+                snapshotSeqs: proof.snapshotSeqs,
+                eventsSinceSnapshot: proof.replayed,
+                bytesSinceSnapshot: proof.bytes
+            )
+        }
+        return RecoveredStore(
+            state: proof.state,
+            lastSeq: proof.lastSeq,
+            epoch: record.epoch,
+            domainVersion: record.domainVersion,
+            snapshotSeq: proof.snapshotSeqs.last,
+            replayedEvents: proof.replayed,
+            upgradedFrom: writtenBy == D.version ? nil : writtenBy
+        )
+    }
+
+    /// What recovery proved of one store.
+    private struct Proof<State> {
+        var state: State
+        var lastSeq: UInt64
+        var snapshotSeqs: [UInt64]
+        var replayed: Int
+        var bytes: Int
+    }
+
+    /// The store's state as domain `X`: proven by the version that wrote it (`writtenBy`) and migrated through
+    /// `X`'s upgrades when that is an earlier version; a refusal naming both versions when it cannot be.
+    private func prove<X: Domain>(
+        _: X.Type,
+        store name: String,
+        writtenBy version: UInt32
+    ) throws(JournalError) -> Proof<X.State> {
+        if version == X.version { return try replay(X.self, store: name) }
+        let operation = "recover"
+        guard version < X.version else {
             throw error(
                 .domainVersionMismatch,
                 operation,
                 store: name,
-                "the store was written by \(name) domain version \(record.domainVersion), but this build has "
-                    + "version \(D.version); run the build that wrote it, or move the data directory aside to "
-                    + "start the store afresh"
+                "the store was written by \(name) domain version \(version), newer than this build's version "
+                    + "\(X.version); run a build of version \(version) or later (a domain never goes back a version)"
             )
         }
+        guard let upgrade = X.upgrades.first(where: { $0.from.version < X.version && $0.from.canTakeOver(version: version) })
+        else {
+            throw error(
+                .domainVersionMismatch,
+                operation,
+                store: name,
+                "the store was written by \(name) domain version \(version), but this build has version "
+                    + "\(X.version) and no upgrade from version \(version) (\(X.self).upgrades); run the build of "
+                    + "version \(version), add a DomainUpgrade from version \(version) to the domain "
+                    + "(docs/domains.md), or move the data directory aside to start the store afresh"
+            )
+        }
+        guard !storage.isReadOnly else {
+            throw error(
+                .domainVersionMismatch,
+                operation,
+                store: name,
+                "the store was written by \(name) domain version \(version) and this build has version "
+                    + "\(X.version): the journal is open read-only, so it cannot be upgraded; start the daemon of "
+                    + "version \(X.version) on it (it upgrades the store once) or read it with a build of version "
+                    + "\(version)"
+            )
+        }
+        func step<Old: Domain>(_: Old.Type) throws(JournalError) -> Proof<X.State> {
+            let old = try prove(Old.self, store: name, writtenBy: version)
+            guard let state = upgrade.migrate(old.state, from: Old.self) else {
+                throw error(.domainVersionMismatch, operation, store: name, "the upgrade from \(Old.self) failed")
+            }
+            return Proof(
+                state: state,
+                lastSeq: old.lastSeq,
+                snapshotSeqs: old.snapshotSeqs,
+                replayed: old.replayed,
+                bytes: old.bytes
+            )
+        }
+        return try step(upgrade.from)
+    }
 
+    /// The store's newest snapshot at or below `through`, decoded as `X`'s state, with every later event up to
+    /// `through` replayed through `X`'s reducer.
+    private func replay<X: Domain>(
+        _: X.Type,
+        store name: String,
+        through: UInt64 = .max,
+        operation: String = "recover"
+    ) throws(JournalError) -> Proof<X.State> {
         let snapshotSeqs = try storage.snapshotSeqs(store: name)
-        var state = D.initialState
+        var state = X.initialState
         var start: UInt64 = 0
-        if let newest = snapshotSeqs.last {
+        if let newest = snapshotSeqs.last(where: { $0 <= through }) {
             guard let snapshot = try storage.snapshot(store: name, seq: newest) else {
                 throw error(.sqlite, operation, store: name, seq: newest, "the snapshot vanished while being read")
             }
             try checkDigest(snapshot, operation)
             do {
-                state = try JSONDecoder().decode(D.State.self, from: Data(snapshot.state))
+                state = try JSONDecoder().decode(X.State.self, from: Data(snapshot.state))
             } catch {
                 throw self.error(
                     .undecodableState,
                     operation,
                     store: name,
                     seq: newest,
-                    "the snapshot's state does not decode as \(name) version \(D.version) state: \(error); "
+                    "the snapshot's state does not decode as \(name) version \(X.version) state: \(error); "
                         + "the journal cannot prove a state — restore the data directory from a backup"
                 )
             }
@@ -230,7 +356,8 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
         var replayed = 0
         var bytes = 0
         let decoder = JSONDecoder()
-        try storage.forEachEvent(store: name, from: start + 1) { (stored: StoredEvent) throws(JournalError) in
+        try storage.forEachEvent(store: name, from: start + 1, through: through) {
+            (stored: StoredEvent) throws(JournalError) in
             let seq = stored.event.seq
             guard seq == expected else {
                 throw error(
@@ -245,42 +372,24 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
             guard stored.checksumMatches else {
                 throw checksumError(stored, operation)
             }
-            let action: D.Action
+            let action: X.Action
             do {
-                action = try decoder.decode(D.Action.self, from: Data(stored.event.action))
+                action = try decoder.decode(X.Action.self, from: Data(stored.event.action))
             } catch {
                 throw self.error(
                     .undecodableAction,
                     operation,
                     store: name,
                     seq: seq,
-                    "the action does not decode as a \(name) version \(D.version) action: \(error)"
+                    "the action does not decode as a \(name) version \(X.version) action: \(error)"
                 )
             }
-            D.reduce(into: &state, action)
+            X.reduce(into: &state, action)
             expected += 1
             replayed += 1
             bytes += stored.event.action.count
         }
-
-        let lastSeq = expected - 1
-        tracking.withLockedValue {
-            $0[name] = Tracking(
-                record: record,
-                lastSeq: lastSeq,
-                snapshotSeqs: snapshotSeqs,
-                eventsSinceSnapshot: replayed,
-                bytesSinceSnapshot: bytes
-            )
-        }
-        return RecoveredStore(
-            state: state,
-            lastSeq: lastSeq,
-            epoch: record.epoch,
-            domainVersion: record.domainVersion,
-            snapshotSeq: snapshotSeqs.last,
-            replayedEvents: replayed
-        )
+        return Proof(state: state, lastSeq: expected - 1, snapshotSeqs: snapshotSeqs, replayed: replayed, bytes: bytes)
     }
 
     private func checkDigest(_ snapshot: JournalSnapshot, _ operation: String) throws(JournalError) {
@@ -432,6 +541,65 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
 
     // MARK: Reads
 
+    func state<D: Domain>(of _: D.Type, at seq: UInt64) throws(JournalError) -> D.State {
+        let operation = "state at seq"
+        let name = D.name
+        guard let record = try storage.storeRecord(named: name) else {
+            throw error(.unknownStore, operation, store: name, "the journal has no store '\(name)'")
+        }
+        let versions = try storage.versionHistory(store: name)
+        let since = versions.last?.sinceSeq ?? 0
+        guard record.domainVersion == D.version, seq >= since else {
+            let writer = versions.last { $0.sinceSeq <= seq }?.version ?? record.domainVersion
+            let history = versions.map { "version \($0.version) from seq \($0.sinceSeq)" }.joined(separator: ", ")
+            throw error(
+                .domainVersionMismatch,
+                operation,
+                store: name,
+                seq: seq,
+                "seq \(seq) of '\(name)' was written by domain version \(writer) and this build has version "
+                    + "\(D.version) (the store's history: \(history)); read it with a build of version \(writer)"
+            )
+        }
+        let summary = try storage.eventSummary(store: name)
+        let snapshots = try storage.snapshotSeqs(store: name)
+        let last = max(summary?.last ?? 0, snapshots.last ?? 0)
+        guard seq <= last else {
+            throw error(
+                .invalidArgument,
+                operation,
+                store: name,
+                seq: seq,
+                "seq \(seq) is past the end of '\(name)': its last seq is \(last)"
+            )
+        }
+        // Reachable from the newest snapshot at or below it, or from the start while event 1 is kept.
+        let reachable = snapshots.contains { $0 <= seq } || (summary?.first ?? (seq == 0 ? 1 : 0)) == 1
+        guard reachable else {
+            let oldest = snapshots.first ?? (summary?.first).map { $0 - 1 } ?? last
+            throw error(
+                .invalidArgument,
+                operation,
+                store: name,
+                seq: seq,
+                "seq \(seq) of '\(name)' is compacted away: the oldest state the journal keeps is at seq \(oldest) "
+                    + "(raise [snapshots] keep to keep more history)"
+            )
+        }
+        let proof = try replay(D.self, store: name, through: seq, operation: operation)
+        guard proof.lastSeq == seq else {
+            throw error(
+                .sequenceGap,
+                operation,
+                store: name,
+                seq: proof.lastSeq + 1,
+                "seq \(proof.lastSeq + 1) is missing, so the state at seq \(seq) cannot be proven; run "
+                    + "'lockstep journal verify'"
+            )
+        }
+        return proof.state
+    }
+
     func events(store: String, from: UInt64, to: UInt64, limit: Int) throws(JournalError) -> JournalRange {
         let operation = "range"
         guard limit > 0, from <= to else {
@@ -504,7 +672,8 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
                     firstSeq: summary?.first,
                     lastSeq: max(summary?.last ?? 0, snapshots.last ?? 0),
                     eventCount: summary?.count ?? 0,
-                    snapshotSeqs: snapshots
+                    snapshotSeqs: snapshots,
+                    versions: try storage.versionHistory(store: record.name)
                 )
             )
         }
@@ -541,7 +710,7 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
             var first: UInt64?
             var expected: UInt64 = 0
             var broken = false
-            try storage.forEachEvent(store: name, from: 0) { (stored: StoredEvent) throws(JournalError) in
+            try storage.forEachEvent(store: name, from: 0, through: .max) { (stored: StoredEvent) throws(JournalError) in
                 guard !broken else { return }
                 let seq = stored.event.seq
                 if first == nil {

@@ -17,7 +17,7 @@ public final class SQLiteJournal: EngineJournal {
     /// The journal's file name inside the data directory.
     public static let fileName = "journal.sqlite"
     /// The format this build writes and reads. A journal of another format is refused when opened.
-    public static let formatVersion = 2
+    public static let formatVersion = 3
 
     let engine: JournalEngine<SQLiteStorage>
     private var storage: SQLiteStorage { engine.storage }
@@ -74,7 +74,8 @@ final class SQLiteStorage: JournalStorage {
     let location: String
     let isReadOnly: Bool
     let queue: DatabaseQueue
-    var formatVersion: Int { SQLiteJournal.formatVersion }
+    /// The format of the file as opened: ``SQLiteJournal/formatVersion`` once opened read-write.
+    let formatVersion: Int
 
     static let schema = """
         CREATE TABLE journal_format (
@@ -102,6 +103,26 @@ final class SQLiteStorage: JournalStorage {
             UNIQUE (store, seq)
         );
         CREATE TABLE idempotency \(idempotencyColumns);
+        CREATE TABLE store_versions \(storeVersionColumns);
+        """
+
+    /// Which domain version wrote each part of a store: `version` wrote its events after `since_seq`.
+    static let storeVersionColumns = """
+        (
+            store TEXT NOT NULL REFERENCES stores (name),
+            version INTEGER NOT NULL,
+            since_seq INTEGER NOT NULL,
+            PRIMARY KEY (store, version)
+        ) WITHOUT ROWID
+        """
+
+    /// Format 3 records each store's domain versions (`store_versions`), so that a store can be upgraded to a
+    /// new version of its domain. A format 2 journal's stores were each written by the one version `stores`
+    /// names, from seq 0; opening it read-write adds the table in one transaction.
+    static let migrationFrom2 = """
+        CREATE TABLE store_versions \(storeVersionColumns);
+        INSERT INTO store_versions (store, version, since_seq) SELECT name, domain_version, 0 FROM stores;
+        UPDATE journal_format SET version = 3;
         """
 
     /// The idempotency table's columns and index, in the schema and in the migration from format 1.
@@ -181,6 +202,7 @@ final class SQLiteStorage: JournalStorage {
                     if tables.contains("journal_format") {
                         let version = try Int.fetchOne(db, sql: "SELECT version FROM journal_format")
                         if version == 1, !readOnly { try db.execute(sql: Self.migrationFrom1) }
+                        if version == 1 || version == 2, !readOnly { try db.execute(sql: Self.migrationFrom2) }
                         return .commit
                     }
                     guard tables.isEmpty, !readOnly else { return .commit }
@@ -207,8 +229,9 @@ final class SQLiteStorage: JournalStorage {
                     + "the daemon at another data directory"
             )
         }
-        // A format 1 journal opened read-only reads the same; only its index is ordered the old way.
-        guard found == SQLiteJournal.formatVersion || (found == 1 && readOnly) else {
+        // A format 1 or 2 journal opened read-only reads the same: its index may be ordered the old way, and
+        // each store's one version is the one `stores` names.
+        guard found == SQLiteJournal.formatVersion || ((1...2).contains(found) && readOnly) else {
             try? queue.close()
             throw JournalError(
                 code: .formatVersionMismatch,
@@ -219,6 +242,7 @@ final class SQLiteStorage: JournalStorage {
                     + "directory aside to start afresh"
             )
         }
+        formatVersion = found
         if !readOnly {
             do {
                 let (mode, synchronous) = try queue.writeWithoutTransaction { db in
@@ -464,8 +488,40 @@ final class SQLiteStorage: JournalStorage {
                     sql: "INSERT INTO stores (name, domain_version, epoch) VALUES (?, ?, ?)",
                     arguments: [record.name, Int64(record.domainVersion), Int64(bitPattern: record.epoch)]
                 )
+                try db.execute(
+                    sql: "INSERT INTO store_versions (store, version, since_seq) VALUES (?, ?, 0)",
+                    arguments: [record.name, Int64(record.domainVersion)]
+                )
             }
         }
+    }
+
+    func versionHistory(store: String) throws(JournalError) -> [JournalDomainVersion] {
+        guard formatVersion >= 3 else {
+            // Before format 3 a store had one version, from the start.
+            return try storeRecord(named: store).map {
+                [JournalDomainVersion(store: store, version: $0.domainVersion, sinceSeq: 0)]
+            } ?? []
+        }
+        let rows = try run("read versions", store: store) {
+            try queue.read { db in
+                try Row.fetchAll(
+                    db,
+                    sql: "SELECT version, since_seq FROM store_versions WHERE store = ? ORDER BY version",
+                    arguments: [store]
+                )
+            }
+        }
+        var versions: [JournalDomainVersion] = []
+        for row in rows {
+            let version = try integer(row, 0, "read versions", store)
+            let since = try integer(row, 1, "read versions", store)
+            guard let version = UInt32(exactly: version), let since = UInt64(exactly: since) else {
+                throw corrupt("read versions", store: store, "a version row (\(version), \(since)) is out of range")
+            }
+            versions.append(JournalDomainVersion(store: store, version: version, sinceSeq: since))
+        }
+        return versions
     }
 
     // MARK: Snapshots and events
@@ -532,6 +588,7 @@ final class SQLiteStorage: JournalStorage {
     func forEachEvent(
         store: String,
         from: UInt64,
+        through: UInt64,
         _ body: (StoredEvent) throws(JournalError) -> Void
     ) throws(JournalError) {
         let operation = "read events"
@@ -541,9 +598,11 @@ final class SQLiteStorage: JournalStorage {
                     db,
                     sql: """
                         SELECT seq, action, client_id, request_number, checksum FROM events
-                        WHERE store = ? AND seq >= ? ORDER BY seq
+                        WHERE store = ? AND seq >= ? AND seq <= ? ORDER BY seq
                         """,
-                    arguments: [store, Int64(min(from, UInt64(Int64.max)))]
+                    arguments: [
+                        store, Int64(min(from, UInt64(Int64.max))), Int64(min(through, UInt64(Int64.max))),
+                    ]
                 )
                 while let row = try rows.next() {
                     try body(try event(row, store: store, operation))
@@ -648,7 +707,9 @@ final class SQLiteStorage: JournalStorage {
         }
         for snapshot in plan.batch.snapshots {
             let insert = try db.cachedStatement(
-                sql: "INSERT INTO snapshots (store, seq, state, digest) VALUES (?, ?, ?, ?)"
+                // OR REPLACE: an upgrade's snapshot replaces the older version's at the same seq; otherwise the
+                // engine only lets a snapshot past the newest through.
+                sql: "INSERT OR REPLACE INTO snapshots (store, seq, state, digest) VALUES (?, ?, ?, ?)"
             )
             try Self.step(insert, in: db) { handle in
                 Self.bind(snapshot.store, to: handle, at: 1)
@@ -666,6 +727,16 @@ final class SQLiteStorage: JournalStorage {
                     sqlite3_bind_int64(handle, 2, Int64(compaction.throughSeq))
                 }
             }
+        }
+        for upgrade in plan.upgrades {
+            try db.execute(
+                sql: "UPDATE stores SET domain_version = ? WHERE name = ?",
+                arguments: [Int64(upgrade.version), upgrade.store]
+            )
+            try db.execute(
+                sql: "INSERT INTO store_versions (store, version, since_seq) VALUES (?, ?, ?)",
+                arguments: [upgrade.store, Int64(upgrade.version), Int64(upgrade.sinceSeq)]
+            )
         }
         guard !plan.batch.idempotency.isEmpty else { return }
         let insert = try db.cachedStatement(

@@ -188,7 +188,16 @@ private struct LoopState {
         var stores: [any SequencedStore] = []
         for domain in domains {
             do {
-                let store = try domain.recover(journal)
+                let (store, upgradedFrom) = try domain.recover(journal)
+                if let upgradedFrom {
+                    logger.notice(
+                        "upgraded store to a new domain version",
+                        metadata: [
+                            "store": "\(store.name)", "from": "\(upgradedFrom)", "to": "\(store.domainVersion)",
+                            "seq": "\(store.lastSeq)",
+                        ]
+                    )
+                }
                 logger.info(
                     "recovered store",
                     metadata: ["store": "\(store.name)", "seq": "\(store.lastSeq)", "epoch": "\(store.epoch)"]

@@ -5,19 +5,21 @@ import LockstepProtocol
 /// A domain the daemon can host: its name, and how to rebuild its store from a journal.
 public struct HostedDomain: Sendable {
     public let name: String
-    let recover: @Sendable (any Journal) throws -> any SequencedStore
+    /// The store the journal proves, and the domain version it was upgraded from, if it was.
+    let recover: @Sendable (any Journal) throws -> (store: any SequencedStore, upgradedFrom: UInt32?)
 
     /// Hosts domain `D`.
     public init<D: Domain>(_ domain: D.Type) {
         name = D.name
         recover = { journal in
             let recovered = try journal.recover(domain)
-            return try DomainStore(
+            let store = try DomainStore(
                 domain,
                 epoch: Epoch(rawValue: recovered.epoch),
                 lastSeq: recovered.lastSeq,
                 state: recovered.state
             )
+            return (store, recovered.upgradedFrom)
         }
     }
 }

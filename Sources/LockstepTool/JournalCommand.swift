@@ -8,12 +8,14 @@ package struct JournalCommand: ParsableCommand {
     package static var configuration: CommandConfiguration {
         CommandConfiguration(
         commandName: "journal",
-        abstract: "Check, dump and describe a daemon's journal; generate journal load.",
+        abstract: "Check, dump and describe a daemon's journal; rebuild a store's state at any seq.",
         discussion: """
-            DIR is the daemon's data directory; the journal is DIR/\(SQLiteJournal.fileName). verify, dump and \
-            stats open it read-only and may run while the daemon runs. See docs/operations.md, "The journal".
+            DIR is the daemon's data directory; the journal is DIR/\(SQLiteJournal.fileName). verify, dump, \
+            stats and state open it read-only and may run while the daemon runs. See docs/operations.md, "The journal".
             """,
-        subcommands: [JournalVerifyCommand.self, JournalDumpCommand.self, JournalStatsCommand.self]
+        subcommands: [
+            JournalVerifyCommand.self, JournalDumpCommand.self, JournalStatsCommand.self, JournalStateCommand.self,
+        ]
             + Tool.current.withLockedValue { $0.journalCommands }
         )
     }
@@ -256,6 +258,66 @@ struct JournalStatsCommand: ParsableCommand {
                 snapshots
             )
         }
+        for store in stats.stores where store.versions.count > 1 {
+            let history = store.versions.map { "version \($0.version) from seq \($0.sinceSeq)" }
+            print("\(store.name): upgraded; \(history.joined(separator: ", "))")
+        }
     }
 }
 
+
+struct JournalStateCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "state",
+        abstract: "Print a store's state at a seq, rebuilt from a journal by this tool's domain.",
+        discussion: """
+            Starts from the newest snapshot at or below the seq and replays the events after it through the \
+            domain's reducer; works on a copy of a live data directory and changes nothing. Prints the store, \
+            seq, digest and state; --json prints them as one object. The actions between two seqs are \
+            'journal dump DIR --store STORE --from A --to B'. Exit 1 when the seq is past the end, compacted \
+            away, or written by another version of the domain (the message says which).
+            """
+    )
+
+    @Argument(help: "The data directory.")
+    var directory: String
+
+    @Argument(help: ArgumentHelp("The store: \(Tool.domainList)."))
+    var store: String
+
+    @Option(name: .long, help: "The seq (default: the store's last).")
+    var seq: UInt64?
+
+    @Flag(name: .long, help: "Print one JSON object: store, seq, digest, state.")
+    var json = false
+
+    func run() throws {
+        let domain = try Tool.requireDomain(store)
+        let journal = try openJournal(directory, command: "state", readOnly: true)
+        defer { try? journal.close() }
+        try print(domain, journal)
+    }
+
+    private func print<D: Domain>(_: D.Type, _ journal: SQLiteJournal) throws {
+        let state: D.State
+        let at: UInt64
+        do {
+            at = try seq ?? journal.stats().stores.first { $0.name == D.name }?.lastSeq ?? 0
+            state = try journal.state(of: D.self, at: at)
+        } catch {
+            printError("lockstep journal state: \(error)")
+            throw ExitCode.failure
+        }
+        let bytes = try CanonicalEncoding.encode(state)
+        let text = String(decoding: bytes, as: UTF8.self)
+        let digest = StateDigest(of: bytes)
+        if json {
+            Swift.print(#"{"store":"\#(D.name)","seq":\#(at),"digest":"\#(digest)","state":\#(text)}"#)
+        } else {
+            Swift.print("store   \(D.name)")
+            Swift.print("seq     \(at)")
+            Swift.print("digest  \(digest)")
+            Swift.print("state   \(text)")
+        }
+    }
+}

@@ -150,6 +150,15 @@ struct ReplayCommand: ParsableCommand {
         guard let info = try journal.stats().stores.first(where: { $0.name == D.name }) else {
             return try ReplayLog<D>([])
         }
+        guard info.domainVersion == D.version else {
+            // Another version's actions through this version's reducer would only show a false divergence.
+            printError(
+                "lockstep: store '\(D.name)' in \(journal.location) was written by domain version "
+                    + "\(info.domainVersion) and this tool has version \(D.version); replay it with a build of version "
+                    + "\(info.domainVersion), or upgrade a copy by starting the version \(D.version) daemon on it"
+            )
+            throw ExitCode.failure
+        }
         let startSeq = info.firstSeq.map { $0 - 1 } ?? info.snapshotSeqs.first ?? 0
         var startState = Array(try CanonicalEncoding.encode(D.initialState))
         if startSeq > 0 {

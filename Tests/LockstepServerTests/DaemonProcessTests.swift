@@ -17,9 +17,14 @@ final class DaemonProcess {
     let process = Process()
     let log: URL
 
-    init(directory: String, arguments: [String] = [], environment: [String: String] = [:]) throws {
+    init(
+        directory: String,
+        arguments: [String] = [],
+        environment: [String: String] = [:],
+        executable: String = "lockstepd"
+    ) throws {
         self.directory = directory
-        process.executableURL = productURL("lockstepd")
+        process.executableURL = productURL(executable)
         process.currentDirectoryURL = URL(fileURLWithPath: directory)
         process.arguments = arguments
         process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }

@@ -87,12 +87,12 @@ import Glibc
         )
     }
 
-    @Test func aFormat1JournalIsReadAsItIsAndRebuiltAsFormat2WhenOpenedForWriting() throws {
+    @Test func aFormat1JournalIsReadAsItIsAndRebuiltAsTheCurrentFormatWhenOpenedForWriting() throws {
         let fixture = try journal(withIncrements: 3)
         let original = try fixture.open()
         let records = try original.idempotencyRecords()
         try original.close()
-        // Format 1: the same tables, the idempotency entries indexed by (client_id, request_number).
+        // Format 1: no store_versions, the idempotency entries indexed by (client_id, request_number).
         try tamper(fixture) { db in
             try db.execute(
                 sql: """
@@ -102,6 +102,7 @@ import Glibc
                     INSERT INTO idempotency_1 SELECT * FROM idempotency;
                     DROP TABLE idempotency;
                     ALTER TABLE idempotency_1 RENAME TO idempotency;
+                    DROP TABLE store_versions;
                     UPDATE journal_format SET version = 1;
                     """
             )
@@ -121,7 +122,8 @@ import Glibc
         let writer = try SQLiteJournal(directory: fixture.dataDirectory)
         #expect(try writer.recover(Counter.self).lastSeq == 3)
         #expect(try writer.idempotencyRecords() == records)
-        #expect(try writer.databaseQueue.read { try Int.fetchOne($0, sql: "SELECT version FROM journal_format") } == 2)
+        #expect(try writer.databaseQueue.read { try Int.fetchOne($0, sql: "SELECT version FROM journal_format") } == 3)
+        #expect(try writer.stats().stores.map(\.versions) == [[JournalDomainVersion(store: "counter", version: 1, sinceSeq: 0)]])
         try writer.close()
         #expect(try schema()?.contains("UNIQUE (request_number, client_id)") == true)
     }

@@ -124,6 +124,8 @@ let package = Package(
             dependencies: [
                 "LockstepServer", "LockstepProtocol", "LockstepJournal", "LockstepExamples", "ZeroMQ", "lockstepd",
                 "LockstepCLI", "LockstepClient", "LockstepTesting", "TestSupport", "ReplayFixtures", "shelf-daemon",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .testTarget(

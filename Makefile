@@ -1,7 +1,7 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
 SWIFT ?= swift
 
-.PHONY: deps build demo test faults bench clean
+.PHONY: deps build demo test template faults bench clean
 
 # Installs what Lockstep needs when it is missing: libzmq 4.3.3 or newer (ZeroMQ), SQLite (the journal,
 # through GRDB), and libfaketime (the fault suite's clock jumps).
@@ -19,11 +19,18 @@ build: deps
 demo: build
 	$$($(SWIFT) build --show-bin-path)/lockstep demo
 
-# The unit and integration tests, then the fault suite's quick mode (it mounts a tmpfs: run as root).
+# The unit and integration tests, the fault suite's quick mode (it mounts a tmpfs: run as root), then the template.
 test: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
 	$$($(SWIFT) build --show-bin-path)/lockstep-faults
+	$(MAKE) template
+
+# The tutorial's template package (docs/tutorial): its build, its tests, and its daemon and clients end to end.
+template: deps
+	$(SWIFT) build --package-path docs/tutorial
+	$(SWIFT) test --package-path docs/tutorial
+	bash docs/tutorial/smoke.sh "$$($(SWIFT) build --package-path docs/tutorial --show-bin-path)"
 
 # The fault suite's long mode: 200 crash cycles, 100,000 bad inputs.
 faults: build

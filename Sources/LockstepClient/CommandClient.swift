@@ -117,7 +117,7 @@ public final class CommandClient {
         throw ClientError(
             code: .unavailable,
             "no reply from the daemon at \(endpoint) after \(retries + 1) \(retries == 0 ? "try" : "tries") of "
-                + "\(timeout) each; is lockstepd running, and is the endpoint right?"
+                + "\(timeout) each; is the daemon running, and is the endpoint right?"
         )
     }
 

@@ -124,7 +124,7 @@ public final class Replica<D: Domain>: Service, Sendable {
                 throw ClientError(
                     code: .unavailable,
                     "the replica of '\(store)' is still \(status.phase) after \(timeout) (at seq \(status.lastSeq)"
-                        + "\(status.problem.map { "; \($0)" } ?? "")); is lockstepd running at "
+                        + "\(status.problem.map { "; \($0)" } ?? "")); is the daemon running at "
                         + "\(configuration.commandEndpoint) and hosting '\(store)'?"
                 )
             }
@@ -591,7 +591,7 @@ private struct Engine<D: Domain> {
                         code: .unavailable,
                         "no reply from the daemon at \(configuration.commandEndpoint) after "
                             + "\(configuration.retries + 1) tries of \(configuration.requestTimeout) each; "
-                            + "is lockstepd running, and is the endpoint right?"
+                            + "is the daemon running, and is the endpoint right?"
                     )
                 )
             }

@@ -79,7 +79,9 @@ final class MemoryStorage: JournalStorage {
     func register(_ record: StoreRecord) throws(JournalError) {
         state.withLockedValue {
             $0.stores[record.name] = record
-            $0.versions[record.name] = [JournalDomainVersion(store: record.name, version: record.domainVersion, sinceSeq: 0)]
+            $0.versions[record.name] = [
+                JournalDomainVersion(store: record.name, version: record.domainVersion, sinceSeq: 0)
+            ]
         }
     }
 

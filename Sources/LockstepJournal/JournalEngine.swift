@@ -282,7 +282,10 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
                     + "\(X.version); run a build of version \(version) or later (a domain never goes back a version)"
             )
         }
-        guard let upgrade = X.upgrades.first(where: { $0.from.version < X.version && $0.from.canTakeOver(version: version) })
+        guard
+            let upgrade = X.upgrades.first(where: {
+                $0.from.version < X.version && $0.from.canTakeOver(version: version)
+            })
         else {
             throw error(
                 .domainVersionMismatch,
@@ -710,7 +713,8 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
             var first: UInt64?
             var expected: UInt64 = 0
             var broken = false
-            try storage.forEachEvent(store: name, from: 0, through: .max) { (stored: StoredEvent) throws(JournalError) in
+            try storage.forEachEvent(store: name, from: 0, through: .max) {
+                (stored: StoredEvent) throws(JournalError) in
                 guard !broken else { return }
                 let seq = stored.event.seq
                 if first == nil {

@@ -91,7 +91,7 @@ final class CommandLoop: Sendable {
         var state = try LoopState(loop: self, journal: journal)
         try state.bind()
         logger.info(
-            "lockstepd ready",
+            "daemon ready",
             metadata: [
                 "command": "\(configuration.commandEndpoint)", "events": "\(configuration.eventsEndpoint)",
                 "stores": "\(state.storeSummary)",
@@ -111,7 +111,7 @@ final class CommandLoop: Sendable {
         }
         notifier.notify("STOPPING=1")
         try journal.sync()
-        logger.info("lockstepd stopping: the last batch is committed, replied to and published")
+        logger.info("daemon stopping: the last batch is committed, replied to and published")
         state.close()
     }
 
@@ -262,7 +262,7 @@ private struct LoopState {
             try router.bind(configuration.commandEndpoint)
             try publisher.bind(configuration.eventsEndpoint)
         } catch {
-            throw ServerError(code: .bind, "cannot bind: \(error); is another lockstepd running on these endpoints?")
+            throw ServerError(code: .bind, "cannot bind: \(error); is another daemon running on these endpoints?")
         }
     }
 

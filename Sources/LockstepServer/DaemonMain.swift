@@ -29,7 +29,9 @@ public enum LockstepDaemonMain {
         DaemonCommand.hosting.withLockedValue {
             $0 = DaemonCommand.Hosting(
                 domains: domains.map { HostedDomain($0) },
-                commandName: commandName ?? CommandLine.arguments.first.map { URL(fileURLWithPath: $0).lastPathComponent }
+                commandName: commandName ?? CommandLine.arguments.first.map {
+                    URL(fileURLWithPath: $0).lastPathComponent
+                }
                     ?? "lockstepd"
             )
         }
@@ -78,7 +80,11 @@ public struct DaemonFlags: ParsableArguments, Sendable {
             do {
                 text = try String(contentsOfFile: config, encoding: .utf8)
             } catch {
-                throw ConfigurationError(file: config, key: "--config", "cannot read the file: \(error.localizedDescription)")
+                throw ConfigurationError(
+                    file: config,
+                    key: "--config",
+                    "cannot read the file: \(error.localizedDescription)"
+                )
             }
             let document: TOMLDocument
             do {
@@ -94,7 +100,11 @@ public struct DaemonFlags: ParsableArguments, Sendable {
         if !domains.isEmpty { settings.domains = domains }
         if let durability {
             guard let value = DaemonConfiguration.Durability(rawValue: durability) else {
-                throw ConfigurationError(file: nil, key: "--durability", "must be fsync or relaxed, got '\(durability)'")
+                throw ConfigurationError(
+                    file: nil,
+                    key: "--durability",
+                    "must be fsync or relaxed, got '\(durability)'"
+                )
             }
             settings.durability = value
         }

@@ -35,7 +35,7 @@ struct DaemonOptions: ParsableArguments {
         do {
             return try client.call(request)
         } catch {
-            printError("lockstep: \(error)")
+            printError("\(Tool.commandName): \(error)")
             throw error.code == .unavailable ? ExitCodes.unavailable : ExitCode.failure
         }
     }
@@ -45,7 +45,7 @@ struct DaemonOptions: ParsableArguments {
         let reply = try call(client, .status(requestID: 0))
         guard case let .status(_, body) = reply else { throw unexpected(reply, to: "STATUS") }
         guard let status = DaemonStatus(reply) else {
-            printError("lockstep: the daemon at \(commandEndpoint) sent a status that is not readable")
+            printError("\(Tool.commandName): the daemon at \(commandEndpoint) sent a status that is not readable")
             throw ExitCode.failure
         }
         return (status, body)
@@ -55,10 +55,10 @@ struct DaemonOptions: ParsableArguments {
 /// Reports a reply the command did not ask for (an ERROR, or another kind) and returns the exit to throw.
 func unexpected(_ reply: Reply, to request: String) -> ExitCode {
     if case let .error(_, error) = reply {
-        printError("lockstep: the daemon refused the \(request) request: \(error)")
+        printError("\(Tool.commandName): the daemon refused the \(request) request: \(error)")
         return error.code == .undecodableAction ? ExitCodes.badInput : .failure
     }
-    printError("lockstep: unexpected reply to \(request): \(reply)")
+    printError("\(Tool.commandName): unexpected reply to \(request): \(reply)")
     return .failure
 }
 

@@ -62,7 +62,9 @@ struct DispatchCommand: ParsableCommand {
                     print(count > 1 ? "\(name): seqs \(first)...\(last)" : "\(name): seq \(first)")
                 }
             case let .rejected(_, index, rejection):
-                printError("lockstep: \(name) rejected action \(index): \(rejection.reason) [\(rejection.code)]")
+                printError(
+                    "\(Tool.commandName): \(name) rejected action \(index): \(rejection.reason) [\(rejection.code)]"
+                )
                 throw ExitCodes.rejected
             case let other:
                 throw unexpected(other, to: "DISPATCH")
@@ -75,7 +77,7 @@ struct DispatchCommand: ParsableCommand {
         let status = try daemon.status(client).status
         guard let store = status.stores.first(where: { $0.name == name.rawValue }) else {
             printError(
-                "lockstep: the daemon hosts no store '\(name)'; it has "
+                "\(Tool.commandName): the daemon hosts no store '\(name)'; it has "
                     + status.stores.map(\.name).joined(separator: ", ")
             )
             throw ExitCode.failure

@@ -7,16 +7,16 @@ import LockstepJournal
 package struct JournalCommand: ParsableCommand {
     package static var configuration: CommandConfiguration {
         CommandConfiguration(
-        commandName: "journal",
-        abstract: "Check, dump and describe a daemon's journal; rebuild a store's state at any seq.",
-        discussion: """
-            DIR is the daemon's data directory; the journal is DIR/\(SQLiteJournal.fileName). verify, dump, \
-            stats and state open it read-only and may run while the daemon runs. See docs/operations.md, "The journal".
-            """,
-        subcommands: [
-            JournalVerifyCommand.self, JournalDumpCommand.self, JournalStatsCommand.self, JournalStateCommand.self,
-        ]
-            + Tool.current.withLockedValue { $0.journalCommands }
+            commandName: "journal",
+            abstract: "Check, dump and describe a daemon's journal; rebuild a store's state at any seq.",
+            discussion: """
+                DIR is the daemon's data directory; the journal is DIR/\(SQLiteJournal.fileName). verify, dump, \
+                stats and state open it read-only and may run while the daemon runs. See docs/operations.md, "The journal".
+                """,
+            subcommands: [
+                JournalVerifyCommand.self, JournalDumpCommand.self, JournalStatsCommand.self, JournalStateCommand.self,
+            ]
+                + Tool.current.withLockedValue { $0.journalCommands }
         )
     }
 
@@ -36,7 +36,7 @@ package func openJournal(
     do {
         return try SQLiteJournal(directory: directory, policy: policy, readOnly: readOnly)
     } catch {
-        printError("lockstep journal \(command): \(error)")
+        printError("\(Tool.commandName) journal \(command): \(error)")
         switch error.code {
         case .notFound: throw ExitCode.failure
         case .corrupt, .notAJournal, .formatVersionMismatch: throw JournalCommand.damaged
@@ -169,7 +169,7 @@ struct JournalDumpCommand: ParsableCommand {
             let selected = store.map { name in stores.filter { $0.name == name } } ?? stores
             if let store, selected.isEmpty {
                 let names = stores.map(\.name).joined(separator: ", ")
-                printError("lockstep journal dump: the journal has no store '\(store)'; it has: \(names)")
+                printError("\(Tool.commandName) journal dump: the journal has no store '\(store)'; it has: \(names)")
                 throw ExitCode.failure
             }
             for info in selected {
@@ -180,7 +180,7 @@ struct JournalDumpCommand: ParsableCommand {
                     case let .compacted(firstAvailable):
                         output.flush()
                         printError(
-                            "lockstep journal dump: store \(info.name) is compacted below seq \(firstAvailable); "
+                            "\(Tool.commandName) journal dump: store \(info.name) is compacted below seq \(firstAvailable); "
                                 + "use --from \(firstAvailable) or later"
                         )
                         throw ExitCode.failure
@@ -196,7 +196,7 @@ struct JournalDumpCommand: ParsableCommand {
             }
         } catch let error as JournalError {
             output.flush()
-            printError("lockstep journal dump: \(error)")
+            printError("\(Tool.commandName) journal dump: \(error)")
             throw JournalCommand.damaged
         }
     }
@@ -231,7 +231,7 @@ struct JournalStatsCommand: ParsableCommand {
         do {
             stats = try journal.stats()
         } catch {
-            printError("lockstep journal stats: \(error)")
+            printError("\(Tool.commandName) journal stats: \(error)")
             throw JournalCommand.damaged
         }
         if json {
@@ -264,7 +264,6 @@ struct JournalStatsCommand: ParsableCommand {
         }
     }
 }
-
 
 struct JournalStateCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -305,7 +304,7 @@ struct JournalStateCommand: ParsableCommand {
             at = try seq ?? journal.stats().stores.first { $0.name == D.name }?.lastSeq ?? 0
             state = try journal.state(of: D.self, at: at)
         } catch {
-            printError("lockstep journal state: \(error)")
+            printError("\(Tool.commandName) journal state: \(error)")
             throw ExitCode.failure
         }
         let bytes = try CanonicalEncoding.encode(state)

@@ -39,7 +39,7 @@ struct KeygenCommand: ParsableCommand {
                 attributes: [.posixPermissions: 0o600]
             )
         else {
-            printError("lockstep: cannot write \(secretPath)")
+            printError("\(Tool.commandName): cannot write \(secretPath)")
             throw ExitCode.failure
         }
         try Data((publicKey + "\n").utf8).write(to: URL(fileURLWithPath: out + ".pub"))

@@ -12,8 +12,8 @@ struct ReplayCommand: ParsableCommand {
         abstract: "Replay an action log through several replicas and report where they diverge.",
         discussion: """
             The log is a file of JSON lines — plain actions, or the {"store","seq","action"} lines that \
-            'lockstep journal dump' writes — a seeded sequence from the domain's generator, or a journal \
-            (--journal DIR: every example store in it, from its oldest kept snapshot, and each kept snapshot's \
+            'journal dump' writes — a seeded sequence from the domain's generator, or a journal \
+            (--journal DIR: every store of this tool's domains in it, from its oldest kept snapshot, and each kept snapshot's \
             digest must come out of the replay). Replicas run in \
             this process (with encode/decode round trips at seeded points) and in child processes (with their \
             own hash seeds); digests are compared at every checkpoint. Exit 0 when all agree, 4 on a \
@@ -81,7 +81,7 @@ struct ReplayCommand: ParsableCommand {
         do {
             opened = try SQLiteJournal(directory: directory, readOnly: true)
         } catch {
-            printError("lockstep: cannot open the journal in \(directory): \(error)")
+            printError("\(Tool.commandName): cannot open the journal in \(directory): \(error)")
             throw ExitCode.failure
         }
         defer { try? opened.close() }
@@ -89,12 +89,14 @@ struct ReplayCommand: ParsableCommand {
         let chosen = store.map { [$0] } ?? names.filter { Tool.domain(named: $0) != nil }
         if let store, !names.contains(store) {
             printError(
-                "lockstep: the journal in \(directory) has no store '\(store)'; it has \(names.joined(separator: ", "))"
+                "\(Tool.commandName): the journal in \(directory) has no store '\(store)'; it has \(names.joined(separator: ", "))"
             )
             throw ExitCode.failure
         }
         for name in names where !chosen.contains(name) && store == nil {
-            printError("lockstep: store '\(name)' is not a domain of this tool; its reducer is not here, so it is skipped")
+            printError(
+                "\(Tool.commandName): store '\(name)' is not a domain of this tool; its reducer is not here, so it is skipped"
+            )
         }
         for name in chosen { try replay(try Tool.requireDomain(name), journal: opened) }
     }
@@ -153,7 +155,7 @@ struct ReplayCommand: ParsableCommand {
         guard info.domainVersion == D.version else {
             // Another version's actions through this version's reducer would only show a false divergence.
             printError(
-                "lockstep: store '\(D.name)' in \(journal.location) was written by domain version "
+                "\(Tool.commandName): store '\(D.name)' in \(journal.location) was written by domain version "
                     + "\(info.domainVersion) and this tool has version \(D.version); replay it with a build of version "
                     + "\(info.domainVersion), or upgrade a copy by starting the version \(D.version) daemon on it"
             )
@@ -164,7 +166,7 @@ struct ReplayCommand: ParsableCommand {
         if startSeq > 0 {
             guard let snapshot = try journal.snapshot(store: D.name, seq: startSeq) else {
                 printError(
-                    "lockstep: store '\(D.name)' keeps events from seq \(startSeq + 1) but no snapshot at seq "
+                    "\(Tool.commandName): store '\(D.name)' keeps events from seq \(startSeq + 1) but no snapshot at seq "
                         + "\(startSeq) to start from; run 'lockstep journal verify \(journal.location)'"
                 )
                 throw ExitCode.failure
@@ -189,7 +191,7 @@ struct ReplayCommand: ParsableCommand {
                     actions.append(try decoder.decode(D.Action.self, from: Data(event.action)))
                 } catch {
                     printError(
-                        "lockstep: store '\(D.name)' seq \(event.seq): not a \(D.name) action: "
+                        "\(Tool.commandName): store '\(D.name)' seq \(event.seq): not a \(D.name) action: "
                             + CanonicalEncoding.describe(error)
                     )
                     throw ExitCodes.badInput
@@ -214,7 +216,9 @@ struct ReplayCommand: ParsableCommand {
                     + "give --input FILE (or --journal DIR) instead"
             )
         }
-        func generate<G: ActionGenerating>(_: G.Type) -> [Any] { DeterminismCheck<G>.generate(length: length, seed: seed) }
+        func generate<G: ActionGenerating>(_: G.Type) -> [Any] {
+            DeterminismCheck<G>.generate(length: length, seed: seed)
+        }
         return generate(generating).compactMap { $0 as? D.Action }
     }
 
@@ -224,7 +228,7 @@ struct ReplayCommand: ParsableCommand {
         do {
             text = input == "-" ? readStandardInput() : try String(contentsOfFile: input ?? "", encoding: .utf8)
         } catch {
-            printError("lockstep: cannot read \(input ?? ""): \(error.localizedDescription)")
+            printError("\(Tool.commandName): cannot read \(input ?? ""): \(error.localizedDescription)")
             throw ExitCodes.badInput
         }
         var actions: [D.Action] = []
@@ -240,7 +244,7 @@ struct ReplayCommand: ParsableCommand {
                 actions.append(try decoder.decode(D.Action.self, from: try CanonicalEncoding.encode(value)))
             } catch {
                 printError(
-                    "lockstep: \(input ?? "") line \(number + 1): not a \(D.name) action: "
+                    "\(Tool.commandName): \(input ?? "") line \(number + 1): not a \(D.name) action: "
                         + CanonicalEncoding.describe(error)
                 )
                 throw ExitCodes.badInput

@@ -34,7 +34,7 @@ struct RunCommand: AsyncParsableCommand {
             do {
                 text = input == "-" ? readStandardInput() : try String(contentsOfFile: input, encoding: .utf8)
             } catch {
-                printError("lockstep: cannot read \(input): \(error.localizedDescription)")
+                printError("\(Tool.commandName): cannot read \(input): \(error.localizedDescription)")
                 throw ExitCodes.badInput
             }
             for (number, line) in text.split(separator: "\n", omittingEmptySubsequences: false).enumerated()
@@ -53,7 +53,7 @@ struct RunCommand: AsyncParsableCommand {
                 decoded.append((line.label, try CanonicalEncoding.decode(D.Action.self, from: Data(line.text.utf8))))
             } catch {
                 printError(
-                    "lockstep: \(line.label): not a \(D.name) action: \(CanonicalEncoding.describe(error)); "
+                    "\(Tool.commandName): \(line.label): not a \(D.name) action: \(CanonicalEncoding.describe(error)); "
                         + "input was \(line.text)"
                 )
                 throw ExitCodes.badInput
@@ -66,7 +66,7 @@ struct RunCommand: AsyncParsableCommand {
                 try await store.dispatch(action)
             } catch {
                 rejected += 1
-                printError("lockstep: \(label): rejected: \(error)")
+                printError("\(Tool.commandName): \(label): rejected: \(error)")
             }
         }
         let state = store.state

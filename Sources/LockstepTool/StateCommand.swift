@@ -27,7 +27,9 @@ struct StateCommand: ParsableCommand {
         switch reply {
         case let .snapshot(_, snapshot):
             guard StateDigest(of: snapshot.state) == snapshot.digest else {
-                printError("lockstep: the snapshot's state does not match its digest; it was damaged on the way")
+                printError(
+                    "\(Tool.commandName): the snapshot's state does not match its digest; it was damaged on the way"
+                )
                 throw ExitCode.failure
             }
             let state = String(decoding: snapshot.state, as: UTF8.self)
@@ -85,7 +87,7 @@ struct TailCommand: ParsableCommand {
         while count.map({ printed < $0 }) ?? true {
             guard let frames = try socket.receive() else {
                 printError(
-                    "lockstep: nothing from \(eventsEndpoint) for \(silenceMs) ms (not even a heartbeat); is lockstepd "
+                    "\(Tool.commandName): nothing from \(eventsEndpoint) for \(silenceMs) ms (not even a heartbeat); is the daemon "
                         + "running and hosting '\(name)'?"
                 )
                 throw ExitCodes.unavailable

@@ -1,11 +1,11 @@
 import ArgumentParser
 import Foundation
-import LockstepTool
 import Lockstep
 import LockstepClient
 import LockstepExamples
 import LockstepProtocol
 import LockstepTesting
+import LockstepTool
 import Logging
 import ServiceLifecycle
 

@@ -1,10 +1,10 @@
 import ArgumentParser
 import Foundation
-import LockstepTool
 import Lockstep
 import LockstepClient
 import LockstepProtocol
 import LockstepTesting
+import LockstepTool
 import ZeroMQ
 
 #if canImport(Glibc)

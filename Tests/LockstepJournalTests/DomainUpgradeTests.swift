@@ -18,7 +18,9 @@ import Testing
         var state = try journal.recover(ShelfV1.self).state
         for (offset, chunk) in stride(from: 0, to: 12, by: 4).map({ ($0, Self.names[$0..<$0 + 4]) }) {
             var batch = JournalBatch(
-                events: events("shelf", from: UInt64(offset) + 1, count: 4) { ShelfV1.Action.add(name: Self.names[Int($0) - 1]) }
+                events: events("shelf", from: UInt64(offset) + 1, count: 4) {
+                    ShelfV1.Action.add(name: Self.names[Int($0) - 1])
+                }
             )
             for name in chunk { ShelfV1.reduce(into: &state, .add(name: name)) }
             if journal.snapshotDue(store: "shelf", in: batch) {
@@ -34,8 +36,12 @@ import Testing
     func contents(_ journal: any Journal) throws -> String {
         let stats = try journal.stats()
         var text = "\(stats.stores)"
-        if case let .events(list) = try journal.events(store: "shelf", from: 1, to: 100, limit: 100) { text += "\(list)" }
-        for seq in stats.stores.first?.snapshotSeqs ?? [] { text += "\(try journal.snapshot(store: "shelf", seq: seq)!)" }
+        if case let .events(list) = try journal.events(store: "shelf", from: 1, to: 100, limit: 100) {
+            text += "\(list)"
+        }
+        for seq in stats.stores.first?.snapshotSeqs ?? [] {
+            text += "\(try journal.snapshot(store: "shelf", seq: seq)!)"
+        }
         return text
     }
 
@@ -61,7 +67,9 @@ import Testing
         // Version 1's events are gone: a replica asking for them is sent to the snapshot.
         #expect(try journal.events(store: "shelf", from: 1, to: 12, limit: 100) == .compacted(firstAvailable: 13))
         try journal.commit(
-            JournalBatch(events: events("shelf", from: 13, count: 1) { _ in ShelfV2.Action.setCount(name: "item 3", count: 7) })
+            JournalBatch(
+                events: events("shelf", from: 13, count: 1) { _ in ShelfV2.Action.setCount(name: "item 3", count: 7) }
+            )
         )
         try journal.close()
 
@@ -140,7 +148,9 @@ import Testing
         }
         let reader = try SQLiteJournal(directory: fixture.dataDirectory, readOnly: true)
         #expect(try reader.stats().formatVersion == 2)
-        #expect(try reader.stats().stores.first?.versions == [JournalDomainVersion(store: "shelf", version: 1, sinceSeq: 0)])
+        #expect(
+            try reader.stats().stores.first?.versions == [JournalDomainVersion(store: "shelf", version: 1, sinceSeq: 0)]
+        )
         try reader.close()
         let writer = try SQLiteJournal(directory: fixture.dataDirectory)
         #expect(try writer.stats().formatVersion == 3)
@@ -176,7 +186,9 @@ import Testing
         let fixture = try JournalFixture(.memory)
         let journal = try fixture.open()
         _ = try journal.recover(ShelfV1.self)
-        try journal.commit(JournalBatch(events: events("shelf", from: 1, count: 3) { ShelfV1.Action.add(name: "n\($0)") }))
+        try journal.commit(
+            JournalBatch(events: events("shelf", from: 1, count: 3) { ShelfV1.Action.add(name: "n\($0)") })
+        )
         #expect(try journal.state(of: ShelfV1.self, at: 0) == ShelfV1.initialState)
         #expect(try journal.state(of: ShelfV1.self, at: 2) == ShelfV1.State(items: ["n1", "n2"]))
     }
@@ -187,7 +199,9 @@ import Testing
         var state = try journal.recover(ShelfV1.self).state
         for seq in UInt64(1)...12 {
             ShelfV1.reduce(into: &state, .add(name: "n\(seq)"))
-            var batch = JournalBatch(events: events("shelf", from: seq, count: 1) { _ in ShelfV1.Action.add(name: "n\(seq)") })
+            var batch = JournalBatch(
+                events: events("shelf", from: seq, count: 1) { _ in ShelfV1.Action.add(name: "n\(seq)") }
+            )
             if journal.snapshotDue(store: "shelf", in: batch) {
                 batch.snapshots = [try JournalSnapshot(store: "shelf", seq: seq, encoding: state)]
             }

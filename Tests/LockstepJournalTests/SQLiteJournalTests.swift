@@ -123,7 +123,11 @@ import Glibc
         #expect(try writer.recover(Counter.self).lastSeq == 3)
         #expect(try writer.idempotencyRecords() == records)
         #expect(try writer.databaseQueue.read { try Int.fetchOne($0, sql: "SELECT version FROM journal_format") } == 3)
-        #expect(try writer.stats().stores.map(\.versions) == [[JournalDomainVersion(store: "counter", version: 1, sinceSeq: 0)]])
+        #expect(
+            try writer.stats().stores.map(\.versions) == [
+                [JournalDomainVersion(store: "counter", version: 1, sinceSeq: 0)]
+            ]
+        )
         try writer.close()
         #expect(try schema()?.contains("UNIQUE (request_number, client_id)") == true)
     }

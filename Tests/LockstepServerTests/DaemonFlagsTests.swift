@@ -16,7 +16,9 @@ import Testing
         durability = "relaxed"
         domains = ["board"]
         """#.write(toFile: file, atomically: true, encoding: .utf8)
-        let flags = try DaemonFlags.parse(["--config", file, "--durability", "fsync", "--command-endpoint", "ipc:///x/c"])
+        let flags = try DaemonFlags.parse([
+            "--config", file, "--durability", "fsync", "--command-endpoint", "ipc:///x/c",
+        ])
         let settings = try flags.configuration(environment: ["RUNTIME_DIRECTORY": "/run/board"], domains: domains)
         #expect(settings.dataDirectory == "/srv/data")
         #expect(settings.durability == .fsync)

@@ -24,7 +24,8 @@ import Testing
     func waitUntilServing(_ daemon: DaemonProcess) throws {
         let deadline = ContinuousClock.now + .seconds(30)
         while ContinuousClock.now < deadline {
-            if try runProduct("lockstep", ["stats", "--command-endpoint", daemon.command, "--retries", "0"]).status == 0 {
+            if try runProduct("lockstep", ["stats", "--command-endpoint", daemon.command, "--retries", "0"]).status == 0
+            {
                 return
             }
             #expect(daemon.process.isRunning, "the daemon exited: \(daemon.output)")
@@ -61,7 +62,10 @@ import Testing
         try waitUntilServing(second)
         #expect(second.output.contains("upgraded store to a new domain version"), "\(second.output)")
         let state = try lockstep(["state", "shelf", "--json"], second)
-        #expect(state.contains(#""items":[{"count":1,"name":"pens"},{"count":1,"name":"ink"},{"count":1,"name":"paper"}]"#), "\(state)")
+        #expect(
+            state.contains(#""items":[{"count":1,"name":"pens"},{"count":1,"name":"ink"},{"count":1,"name":"paper"}]"#),
+            "\(state)"
+        )
         #expect(try lockstep(["dispatch", "shelf", #"{"setCount":{"name":"ink","count":4}}"#], second).contains("4"))
 
         // A replica built with version 1 never takes version 2's state: it cannot decode the snapshot, says so

@@ -1,12 +1,12 @@
 import ArgumentParser
 import Foundation
-import LockstepTool
 import Lockstep
 import LockstepClient
 import LockstepExamples
 import LockstepJournal
 import LockstepProtocol
 import LockstepTesting
+import LockstepTool
 import ZeroMQ
 
 /// One run of `lockstep bench`: owns its folder and every process it starts (killed when released).

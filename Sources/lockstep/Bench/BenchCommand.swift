@@ -1,9 +1,9 @@
 import ArgumentParser
 import Foundation
-import LockstepTool
 import Lockstep
 import LockstepExamples
 import LockstepJournal
+import LockstepTool
 import ZeroMQ
 
 /// `lockstep bench`: Lockstep next to the raw transport under it, measured in one run on this machine.

@@ -1,10 +1,10 @@
 import ArgumentParser
 import Foundation
-import LockstepTool
 import Lockstep
 import LockstepClient
 import LockstepExamples
 import LockstepProtocol
+import LockstepTool
 import Logging
 import ZeroMQ
 

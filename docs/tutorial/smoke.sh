@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# The template end to end, in a fresh temporary folder: boardd, two board-clients dispatching at once, the
+# daemon's own state, a clean SIGTERM, then the tool on the journal the daemon left behind.
+#
+#   bash docs/tutorial/smoke.sh "$(swift build --package-path docs/tutorial --show-bin-path)"
+#
+# Every wait is bounded; every process it starts is killed (by PID) and the folder removed on any exit.
+set -euo pipefail
+
+usage="usage: smoke.sh BIN_PATH   (from: swift build --package-path docs/tutorial --show-bin-path)"
+[[ $# -eq 1 && -d $1 ]] || { echo "$usage" >&2; exit 64; }
+bin=$(cd "$1" && pwd)
+for exe in boardd board board-client; do
+    [[ -x $bin/$exe ]] || { echo "smoke: $bin/$exe is missing; build the template first" >&2; exit 1; }
+done
+
+work=$(mktemp -d)
+pids=()
+cleanup() {
+    local status=$?
+    for pid in ${pids[@]+"${pids[@]}"}; do kill -KILL "$pid" 2>/dev/null || true; done
+    rm -rf "$work"
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM HUP
+
+fail() {
+    echo "smoke: FAIL: $*" >&2
+    for log in "$work"/*.log "$work"/*.err; do
+        [[ -s $log ]] && { echo "--- last lines of $(basename "$log"):" >&2; tail -n 15 "$log" >&2; }
+    done
+    exit 1
+}
+check() { echo "smoke: $*"; }
+
+# Waits at most $2 seconds for process $1 (a child of this shell) to exit; sets `exit_status`.
+wait_for_exit() {
+    local pid=$1 deadline=$((SECONDS + $2))
+    while kill -0 "$pid" 2>/dev/null; do
+        ((SECONDS < deadline)) || fail "process $pid still running after $2 s"
+        sleep 0.1
+    done
+    exit_status=0
+    wait "$pid" || exit_status=$?
+}
+
+# The value of "key" (a hex string or a number) in the first line of JSON or key=value text that has it.
+field() { grep -o -m1 -E "\"?$1\"?[=:]\"?[0-9a-f]+" | head -n1 | sed -E 's/.*[=:]"?//'; }
+
+cd "$work"
+started=$SECONDS
+
+check "starting boardd in $work (journal in ./.lockstep/data, sockets in ./.lockstep/run)"
+"$bin/boardd" >boardd.log 2>&1 &
+daemon=$!
+pids+=("$daemon")
+
+check "waiting (at most 20 s) until 'board stats' answers"
+deadline=$((SECONDS + 20))
+until "$bin/board" stats --timeout-ms 500 --retries 0 >stats.out 2>/dev/null; do
+    kill -0 "$daemon" 2>/dev/null || fail "boardd exited before it answered"
+    ((SECONDS < deadline)) || fail "boardd did not answer 'board stats' within 20 s"
+    sleep 0.2
+done
+
+check "running two board-clients at once, 200 generated actions each"
+"$bin/board-client" --actions 200 --seed 1 --settle-ms 3000 >client1.out 2>client1.err &
+client1=$!
+"$bin/board-client" --actions 200 --seed 2 --settle-ms 3000 >client2.out 2>client2.err &
+client2=$!
+pids+=("$client1" "$client2")
+for n in 1 2; do
+    pid=client$n
+    wait_for_exit "${!pid}" 90
+    ((exit_status == 0)) || fail "board-client $n exited $exit_status"
+    grep -qE '^seq=[0-9]+ digest=[0-9a-f]{64}$' "client$n.out" || fail "board-client $n printed '$(cat "client$n.out")'"
+    summary=$(sed -n 's/^board-client: sent/sent/p' "client$n.err")
+    check "  board-client $n: $(cat "client$n.out")  ($summary)"
+done
+[[ $(cat client1.out) == "$(cat client2.out)" ]] || fail "the two clients ended at different states"
+seq=$(field seq <client1.out)
+digest=$(field digest <client1.out)
+((seq > 0)) || fail "the clients' final seq is 0: nothing was committed"
+check "both replicas hold seq $seq with digest $digest"
+
+check "checking 'board state board --json' gives the daemon's digest at the same seq"
+"$bin/board" state board --json >state.json || fail "'board state board --json' exited $?"
+[[ $(field seq <state.json) == "$seq" ]] || fail "the daemon is at seq $(field seq <state.json), the clients at $seq"
+[[ $(field digest <state.json) == "$digest" ]] || fail "the daemon's digest $(field digest <state.json) is not $digest"
+
+check "stopping boardd with SIGTERM (it must exit 0 within 20 s)"
+kill -TERM "$daemon"
+wait_for_exit "$daemon" 20
+((exit_status == 0)) || fail "boardd exited $exit_status after SIGTERM"
+
+data=$work/.lockstep/data
+check "replaying the journal in $data through the reducer"
+"$bin/board" replay --journal "$data" >replay.log 2>&1 || fail "'board replay --journal' exited $?"
+
+check "running actions in a fresh in-process store with 'board run'"
+"$bin/board" run board --json '{"addColumn":{"name":"todo","wipLimit":2}}' \
+    '{"addCard":{"title":"Write the tutorial","column":"todo"}}' >run.log 2>&1 || fail "'board run' exited $?"
+grep -q '"title":"Write the tutorial"' run.log || fail "'board run' did not print the new card"
+status=0
+"$bin/board" run board '{"addCard":{"title":"Ship","column":"nowhere"}}' >refused.err 2>&1 || status=$?
+((status == 3)) && grep -q unknown_column refused.err || fail "a refused action gave exit $status, not 3 with its code"
+
+check "verifying the journal with 'board journal verify'"
+"$bin/board" journal verify "$data" >verify.log 2>&1 || fail "'board journal verify' exited $?"
+
+check "all checks passed in $((SECONDS - started)) s"

@@ -1,0 +1,78 @@
+import Foundation
+import LockstepExamples
+import LockstepJournal
+import TestSupport
+import Testing
+
+/// The tool and the daemon made with the one-call entries keep their clear errors for bad input: an unknown
+/// domain, a journal store the binary does not host, a seq past the end, a domain the daemon does not link.
+@Suite struct ToolErrorsTests {
+    /// A data directory holding a `counter` store with 3 events.
+    func journalWithCounter() throws -> URL {
+        let directory = try temporaryDirectory("tool-errors")
+        let journal = try SQLiteJournal(directory: directory.path)
+        _ = try journal.recover(Counter.self)
+        let action = Array(#"{"increment":{}}"#.utf8)
+        try journal.commit(
+            JournalBatch(
+                events: (1...3).map {
+                    JournalEvent(
+                        store: "counter",
+                        seq: $0,
+                        action: action,
+                        clientID: [UInt8](repeating: 1, count: 16),
+                        requestNumber: $0
+                    )
+                }
+            )
+        )
+        try journal.close()
+        return directory
+    }
+
+    @Test func anUnknownStoreIsAUsageErrorThatListsTheDomains() throws {
+        let result = try runProduct("lockstep", ["run", "cart", #"{"add":{}}"#])
+        #expect(result.status == 64)
+        #expect(
+            result.standardError.contains(
+                "unknown store 'cart'; this tool has the domains counter, todos, posts, numbers"
+            )
+        )
+    }
+
+    @Test func journalStateNamesWhatIsWrong() throws {
+        let directory = try journalWithCounter()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let good = try runProduct("lockstep", ["journal", "state", directory.path, "counter", "--seq", "2", "--json"])
+        #expect(good.status == 0, "\(good.standardError)")
+        #expect(good.standardOutput.contains(#""seq":2,"#) && good.standardOutput.contains(#""state":{"count":2}"#))
+
+        let past = try runProduct("lockstep", ["journal", "state", directory.path, "counter", "--seq", "4"])
+        #expect(past.status == 1)
+        #expect(
+            past.standardError.contains("seq 4 is past the end of 'counter': its last seq is 3"),
+            "\(past.standardError)"
+        )
+
+        // A store the journal does not hold (todos is a domain of the tool, but not in this journal).
+        let absent = try runProduct("lockstep", ["journal", "state", directory.path, "todos"])
+        #expect(absent.status == 1)
+        #expect(absent.standardError.contains("the journal has no store 'todos'"), "\(absent.standardError)")
+
+        // A journal store whose domain this binary does not host.
+        let foreign = try runProduct("lockstep", ["journal", "state", directory.path, "board"])
+        #expect(foreign.status == 64)
+        #expect(foreign.standardError.contains("unknown store 'board'"), "\(foreign.standardError)")
+    }
+
+    @Test func aDaemonRefusesADomainItDoesNotLinkAndABadValue() throws {
+        let unknown = try runProduct("lockstepd", ["--domain", "cart"])
+        #expect(unknown.status == 78)
+        #expect(
+            unknown.standardError.contains("no domain named 'cart' is linked into this daemon; it has counter, todos")
+        )
+        let bad = try runProduct("lockstepd", ["--journal", "paper"])
+        #expect(bad.status == 78)
+        #expect(bad.standardError.contains("--journal: must be sqlite or memory, got 'paper'"))
+    }
+}

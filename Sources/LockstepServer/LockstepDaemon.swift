@@ -27,23 +27,29 @@ public final class LockstepDaemon: Service, Sendable {
         )
     }
 
+    /// Recovers, binds and serves until graceful shutdown or until its task is cancelled; either way the batch in
+    /// flight is committed, replied to and published, the journal closed, and `run()` returns.
     public func run() async throws {
         // SIGHUP reloads the list of CURVE clients.
         loop.installHangupHandler()
-        try await withGracefulShutdownHandler {
-            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-                let thread = Thread { [loop] in
-                    do {
-                        try loop.run()
-                        continuation.resume()
-                    } catch {
-                        continuation.resume(throwing: error)
+        try await withTaskCancellationHandler {
+            try await withGracefulShutdownHandler {
+                try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                    let thread = Thread { [loop] in
+                        do {
+                            try loop.run()
+                            continuation.resume()
+                        } catch {
+                            continuation.resume(throwing: error)
+                        }
                     }
+                    thread.name = "lockstepd loop"
+                    thread.start()
                 }
-                thread.name = "lockstepd loop"
-                thread.start()
+            } onGracefulShutdown: { [loop] in
+                loop.stop()
             }
-        } onGracefulShutdown: { [loop] in
+        } onCancel: { [loop] in
             loop.stop()
         }
     }

@@ -104,7 +104,7 @@ import Glibc
         #expect(daemon.output.contains("refused a connection"))
     }
 
-    @Test func aKeyFileOthersCanReadIsRefused() throws {
+    @Test func aKeyFileOthersCanReadIsRefused() async throws {
         let directory = try temporaryDirectory("curve").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let server = try CurveKeyPair.generate()
@@ -125,7 +125,7 @@ import Glibc
             arguments: ["--config", "\(directory)/lockstepd.toml", "--journal", "memory"]
         )
         let deadline = ContinuousClock.now + .seconds(10)
-        while daemon.process.isRunning, ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.02) }
+        while daemon.process.isRunning, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
         try #require(!daemon.process.isRunning, "lockstepd kept running with a readable key file")
         #expect(daemon.process.terminationStatus != 0)
         #expect(daemon.output.contains("must be 0600"), "\(daemon.output)")

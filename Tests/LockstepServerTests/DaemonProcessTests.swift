@@ -311,7 +311,7 @@ struct ClientTimeout: Error {}
         #expect(events.map(\.seq) == Array(1...total))
     }
 
-    @Test func stateAndTailWorkForAnyStoreWithoutItsDomain() throws {
+    @Test func stateAndTailWorkForAnyStoreWithoutItsDomain() async throws {
         let directory = try temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let daemon = try DaemonProcess(directory: directory, arguments: ["--domain", "todos"])
@@ -332,7 +332,7 @@ struct ClientTimeout: Error {}
                 "dispatch", "todos", #"{"add":{"text":"item \#(number)"}}"#, "--command-endpoint", daemon.command,
             ])
             #expect(sent.status == 0)
-            Thread.sleep(forTimeInterval: 0.05)
+            try await Task.sleep(for: .milliseconds(50))
         }
         let lines = try tail.finish(within: .seconds(5)).standardOutput.split(separator: "\n")
         #expect(lines.count == 2)

@@ -197,11 +197,21 @@ final class LockedBox<Value: Sendable>: Sendable {
         let stream = store.states()
         try await store.dispatch(.increment)
         try await store.dispatch(.decrement)
-        var seen: [Int] = []
-        for await state in stream {
-            seen.append(state.count)
-            if seen.count == 3 { break }
+        // Bounded: a stream that stopped delivering would end at the watchdog's cancellation, not hang.
+        let collector = Task {
+            var seen: [Int] = []
+            for await state in stream {
+                seen.append(state.count)
+                if seen.count == 3 { break }
+            }
+            return seen
         }
+        let watchdog = Task {
+            try await Task.sleep(for: .seconds(10))
+            collector.cancel()
+        }
+        let seen = await collector.value
+        watchdog.cancel()
         #expect(seen == [1, 2, 1])
     }
 

@@ -134,3 +134,13 @@ extension String {
         count >= width ? self : String(repeating: " ", count: width - count) + self
     }
 }
+
+/// A command could not do its work (not a usage mistake): the tool prints `Error: ` and the message, without the
+/// usage text, and exits 1.
+package struct CommandFailure: Error, CustomStringConvertible {
+    package var description: String
+
+    package init(_ description: String) {
+        self.description = description
+    }
+}

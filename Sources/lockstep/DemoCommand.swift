@@ -211,7 +211,7 @@ final class DemoRun {
             if progress != lastProgress.value || stage == .settling || stage == .clientStopped {
                 lastProgress = (progress, now)
             } else if now - lastProgress.at > .seconds(60) {
-                throw ValidationError("no client dispatched anything for 60 s (see client-*.log)")
+                throw CommandFailure("no client dispatched anything for 60 s (see client-*.log)")
             }
             switch stage {
             case .running where progress >= 0.2:
@@ -298,7 +298,7 @@ final class DemoRun {
         let deadline = ContinuousClock.now + .seconds(15)
         while daemonSeqs() == nil {
             guard ContinuousClock.now < deadline, daemon?.process.isRunning == true else {
-                throw ValidationError("lockstepd did not answer within 15 s; see lockstepd-\(daemonStarts).log")
+                throw CommandFailure("lockstepd did not answer within 15 s; see lockstepd-\(daemonStarts).log")
             }
             Thread.sleep(forTimeInterval: 0.02)
         }
@@ -323,7 +323,7 @@ final class DemoRun {
         for name in reports.first??.stores.map(\.store) ?? [] {
             let reply = try client.call(.snapshot(requestID: 1, store: try StoreName(name)))
             guard case let .snapshot(_, snapshot) = reply else {
-                throw ValidationError("the daemon answered a SNAPSHOT of \(name) with \(reply)")
+                throw CommandFailure("the daemon answered a SNAPSHOT of \(name) with \(reply)")
             }
             digests[name] = (snapshot.seq, snapshot.digest.hex)
         }
@@ -334,7 +334,7 @@ final class DemoRun {
         for (index, client) in clients.enumerated() {
             if let report = client.newestReport(waiting: .zero) { reports[index] = report }
             if !client.process.isRunning {
-                throw ValidationError("client \(index + 1) exited early; see client-\(index + 1).log")
+                throw CommandFailure("client \(index + 1) exited early; see client-\(index + 1).log")
             }
         }
     }

@@ -7,7 +7,7 @@ func executablesBesideThis(build: String) throws -> (lockstep: URL, lockstepd: U
     let lockstep = currentExecutable()
     let lockstepd = lockstep.deletingLastPathComponent().appendingPathComponent("lockstepd")
     guard FileManager.default.isExecutableFile(atPath: lockstepd.path) else {
-        throw ValidationError("no lockstepd next to this lockstep (\(lockstepd.path)); build both: \(build)")
+        throw CommandFailure("no lockstepd next to this lockstep (\(lockstepd.path)); build both: \(build)")
     }
     return (lockstep, lockstepd)
 }

@@ -104,7 +104,7 @@ struct BenchWorkerCommand: AsyncParsableCommand {
         print("ready")
         fflush(nil)
         for await line in standardInputLines() where line == "go" { return }
-        throw ValidationError("bench-worker: standard input ended before go")
+        throw CommandFailure("bench-worker: standard input ended before go")
     }
 
     /// Runs `operation` back to back for `--seconds`, timing each; failures are counted, not timed.
@@ -164,7 +164,7 @@ struct BenchWorkerCommand: AsyncParsableCommand {
         let frames = Self.dispatchRequest(number: 1, clientID: .random()).encode()
         func roundTrip() throws {
             guard try socket.send(frames), try socket.receive() != nil else {
-                throw ValidationError("no echo from \(endpoint) within 5 s")
+                throw CommandFailure("no echo from \(endpoint) within 5 s")
             }
         }
         try roundTrip()
@@ -216,7 +216,7 @@ struct BenchWorkerCommand: AsyncParsableCommand {
                     Self.dispatchRequest(number: number, clientID: clientID)
                 )
             else {
-                throw ValidationError("the daemon did not accept dispatch \(number)")
+                throw CommandFailure("the daemon did not accept dispatch \(number)")
             }
             if recordSeqs { sent.append(.init(seq: seq, at: at)) }
         }
@@ -251,7 +251,7 @@ struct BenchWorkerCommand: AsyncParsableCommand {
                 break
             }
         }
-        guard let target else { throw ValidationError("bench-worker: standard input ended before until") }
+        guard let target else { throw CommandFailure("bench-worker: standard input ended before until") }
         let deadline = ContinuousClock.now + .seconds(30)
         while replica.seq < target, ContinuousClock.now < deadline {
             try await Task.sleep(for: .milliseconds(2))
@@ -287,7 +287,7 @@ struct BenchWorkerCommand: AsyncParsableCommand {
         let arguments = [Array("XADD".utf8), Array("lockstep".utf8), [UInt8(ascii: "*")], Array("a".utf8), Self.action]
         func add() throws {
             guard case .bulk = try connection.call(arguments) else {
-                throw ValidationError("redis did not answer XADD with an id")
+                throw CommandFailure("redis did not answer XADD with an id")
             }
         }
         try add()

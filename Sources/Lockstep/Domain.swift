@@ -43,8 +43,13 @@ extension Domain {
     /// Whether a store written by domain version `version` can be taken over by this one: it is this version,
     /// or one of ``upgrades`` starts from it or from a version that can (each step to a higher version).
     public static func canTakeOver(version: UInt32) -> Bool {
-        version == Self.version
-            || upgrades.contains { $0.from.version < Self.version && $0.from.canTakeOver(version: version) }
+        version == Self.version || upgrade(from: version) != nil
+    }
+
+    /// The first of ``upgrades`` that leads from a store written by `version` to this one (each step to a higher
+    /// version), or `nil`.
+    public static func upgrade(from version: UInt32) -> DomainUpgrade<Self>? {
+        upgrades.first { $0.from.version < Self.version && $0.from.canTakeOver(version: version) }
     }
 
     /// The domain's validator and reducer as one composable value.

@@ -36,6 +36,11 @@ public protocol Journal: AnyObject, Sendable {
     /// seq when the journal cannot prove a state. It never returns a state it cannot prove.
     func recover<D: Domain>(_ domain: D.Type) throws(JournalError) -> RecoveredStore<D>
 
+    /// Throws, writing nothing, the ``JournalError/Code/domainVersionMismatch`` that ``recover(_:)`` would throw
+    /// for `domain`'s store: call it for every domain before recovering any, so that one store refused leaves
+    /// every other store as it was (none upgraded).
+    func checkTakeOver<D: Domain>(_ domain: D.Type) throws(JournalError)
+
     /// Writes the whole batch in one transaction and returns once it is durable.
     ///
     /// Each store in the batch must have been recovered, its events must continue its seqs without a gap,

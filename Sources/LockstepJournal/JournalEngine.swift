@@ -94,6 +94,10 @@ extension EngineJournal {
         try engine.recover(domain)
     }
 
+    public func checkTakeOver<D: Domain>(_ domain: D.Type) throws(JournalError) {
+        try engine.checkTakeOver(domain)
+    }
+
     public func commit(_ batch: JournalBatch) throws(JournalError) {
         try engine.commit(batch)
     }
@@ -255,23 +259,21 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
         )
     }
 
-    /// What recovery proved of one store.
-    private struct Proof<State> {
-        var state: State
-        var lastSeq: UInt64
-        var snapshotSeqs: [UInt64]
-        var replayed: Int
-        var bytes: Int
+    /// Checks, writing nothing, that `D` can take over its store: written by `D`'s version, or by an earlier one
+    /// that `D`'s upgrades lead from on a read-write journal. A daemon checks every store it hosts before it
+    /// recovers (and so perhaps upgrades) any, so that a refused start changes nothing.
+    func checkTakeOver<D: Domain>(_: D.Type) throws(JournalError) {
+        guard let record = try storage.storeRecord(named: D.name), record.domainVersion != D.version else { return }
+        _ = try takeOver(D.self, store: D.name, writtenBy: record.domainVersion)
     }
 
-    /// The store's state as domain `X`: proven by the version that wrote it (`writtenBy`) and migrated through
-    /// `X`'s upgrades when that is an earlier version; a refusal naming both versions when it cannot be.
-    private func prove<X: Domain>(
+    /// The upgrade by which `X` takes over a store written by `version` (another than `X.version`), or the refusal
+    /// that names the store, both versions and what to do.
+    private func takeOver<X: Domain>(
         _: X.Type,
         store name: String,
         writtenBy version: UInt32
-    ) throws(JournalError) -> Proof<X.State> {
-        if version == X.version { return try replay(X.self, store: name) }
+    ) throws(JournalError) -> DomainUpgrade<X> {
         let operation = "recover"
         guard version < X.version else {
             throw error(
@@ -282,11 +284,7 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
                     + "\(X.version); run a build of version \(version) or later (a domain never goes back a version)"
             )
         }
-        guard
-            let upgrade = X.upgrades.first(where: {
-                $0.from.version < X.version && $0.from.canTakeOver(version: version)
-            })
-        else {
+        guard let upgrade = X.upgrade(from: version) else {
             throw error(
                 .domainVersionMismatch,
                 operation,
@@ -308,6 +306,28 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
                     + "\(version)"
             )
         }
+        return upgrade
+    }
+
+    /// What recovery proved of one store.
+    private struct Proof<State> {
+        var state: State
+        var lastSeq: UInt64
+        var snapshotSeqs: [UInt64]
+        var replayed: Int
+        var bytes: Int
+    }
+
+    /// The store's state as domain `X`: proven by the version that wrote it (`writtenBy`) and migrated through
+    /// `X`'s upgrades when that is an earlier version; a refusal naming both versions when it cannot be.
+    private func prove<X: Domain>(
+        _: X.Type,
+        store name: String,
+        writtenBy version: UInt32
+    ) throws(JournalError) -> Proof<X.State> {
+        if version == X.version { return try replay(X.self, store: name) }
+        let operation = "recover"
+        let upgrade = try takeOver(X.self, store: name, writtenBy: version)
         func step<Old: Domain>(_: Old.Type) throws(JournalError) -> Proof<X.State> {
             let old = try prove(Old.self, store: name, writtenBy: version)
             guard let state = upgrade.migrate(old.state, from: Old.self) else {

@@ -185,6 +185,18 @@ private struct LoopState {
 
     /// The stores as the journal proves them, with the idempotency entries that answer retries.
     static func recover(_ domains: [HostedDomain], journal: any Journal, logger: Logger) throws -> Sequencer {
+        // Every store's version first: a store that cannot be taken over refuses the start before any other
+        // store is upgraded, so the journal stays readable by the build that wrote it.
+        for domain in domains {
+            do {
+                try domain.checkTakeOver(journal)
+            } catch {
+                throw ServerError(
+                    code: .journal,
+                    "cannot recover store '\(domain.name)' from \(journal.location): \(error)"
+                )
+            }
+        }
         var stores: [any SequencedStore] = []
         for domain in domains {
             do {

@@ -7,10 +7,13 @@ public struct HostedDomain: Sendable {
     public let name: String
     /// The store the journal proves, and the domain version it was upgraded from, if it was.
     let recover: @Sendable (any Journal) throws -> (store: any SequencedStore, upgradedFrom: UInt32?)
+    /// Throws what `recover` would for the store's domain version, writing nothing.
+    let checkTakeOver: @Sendable (any Journal) throws -> Void
 
     /// Hosts domain `D`.
     public init<D: Domain>(_ domain: D.Type) {
         name = D.name
+        checkTakeOver = { journal in try journal.checkTakeOver(domain) }
         recover = { journal in
             let recovered = try journal.recover(domain)
             let store = try DomainStore(

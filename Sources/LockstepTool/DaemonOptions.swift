@@ -20,9 +20,11 @@ struct DaemonOptions: ParsableArguments {
         guard (0...100).contains(retries) else { throw ValidationError("--retries must be 0...100") }
     }
 
-    /// A client for the daemon; it owns a socket, so one per command run.
+    /// A client for the daemon; it owns a socket, so one per command run. An `ipc://` endpoint with no socket
+    /// file exits 69 at once: no daemon is there to wait for.
     func client() throws -> CommandClient {
-        CommandClient(
+        try requireSocket(commandEndpoint, flag: "--command-endpoint")
+        return CommandClient(
             context: try Context(),
             endpoint: commandEndpoint,
             timeout: .milliseconds(timeoutMs),
@@ -60,6 +62,23 @@ func unexpected(_ reply: Reply, to request: String) -> ExitCode {
     }
     printError("\(Tool.commandName): unexpected reply to \(request): \(reply)")
     return .failure
+}
+
+/// Exits 69 at once, saying so, when `endpoint` is an `ipc://` path with no daemon behind it: no file, or a socket
+/// file nobody listens on. Retrying would only wait.
+func requireSocket(_ endpoint: String, flag: String) throws {
+    let path = String(endpoint.dropFirst("ipc://".count))
+    let problem: String
+    switch IPCProbe.probe(endpoint) {
+    case .listening, .unknown: return
+    case .missing: problem = "\(path) does not exist"
+    case .stale: problem = "nothing listens on \(path) (a socket file left by a daemon that stopped)"
+    }
+    printError(
+        "\(Tool.commandName): no daemon at \(endpoint): \(problem); start the daemon (the default endpoint is "
+            + "relative to the folder it runs in) or give its endpoint with \(flag)"
+    )
+    throw ExitCodes.unavailable
 }
 
 /// A store name from the command line, or a usage error saying what is wrong with it.

@@ -38,6 +38,18 @@ struct DispatchCommand: ParsableCommand {
 
     func run() throws {
         let name = try storeName(store)
+        // What can be checked here is checked before anything is sent: the daemon would refuse it anyway.
+        for (index, text) in actions.enumerated() {
+            do {
+                _ = try JSONSerialization.jsonObject(with: Data(text.utf8))
+            } catch {
+                printError(
+                    "\(Tool.commandName): action \(index + 1) is not JSON (\(error.localizedDescription)); it was "
+                        + "\(text); write it as the store's JSON, e.g. '{\"add\":{\"text\":\"Eat food\"}}'"
+                )
+                throw ExitCodes.badInput
+            }
+        }
         let client = try daemon.client()
         let version = try domainVersion(of: name, client)
         let clientID = ClientID.random()

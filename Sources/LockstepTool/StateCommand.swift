@@ -82,6 +82,7 @@ struct TailCommand: ParsableCommand {
         try socket.set(.receiveTimeout, Int32(clamping: silenceMs))
         try socket.set(.receiveHighWaterMark, 0)
         try socket.subscribe(Event.topic(for: name))
+        try requireSocket(eventsEndpoint, flag: "--events-endpoint")
         try socket.connect(eventsEndpoint)
         var printed = 0
         while count.map({ printed < $0 }) ?? true {

@@ -37,6 +37,22 @@ final class DaemonProcess {
     }
 
     var command: String { "ipc://\(directory)/.lockstep/run/command" }
+
+    /// Waits (at most 30 s) until the daemon answers `lockstep stats`; records an issue if it exits or never does.
+    func waitUntilServing() async throws {
+        let deadline = ContinuousClock.now + .seconds(30)
+        while ContinuousClock.now < deadline {
+            if try runProduct("lockstep", ["stats", "--command-endpoint", command, "--retries", "0"]).status == 0 {
+                return
+            }
+            guard process.isRunning else {
+                Issue.record("the daemon exited before it answered: \(output)")
+                return
+            }
+            try await Task.sleep(for: .milliseconds(20))
+        }
+        Issue.record("the daemon did not answer within 30 s: \(output)")
+    }
     var events: String { "ipc://\(directory)/.lockstep/run/events" }
     var output: String { (try? String(contentsOf: log, encoding: .utf8)) ?? "" }
 
@@ -315,6 +331,7 @@ struct ClientTimeout: Error {}
         let directory = try temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let daemon = try DaemonProcess(directory: directory, arguments: ["--domain", "todos"])
+        try await daemon.waitUntilServing()
         func run(_ arguments: [String]) throws -> (status: Int32, output: String) {
             let result = try runProduct("lockstep", arguments, timeout: .seconds(30))
             return (result.status, result.standardOutput)

@@ -9,8 +9,20 @@ import Testing
 /// turn on one data directory: the next version upgrades the journal the one before wrote, or refuses to start
 /// and changes nothing; replicas of the old version are refused.
 @Suite struct DomainUpgradeProcessTests {
-    func shelfDaemon(_ version: String, in directory: String) throws -> DaemonProcess {
-        try DaemonProcess(directory: directory, environment: ["SHELF_VERSION": version], executable: "shelf-daemon")
+    func shelfDaemon(_ version: String, tally: String = "1", in directory: String) throws -> DaemonProcess {
+        try DaemonProcess(
+            directory: directory,
+            environment: ["SHELF_VERSION": version, "TALLY_VERSION": tally],
+            executable: "shelf-daemon"
+        )
+    }
+
+    /// Waits (at most 30 s) for a daemon that must refuse to start, and returns its exit status.
+    func refusal(_ daemon: DaemonProcess) async throws -> Int32? {
+        let deadline = ContinuousClock.now + .seconds(30)
+        while daemon.process.isRunning, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+        #expect(!daemon.process.isRunning)
+        return daemon.terminate()
     }
 
     /// `lockstep ARGUMENTS` against `daemon`, which must succeed; its standard output.
@@ -20,27 +32,13 @@ import Testing
         return result.standardOutput
     }
 
-    /// Waits (bounded) until `daemon` answers `lockstep stats`.
-    func waitUntilServing(_ daemon: DaemonProcess) throws {
-        let deadline = ContinuousClock.now + .seconds(30)
-        while ContinuousClock.now < deadline {
-            if try runProduct("lockstep", ["stats", "--command-endpoint", daemon.command, "--retries", "0"]).status == 0
-            {
-                return
-            }
-            #expect(daemon.process.isRunning, "the daemon exited: \(daemon.output)")
-            if !daemon.process.isRunning { return }
-        }
-        Issue.record("the daemon did not answer within 30 s: \(daemon.output)")
-    }
-
     @Test func theNextVersionUpgradesTheJournalAndOldReplicasAreRefused() async throws {
         let directory = try TestSupport.temporaryDirectory("upgrade").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let data = URL(fileURLWithPath: directory).appendingPathComponent(".lockstep/data").path
 
         let first = try shelfDaemon("1", in: directory)
-        try waitUntilServing(first)
+        try await first.waitUntilServing()
         for name in ["pens", "ink", "paper"] {
             _ = try lockstep(["dispatch", "shelf", #"{"add":{"name":"\#(name)"}}"#], first)
         }
@@ -49,24 +47,30 @@ import Testing
 
         // Version 2 without an upgrade: refuses to start, names the store and both versions, changes nothing.
         let refused = try shelfDaemon("2-without-upgrade", in: directory)
-        let deadline = ContinuousClock.now + .seconds(30)
-        while refused.process.isRunning, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
-        #expect(!refused.process.isRunning)
-        #expect(refused.terminate() == 1)
+        #expect(try await refusal(refused) == 1)
         #expect(refused.output.contains("written by shelf domain version 1"), "\(refused.output)")
         #expect(refused.output.contains("this build has version 2"), "\(refused.output)")
         #expect(try runProduct("lockstep", ["journal", "stats", data, "--json"]).standardOutput == journalBefore)
 
+        // Shelf version 2 could upgrade, but the tally beside it cannot: the start is refused before shelf is
+        // upgraded, so the version 1 daemon could still run on the journal.
+        let half = try shelfDaemon("2", tally: "2-without-upgrade", in: directory)
+        #expect(try await refusal(half) == 1)
+        #expect(half.output.contains("cannot recover store 'tally'"), "\(half.output)")
+        #expect(try runProduct("lockstep", ["journal", "stats", data, "--json"]).standardOutput == journalBefore)
+
         // Version 2: upgrades by its rule, logs it, serves the migrated state and goes on from seq 3.
         let second = try shelfDaemon("2", in: directory)
-        try waitUntilServing(second)
+        try await second.waitUntilServing()
         #expect(second.output.contains("upgraded store to a new domain version"), "\(second.output)")
         let state = try lockstep(["state", "shelf", "--json"], second)
         #expect(
             state.contains(#""items":[{"count":1,"name":"pens"},{"count":1,"name":"ink"},{"count":1,"name":"paper"}]"#),
             "\(state)"
         )
-        #expect(try lockstep(["dispatch", "shelf", #"{"setCount":{"name":"ink","count":4}}"#], second).contains("4"))
+        #expect(
+            try lockstep(["dispatch", "shelf", #"{"setCount":{"name":"ink","count":4}}"#], second) == "shelf: seq 4\n"
+        )
 
         // A replica built with version 1 never takes version 2's state: it cannot decode the snapshot, says so
         // (a divergence, logged and counted), and its dispatches get the daemon's version refusal.

@@ -75,4 +75,17 @@ import Testing
         #expect(bad.status == 78)
         #expect(bad.standardError.contains("--journal: must be sqlite or memory, got 'paper'"))
     }
+
+    @Test func whatCanBeCheckedHereIsCheckedBeforeAnythingIsSent() throws {
+        let directory = try temporaryDirectory("fail-fast")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let endpoint = "ipc://\(directory.path)/command"
+        let absent = try runProduct("lockstep", ["stats", "--command-endpoint", endpoint])
+        #expect(absent.status == 69)
+        #expect(absent.standardError.contains("no daemon at \(endpoint): \(directory.path)/command does not exist"))
+
+        let notJSON = try runProduct("lockstep", ["dispatch", "todos", #"{"add":"#, "--command-endpoint", endpoint])
+        #expect(notJSON.status == 65)
+        #expect(notJSON.standardError.contains(#"action 1 is not JSON"#), "\(notJSON.standardError)")
+    }
 }

@@ -99,3 +99,34 @@ public enum ShelfV3: Domain {
         state.entries = old.items
     }
 }
+
+/// A second store beside `shelf`, version 1: a number that only grows.
+public enum TallyV1: Domain {
+    public struct State: Codable, Equatable, Sendable {
+        public var total = 0
+        public init(total: Int = 0) { self.total = total }
+    }
+
+    public enum Action: Codable, Equatable, Sendable {
+        case add(amount: Int)
+    }
+
+    public static let name = "tally"
+    public static let version: UInt32 = 1
+    public static var initialState: State { State() }
+
+    public static func reduce(into state: inout State, _ action: Action) {
+        if case let .add(amount) = action { state.total += amount }
+    }
+}
+
+/// `tally` version 2, with no upgrade from version 1: a daemon hosting it and `ShelfV2` must refuse a version 1
+/// journal before it upgrades `shelf`.
+public enum TallyV2WithoutUpgrade: Domain {
+    public typealias State = TallyV1.State
+    public typealias Action = TallyV1.Action
+    public static let name = "tally"
+    public static let version: UInt32 = 2
+    public static var initialState: State { State() }
+    public static func reduce(into state: inout State, _ action: Action) { TallyV1.reduce(into: &state, action) }
+}

@@ -289,6 +289,9 @@ public struct JournalDomainVersion: Hashable, Sendable, Codable {
     /// snapshot for a later one.
     public var sinceSeq: UInt64
 
+    /// "version 2 from seq 1500", for messages and listings.
+    public var summary: String { "version \(version) from seq \(sinceSeq)" }
+
     /// A version in a history.
     public init(store: String, version: UInt32, sinceSeq: UInt64) {
         self.store = store

@@ -207,6 +207,9 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
         }
         let writtenBy = record.domainVersion
         var proof = try prove(D.self, store: name, writtenBy: writtenBy)
+        // A store with no event has nothing to migrate: it starts from this version's initial state, which is
+        // also what a restart and every replica start from.
+        if proof.lastSeq == 0 { proof.state = D.initialState }
         if writtenBy != D.version {
             // Journal the migrated state as this version's snapshot at the same seq, and drop what only the older
             // version can read: its events up to that seq and its older snapshots.
@@ -572,16 +575,27 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
         }
         let versions = try storage.versionHistory(store: name)
         let since = versions.last?.sinceSeq ?? 0
-        guard record.domainVersion == D.version, seq >= since else {
-            let writer = versions.last { $0.sinceSeq <= seq }?.version ?? record.domainVersion
-            let history = versions.map { "version \($0.version) from seq \($0.sinceSeq)" }.joined(separator: ", ")
+        let history = versions.map(\.summary).joined(separator: ", ")
+        guard record.domainVersion == D.version else {
             throw error(
                 .domainVersionMismatch,
                 operation,
                 store: name,
                 seq: seq,
-                "seq \(seq) of '\(name)' was written by domain version \(writer) and this build has version "
-                    + "\(D.version) (the store's history: \(history)); read it with a build of version \(writer)"
+                "'\(name)' is now written by domain version \(record.domainVersion) and this build has version "
+                    + "\(D.version) (the store's history: \(history)); read it with a build of version "
+                    + "\(record.domainVersion)"
+            )
+        }
+        guard seq >= since else {
+            throw error(
+                .domainVersionMismatch,
+                operation,
+                store: name,
+                seq: seq,
+                "seq \(seq) of '\(name)' comes before its upgrade to version \(D.version) at seq \(since) (the "
+                    + "store's history: \(history)), and the upgrade removed the older history: the oldest state "
+                    + "kept is at seq \(since); only a copy of the data directory from before the upgrade has it"
             )
         }
         let summary = try storage.eventSummary(store: name)
@@ -617,7 +631,7 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
                 store: name,
                 seq: proof.lastSeq + 1,
                 "seq \(proof.lastSeq + 1) is missing, so the state at seq \(seq) cannot be proven; run "
-                    + "'lockstep journal verify'"
+                    + "'journal verify'"
             )
         }
         return proof.state

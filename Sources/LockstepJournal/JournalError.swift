@@ -25,6 +25,7 @@ public struct JournalError: Error, Hashable, Sendable, CustomStringConvertible {
             case digestMismatch = "digest_mismatch"
             case undecodableState = "undecodable_state"
             case undecodableAction = "undecodable_action"
+            case inUse = "in_use"
         }
 
         private let base: Base
@@ -44,6 +45,8 @@ public struct JournalError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let notFound = Code(.notFound)
         /// The file is an SQLite database, but not a Lockstep journal.
         public static let notAJournal = Code(.notAJournal)
+        /// Another process (or another journal in this one) has the journal open for writing.
+        public static let inUse = Code(.inUse)
         /// The journal was written in a format this build does not read.
         public static let formatVersionMismatch = Code(.formatVersionMismatch)
         /// The store was written by another version of its domain.

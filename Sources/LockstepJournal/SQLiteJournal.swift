@@ -74,6 +74,8 @@ final class SQLiteStorage: JournalStorage {
     let location: String
     let isReadOnly: Bool
     let queue: DatabaseQueue
+    /// Held while open read-write: one writer per data directory.
+    let writerLock: WriterLock?
     /// The format of the file as opened: ``SQLiteJournal/formatVersion`` once opened read-write.
     let formatVersion: Int
 
@@ -167,8 +169,10 @@ final class SQLiteStorage: JournalStorage {
             guard FileManager.default.fileExists(atPath: path) else {
                 throw fail(.notFound, "there is no journal file; check the data directory (\(directory))")
             }
+            writerLock = nil
         } else {
             try Self.makeDirectory(directory, path: path)
+            writerLock = try WriterLock(directory: directory, journal: path)
             created = try Self.createFile(path)
             if !created {
                 for file in [path, path + "-wal", path + "-shm"] { try Self.restrictMode(file, journal: path) }
@@ -272,7 +276,7 @@ final class SQLiteStorage: JournalStorage {
 
     // MARK: Files
 
-    private static func ioError(_ journal: String, _ operation: String, _ message: String) -> JournalError {
+    static func ioError(_ journal: String, _ operation: String, _ message: String) -> JournalError {
         let code: JournalError.Code =
             errno == EROFS || errno == EACCES || errno == EPERM
             ? .readOnly
@@ -707,9 +711,11 @@ final class SQLiteStorage: JournalStorage {
         }
         for snapshot in plan.batch.snapshots {
             let insert = try db.cachedStatement(
-                // OR REPLACE: an upgrade's snapshot replaces the older version's at the same seq; otherwise the
-                // engine only lets a snapshot past the newest through.
-                sql: "INSERT OR REPLACE INTO snapshots (store, seq, state, digest) VALUES (?, ?, ?, ?)"
+                // OR REPLACE only for an upgrade, whose snapshot replaces the older version's at the same seq; any
+                // other snapshot must be new, and the UNIQUE constraint says so if it is not.
+                sql: plan.upgrades.isEmpty
+                    ? "INSERT INTO snapshots (store, seq, state, digest) VALUES (?, ?, ?, ?)"
+                    : "INSERT OR REPLACE INTO snapshots (store, seq, state, digest) VALUES (?, ?, ?, ?)"
             )
             try Self.step(insert, in: db) { handle in
                 Self.bind(snapshot.store, to: handle, at: 1)
@@ -858,7 +864,52 @@ final class SQLiteStorage: JournalStorage {
 
     func close() throws(JournalError) {
         try run("close") { try queue.close() }
+        writerLock?.release()
     }
+}
+
+/// The one writer of a data directory: an exclusive `flock` on `journal.lock` beside the journal, held from open
+/// to close. Two daemons on one directory would interleave commits — and since a daemon may upgrade a store at
+/// start, one could rewrite history under the other. The kernel releases it when the process dies, kill -9
+/// included, so a crash never leaves the directory locked.
+final class WriterLock: Sendable {
+    static let fileName = "journal.lock"
+    private let descriptor = LockedValue<Int32>(-1)
+
+    /// Takes the lock on `directory`, or throws ``JournalError/Code/inUse`` at once when another holds it.
+    init(directory: String, journal: String) throws(JournalError) {
+        let path = URL(fileURLWithPath: directory).appendingPathComponent(Self.fileName).path
+        var fd: Int32
+        repeat { fd = open(path, O_CREAT | O_RDWR | O_CLOEXEC, 0o600) } while fd < 0 && errno == EINTR
+        guard fd >= 0 else { throw SQLiteStorage.ioError(journal, "open", "cannot open the lock file \(path)") }
+        var result: Int32
+        repeat { result = flock(fd, LOCK_EX | LOCK_NB) } while result != 0 && errno == EINTR
+        guard result == 0 else {
+            let busy = errno == EWOULDBLOCK
+            closeDescriptor(fd)
+            guard busy else { throw SQLiteStorage.ioError(journal, "open", "cannot lock \(path)") }
+            throw JournalError(
+                code: .inUse,
+                file: journal,
+                operation: "open",
+                message: "another process has this journal open for writing (\(path) is locked): one daemon per data "
+                    + "directory; stop the other one, or open the journal read-only (journal verify, dump, stats "
+                    + "and state do)"
+            )
+        }
+        descriptor.withLockedValue { $0 = fd }
+    }
+
+    /// Lets the next writer in; harmless twice.
+    func release() {
+        let fd = descriptor.withLockedValue { fd in
+            defer { fd = -1 }
+            return fd
+        }
+        if fd >= 0 { closeDescriptor(fd) }
+    }
+
+    deinit { release() }
 }
 
 /// `close(2)`, out of reach of `SQLiteStorage.close()`'s name.

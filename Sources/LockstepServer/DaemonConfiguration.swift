@@ -147,7 +147,7 @@ public struct DaemonConfiguration: Hashable, Sendable {
                 throw ConfigurationError(
                     file: nil,
                     key: key,
-                    "'\(endpoint)' is not an endpoint lockstepd serves; use ipc://PATH or tcp://HOST:PORT"
+                    "'\(endpoint)' is not an endpoint the daemon serves; use ipc://PATH or tcp://HOST:PORT"
                 )
             }
             if transport == "tcp", curve == nil {

@@ -26,6 +26,8 @@ public enum LockstepDaemonMain {
     ///   - domains: every domain the executable links; their names must differ.
     ///   - commandName: the name `--help` shows; the executable's file name when `nil`.
     public static func run(domains: [any Domain.Type], commandName: String? = nil) async -> Never {
+        let names = domains.map { $0.name }
+        precondition(Set(names).count == names.count, "two domains share a name: \(names)")
         DaemonCommand.hosting.withLockedValue {
             $0 = DaemonCommand.Hosting(
                 domains: domains.map { HostedDomain($0) },

@@ -103,7 +103,13 @@ struct JournalVerifyCommand: ParsableCommand {
             problems = [JournalProblem(code: error.code, store: error.store, seq: error.seq, message: error.message)]
         }
         for store in stores where !problems.contains(where: { $0.store == store.name }) {
-            guard let domain = Tool.domain(named: store.name), domain.version == store.domainVersion else {
+            guard let domain = Tool.domain(named: store.name) else { continue }
+            guard domain.version == store.domainVersion else {
+                printError(
+                    "\(Tool.commandName) journal verify: store '\(store.name)' was written by domain version "
+                        + "\(store.domainVersion) and this tool has version \(domain.version): its checksums, seqs and "
+                        + "digests were checked, its actions were not replayed"
+                )
                 continue
             }
             do {
@@ -259,8 +265,7 @@ struct JournalStatsCommand: ParsableCommand {
             )
         }
         for store in stats.stores where store.versions.count > 1 {
-            let history = store.versions.map { "version \($0.version) from seq \($0.sinceSeq)" }
-            print("\(store.name): upgraded; \(history.joined(separator: ", "))")
+            print("\(store.name): upgraded; \(store.versions.map(\.summary).joined(separator: ", "))")
         }
     }
 }

@@ -157,7 +157,9 @@ struct ReplayCommand: ParsableCommand {
             printError(
                 "\(Tool.commandName): store '\(D.name)' in \(journal.location) was written by domain version "
                     + "\(info.domainVersion) and this tool has version \(D.version); replay it with a build of version "
-                    + "\(info.domainVersion), or upgrade a copy by starting the version \(D.version) daemon on it"
+                    + "\(info.domainVersion)"
+                    + (D.canTakeOver(version: info.domainVersion)
+                        ? ", or upgrade a copy by starting the version \(D.version) daemon on it" : "")
             )
             throw ExitCode.failure
         }
@@ -167,7 +169,7 @@ struct ReplayCommand: ParsableCommand {
             guard let snapshot = try journal.snapshot(store: D.name, seq: startSeq) else {
                 printError(
                     "\(Tool.commandName): store '\(D.name)' keeps events from seq \(startSeq + 1) but no snapshot at seq "
-                        + "\(startSeq) to start from; run 'lockstep journal verify \(journal.location)'"
+                        + "\(startSeq) to start from; run '\(Tool.commandName) journal verify \(journal.location)'"
                 )
                 throw ExitCode.failure
             }

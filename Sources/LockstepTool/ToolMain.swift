@@ -13,7 +13,7 @@ import Lockstep
 ///
 /// The commands that need the reducers — `run`, `replay` (and the `replay-child` it starts), `journal state`,
 /// and the recovery check of `journal verify` — work on the domains given; those that speak only the wire or the
-/// journal's format — `dispatch`, `state`, `tail`, `stats`, `keygen`, `journal verify|dump|stats|events` — work
+/// journal's format — `dispatch`, `state`, `tail`, `stats`, `keygen`, `journal verify|dump|stats` — work
 /// against any daemon or journal, whatever it hosts. `lockstep` is this call with the example domains (and its
 /// demo and bench).
 public enum LockstepToolMain {

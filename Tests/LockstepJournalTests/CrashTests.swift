@@ -2,9 +2,9 @@ import Foundation
 import Lockstep
 import LockstepExamples
 import LockstepJournal
-import Testing
 import LockstepTesting
 import TestSupport
+import Testing
 
 /// A `lockstep journal append-load` child, killed with SIGKILL in the middle of its stream of group
 /// commits, again and again on the same journal: no batch it acknowledged is lost, no batch is kept in
@@ -76,7 +76,10 @@ import TestSupport
             let lastBatchSeqs = Array((recovered.lastSeq - Self.batchSize + 1)...recovered.lastSeq)
             #expect(lastBatchSeqs.filter { !kept.contains($0) } == [], "round \(round): idempotency entries missing")
             let lastRange = try journal.events(
-                store: Counter.name, from: lastBatchSeqs[0], to: recovered.lastSeq, limit: 1_000
+                store: Counter.name,
+                from: lastBatchSeqs[0],
+                to: recovered.lastSeq,
+                limit: 1_000
             )
             switch lastRange {
             case let .events(lastBatch):

@@ -12,8 +12,8 @@ import Testing
 
     /// A journal with the 12 adds of ``names`` written by version 1 in commits of 4, a snapshot due every 5 events
     /// (so at 8 and 12; the first compacts events 1…8 away).
-    func versionOneJournal(_ kind: JournalKind) throws -> (JournalFixture, ShelfV1.State) {
-        let fixture = try JournalFixture(kind, policy: JournalPolicy(snapshotEveryEvents: 5))
+    func versionOneJournal(_ kind: JournalKind, snapshotEvery: Int = 5) throws -> (JournalFixture, ShelfV1.State) {
+        let fixture = try JournalFixture(kind, policy: JournalPolicy(snapshotEveryEvents: snapshotEvery))
         let journal = try fixture.open()
         var state = try journal.recover(ShelfV1.self).state
         for (offset, chunk) in stride(from: 0, to: 12, by: 4).map({ ($0, Self.names[$0..<$0 + 4]) }) {
@@ -81,8 +81,43 @@ import Testing
         #expect(try reopened.state(of: ShelfV2.self, at: 12) == recovered.state)
         let refused = journalError { _ = try reopened.state(of: ShelfV2.self, at: 11) }
         #expect(refused?.code == .domainVersionMismatch)
-        #expect(refused?.message.contains("written by domain version 1") == true)
+        #expect(refused?.message.contains("comes before its upgrade to version 2 at seq 12") == true)
+        let older = journalError { _ = try reopened.state(of: ShelfV1.self, at: 12) }
+        #expect(older?.message.contains("'shelf' is now written by domain version 2") == true)
         try reopened.close()
+    }
+
+    @Test(arguments: JournalKind.allCases)
+    func anUpgradeAtAVersionOneSnapshotReplacesIt(_ kind: JournalKind) throws {
+        // A snapshot every 4 events in commits of 4: version 1's newest snapshot is at the last seq, 12.
+        let (fixture, old) = try versionOneJournal(kind, snapshotEvery: 4)
+        var journal = try fixture.open()
+        #expect(try journal.stats().stores.first?.snapshotSeqs == [8, 12])
+        let upgraded = try journal.recover(ShelfV2.self)
+        #expect(upgraded.upgradedFrom == 1)
+        #expect(upgraded.state.items.map(\.name) == old.items)
+        #expect(try journal.stats().stores.first?.snapshotSeqs == [12])
+        let snapshot = try #require(try journal.snapshot(store: "shelf", seq: 12))
+        #expect(try JSONDecoder().decode(ShelfV2.State.self, from: Data(snapshot.state)) == upgraded.state)
+        try journal.close()
+        journal = try fixture.open()
+        #expect(try journal.recover(ShelfV2.self).state == upgraded.state)
+        #expect(try journal.verify().isEmpty)
+        try journal.close()
+    }
+
+    @Test(arguments: JournalKind.allCases)
+    func anEmptyStoreStartsFromTheNewVersionsInitialState(_ kind: JournalKind) throws {
+        let fixture = try JournalFixture(kind)
+        var journal = try fixture.open()
+        _ = try journal.recover(ShelfV1.self)
+        try journal.close()
+        journal = try fixture.open()
+        let upgraded = try journal.recover(ShelfV2.self)
+        #expect(upgraded.upgradedFrom == 1)
+        #expect(upgraded.state == ShelfV2.initialState)
+        #expect(try journal.stats().stores.first?.versions.map(\.sinceSeq) == [0, 0])
+        try journal.close()
     }
 
     @Test(arguments: JournalKind.allCases)

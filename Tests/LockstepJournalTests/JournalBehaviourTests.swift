@@ -263,7 +263,9 @@ import Testing
         try reopened.commit(JournalBatch(idempotency: [replacement]))
         #expect(try reopened.idempotencyRecords() == [replacement, rejected, fifth])
         let sixth = IdempotencyRecord(
-            key: IdempotencyKey(clientID: clientB, requestNumber: 11), fingerprint: [11], reply: [2]
+            key: IdempotencyKey(clientID: clientB, requestNumber: 11),
+            fingerprint: [11],
+            reply: [2]
         )
         try reopened.commit(JournalBatch(idempotency: [sixth]))
         #expect(try reopened.idempotencyRecords() == [rejected, fifth, sixth])

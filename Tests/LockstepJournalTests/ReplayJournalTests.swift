@@ -3,9 +3,9 @@ import GRDB
 import Lockstep
 import LockstepExamples
 import LockstepJournal
-import Testing
 import LockstepTesting
 import TestSupport
+import Testing
 
 /// `lockstep replay --journal DIR` against a real journal: clean, and with a snapshot the reducers do not
 /// reproduce (what a changed reducer looks like from the journal's side).

@@ -132,6 +132,23 @@ import Glibc
         #expect(try schema()?.contains("UNIQUE (request_number, client_id)") == true)
     }
 
+    @Test func oneWriterPerDataDirectory() throws {
+        let fixture = try journal(withIncrements: 2)
+        let writer = try fixture.open()
+        let second = journalError { _ = try SQLiteJournal(directory: fixture.dataDirectory) }
+        #expect(second?.code == .inUse)
+        #expect(second?.message.contains("one daemon per data directory") == true, "\(second?.message ?? "")")
+        // Readers are welcome beside the writer.
+        let reader = try SQLiteJournal(directory: fixture.dataDirectory, readOnly: true)
+        #expect(try reader.stats().stores.first?.lastSeq == 2)
+        try reader.close()
+        try writer.close()
+        // Closed, the directory takes the next writer.
+        let next = try SQLiteJournal(directory: fixture.dataDirectory)
+        #expect(try next.recover(Counter.self).lastSeq == 2)
+        try next.close()
+    }
+
     @Test func anotherDatabaseIsNotAJournal() throws {
         let directory = try temporaryDirectory("not-a-journal")
         defer { try? FileManager.default.removeItem(at: directory) }

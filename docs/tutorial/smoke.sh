@@ -43,6 +43,10 @@ wait_for_exit() {
     done
     exit_status=0
     wait "$pid" || exit_status=$?
+    # Reaped: its PID may be reused, so the cleanup must not signal it any more.
+    local kept=() other
+    for other in ${pids[@]+"${pids[@]}"}; do [[ $other == "$pid" ]] || kept+=("$other"); done
+    pids=(${kept[@]+"${kept[@]}"})
 }
 
 # The value of "key" (a hex string or a number) in the first line of JSON or key=value text that has it.

@@ -73,15 +73,26 @@ public struct ReplicaSync: Sendable {
         public var requestTimeout: Duration
         /// Events kept while joining or repairing; past it, the oldest are dropped and fetched by range later.
         public var maximumBufferedEvents: Int
+        /// After a divergence that follows another within twice ``maximumDivergenceBackoff``, the snapshot is
+        /// asked for only after this long, doubling with each such divergence up to the maximum: a replica that
+        /// cannot take the daemon's state (another version of the domain, say) asks a few times a second at
+        /// most, not in a tight loop. The first divergence resyncs at once.
+        public var divergenceBackoff: Duration
+        /// The longest wait between divergences in a row.
+        public var maximumDivergenceBackoff: Duration
 
         public init(
             silenceLimit: Duration = .seconds(3),
             requestTimeout: Duration = .seconds(2),
-            maximumBufferedEvents: Int = 100_000
+            maximumBufferedEvents: Int = 100_000,
+            divergenceBackoff: Duration = .milliseconds(100),
+            maximumDivergenceBackoff: Duration = .seconds(5)
         ) {
             self.silenceLimit = silenceLimit
             self.requestTimeout = requestTimeout
             self.maximumBufferedEvents = maximumBufferedEvents
+            self.divergenceBackoff = divergenceBackoff
+            self.maximumDivergenceBackoff = maximumDivergenceBackoff
         }
     }
 
@@ -110,6 +121,11 @@ public struct ReplicaSync: Sendable {
     private var requestedAt: ContinuousClock.Instant
     private var lastHeard: ContinuousClock.Instant
     private var pendingDigest: (seq: SequenceNumber, digest: StateDigest)?
+    /// Divergences in a row (each within twice the maximum backoff of the one before), and when the last was.
+    private var divergenceStreak = 0
+    private var lastDivergence: ContinuousClock.Instant?
+    /// A snapshot request put off after a divergence; ``tick(now:)`` sends it.
+    private var snapshotDueAt: ContinuousClock.Instant?
 
     /// A replica that has just subscribed; call ``start(now:)`` next.
     public init(settings: Settings = Settings(), now: ContinuousClock.Instant) {
@@ -262,7 +278,19 @@ public struct ReplicaSync: Sendable {
     /// The owner found its state's digest differs from the daemon's at `seq` (or a snapshot's bytes do not
     /// match its digest): report it and start over.
     public mutating func digestMismatch(at seq: SequenceNumber, now: ContinuousClock.Instant) -> [Output] {
-        [.reportDivergence(seq: seq)] + resync(.divergence(seq: seq), now: now)
+        if let last = lastDivergence, now - last <= settings.maximumDivergenceBackoff * 2 {
+            divergenceStreak += 1
+        } else {
+            divergenceStreak = 1
+        }
+        lastDivergence = now
+        var delay = Duration.zero
+        if divergenceStreak > 1 {
+            delay = settings.divergenceBackoff
+            for _ in 2..<divergenceStreak where delay < settings.maximumDivergenceBackoff { delay *= 2 }
+            delay = min(delay, settings.maximumDivergenceBackoff)
+        }
+        return [.reportDivergence(seq: seq)] + resync(.divergence(seq: seq), now: now, delay: delay)
     }
 
     /// The owner itself was not running (the process was stopped or starved) until `now`: silence since then
@@ -274,6 +302,10 @@ public struct ReplicaSync: Sendable {
 
     /// Time passed: resend a request nobody answered, and start over if the daemon fell silent.
     public mutating func tick(now: ContinuousClock.Instant) -> [Output] {
+        if let due = snapshotDueAt {
+            guard now >= due else { return [] }
+            return request(.snapshot, now: now)
+        }
         let silence = now - lastHeard
         if silence > settings.silenceLimit, phase != .joining || epoch != nil {
             lastHeard = now
@@ -288,6 +320,7 @@ public struct ReplicaSync: Sendable {
     // MARK: - Internals
 
     private mutating func request(_ what: Awaiting, now: ContinuousClock.Instant) -> [Output] {
+        snapshotDueAt = nil
         awaiting = what
         requestedAt = now
         switch what {
@@ -299,7 +332,8 @@ public struct ReplicaSync: Sendable {
     private mutating func resync(
         _ reason: ResyncReason,
         now: ContinuousClock.Instant,
-        keeping event: (Epoch, SequenceNumber, Frame)? = nil
+        keeping event: (Epoch, SequenceNumber, Frame)? = nil,
+        delay: Duration = .zero
     ) -> [Output] {
         resyncCount += 1
         phase = .joining
@@ -311,7 +345,11 @@ public struct ReplicaSync: Sendable {
         buffer.removeAll()
         bufferEpoch = nil
         if let (eventEpoch, seq, action) = event { keep(epoch: eventEpoch, SequencedAction(seq: seq, action: action)) }
-        return [.resync(reason)] + request(.snapshot, now: now)
+        guard delay > .zero else { return [.resync(reason)] + request(.snapshot, now: now) }
+        awaiting = nil
+        snapshotDueAt = now + delay
+        lastHeard = now
+        return [.resync(reason)]
     }
 
     /// Keeps an event for later, in seq order, once; events of an older epoch than the newest kept are void.

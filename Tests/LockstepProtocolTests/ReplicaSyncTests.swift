@@ -181,6 +181,33 @@ import Testing
         #expect(sync.resyncCount == 1)
     }
 
+    @Test func divergencesInARowBackOffAndAQuietSpellStartsAfresh() {
+        var sync = live(at: 4)
+        let mismatch = { (sync: inout ReplicaSync, at: Int) in sync.digestMismatch(at: 4, now: self.at(at)) }
+        // The first resyncs at once.
+        #expect(mismatch(&sync, 0) == [.reportDivergence(seq: 4), .resync(.divergence(seq: 4)), .requestSnapshot])
+        // The second, soon after, asks for the snapshot only after 100 ms; nothing goes out before.
+        _ = sync.snapshot(epoch: epoch, seq: 4, digest: digest, state: [], now: at(10))
+        #expect(mismatch(&sync, 20) == [.reportDivergence(seq: 4), .resync(.divergence(seq: 4))])
+        #expect(sync.tick(now: at(90)) == [])
+        #expect(sync.tick(now: at(120)) == [.requestSnapshot])
+        // The third waits 200 ms, the fourth 400 ms: doubling, up to 5 s.
+        _ = sync.snapshot(epoch: epoch, seq: 4, digest: digest, state: [], now: at(130))
+        #expect(mismatch(&sync, 140) == [.reportDivergence(seq: 4), .resync(.divergence(seq: 4))])
+        #expect(sync.tick(now: at(300)) == [])
+        #expect(sync.tick(now: at(340)) == [.requestSnapshot])
+        _ = sync.snapshot(epoch: epoch, seq: 4, digest: digest, state: [], now: at(350))
+        #expect(mismatch(&sync, 360) == [.reportDivergence(seq: 4), .resync(.divergence(seq: 4))])
+        #expect(sync.tick(now: at(700)) == [])
+        #expect(sync.tick(now: at(760)) == [.requestSnapshot])
+        // Long after the last divergence, the next one resyncs at once again.
+        _ = sync.snapshot(epoch: newEpoch, seq: 9, digest: digest, state: [], now: at(800))
+        #expect(
+            sync.digestMismatch(at: 9, now: at(20_000))
+                == [.reportDivergence(seq: 9), .resync(.divergence(seq: 9)), .requestSnapshot]
+        )
+    }
+
     @Test func silenceStartsOverAndUnansweredRequestsAreSentAgain() {
         var sync = ReplicaSync(now: t0)
         _ = sync.start(now: t0)

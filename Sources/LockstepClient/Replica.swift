@@ -42,10 +42,14 @@ public final class Replica<D: Domain>: Service, Sendable {
         case apply(firstSeq: SequenceNumber, [D.Action])
     }
 
+    /// A replica of `domain`'s store, reaching the daemon as `configuration` says; not running until ``run()``.
+    ///
+    /// It logs through `logger` (by default the task-local `Logger.current`, so an application's `withLogger`
+    /// scope and its metadata apply), with the store's name as `store` metadata.
     public init(
         _ domain: D.Type = D.self,
         configuration: ReplicaConfiguration = ReplicaConfiguration(),
-        logger: Logger = Logger(label: "lockstep.replica")
+        logger: Logger = .current
     ) throws {
         store = try StoreName(D.name)
         self.configuration = configuration

@@ -3,6 +3,12 @@
 ///
 /// Anything else — dotted keys, inline tables, dates, floats, multi-line strings — is refused with the line
 /// and column, never guessed at.
+///
+/// Why not TOMLKit (0.6.0, the maintained package on hand): its manifest depends on karwa/swift-checkit, which
+/// the package mirrors here do not hold, so the package cannot resolve in CI (checked: `Package.swift` of the
+/// 0.6.0 tag names it for its tests, and SwiftPM resolves every dependency of a manifest). It would also bring
+/// toml++ in through a C++ target built with exceptions, for a file of a dozen keys. If the dependency resolves
+/// one day, `DaemonConfiguration.apply(_:file:)` is the only reader to move.
 public enum TOMLValue: Hashable, Sendable, CustomStringConvertible {
     case string(String)
     case integer(Int64)

@@ -44,27 +44,35 @@ public enum LockstepDaemonMain {
 
 /// The flags of `lockstepd` and of every daemon made with ``LockstepDaemonMain``.
 public struct DaemonFlags: ParsableArguments, Sendable {
+    /// `--config FILE`: a TOML file whose settings go over the defaults.
     @Option(help: "A TOML configuration file (see deploy/lockstepd.toml).")
     public var config: String?
 
+    /// `--data-dir DIR`.
     @Option(help: "The journal's directory.")
     public var dataDir: String?
 
+    /// `--command-endpoint`.
     @Option(help: "The command endpoint (ROUTER), e.g. ipc:///run/lockstep/command.")
     public var commandEndpoint: String?
 
+    /// `--events-endpoint`.
     @Option(help: "The events endpoint (PUB), e.g. ipc:///run/lockstep/events.")
     public var eventsEndpoint: String?
 
+    /// `--domain NAME`, repeatable: the domains to host; all linked in when none is named.
     @Option(name: .customLong("domain"), help: "A domain to host (repeatable); default: every domain linked in.")
     public var domains: [String] = []
 
+    /// `--durability fsync|relaxed`.
     @Option(help: "fsync (every action durable before its ack) or relaxed.")
     public var durability: String?
 
+    /// `--journal sqlite|memory`.
     @Option(help: "sqlite or memory.")
     public var journal: String?
 
+    /// `--log-level LEVEL`, one of swift-log's levels.
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
     public var logLevel: String = "info"
 

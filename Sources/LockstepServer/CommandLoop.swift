@@ -223,10 +223,24 @@ private struct LoopState {
             }
         }
         var sequencer = Sequencer(stores: stores, idempotencyCapacity: journal.policy.idempotencyEntriesKept)
-        try journal.forEachIdempotencyRecord { record in
+        // An entry that cannot be read is a request whose retry could be applied twice: refuse to start.
+        try journal.forEachIdempotencyRecord { (record: IdempotencyRecord) throws(JournalError) in
             guard let client = ClientID(bytes: record.key.clientID), let reply = ReplyRecord.decode(record.reply),
                 let fingerprint = StateDigest(bytes: record.fingerprint)
-            else { return }
+            else {
+                let client = record.key.clientID.map { String(format: "%02x", $0) }.joined()
+                throw JournalError(
+                    code: .corrupt,
+                    file: journal.location,
+                    operation: "recover",
+                    message: "the idempotency entry of client \(client) request \(record.key.requestNumber) is "
+                        + "unreadable (client id of \(record.key.clientID.count) bytes, fingerprint of "
+                        + "\(record.fingerprint.count), reply of \(record.reply.count)): a retry of that request "
+                        + "could be applied twice; restore the data directory from a backup, or, accepting that risk "
+                        + "for this one request, delete the entry: sqlite3 \(journal.location) \"DELETE FROM "
+                        + "idempotency WHERE client_id = x'\(client)' AND request_number = \(record.key.requestNumber)\""
+                )
+            }
             sequencer.remember(
                 IdempotencyCache.Key(client: client, requestNumber: record.key.requestNumber),
                 IdempotencyCache.Entry(fingerprint: fingerprint, reply: reply)

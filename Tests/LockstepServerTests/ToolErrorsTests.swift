@@ -89,3 +89,32 @@ import Testing
         #expect(notJSON.standardError.contains(#"action 1 is not JSON"#), "\(notJSON.standardError)")
     }
 }
+
+/// Recovery refuses what it cannot read rather than skip it.
+@Suite struct IdempotencyRecoveryTests {
+    @Test func anUnreadableIdempotencyEntryStopsTheDaemonWithTheEntryNamed() async throws {
+        let directory = try temporaryDirectory("idempotency-damaged")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let data = directory.appendingPathComponent(".lockstep/data").path
+        let journal = try SQLiteJournal(directory: data)
+        _ = try journal.recover(Counter.self)
+        let client = [UInt8](repeating: 0xAB, count: 16)
+        // A reply whose first frame claims 255 bytes and holds 2: no reply can be read back from it.
+        let damaged = IdempotencyRecord(
+            key: IdempotencyKey(clientID: client, requestNumber: 7),
+            fingerprint: [UInt8](repeating: 1, count: 32),
+            reply: [0, 0, 0, 255, 1, 2]
+        )
+        try journal.commit(JournalBatch(idempotency: [damaged]))
+        try journal.close()
+
+        let daemon = try DaemonProcess(directory: directory.path)
+        let deadline = ContinuousClock.now + .seconds(30)
+        while daemon.process.isRunning, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+        #expect(daemon.terminate() == 1)
+        let output = daemon.output
+        #expect(output.contains("the idempotency entry of client \(String(repeating: "ab", count: 16)) request 7"))
+        #expect(output.contains("could be applied twice"), "\(output)")
+        #expect(output.contains("DELETE FROM idempotency"), "\(output)")
+    }
+}

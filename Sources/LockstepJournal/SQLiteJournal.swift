@@ -882,8 +882,17 @@ final class WriterLock: Sendable {
         var fd: Int32
         repeat { fd = open(path, O_CREAT | O_RDWR | O_CLOEXEC, 0o600) } while fd < 0 && errno == EINTR
         guard fd >= 0 else { throw SQLiteStorage.ioError(journal, "open", "cannot open the lock file \(path)") }
+        // Tried for up to a second: a process that forks (to start a child) holds a copy of its descriptors, this
+        // lock's included, until the child execs, so a journal closed a moment ago may still look held.
         var result: Int32
-        repeat { result = flock(fd, LOCK_EX | LOCK_NB) } while result != 0 && errno == EINTR
+        let deadline = ContinuousClock.now + .seconds(1)
+        while true {
+            result = flock(fd, LOCK_EX | LOCK_NB)
+            if result == 0 { break }
+            if errno == EINTR { continue }
+            guard errno == EWOULDBLOCK, ContinuousClock.now < deadline else { break }
+            usleep(10_000)
+        }
         guard result == 0 else {
             let busy = errno == EWOULDBLOCK
             closeDescriptor(fd)

@@ -46,13 +46,28 @@ public enum Request: Hashable, Sendable {
     }
 
     /// Reads a request body, refusing anything docs/protocol.md does not allow, or anything over `limits`.
-    public static func decode(_ body: [Frame], limits: Limits = .default) throws(ProtocolError) -> Request {
+    ///
+    /// `droppedFrames` counts frames the receiver discarded unread beyond the ones in `body` (it keeps at most
+    /// `maximumBatch + 2`): such a request is `too_large`, but only after its header frame passed the checks that
+    /// come first in docs/protocol.md (magic, version, type), so a wrong magic is `malformed` at any size.
+    public static func decode(
+        _ body: [Frame],
+        droppedFrames: Int = 0,
+        limits: Limits = .default
+    ) throws(ProtocolError) -> Request {
         guard let first = body.first else {
             throw ProtocolError(code: .malformed, "request has 0 frames; expected at least 1 (header)")
         }
         let type = try Wire.messageType(of: first, frameIndex: 0, family: .request)
         var header = try Wire.headerReader(first, type: type, frameIndex: 0)
         let requestID = try header.read(UInt64.self, field: "request id")
+        guard droppedFrames == 0 else {
+            throw ProtocolError(
+                code: .tooLarge,
+                "\(type.fullName) has \(body.count + droppedFrames) frames; a request has at most "
+                    + "\(limits.maximumBatch + 2) (header, store name, \(limits.maximumBatch) actions)"
+            )
+        }
         switch type {
         case .dispatch:
             let domainVersion = try header.read(UInt32.self, field: "domain version")

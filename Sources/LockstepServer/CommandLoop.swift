@@ -371,18 +371,9 @@ private struct LoopState {
         pending.reserveCapacity(inbox.count)
         for message in inbox {
             let requestID = Request.requestID(in: message.body)
-            if message.dropped > 0 {
-                let error = ProtocolError(
-                    code: .tooLarge,
-                    "message has \(message.body.count + message.dropped) frames; a request has at most "
-                        + "\(configuration.maximumBatch + 2)"
-                )
-                pending.append((message.envelope, .reply(.error(requestID: requestID, error))))
-                continue
-            }
             let request: Request
             do {
-                request = try Request.decode(message.body, limits: limits)
+                request = try Request.decode(message.body, droppedFrames: message.dropped, limits: limits)
             } catch {
                 logger.notice("refused a request", metadata: ["error": "\(error)"])
                 pending.append((message.envelope, .reply(.error(requestID: requestID, error))))

@@ -26,29 +26,3 @@ public struct HostedDomain: Sendable {
         }
     }
 }
-
-/// How a reply is kept in the journal's idempotency table: the reply's frames, each behind its length.
-enum ReplyRecord {
-    static func encode(_ reply: Reply) -> [UInt8] {
-        var bytes: [UInt8] = []
-        for frame in reply.encode() {
-            withUnsafeBytes(of: UInt32(frame.count).bigEndian) { bytes.append(contentsOf: $0) }
-            bytes.append(contentsOf: frame)
-        }
-        return bytes
-    }
-
-    static func decode(_ bytes: [UInt8]) -> Reply? {
-        var frames: [Frame] = []
-        var index = 0
-        while index < bytes.count {
-            guard index + 4 <= bytes.count else { return nil }
-            let length = bytes[index..<index + 4].reduce(0) { $0 << 8 | Int($1) }
-            index += 4
-            guard index + length <= bytes.count else { return nil }
-            frames.append(Array(bytes[index..<index + length]))
-            index += length
-        }
-        return try? Reply.decode(frames)
-    }
-}

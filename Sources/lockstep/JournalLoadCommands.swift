@@ -3,12 +3,14 @@ import Foundation
 import Lockstep
 import LockstepExamples
 import LockstepJournal
+import LockstepProtocol
 import LockstepTool
 
 /// Builds one batch of `count` `{"increment":{}}` events for the counter store, with their idempotency
 /// entries and, when due, a snapshot at the batch's last seq.
 private func counterBatch(
     journal: any Journal,
+    epoch: UInt64,
     state: inout Counter.State,
     lastSeq: UInt64,
     count: Int,
@@ -18,6 +20,7 @@ private func counterBatch(
     return try journalBatch(
         Counter.self,
         journal: journal,
+        epoch: epoch,
         state: &state,
         lastSeq: lastSeq,
         count: count,
@@ -34,7 +37,8 @@ func fill<D: Domain>(
     batchSize: Int,
     action: (UInt64) -> (D.Action, [UInt8])
 ) throws -> D.State {
-    var state = try journal.recover(D.self).state
+    let recovered = try journal.recover(D.self)
+    var state = recovered.state
     let clientID = [UInt8](repeating: 7, count: 16)
     var lastSeq: UInt64 = 0
     while lastSeq < UInt64(events) {
@@ -42,6 +46,7 @@ func fill<D: Domain>(
         let batch = try journalBatch(
             D.self,
             journal: journal,
+            epoch: recovered.epoch,
             state: &state,
             lastSeq: lastSeq,
             count: count,
@@ -54,18 +59,22 @@ func fill<D: Domain>(
     return state
 }
 
-/// A batch of `count` events of store `D` after `lastSeq`: the action `action(seq)` gives (with its encoding)
-/// is applied to `state` for each, with an idempotency entry (request number = seq), and the snapshot the
-/// journal's policy makes due. What `journal append-load`, `bench-recovery` and `lockstep bench` commit.
+/// A batch of `count` events of store `D` (of epoch `epoch`) after `lastSeq`: the action `action(seq)` gives (with
+/// its encoding) is applied to `state` for each, with the idempotency entry a daemon would have written for it (a
+/// one-action DISPATCH, request number = seq, answered ACCEPTED), and the snapshot the journal's policy makes due.
+/// What `journal append-load`, `bench-recovery` and `lockstep bench` commit; a daemon started on it recovers it.
 func journalBatch<D: Domain>(
     _ domain: D.Type,
     journal: any Journal,
+    epoch: UInt64,
     state: inout D.State,
     lastSeq: UInt64,
     count: Int,
     clientID: [UInt8],
     action: (UInt64) -> (D.Action, [UInt8])
 ) throws -> JournalBatch {
+    let store = try StoreName(D.name)
+    guard let client = ClientID(bytes: clientID) else { throw CommandFailure("a client id has 16 bytes") }
     var batch = JournalBatch()
     batch.events.reserveCapacity(count)
     batch.idempotency.reserveCapacity(count)
@@ -75,11 +84,19 @@ func journalBatch<D: Domain>(
         batch.events.append(
             JournalEvent(store: D.name, seq: seq, action: encoded, clientID: clientID, requestNumber: seq)
         )
+        let request = DispatchRequest(
+            requestID: seq,
+            domainVersion: D.version,
+            clientID: client,
+            store: store,
+            actions: [encoded]
+        )
+        let reply = Reply.accepted(requestID: seq, epoch: Epoch(rawValue: epoch), firstSeq: seq, count: 1)
         batch.idempotency.append(
             IdempotencyRecord(
                 key: IdempotencyKey(clientID: clientID, requestNumber: seq),
-                fingerprint: encoded,
-                reply: withUnsafeBytes(of: seq.bigEndian) { Array($0) }
+                fingerprint: Sequencer.fingerprint(of: request).bytes,
+                reply: ReplyRecord.encode(reply)
             )
         )
         D.reduce(into: &state, value)
@@ -145,6 +162,7 @@ struct JournalAppendLoadCommand: ParsableCommand {
             while batches.map({ committed < $0 }) ?? true {
                 let batch = try counterBatch(
                     journal: journal,
+                    epoch: recovered.epoch,
                     state: &state,
                     lastSeq: lastSeq,
                     count: batchSize,

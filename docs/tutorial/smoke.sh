@@ -102,6 +102,15 @@ data=$work/.lockstep/data
 check "replaying the journal in $data through the reducer"
 "$bin/board" replay --journal "$data" >replay.log 2>&1 || fail "'board replay --journal' exited $?"
 
+check "rebuilding the state at seq $seq, and at seq 1, from the journal with 'board journal state'"
+"$bin/board" journal state "$data" board --seq "$seq" --json >journal-state.json \
+    || fail "'board journal state' exited $?"
+[[ $(field digest <journal-state.json) == "$digest" ]] \
+    || fail "the journal's state at seq $seq has digest $(field digest <journal-state.json), not $digest"
+"$bin/board" journal state "$data" board --seq 1 --json >journal-state-1.json \
+    || fail "'board journal state --seq 1' exited $?"
+[[ $(field seq <journal-state-1.json) == 1 ]] || fail "'board journal state --seq 1' printed $(cat journal-state-1.json)"
+
 check "running actions in a fresh in-process store with 'board run'"
 "$bin/board" run board --json '{"addColumn":{"name":"todo","wipLimit":2}}' \
     '{"addCard":{"title":"Write the tutorial","column":"todo"}}' >run.log 2>&1 || fail "'board run' exited $?"

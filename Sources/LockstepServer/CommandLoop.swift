@@ -149,6 +149,8 @@ private struct LoopState {
     var lastPublished: [StoreName: ContinuousClock.Instant] = [:]
     var sinceDigest: [StoreName: Int] = [:]
     var committedEvents: [StoreName: UInt64] = [:]
+    /// ERROR replies sent since start, by code, for STATUS.
+    var refusals: [String: UInt64] = [:]
     var lastWatchdog = ContinuousClock.now
     /// With relaxed durability: when the commits made since the last sync must be synced.
     var syncDue: ContinuousClock.Instant?
@@ -270,7 +272,10 @@ private struct LoopState {
             (publisher, configuration.eventsEndpoint, configuration.eventsQueue),
         ]
         for (socket, endpoint, queue) in sockets {
-            try socket.set(.maximumMessageSize, Int64(configuration.maximumMessageBytes))
+            // The socket takes parts up to 4 × the limit, so that an action over the limit is read and answered
+            // too_large (docs/protocol.md); past that libzmq drops the peer's connection unread, which bounds
+            // what one message can make the daemon allocate.
+            try socket.set(.maximumMessageSize, min(Int64(configuration.maximumMessageBytes) * 4, Int64(Int32.max)))
             try socket.set(.sendHighWaterMark, Int32(clamping: queue))
             try socket.set(.handshakeInterval, 5_000)
             try socket.set(.heartbeatInterval, 5_000)
@@ -459,6 +464,7 @@ private struct LoopState {
             case let .status(requestID):
                 reply = status(requestID: requestID)
             }
+            if case let .error(_, error) = reply { refusals[error.code.description, default: 0] += 1 }
             _ = try? router.send(envelope + reply.encode(), wait: false)
         }
         if committed, !commits.isEmpty {
@@ -622,9 +628,11 @@ private struct LoopState {
         // Only the file sizes: journal.stats() counts every event, which takes tens of ms on a long history
         // and would hold the loop.
         let journalBytes = configuration.journal == .memory ? "null" : "\(Self.fileBytes(journal.location))"
+        let refused = refusals.sorted { $0.key < $1.key }.map { #""\#($0.key)":\#($0.value)"# }
         let json =
             #"{"uptimeSeconds":\#(uptime.components.seconds),"journal":\#(Self.jsonString(journal.location)),"#
-            + #""journalBytes":\#(journalBytes),"stores":[\#(stores.joined(separator: ","))]}"#
+            + #""journalBytes":\#(journalBytes),"stores":[\#(stores.joined(separator: ","))],"#
+            + #""refused":{\#(refused.joined(separator: ","))}}"#
         return .status(requestID: requestID, json: Array(json.utf8))
     }
 

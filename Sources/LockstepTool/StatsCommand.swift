@@ -22,6 +22,8 @@ struct StatsCommand: ParsableCommand {
         }
         print("uptime   \(status.uptimeSeconds) s")
         print("journal  \(status.journal)\(status.journalBytes.map { " (\($0) bytes)" } ?? "")")
+        let refused = (status.refused ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }
+        print("refused  \(refused.isEmpty ? "none" : refused.joined(separator: ", "))")
         print("")
         print("store            seq         epoch               version  events/s")
         for store in status.stores {
@@ -57,4 +59,6 @@ package struct DaemonStatus: Decodable {
     package var journal: String
     package var journalBytes: Int64?
     package var stores: [Store]
+    /// ERROR replies the daemon sent since it started, by code (absent from daemons before this field).
+    package var refused: [String: UInt64]?
 }

@@ -43,6 +43,23 @@ import ZeroMQ
             }
             #expect(error.code == code, "\(label): \(error)")
         }
+        // An action over the 1 MiB limit is read and answered too_large, not dropped with the connection.
+        let oversized =
+            Array(#"{"increment":{"pad":""#.utf8) + [UInt8](repeating: 0x61, count: 1 << 20) + Array(#""}}"#.utf8)
+        guard case let .error(_, tooLarge) = try client.call([valid[0], valid[1], oversized]) else {
+            Issue.record("expected ERROR for an oversized action")
+            return
+        }
+        #expect(tooLarge.code == .tooLarge, "\(tooLarge)")
+        #expect(daemon.output.contains("refused a request"), "\(daemon.output)")
+        // Counted by code in the daemon's status.
+        let stats = try runProduct("lockstep", ["stats", "--json", "--command-endpoint", daemon.command])
+        let status = try JSONSerialization.jsonObject(with: Data(stats.standardOutput.utf8)) as? [String: Any]
+        let refused = status?["refused"] as? [String: Int]
+        #expect(
+            refused == ["malformed": 1, "unsupported_version": 1, "unknown_message_type": 1, "too_large": 2],
+            "\(stats.standardOutput)"
+        )
         // Still serving, and nothing was applied.
         guard case let .accepted(_, _, first, _) = try client.dispatch("counter", [#"{"increment":{}}"#], number: 1)
         else {

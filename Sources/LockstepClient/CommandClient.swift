@@ -8,28 +8,46 @@ import Glibc
 
 /// A request to the daemon failed: no answer in time, or an answer that was not the one asked for.
 public struct ClientError: Error, Hashable, Sendable, CustomStringConvertible {
-    public struct Code: Hashable, Sendable, RawRepresentable {
-        public var rawValue: String
-        public init(rawValue: String) { self.rawValue = rawValue }
+    /// What kind of failure: switch on the static members; new ones may be added, so keep a default.
+    public struct Code: Hashable, Sendable, CustomStringConvertible {
+        private enum Base: String, Hashable, Sendable {
+            case unavailable = "unavailable"
+            case protocolViolation = "protocol_violation"
+            case transport = "transport"
+            case refused = "refused"
+            case badRequest = "bad_request"
+            case notApplied = "not_applied"
+            case stopped = "stopped"
+        }
+
+        private let base: Base
+        private init(_ base: Base) { self.base = base }
+
         /// No reply after every retry: the daemon is down, stopped, or the endpoint is wrong.
-        public static let unavailable = Code(rawValue: "unavailable")
+        public static let unavailable = Code(.unavailable)
         /// The reply could not be read, or answered another request.
-        public static let protocolViolation = Code(rawValue: "protocol_violation")
+        public static let protocolViolation = Code(.protocolViolation)
         /// The socket itself failed.
-        public static let transport = Code(rawValue: "transport")
+        public static let transport = Code(.transport)
         /// The daemon would not take the request: an unknown store, another domain version, a malformed batch.
-        public static let refused = Code(rawValue: "refused")
+        public static let refused = Code(.refused)
         /// The request could not be made: an empty batch, an action that cannot be encoded.
-        public static let badRequest = Code(rawValue: "bad_request")
+        public static let badRequest = Code(.badRequest)
         /// The daemon committed the action, but this replica did not apply it in time.
-        public static let notApplied = Code(rawValue: "not_applied")
+        public static let notApplied = Code(.notApplied)
         /// The replica is not running, or stopped before the answer came.
-        public static let stopped = Code(rawValue: "stopped")
+        public static let stopped = Code(.stopped)
+
+        /// The code's stable name, e.g. `unavailable`.
+        public var description: String { base.rawValue }
     }
 
+    /// What kind of failure, for programs.
     public var code: Code
+    /// What failed, with which value, and what to do: for people.
     public var reason: String
 
+    /// An error of kind `code`, explained by `reason`.
     public init(code: Code, _ reason: String) {
         self.code = code
         self.reason = reason

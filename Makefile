@@ -46,4 +46,4 @@ bench: deps
 	$$($(SWIFT) build -c release --show-bin-path)/lockstep bench $(BENCH_FLAGS)
 
 clean:
-	rm -rf .build .lockstep
+	rm -rf .build .lockstep docs/tutorial/.build

@@ -33,9 +33,126 @@ public enum CanonicalEncoding {
             return "missing key '\(key.stringValue)' at \(path(context))"
         case let DecodingError.typeMismatch(type, context), let DecodingError.valueNotFound(type, context):
             return "expected \(type) at \(path(context))"
+                + (context.debugDescription.isEmpty ? "" : " (\(context.debugDescription))")
         default:
             return "\(error)"
         }
+    }
+
+    /// Decodes `bytes` as a `Value` and returns it with its canonical bytes — `bytes` themselves when they
+    /// are canonical already, as a well-behaved sender's are.
+    ///
+    /// Bytes that differ from the canonical form only in how they are written (whitespace, member order,
+    /// escapes, the spelling of a number such as `1.0` for `1`, a member that is `null`) are taken in their
+    /// canonical form. Bytes the value does not carry back are refused: a member the type does not read (it
+    /// would be dropped silently), a value it reads as another (`9007199254740993` into a `Double`), a member
+    /// name twice in one object. The daemon treats every action this way before it fingerprints, journals and
+    /// publishes it, so two requests that mean the same action are the same bytes.
+    public static func normalize<Value: Codable>(
+        _ type: Value.Type,
+        _ bytes: [UInt8],
+        with coder: Coder
+    ) throws(NormalizationError) -> (value: Value, canonical: [UInt8]) {
+        let value: Value
+        do {
+            value = try coder.decoder.decode(Value.self, from: Data(bytes))
+        } catch let decodingError {
+            // JSONDecoder's own words for bad syntax are vague; the strict parser names the byte.
+            do {
+                _ = try JSONValue(parsing: bytes)
+            } catch {
+                throw NormalizationError(reason: "not valid JSON: \(error)")
+            }
+            if case let DecodingError.dataCorrupted(context) = decodingError, context.codingPath.isEmpty {
+                // Foundation's one word for a number that does not fit its member (5.5 or 1e30 for an Int),
+                // with no path; the bytes are valid JSON, so say what it means.
+                throw NormalizationError(
+                    reason: "valid JSON, but a number in it does not fit the member it is read into (a fraction, "
+                        + "or out of range, for an integer member)"
+                )
+            }
+            throw NormalizationError(reason: describe(decodingError))
+        }
+        let canonical: [UInt8]
+        do {
+            canonical = Array(try coder.encoder.encode(value))
+        } catch {
+            throw NormalizationError(reason: "it decodes, but does not encode again: \(error)")
+        }
+        if canonical == bytes { return (value, bytes) }
+        let sent: JSONValue
+        do {
+            sent = try JSONValue(parsing: bytes)
+        } catch {
+            throw NormalizationError(reason: "not valid JSON: \(error)")
+        }
+        // The canonical bytes came from JSONEncoder: they parse.
+        guard let read = try? JSONValue(parsing: canonical) else { return (value, canonical) }
+        if let loss = firstLoss(sent: sent, read: read, path: "") {
+            let shown = canonical.count <= 200 ? String(decoding: canonical, as: UTF8.self) : "(\(canonical.count) bytes)"
+            throw NormalizationError(reason: "\(loss), so it would not be kept as sent; its canonical form is \(shown)")
+        }
+        return (value, canonical)
+    }
+
+    /// The first thing `sent` says that `read` (what the type made of it) does not, or `nil`. A member that is
+    /// `null` in `sent` is the same as no member; a member only `read` has is the type's default.
+    private static func firstLoss(sent: JSONValue, read: JSONValue, path: String) -> String? {
+        let place = path.isEmpty ? "the top level" : path
+        switch (sent, read) {
+        case let (.object(sentMembers), .object(readMembers)):
+            for name in sentMembers.keys.sorted() where sentMembers[name] != .null {
+                let memberPath = path.isEmpty ? name : "\(path).\(name)"
+                guard let readValue = readMembers[name] else {
+                    return "member '\(memberPath)' is not part of the type, which does not read it"
+                }
+                if let loss = firstLoss(sent: sentMembers[name]!, read: readValue, path: memberPath) { return loss }
+            }
+            return nil
+        case let (.array(sentValues), .array(readValues)):
+            guard sentValues.count == readValues.count else {
+                return "the array at \(place) has \(sentValues.count) elements, read as \(readValues.count)"
+            }
+            for index in sentValues.indices {
+                if let loss = firstLoss(sent: sentValues[index], read: readValues[index], path: "\(path)[\(index)]") {
+                    return loss
+                }
+            }
+            return nil
+        case let (.integer(integer), .number(number)), let (.number(number), .integer(integer)):
+            return Double(exactly: integer) == number ? nil : "\(sent) at \(place) is read as \(read)"
+        default:
+            return sent == read ? nil : "\(sent) at \(place) is read as \(read)"
+        }
+    }
+
+    /// A JSON encoder and decoder set up for the canonical form, made once and kept: making them costs more than
+    /// using them for one small value.
+    public struct Coder: @unchecked Sendable {
+        // JSONEncoder and JSONDecoder are not marked Sendable, but their settings here are fixed at init and
+        // their encode/decode keep no state between calls.
+        let encoder: JSONEncoder
+        let decoder: JSONDecoder
+
+        public init() {
+            encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+            decoder = JSONDecoder()
+        }
+
+        /// The canonical bytes of `value`.
+        public func encode<Value: Encodable>(_ value: Value) throws -> [UInt8] { Array(try encoder.encode(value)) }
+
+        /// Decodes JSON bytes.
+        public func decode<Value: Decodable>(_ type: Value.Type, from bytes: [UInt8]) throws -> Value {
+            try decoder.decode(type, from: Data(bytes))
+        }
+    }
+
+    /// Why bytes were refused by ``normalize(_:_:with:)``: a sentence a person can act on.
+    public struct NormalizationError: Error, Hashable, Sendable, CustomStringConvertible {
+        public var reason: String
+        public var description: String { reason }
     }
 
     /// The SHA-256 digest of the canonical bytes of `value`.

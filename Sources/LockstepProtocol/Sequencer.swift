@@ -20,9 +20,14 @@ public protocol SequencedStore: Sendable {
     /// The seq of the last action applied.
     var lastSeq: SequenceNumber { get }
 
-    /// Decodes, validates and applies `actions` as one batch, all or none: each action is validated against
-    /// the state the ones before it left. On success the actions have seqs `lastSeq + 1…` in order.
-    mutating func sequence(_ actions: [Frame]) -> Result<[SequencedAction], BatchFailure>
+    /// Decodes `actions` into their canonical bytes (``CanonicalEncoding/normalize(_:_:with:)``), asks `admit`
+    /// whether to go on with those (the caller's idempotency check; `false` returns `nil` and changes nothing),
+    /// then validates and applies them as one batch, all or none: each action is validated against the state
+    /// the ones before it left. On success the actions have seqs `lastSeq + 1…` in order, in canonical form.
+    mutating func sequence(
+        _ actions: [Frame],
+        admit: (_ canonical: [Frame]) -> Bool
+    ) -> Result<[SequencedAction], BatchFailure>?
 
     /// Applies an action already sequenced (journal recovery); `seq` must be `lastSeq + 1`.
     mutating func replay(_ event: SequencedAction) throws
@@ -39,6 +44,7 @@ public struct DomainStore<D: Domain>: SequencedStore {
     public private(set) var lastSeq: SequenceNumber
     /// The state after `lastSeq`.
     public private(set) var state: D.State
+    private let coder = CanonicalEncoding.Coder()
 
     /// The store at `lastSeq` with `state` (a recovered snapshot, or the domain's initial state at 0).
     public init(
@@ -53,17 +59,24 @@ public struct DomainStore<D: Domain>: SequencedStore {
         self.state = state
     }
 
-    public mutating func sequence(_ frames: [Frame]) -> Result<[SequencedAction], BatchFailure> {
+    public mutating func sequence(
+        _ frames: [Frame],
+        admit: (_ canonical: [Frame]) -> Bool
+    ) -> Result<[SequencedAction], BatchFailure>? {
         var actions: [D.Action] = []
+        var canonical: [Frame] = []
         actions.reserveCapacity(frames.count)
-        let decoder = JSONDecoder()
+        canonical.reserveCapacity(frames.count)
         for (index, frame) in frames.enumerated() {
             do {
-                actions.append(try decoder.decode(D.Action.self, from: Data(frame)))
+                let (action, bytes) = try CanonicalEncoding.normalize(D.Action.self, frame, with: coder)
+                actions.append(action)
+                canonical.append(bytes)
             } catch {
-                return .failure(.undecodable(index: index, reason: "\(CanonicalEncoding.describe(error))"))
+                return .failure(.undecodable(index: index, reason: error.reason))
             }
         }
+        guard admit(canonical) else { return nil }
         if actions.count == 1 {
             // The common case validates and reduces in place, with no copy of the state.
             do throws(Rejection) {
@@ -87,7 +100,7 @@ public struct DomainStore<D: Domain>: SequencedStore {
         let first = lastSeq + 1
         lastSeq += SequenceNumber(frames.count)
         return .success(
-            frames.enumerated().map { SequencedAction(seq: first + SequenceNumber($0.offset), action: $0.element) }
+            canonical.enumerated().map { SequencedAction(seq: first + SequenceNumber($0.offset), action: $0.element) }
         )
     }
 
@@ -98,13 +111,13 @@ public struct DomainStore<D: Domain>: SequencedStore {
                 "store \(name): event seq \(event.seq) does not follow seq \(lastSeq)"
             )
         }
-        let action = try JSONDecoder().decode(D.Action.self, from: Data(event.action))
+        let action = try coder.decode(D.Action.self, from: event.action)
         D.reduce(into: &state, action)
         lastSeq = event.seq
     }
 
     public func encodedState() throws -> Frame {
-        Array(try CanonicalEncoding.encode(state))
+        try coder.encode(state)
     }
 }
 
@@ -141,71 +154,59 @@ public struct Sequencer: Sendable {
         idempotency = IdempotencyCache(capacity: idempotencyCapacity)
     }
 
-    /// Decides what to do with `request`. A retried key gets its first reply again; the same key with other
-    /// actions is refused; otherwise the store validates and sequences the batch.
+    /// Decides what to do with `request`. The store decodes its actions into their canonical form first; a
+    /// retried key (same canonical actions) gets its first reply again, the same key with other actions is
+    /// refused; otherwise the store validates and sequences the batch.
     public mutating func dispatch(_ request: DispatchRequest) -> DispatchDecision {
-        let fingerprint = Self.fingerprint(of: request)
-        let key = IdempotencyCache.Key(client: request.clientID, requestNumber: request.requestID)
-        if let entry = idempotency[key] {
-            if entry.fingerprint == fingerprint { return .reply(entry.reply) }
-            return .reply(
-                .error(
-                    requestID: request.requestID,
-                    ProtocolError(
-                        code: .idempotencyConflict,
-                        "request number \(request.requestID) of client \(request.clientID) was already used for "
-                            + "other actions; use a new request number for a new dispatch"
-                    )
-                )
-            )
+        func error(_ code: ProtocolError.Code, _ reason: String) -> DispatchDecision {
+            .reply(.error(requestID: request.requestID, ProtocolError(code: code, reason)))
         }
-        guard let domainVersion = stores[request.store]?.domainVersion else {
+        // Out of the table while it sequences: the store's state is then referenced once and the reducer
+        // changes it in place, and `admit` may read the idempotency cache beside it.
+        guard var store = stores.removeValue(forKey: request.store) else {
             let hosted = stores.keys.sorted().map(\.rawValue).joined(separator: ", ")
-            return .reply(
-                .error(
-                    requestID: request.requestID,
-                    ProtocolError(
-                        code: .unknownStore,
-                        "no store named '\(request.store)'; this daemon hosts \(hosted)"
-                    )
-                )
+            return error(.unknownStore, "no store named '\(request.store)'; this daemon hosts \(hosted)")
+        }
+        defer { stores[request.store] = store }
+        guard request.domainVersion == store.domainVersion else {
+            return error(
+                .domainVersionMismatch,
+                "store '\(request.store)' runs domain version \(store.domainVersion), the client sent "
+                    + "version \(request.domainVersion); build the client with the daemon's domain"
             )
         }
-        guard request.domainVersion == domainVersion else {
-            return .reply(
-                .error(
-                    requestID: request.requestID,
-                    ProtocolError(
-                        code: .domainVersionMismatch,
-                        "store '\(request.store)' runs domain version \(domainVersion), the client sent "
-                            + "version \(request.domainVersion); build the client with the daemon's domain"
-                    )
+        let key = IdempotencyCache.Key(client: request.clientID, requestNumber: request.requestID)
+        var fingerprint = StateDigest(of: [])
+        var known: DispatchDecision?
+        let result = store.sequence(request.actions) { canonical in
+            fingerprint = Self.fingerprint(store: request.store, actions: canonical)
+            guard let entry = idempotency[key] else { return true }
+            known =
+                entry.fingerprint == fingerprint
+                ? .reply(entry.reply)
+                : error(
+                    .idempotencyConflict,
+                    "request number \(request.requestID) of client \(request.clientID) was already used for "
+                        + "other actions; use a new request number for a new dispatch"
                 )
-            )
+            return false
         }
-        // Through the dictionary in place: a local copy would hold a second reference to the state, and the
-        // reducer's first write would copy all of it.
-        let result = stores[request.store]!.sequence(request.actions)
         switch result {
-        case let .failure(.undecodable(index, reason)):
-            return .reply(
-                .error(
-                    requestID: request.requestID,
-                    ProtocolError(
-                        code: .undecodableAction,
-                        "action \(index) is not a '\(request.store)' action: \(reason); nothing was applied"
-                    )
-                )
+        case nil:
+            return known!
+        case let .failure(.undecodable(index, reason))?:
+            return error(
+                .undecodableAction,
+                "action \(index) is not a '\(request.store)' action: \(reason); nothing was applied"
             )
-        case let .failure(.rejected(index, rejection)):
+        case let .failure(.rejected(index, rejection))?:
             let reply = Reply.rejected(requestID: request.requestID, actionIndex: UInt32(index), rejection)
             idempotency.insert(key, IdempotencyCache.Entry(fingerprint: fingerprint, reply: reply))
             return .reply(reply)
-        case let .success(events):
-            let epoch = stores[request.store]!.epoch
+        case let .success(events)?:
             let reply = Reply.accepted(
                 requestID: request.requestID,
-                epoch: epoch,
+                epoch: store.epoch,
                 firstSeq: events[0].seq,
                 count: UInt32(events.count)
             )
@@ -213,7 +214,7 @@ public struct Sequencer: Sendable {
             return .commit(
                 Commit(
                     store: request.store,
-                    epoch: epoch,
+                    epoch: store.epoch,
                     clientID: request.clientID,
                     requestNumber: request.requestID,
                     fingerprint: fingerprint,
@@ -229,13 +230,16 @@ public struct Sequencer: Sendable {
         idempotency.insert(key, entry)
     }
 
-    /// SHA-256 over the store name and each action, each preceded by its length.
-    public static func fingerprint(of request: DispatchRequest) -> StateDigest {
+    /// SHA-256 over the store name and each action (in canonical form), each preceded by its length as a
+    /// `u64`: what tells a retry from another request under the same idempotency key.
+    public static func fingerprint(store: StoreName, actions: [Frame]) -> StateDigest {
         var bytes: [UInt8] = []
-        bytes.reserveCapacity(request.actions.reduce(request.store.rawValue.utf8.count + 8) { $0 + $1.count + 8 })
-        for part in [Array(request.store.rawValue.utf8)] + request.actions {
-            withUnsafeBytes(of: UInt64(part.count).bigEndian) { bytes.append(contentsOf: $0) }
-            bytes.append(contentsOf: part)
+        bytes.reserveCapacity(actions.reduce(store.rawValue.utf8.count + 8) { $0 + $1.count + 8 })
+        withUnsafeBytes(of: UInt64(store.rawValue.utf8.count).bigEndian) { bytes.append(contentsOf: $0) }
+        bytes.append(contentsOf: store.rawValue.utf8)
+        for action in actions {
+            withUnsafeBytes(of: UInt64(action.count).bigEndian) { bytes.append(contentsOf: $0) }
+            bytes.append(contentsOf: action)
         }
         return StateDigest(of: bytes)
     }

@@ -74,7 +74,6 @@ func journalBatch<D: Domain>(
     action: (UInt64) -> (D.Action, [UInt8])
 ) throws -> JournalBatch {
     let store = try StoreName(D.name)
-    guard let client = ClientID(bytes: clientID) else { throw CommandFailure("a client id has 16 bytes") }
     var batch = JournalBatch()
     batch.events.reserveCapacity(count)
     batch.idempotency.reserveCapacity(count)
@@ -84,18 +83,11 @@ func journalBatch<D: Domain>(
         batch.events.append(
             JournalEvent(store: D.name, seq: seq, action: encoded, clientID: clientID, requestNumber: seq)
         )
-        let request = DispatchRequest(
-            requestID: seq,
-            domainVersion: D.version,
-            clientID: client,
-            store: store,
-            actions: [encoded]
-        )
         let reply = Reply.accepted(requestID: seq, epoch: Epoch(rawValue: epoch), firstSeq: seq, count: 1)
         batch.idempotency.append(
             IdempotencyRecord(
                 key: IdempotencyKey(clientID: clientID, requestNumber: seq),
-                fingerprint: Sequencer.fingerprint(of: request).bytes,
+                fingerprint: Sequencer.fingerprint(store: store, actions: [encoded]).bytes,
                 reply: ReplyRecord.encode(reply)
             )
         )

@@ -136,6 +136,51 @@ import Testing
         #expect(sequencer.idempotency.count == 0)
     }
 
+    /// Bytes that mean the same action are journaled, published and fingerprinted as the same canonical bytes.
+    @Test(arguments: [
+        (sent: #"{ "increment" : { } }"#, store: "counter", canonical: #"{"increment":{}}"#),
+        (sent: "{\"increment\":{}}\n", store: "counter", canonical: #"{"increment":{}}"#),
+        (sent: #"{"add":{"number":1.0}}"#, store: "numbers", canonical: #"{"add":{"number":1}}"#),
+        (sent: #"{"add":{"number":5e1}}"#, store: "numbers", canonical: #"{"add":{"number":50}}"#),
+        (sent: #"{"fetched":{"numbers":[ 3, 1 ]}}"#, store: "numbers", canonical: #"{"fetched":{"numbers":[3,1]}}"#),
+    ])
+    func actionsAreTakenInCanonicalForm(sent: String, store: String, canonical: String) throws {
+        var sequencer = try sequencer()
+        guard case let .commit(commit) = sequencer.dispatch(try request(1, [sent], store: store)) else {
+            Issue.record("expected a commit")
+            return
+        }
+        #expect(commit.events.map(\.action) == [Array(canonical.utf8)])
+        #expect(commit.fingerprint == Sequencer.fingerprint(store: try StoreName(store), actions: [Array(canonical.utf8)]))
+        // A retry written another way is the same request: the first reply again, applied once.
+        guard case let .reply(again) = sequencer.dispatch(try request(1, [canonical], store: store)) else {
+            Issue.record("a retry in canonical form must not commit again")
+            return
+        }
+        #expect(again == commit.reply)
+        #expect(sequencer.stores[try StoreName(store)]?.lastSeq == 1)
+    }
+
+    /// What the domain would not keep as sent is refused, naming what and where; nothing is applied.
+    @Test(arguments: [
+        (sent: #"{"increment":{"by":2}}"#, says: "member 'increment.by' is not part of the type"),
+        (sent: #"{"increment":{},"decrement":{}}"#, says: "expected Action at the top level"),
+        (sent: #"{"increment":{},"increment":{}}"#, says: "member 'increment' appears twice in one object"),
+        (sent: #"{"increment":{}} x"#, says: "not valid JSON: unexpected bytes after the value at byte 17"),
+    ])
+    func actionsTheDomainWouldNotKeepAreRefused(sent: String, says: String) throws {
+        var sequencer = try sequencer()
+        let decision = sequencer.dispatch(try request(1, [sent], store: "counter"))
+        guard case let .reply(.error(_, error)) = decision else {
+            Issue.record("expected an error, got \(decision)")
+            return
+        }
+        #expect(error.code == .undecodableAction)
+        #expect(error.reason.contains(says), "\(error.reason)")
+        #expect(sequencer.stores[try StoreName("counter")]?.lastSeq == 0)
+        #expect(sequencer.idempotency.count == 0)
+    }
+
     @Test func recoveryReplaysOnlyTheNextSeq() throws {
         var store = try DomainStore(Counter.self, epoch: epoch)
         try store.replay(SequencedAction(seq: 1, action: Array(#"{"increment":{}}"#.utf8)))

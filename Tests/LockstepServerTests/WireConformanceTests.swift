@@ -1,4 +1,5 @@
 import Foundation
+import LockstepJournal
 import LockstepProtocol
 import TestSupport
 import Testing
@@ -68,5 +69,73 @@ import ZeroMQ
         }
         #expect(first == 1)
         #expect(daemon.terminate() == 0)
+    }
+
+    /// Two requests that mean the same action are one action: journaled, published and fingerprinted in its
+    /// canonical form; what the domain would not keep as sent is refused and changes nothing.
+    @Test func actionsAreJournaledAndPublishedInCanonicalForm() throws {
+        let directory = try temporaryDirectory("canonical").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let daemon = try DaemonProcess(directory: directory, arguments: ["--domain", "counter", "--domain", "numbers"])
+        let context = try Context()
+        let client = try Client(context, endpoint: daemon.command)
+        let subscriber = try Socket(context, type: .subscriber)
+        try subscriber.set(.receiveTimeout, 5_000)
+        try subscriber.subscribe(Event.topic(for: try StoreName("numbers")))
+        try subscriber.connect(daemon.events)
+        var live = false
+        while !live, let frames = try subscriber.receive() {
+            if case .heartbeat = try Event.decode(frames) { live = true }
+        }
+        try #require(live, "the subscriber saw no heartbeat; log:\n\(daemon.output)")
+
+        // Refused, each naming what the domain would not keep: nothing sequenced.
+        for (sent, says) in [
+            (#"{"add":{"number":5,"by":"me"}}"#, "member 'add.by' is not part of the type"),
+            (#"{"add":{"number":5,"number":6}}"#, "member 'number' appears twice"),
+            (#"{"add":{"number":5.5}}"#, "a number in it does not fit the member"),
+            (#"{"add":{"number":"5"}}"#, "expected Int at add.number"),
+        ] {
+            guard case let .error(_, error) = try client.dispatch("numbers", [sent], number: 100) else {
+                Issue.record("\(sent): expected ERROR")
+                continue
+            }
+            #expect(error.code == .undecodableAction, "\(sent): \(error)")
+            #expect(error.reason.contains(says), "\(sent): \(error.reason)")
+        }
+        // Accepted in canonical form; a retry written otherwise is the same request.
+        guard case let .accepted(_, _, first, _) = try client.dispatch("numbers", [#"{ "add" : { "number" : 5.0 } }"#], number: 1)
+        else {
+            Issue.record("expected ACCEPTED")
+            return
+        }
+        #expect(first == 1)
+        guard case let .accepted(_, _, again, _) = try client.dispatch("numbers", [#"{"add":{"number":5}}"#], number: 1)
+        else {
+            Issue.record("expected the first ACCEPTED again")
+            return
+        }
+        #expect(again == 1)
+        guard case let .error(_, conflict) = try client.dispatch("numbers", [#"{"add":{"number":6}}"#], number: 1) else {
+            Issue.record("expected idempotency_conflict")
+            return
+        }
+        #expect(conflict.code == .idempotencyConflict)
+
+        guard let frames = try subscriber.receive(), case let .event(_, _, seq, action) = try Event.decode(frames)
+        else {
+            Issue.record("expected the EVENT of seq 1")
+            return
+        }
+        #expect(seq == 1)
+        #expect(String(decoding: action, as: UTF8.self) == #"{"add":{"number":5}}"#)
+        #expect(daemon.terminate() == 0)
+        let journal = try SQLiteJournal(directory: "\(directory)/.lockstep/data", readOnly: true)
+        defer { try? journal.close() }
+        guard case let .events(events) = try journal.events(store: "numbers", from: 1, to: 10, limit: 10) else {
+            Issue.record("the journal's history was compacted")
+            return
+        }
+        #expect(events.map { String(decoding: $0.action, as: UTF8.self) } == [#"{"add":{"number":5}}"#])
     }
 }

@@ -59,7 +59,7 @@ let package = Package(
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
-        .target(name: "LockstepTesting", dependencies: ["Lockstep", "LockstepProtocol"]),
+        .target(name: "LockstepTesting", dependencies: ["Lockstep", "LockstepProtocol", "LockstepClient", "ZeroMQ"]),
         .target(name: "LockstepExamples", dependencies: ["Lockstep"]),
         .executableTarget(
             name: "lockstepd",

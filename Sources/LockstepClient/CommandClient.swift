@@ -74,10 +74,10 @@ public struct ClientCurve: Hashable, Sendable {
     }
 }
 
-/// Requests to the daemon over a REQ socket, the Lazy Pirate way: wait `timeout`; on silence close the socket
-/// (a REQ socket that lost its reply is stuck), open a fresh one and send the same request again, up to
-/// `retries` times; then give up with ``ClientError/Code/unavailable``. Because a dispatch carries the same
-/// idempotency key on every try, the daemon applies it at most once.
+/// Requests to the daemon over a REQ socket, one at a time, the Lazy Pirate way (``LazyPirate``): wait
+/// `timeout`; on silence close the socket (a REQ socket that lost its reply is stuck), open a fresh one and send
+/// the same request again, up to `retries` times; then give up with ``ClientError/Code/unavailable``. Because a
+/// dispatch carries the same idempotency key on every try, the daemon applies it at most once.
 ///
 /// Owned by one thread: it holds a socket.
 public final class CommandClient {
@@ -104,49 +104,59 @@ public final class CommandClient {
 
     /// Sends `request` and returns the daemon's reply to it.
     public func call(_ request: Request) throws(ClientError) -> Reply {
-        let body = request.encode()
-        for _ in 0...retries {
-            do {
-                let socket = try openSocket()
-                guard try socket.send(body) else { throw ZeroMQError(errno: EAGAIN, function: "zmq_send") }
-                if let frames = try socket.receive() {
-                    let reply: Reply
-                    do {
-                        reply = try Reply.decode(frames)
-                    } catch {
-                        throw ClientError(code: .protocolViolation, "the daemon at \(endpoint) sent \(error)")
-                    }
-                    guard reply.requestID == request.requestID || reply.requestID == 0 else {
-                        throw ClientError(
-                            code: .protocolViolation,
-                            "the reply answers request \(reply.requestID), not \(request.requestID)"
-                        )
-                    }
-                    return reply
+        var pirate = LazyPirate<Void>(LazyPirate.Settings(timeout: timeout, retries: retries))
+        var outputs = pirate.submit(request, (), now: .now)
+        while true {
+            for output in outputs {
+                switch output {
+                case let .send(request):
+                    // A socket that fails to send is as good as silent: the next tick replaces it.
+                    _ = try? openSocket().send(request.encode(), wait: false)
+                case .renewSocket:
+                    socket?.close()
+                    socket = nil
+                case let .gaveUp(_, _, tries):
+                    throw ClientError(
+                        code: .unavailable,
+                        "no reply from the daemon at \(endpoint) after \(tries) \(tries == 1 ? "try" : "tries") of "
+                            + "\(timeout) each; is the daemon running, and is the endpoint right?"
+                    )
                 }
-            } catch let error as ClientError {
-                throw error
-            } catch {
-                // A socket error is treated like silence: start again with a fresh socket.
             }
-            self.socket?.close()
-            self.socket = nil
+            if let frames = receive(until: pirate.nextDeadline ?? .now) {
+                let reply: Reply
+                do {
+                    reply = try Reply.decode(frames)
+                } catch {
+                    throw ClientError(code: .protocolViolation, "the daemon at \(endpoint) sent \(error)")
+                }
+                // A REQ socket only ever gets the reply to what it sent; id 0 is an ERROR whose request id the
+                // daemon could not read.
+                guard reply.requestID == request.requestID || reply.requestID == 0 else {
+                    throw ClientError(
+                        code: .protocolViolation,
+                        "the reply answers request \(reply.requestID), not \(request.requestID)"
+                    )
+                }
+                _ = pirate.answered(request.requestID)
+                return reply
+            }
+            outputs = pirate.tick(now: .now)
         }
-        throw ClientError(
-            code: .unavailable,
-            "no reply from the daemon at \(endpoint) after \(retries + 1) \(retries == 0 ? "try" : "tries") of "
-                + "\(timeout) each; is the daemon running, and is the endpoint right?"
-        )
+    }
+
+    /// The next message on the socket, waiting until `deadline` at most.
+    private func receive(until deadline: ContinuousClock.Instant) -> [[UInt8]]? {
+        guard let socket else { return nil }
+        let wait = max(.zero, deadline - .now)
+        guard let ready = try? Poller([.socket(socket, .readable)]).poll(timeout: wait), ready[0].contains(.readable)
+        else { return nil }
+        return try? socket.receive(wait: false)
     }
 
     private func openSocket() throws(ZeroMQError) -> Socket {
         if let socket { return socket }
         let socket = try Socket(context, type: .request)
-        let milliseconds = Int32(
-            clamping: timeout.components.seconds * 1_000 + timeout.components.attoseconds / 1_000_000_000_000_000
-        )
-        try socket.set(.receiveTimeout, milliseconds)
-        try socket.set(.sendTimeout, milliseconds)
         try curve?.configure(socket)
         try socket.connect(endpoint)
         self.socket = socket

@@ -261,7 +261,7 @@ public final class Replica<D: Domain>: Service, Sendable {
                 engine.failAll(outbox, ClientError(code: .stopped, "the replica of '\(store)' stopped"))
                 return
             }
-            engine.send(outbox, on: &link)
+            try engine.send(outbox, on: &link)
             if ready[0].contains(.readable) { try engine.readEvents(from: &link) }
             if ready[1].contains(.readable) { try engine.readReplies(from: &link) }
             try engine.tick(on: &link)
@@ -392,7 +392,8 @@ private struct Link {
 private struct Engine<D: Domain> {
     unowned let replica: Replica<D>
     var sync: ReplicaSync
-    var inFlight: [UInt64: InFlight] = [:]
+    /// The dispatches waiting for their reply, retried the Lazy Pirate way.
+    var inFlight: LazyPirate<Dispatch>
     var repairs = 0
     var divergences = 0
     var disconnected = false
@@ -405,17 +406,18 @@ private struct Engine<D: Domain> {
     var batching = false
     let decoder = JSONDecoder()
 
-    struct InFlight {
-        var request: Request
+    /// What a dispatch in flight waits with: how many actions it sent, and who to answer.
+    struct Dispatch {
         var count: Int
-        var deadline: ContinuousClock.Instant
-        var triesLeft: Int
         var continuation: CheckedContinuation<ClosedRange<SequenceNumber>, any Error>
     }
 
     init(replica: Replica<D>, sync: ReplicaSync) {
         self.replica = replica
         self.sync = sync
+        inFlight = LazyPirate(
+            LazyPirate.Settings(timeout: replica.configuration.requestTimeout, retries: replica.configuration.retries)
+        )
     }
 
     var store: StoreName { replica.store }
@@ -441,12 +443,12 @@ private struct Engine<D: Domain> {
 
     func nextDeadline(after now: ContinuousClock.Instant) -> ContinuousClock.Instant {
         // A closure, not a key path: in this generic context a key path is built at run time on every call.
-        inFlight.values.lazy.map { $0.deadline }.min() ?? now + .seconds(1)
+        inFlight.nextDeadline ?? now + .seconds(1)
     }
 
     // MARK: Dispatches
 
-    mutating func send(_ outbox: [Replica<D>.Outgoing], on link: inout Link) {
+    mutating func send(_ outbox: [Replica<D>.Outgoing], on link: inout Link) throws {
         let now = ContinuousClock.now
         for outgoing in outbox {
             let request = Request.dispatch(
@@ -458,25 +460,38 @@ private struct Engine<D: Domain> {
                     actions: outgoing.actions
                 )
             )
-            link.send(request)
-            inFlight[request.requestID] = InFlight(
-                request: request,
-                count: outgoing.actions.count,
-                deadline: now + configuration.requestTimeout,
-                triesLeft: configuration.retries,
-                continuation: outgoing.continuation
-            )
+            let dispatch = Dispatch(count: outgoing.actions.count, continuation: outgoing.continuation)
+            try perform(inFlight.submit(request, dispatch, now: now), on: &link)
+        }
+    }
+
+    /// Carries out what the Lazy Pirate machine asks for.
+    mutating func perform(_ outputs: [LazyPirate<Dispatch>.Output], on link: inout Link) throws {
+        for output in outputs {
+            switch output {
+            case let .send(request):
+                link.send(request)
+            case .renewSocket:
+                try link.renewCommandSocket()
+            case let .gaveUp(_, dispatch, tries):
+                dispatch.continuation.resume(
+                    throwing: ClientError(
+                        code: .unavailable,
+                        "no reply from the daemon at \(configuration.commandEndpoint) after \(tries) tries of "
+                            + "\(configuration.requestTimeout) each; is the daemon running, and is the endpoint right?"
+                    )
+                )
+            }
         }
     }
 
     mutating func failAll(_ outbox: [Replica<D>.Outgoing], _ error: ClientError) {
         for outgoing in outbox { outgoing.continuation.resume(throwing: error) }
-        for flight in inFlight.values { flight.continuation.resume(throwing: error) }
-        inFlight.removeAll()
+        for (_, dispatch) in inFlight.removeAll() { dispatch.continuation.resume(throwing: error) }
     }
 
     /// Answers a dispatch: a rejection or refusal at once, an acceptance once this replica applied it.
-    mutating func complete(_ flight: InFlight, with reply: Reply) {
+    mutating func complete(_ flight: Dispatch, with reply: Reply) {
         switch reply {
         case let .accepted(_, epoch, firstSeq, count) where count == flight.count && count > 0:
             let seqs = firstSeq...(firstSeq + SequenceNumber(count) - 1)
@@ -553,8 +568,8 @@ private struct Engine<D: Domain> {
                 replica.logger.warning("ignored an unreadable reply from \(configuration.commandEndpoint): \(error)")
                 continue
             }
-            if let flight = inFlight.removeValue(forKey: reply.requestID) {
-                complete(flight, with: reply)
+            if let (_, dispatch) = inFlight.answered(reply.requestID) {
+                complete(dispatch, with: reply)
                 continue
             }
             switch reply {
@@ -586,27 +601,7 @@ private struct Engine<D: Domain> {
     /// Resends what went unanswered, gives up on what ran out of tries, and lets the sync machine see time pass.
     mutating func tick(on link: inout Link) throws {
         let now = ContinuousClock.now
-        let expired = inFlight.filter { $0.value.deadline <= now }
-        if !expired.isEmpty {
-            for (id, flight) in expired where flight.triesLeft <= 0 {
-                inFlight[id] = nil
-                flight.continuation.resume(
-                    throwing: ClientError(
-                        code: .unavailable,
-                        "no reply from the daemon at \(configuration.commandEndpoint) after "
-                            + "\(configuration.retries + 1) tries of \(configuration.requestTimeout) each; "
-                            + "is the daemon running, and is the endpoint right?"
-                    )
-                )
-            }
-            // A fresh socket, and everything still in flight on it again, with the same idempotency keys.
-            try link.renewCommandSocket()
-            for id in inFlight.keys.sorted() {
-                if expired[id] != nil { inFlight[id]!.triesLeft -= 1 }
-                inFlight[id]!.deadline = now + configuration.requestTimeout
-                link.send(inFlight[id]!.request)
-            }
-        }
+        try perform(inFlight.tick(now: now), on: &link)
         let late = replica.shared.withLockedValue { shared in
             var late: [Replica<D>.Waiter] = []
             shared.waiters.removeAll { waiter in

@@ -34,14 +34,16 @@ public final class ChildProcess {
 
     /// Starts `executable` with `arguments`, in `directory` if given, with `environment` added to this
     /// process's; its standard error goes to `errorFile` (kept), or to a temporary file removed with this object.
-    /// With `input`, ``send(_:)`` writes to its standard input.
+    /// With `input`, ``send(_:)`` writes to its standard input. With `outputToErrorFile`, its standard output goes
+    /// to the same file (a daemon's log), and this object reads none of it.
     public init(
         executable: URL,
         _ arguments: [String],
         directory: URL? = nil,
         errorFile: URL? = nil,
         environment: [String: String] = [:],
-        input: Bool = false
+        input: Bool = false,
+        outputToErrorFile: Bool = false
     ) throws {
         stdin = input ? Pipe() : nil
         command = ([executable.lastPathComponent] + arguments).joined(separator: " ")
@@ -58,8 +60,10 @@ public final class ChildProcess {
         if !environment.isEmpty {
             process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         }
-        process.standardOutput = stdout
-        process.standardError = try FileHandle(forWritingTo: self.errorFile)
+        let errorHandle = try FileHandle(forWritingTo: self.errorFile)
+        process.standardOutput = outputToErrorFile ? errorHandle : stdout
+        process.standardError = errorHandle
+        reachedEndOfOutput = outputToErrorFile
         process.standardInput = stdin ?? FileHandle.nullDevice
         try process.run()
     }

@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import LockstepClient
 import LockstepProtocol
 
 /// Asks a running daemon for its status.
@@ -36,29 +37,4 @@ struct StatsCommand: ParsableCommand {
             )
         }
     }
-}
-
-/// The STATUS reply's JSON (docs/operations.md).
-package struct DaemonStatus: Decodable {
-    /// The status `reply` carries; `nil` when it is not a STATUS reply or its JSON is not readable.
-    package init?(_ reply: Reply) {
-        guard case let .status(_, body) = reply, let status = try? JSONDecoder().decode(Self.self, from: Data(body))
-        else { return nil }
-        self = status
-    }
-
-    package struct Store: Decodable {
-        package var name: String
-        package var seq: UInt64
-        package var epoch: String
-        package var domainVersion: UInt32
-        package var eventsPerSecond: Double
-    }
-
-    package var uptimeSeconds: Int64
-    package var journal: String
-    package var journalBytes: Int64?
-    package var stores: [Store]
-    /// ERROR replies the daemon sent since it started, by code (absent from daemons before this field).
-    package var refused: [String: UInt64]?
 }

@@ -143,9 +143,7 @@ final class DemoRun {
     let quiet: Bool
     private let lockstepd: URL
     private let lockstep: URL
-    private let commandEndpoint: String
-    private var daemon: ChildProcess?
-    private var daemonStarts = 0
+    private let daemon: DaemonProcess
     private var clients: [ChildProcess] = []
     private var reports: [ReplicaReport?] = []
     private let terminal = isatty(STDOUT_FILENO) == 1
@@ -163,7 +161,11 @@ final class DemoRun {
         folder = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("lockstep-demo-\(getpid())")
         try? FileManager.default.removeItem(at: folder)
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
-        commandEndpoint = "ipc://\(folder.path)/.lockstep/run/command"
+        daemon = try DaemonProcess(
+            executable: lockstepd,
+            folder: folder,
+            arguments: ["--config", "lockstepd.toml", "--log-level", "warning"]
+        )
         try "[limits]\nevents_queue = \(Self.eventsQueue)\n".write(
             to: folder.appendingPathComponent("lockstepd.toml"),
             atomically: true,
@@ -174,7 +176,7 @@ final class DemoRun {
     func play() throws -> DemoSummary {
         defer {
             for client in clients { client.kill() }
-            daemon?.kill()
+            daemon.kill()
         }
         say("lockstep demo: lockstepd in \(folder.path), \(clientCount) clients × \(actions) actions")
         try startDaemon()
@@ -236,7 +238,7 @@ final class DemoRun {
                 }
             case .clientResumed where progress >= 0.5 && now - resumedAt > .seconds(1):
                 let seqs = daemonSeqs() ?? []
-                daemon?.kill()
+                daemon.kill()
                 let killedAt = ContinuousClock.now
                 say("lockstepd killed (SIGKILL) at seqs \(seqs.map(String.init).joined(separator: "/")); restarting")
                 try startDaemon()
@@ -272,8 +274,7 @@ final class DemoRun {
             statuses.append(status)
             if let report = client.newestReport(waiting: .zero) { reports[index] = report }
         }
-        daemon?.signal(SIGTERM)
-        _ = daemon?.waitForExit(within: .seconds(10))
+        daemon.stop()
         return summary(
             finalSeqs: finalSeqs,
             elapsed: elapsed,
@@ -288,46 +289,26 @@ final class DemoRun {
     private enum Stage { case running, clientStopped, clientResumed, restarted, settling, converged }
 
     private func startDaemon() throws {
-        daemonStarts += 1
-        daemon = try ChildProcess(
-            executable: lockstepd,
-            ["--config", "lockstepd.toml", "--log-level", "warning"],
-            directory: folder,
-            errorFile: folder.appendingPathComponent("lockstepd-\(daemonStarts).log")
-        )
-        let deadline = ContinuousClock.now + .seconds(15)
-        while daemonSeqs() == nil {
-            guard ContinuousClock.now < deadline, daemon?.process.isRunning == true else {
-                throw CommandFailure("lockstepd did not answer within 15 s; see lockstepd-\(daemonStarts).log")
-            }
-            Thread.sleep(forTimeInterval: 0.02)
+        try daemon.start()
+        do {
+            try daemon.waitUntilServing(within: .seconds(15))
+        } catch {
+            throw CommandFailure("\(error)")
         }
-    }
-
-    private func client(timeout: Duration) throws -> CommandClient {
-        CommandClient(context: try Context(), endpoint: commandEndpoint, timeout: timeout, retries: 0)
     }
 
     /// The daemon's seq per example store, in the daemon's order; `nil` while it does not answer.
     private func daemonSeqs() -> [SequenceNumber]? {
-        guard let client = try? client(timeout: .milliseconds(200)),
-            let reply = try? client.call(.status(requestID: 1)), let status = DaemonStatus(reply)
-        else { return nil }
-        return status.stores.map(\.seq)
+        daemon.status(timeout: .milliseconds(200))?.stores.map(\.seq)
     }
 
     /// Each store's seq and digest, from the daemon's snapshots.
     private func daemonDigests() throws -> [String: (seq: SequenceNumber, digest: String)] {
-        let client = try client(timeout: .seconds(5))
-        var digests: [String: (seq: SequenceNumber, digest: String)] = [:]
-        for name in reports.first??.stores.map(\.store) ?? [] {
-            let reply = try client.call(.snapshot(requestID: 1, store: try StoreName(name)))
-            guard case let .snapshot(_, snapshot) = reply else {
-                throw CommandFailure("the daemon answered a SNAPSHOT of \(name) with \(reply)")
-            }
-            digests[name] = (snapshot.seq, snapshot.digest.hex)
+        do {
+            return try daemon.digests(of: reports.first??.stores.map(\.store) ?? []).mapValues { ($0.seq, $0.digest.hex) }
+        } catch {
+            throw CommandFailure("\(error)")
         }
-        return digests
     }
 
     private func readReports() throws {

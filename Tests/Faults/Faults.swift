@@ -402,14 +402,14 @@ final class Faults {
         let memoryAfter = daemon.memory()
         result.notes.append(
             "\(replies) ERROR replies read (an oversized part is answered too_large: it is under 4 × the limit); "
-                + "resident memory \(memoryBefore.rss / 1024) → \(memoryAfter.rss / 1024) MiB "
-                + "(peak \(memoryAfter.peak / 1024) MiB)"
+                + "resident memory \(memoryBefore.residentKiB / 1024) → \(memoryAfter.residentKiB / 1024) MiB "
+                + "(peak \(memoryAfter.peakKiB / 1024) MiB)"
         )
         if after != before {
             result.lost = 1
             result.failure = "the state changed: \(before) → \(after)"
-        } else if memoryAfter.rss - memoryBefore.rss > 64 * 1024 {
-            result.failure = "resident memory grew by \((memoryAfter.rss - memoryBefore.rss) / 1024) MiB"
+        } else if memoryAfter.residentKiB - memoryBefore.residentKiB > 64 * 1024 {
+            result.failure = "resident memory grew by \((memoryAfter.residentKiB - memoryBefore.residentKiB) / 1024) MiB"
         } else {
             result.survived = count
         }

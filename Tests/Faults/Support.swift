@@ -23,106 +23,47 @@ enum Binaries {
     static let lockstep = directory.appendingPathComponent("lockstep")
 }
 
-/// A `lockstepd` in `folder`, on its default endpoints there (or those of `configuration`).
+/// A `lockstepd` in `folder` with the suite's configuration file, on its default endpoints there: the one
+/// ``DaemonProcess`` launcher, plus the journal's place and each store's digest.
 final class Daemon {
-    let folder: URL
+    let process: DaemonProcess
     let configuration: String
-    let environment: [String: String]
-    private(set) var child: ChildProcess?
-    private(set) var starts = 0
-
     /// The journal's directory.
     let data: String
 
     init(folder: URL, configuration: String = "", environment: [String: String] = [:], data: String? = nil) throws {
-        self.folder = folder
+        process = try DaemonProcess(
+            executable: Binaries.lockstepd,
+            folder: folder,
+            arguments: ["--config", "lockstepd.toml", "--log-level", "notice"],
+            environment: environment
+        )
         self.data = data ?? "\(folder.path)/.lockstep/data"
         self.configuration = configuration
-        self.environment = environment
-        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
         try configuration.write(to: folder.appendingPathComponent("lockstepd.toml"), atomically: true, encoding: .utf8)
     }
 
-    var command: String { "ipc://\(folder.path)/.lockstep/run/command" }
-    var events: String { "ipc://\(folder.path)/.lockstep/run/events" }
-    private var pid: Int32 { child?.process.processIdentifier ?? 0 }
-    /// Sends `signal` to the daemon if it runs.
-    func signal(_ signal: Int32) { child?.signal(signal) }
-    var isRunning: Bool { child?.process.isRunning == true }
-    var log: URL { folder.appendingPathComponent("lockstepd-\(starts).log") }
+    var command: String { process.command }
+    var events: String { process.events }
+    var isRunning: Bool { process.isRunning }
+    var log: URL { process.log }
+    func signal(_ signal: Int32) { process.signal(signal) }
+    func kill() { process.kill() }
+    @discardableResult func stop() -> Int32? { process.stop() }
+    func memory() -> (residentKiB: Int, peakKiB: Int) { process.memory() }
+    /// Whether it answers STATUS within 300 ms.
+    func status() -> DaemonStatus? { process.status() }
 
     /// Starts it (with extra environment) and waits until it answers, at most 15 s; or, with `waitForReady`
     /// false, returns at once.
     func start(environment extra: [String: String] = [:], arguments: [String] = [], waitForReady: Bool = true) throws {
-        starts += 1
-        child = try ChildProcess(
-            executable: Binaries.lockstepd,
-            ["--config", "lockstepd.toml", "--log-level", "notice"] + arguments,
-            directory: folder,
-            errorFile: log,
-            environment: environment.merging(extra) { $1 }
-        )
-        if waitForReady { try waitUntilServing() }
-    }
-
-    func waitUntilServing(within timeout: Duration = .seconds(15)) throws {
-        let deadline = ContinuousClock.now + timeout
-        while status() == nil {
-            guard isRunning, ContinuousClock.now < deadline else {
-                throw SuiteError("lockstepd did not answer within \(timeout); see \(log.path)")
-            }
-            Thread.sleep(forTimeInterval: 0.02)
-        }
-    }
-
-    /// The daemon's STATUS reply body, `nil` when it does not answer within 300 ms.
-    func status() -> [UInt8]? {
-        guard
-            let client = try? CommandClient(
-                context: Context(),
-                endpoint: command,
-                timeout: .milliseconds(300),
-                retries: 0
-            ),
-            case let .status(_, body)? = try? client.call(.status(requestID: 1))
-        else { return nil }
-        return body
+        try process.start(arguments: arguments, environment: extra)
+        if waitForReady { try process.waitUntilServing(within: .seconds(15)) }
     }
 
     /// Each store's (seq, digest) from its snapshot.
     func digests(_ stores: [String]) throws -> [String: Digest] {
-        let client = CommandClient(context: try Context(), endpoint: command, timeout: .seconds(2), retries: 3)
-        var digests: [String: Digest] = [:]
-        for store in stores {
-            guard
-                case let .snapshot(_, snapshot) = try client.call(.snapshot(requestID: 1, store: try StoreName(store)))
-            else { throw SuiteError("no snapshot of \(store)") }
-            digests[store] = Digest(seq: snapshot.seq, digest: snapshot.digest.hex)
-        }
-        return digests
-    }
-
-    func kill() {
-        child?.kill()
-    }
-
-    /// SIGTERM, then the exit status (SIGKILL after 10 s).
-    @discardableResult
-    func stop() -> Int32? {
-        child?.signal(SIGTERM)
-        let status = child?.waitForExit(within: .seconds(10))
-        child?.kill()
-        return status
-    }
-
-    /// Peak and current resident memory, in KiB, from /proc.
-    func memory() -> (rss: Int, peak: Int) {
-        let text = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
-        func field(_ name: String) -> Int {
-            let line = text.split(separator: "\n").first { $0.hasPrefix(name) } ?? ""
-            return Int(line.split(separator: " ").dropFirst().first ?? "") ?? 0
-        }
-        return (field("VmRSS:"), field("VmHWM:"))
+        try process.digests(of: stores).mapValues { Digest(seq: $0.seq, digest: $0.digest.hex) }
     }
 }
 

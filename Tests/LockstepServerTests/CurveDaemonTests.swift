@@ -2,6 +2,7 @@ import Foundation
 import Lockstep
 import LockstepProtocol
 import TestSupport
+import LockstepTesting
 import Testing
 import ZeroMQ
 
@@ -86,7 +87,7 @@ import Glibc
             atomically: true,
             encoding: .utf8
         )
-        kill(daemon.process.processIdentifier, SIGHUP)
+        daemon.signal(SIGHUP)
         var after: Reply?
         let reloadDeadline = ContinuousClock.now + .seconds(5)
         while after == nil, ContinuousClock.now < reloadDeadline {
@@ -100,7 +101,7 @@ import Glibc
         }
         // Only the two accepted dispatches were applied.
         #expect(seq == 2)
-        #expect(daemon.terminate() == 0)
+        #expect(daemon.stop() == 0)
         #expect(daemon.output.contains("refused a connection"))
     }
 
@@ -125,9 +126,9 @@ import Glibc
             arguments: ["--config", "\(directory)/lockstepd.toml", "--journal", "memory"]
         )
         let deadline = ContinuousClock.now + .seconds(10)
-        while daemon.process.isRunning, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
-        try #require(!daemon.process.isRunning, "lockstepd kept running with a readable key file")
-        #expect(daemon.process.terminationStatus != 0)
+        while daemon.isRunning, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+        try #require(!daemon.isRunning, "lockstepd kept running with a readable key file")
+        #expect(daemon.waitForExit(within: .zero) != 0)
         #expect(daemon.output.contains("must be 0600"), "\(daemon.output)")
     }
 }

@@ -11,65 +11,17 @@ import ZeroMQ
 import Glibc
 #endif
 
-/// A real `lockstepd` in a temporary directory, stopped (SIGTERM, then SIGKILL) when the test ends.
-final class DaemonProcess {
-    let directory: String
-    let process = Process()
-    let log: URL
-
-    init(
+extension DaemonProcess {
+    /// A daemon of this package's `executable`, started at once in `directory`: the tests' usual case. It is
+    /// killed, if it still runs, when the test releases it.
+    convenience init(
         directory: String,
         arguments: [String] = [],
         environment: [String: String] = [:],
         executable: String = "lockstepd"
     ) throws {
-        self.directory = directory
-        process.executableURL = productURL(executable)
-        process.currentDirectoryURL = URL(fileURLWithPath: directory)
-        process.arguments = arguments
-        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-        log = URL(fileURLWithPath: directory).appendingPathComponent("lockstepd-\(UUID()).log")
-        _ = FileManager.default.createFile(atPath: log.path, contents: nil)
-        let handle = try FileHandle(forWritingTo: log)
-        process.standardOutput = handle
-        process.standardError = handle
-        try process.run()
-    }
-
-    var command: String { "ipc://\(directory)/.lockstep/run/command" }
-
-    /// Waits (at most 30 s) until the daemon answers `lockstep stats`; records an issue if it exits or never does.
-    func waitUntilServing() async throws {
-        let deadline = ContinuousClock.now + .seconds(30)
-        while ContinuousClock.now < deadline {
-            if try runProduct("lockstep", ["stats", "--command-endpoint", command, "--retries", "0"]).status == 0 {
-                return
-            }
-            guard process.isRunning else {
-                Issue.record("the daemon exited before it answered: \(output)")
-                return
-            }
-            try await Task.sleep(for: .milliseconds(20))
-        }
-        Issue.record("the daemon did not answer within 30 s: \(output)")
-    }
-    var events: String { "ipc://\(directory)/.lockstep/run/events" }
-    var output: String { (try? String(contentsOf: log, encoding: .utf8)) ?? "" }
-
-    /// Sends SIGTERM and waits (bounded) for the exit status.
-    func terminate(within timeout: Duration = .seconds(10)) -> Int32? {
-        guard process.isRunning else { return process.terminationStatus }
-        kill(process.processIdentifier, SIGTERM)
-        let deadline = ContinuousClock.now + timeout
-        while process.isRunning, ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.01) }
-        return process.isRunning ? nil : process.terminationStatus
-    }
-
-    deinit {
-        if process.isRunning {
-            kill(process.processIdentifier, SIGKILL)
-            process.waitUntilExit()
-        }
+        try self.init(executable: productURL(executable), folder: URL(fileURLWithPath: directory))
+        try start(arguments: arguments, environment: environment)
     }
 }
 
@@ -160,7 +112,7 @@ struct ClientTimeout: Error {}
         }
         #expect(index == 0 && rejection.code == "out_of_range")
 
-        #expect(daemon.terminate() == 0, "\(daemon.output)")
+        #expect(daemon.stop() == 0, "\(daemon.output)")
 
         // After a restart: the same state and epoch, and the retry still gets its first reply.
         daemon = try DaemonProcess(directory: directory, arguments: ["--domain", "counter", "--domain", "numbers"])
@@ -205,7 +157,7 @@ struct ClientTimeout: Error {}
         let status = try JSONSerialization.jsonObject(with: Data(stats.standardOutput.utf8)) as? [String: Any]
         let stores = status?["stores"] as? [[String: Any]]
         #expect(stores?.first { $0["name"] as? String == "counter" }?["seq"] as? Int == 2)
-        #expect(daemon.terminate() == 0, "\(daemon.output)")
+        #expect(daemon.stop() == 0, "\(daemon.output)")
     }
 
     @Test func systemdHearsReadyThenWatchdogThenStopping() throws {
@@ -221,7 +173,7 @@ struct ClientTimeout: Error {}
         #expect(ready?.hasPrefix("READY=1") == true, "\(String(describing: ready)); log:\n\(daemon.output)")
         #expect(systemd.receive() == "WATCHDOG=1")
         #expect(systemd.receive() == "WATCHDOG=1")
-        try #require(daemon.terminate() == 0)
+        try #require(daemon.stop() == 0)
         var sawStopping = false
         while let message = systemd.receive() {
             if message == "STOPPING=1" {
@@ -246,7 +198,7 @@ struct ClientTimeout: Error {}
                 return
             }
         }
-        #expect(daemon.terminate() == 0)
+        #expect(daemon.stop() == 0)
         daemon = try DaemonProcess(directory: directory, arguments: arguments)
         let again = try Client(context, endpoint: daemon.command)
         guard
@@ -258,7 +210,7 @@ struct ClientTimeout: Error {}
             return
         }
         #expect(snapshot.seq == 20)
-        #expect(daemon.terminate() == 0)
+        #expect(daemon.stop() == 0)
     }
 
     @Test func fourClientProcessesAndThreeSubscribersAgreeOnOneGapFreeSequence() throws {
@@ -317,7 +269,7 @@ struct ClientTimeout: Error {}
         }
 
         // SIGTERM drains and exits 0, and every acknowledged action is in the journal.
-        #expect(daemon.terminate() == 0)
+        #expect(daemon.stop() == 0)
         let journal = try SQLiteJournal(directory: "\(directory)/.lockstep/data", readOnly: true)
         defer { try? journal.close() }
         guard case let .events(events) = try journal.events(store: "counter", from: 1, to: total, limit: 10_000) else {
@@ -342,7 +294,7 @@ struct ClientTimeout: Error {}
         )
         // The subscription needs a moment to reach the daemon; dispatch until tail has seen two events.
         var number = 0
-        let deadline = ContinuousClock.now + .seconds(10)
+        let deadline = ContinuousClock.now + .seconds(30)
         while tail.process.isRunning, ContinuousClock.now < deadline {
             number += 1
             let sent = try run([
@@ -351,6 +303,7 @@ struct ClientTimeout: Error {}
             #expect(sent.status == 0)
             try await Task.sleep(for: .milliseconds(50))
         }
+        #expect(!tail.process.isRunning, "tail saw fewer than 2 of \(number) events; daemon log:\n\(daemon.output)")
         let lines = try tail.finish(within: .seconds(5)).standardOutput.split(separator: "\n")
         #expect(lines.count == 2)
         try #require(!lines.isEmpty)
@@ -363,6 +316,6 @@ struct ClientTimeout: Error {}
         #expect(object?["seq"] as? Int == number)
         let items = ((object?["state"] as? [String: Any])?["list"] as? [String: Any])?["items"] as? [Any]
         #expect(items?.count == number)
-        #expect(daemon.terminate() == 0)
+        #expect(daemon.stop() == 0)
     }
 }

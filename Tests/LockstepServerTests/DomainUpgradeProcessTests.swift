@@ -3,6 +3,7 @@ import Lockstep
 import LockstepClient
 import ReplayFixtures
 import TestSupport
+import LockstepTesting
 import Testing
 
 /// Daemons of successive versions of the fixtures' `shelf` domain, each made with `LockstepDaemonMain`, started in
@@ -20,9 +21,9 @@ import Testing
     /// Waits (at most 30 s) for a daemon that must refuse to start, and returns its exit status.
     func refusal(_ daemon: DaemonProcess) async throws -> Int32? {
         let deadline = ContinuousClock.now + .seconds(30)
-        while daemon.process.isRunning, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
-        #expect(!daemon.process.isRunning)
-        return daemon.terminate()
+        while daemon.isRunning, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+        #expect(!daemon.isRunning)
+        return daemon.stop()
     }
 
     /// `lockstep ARGUMENTS` against `daemon`, which must succeed; its standard output.
@@ -42,7 +43,7 @@ import Testing
         for name in ["pens", "ink", "paper"] {
             _ = try lockstep(["dispatch", "shelf", #"{"add":{"name":"\#(name)"}}"#], first)
         }
-        #expect(first.terminate() == 0)
+        #expect(first.stop() == 0)
         let journalBefore = try runProduct("lockstep", ["journal", "stats", data, "--json"]).standardOutput
 
         // Version 2 without an upgrade: refuses to start, names the store and both versions, changes nothing.
@@ -102,7 +103,7 @@ import Testing
         #expect(old.status.divergences > 0)
         #expect(old.status.lastSeq == 0)
         #expect(refusal?.contains("runs domain version 2, the client sent version 1") == true, "\(refusal ?? "-")")
-        #expect(second.terminate() == 0)
+        #expect(second.stop() == 0)
 
         // The journal says which version wrote what, and the state at the upgrade seq reads back.
         let stats = try runProduct("lockstep", ["journal", "stats", data]).standardOutput

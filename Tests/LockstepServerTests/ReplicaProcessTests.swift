@@ -80,7 +80,7 @@ extension ReplicaClient {
         #expect(watched?.stores.allSatisfy { $0.divergences == 0 } == true)
         #expect(try watcher.stop().status == 0)
         #expect(try writer.stop().status == 0)
-        #expect(daemon.terminate() == 0)
+        #expect(daemon.stop() == 0)
     }
 
     @Test func aStoppedReplicaWhoseEventsWereDroppedRepairsAndConverges() throws {
@@ -120,7 +120,7 @@ extension ReplicaClient {
         #expect(caught?.store("counter")?.resyncs == 0)
         #expect(caught?.store("counter")?.divergences == 0)
         #expect(try watcher.stop().status == 0)
-        #expect(daemon.terminate() == 0)
+        #expect(daemon.stop() == 0)
     }
 
     @Test func everyReplicaSurvivesADaemonRestart() throws {
@@ -133,8 +133,7 @@ extension ReplicaClient {
         let watcher = try ReplicaClient(daemon, stores: stores, actions: 0)
         let halfway = writer.wait(within: .seconds(60)) { $0.accepted >= 500 }
         try #require(halfway.map { $0.accepted >= 500 } == true)
-        kill(daemon.process.processIdentifier, SIGKILL)
-        daemon.process.waitUntilExit()
+        daemon.kill()
         daemon = try startDaemon(directory)
         let written = writer.wait(within: .seconds(90)) { $0.done }
         try #require(written?.done == true, "the writer did not finish after the restart")
@@ -150,7 +149,7 @@ extension ReplicaClient {
             #expect(report.map { converged($0, on: digests) } == true, "\(String(describing: report))")
             #expect(try client.stop().status == 0)
         }
-        #expect(daemon.terminate() == 0)
+        #expect(daemon.stop() == 0)
     }
 
     @Test func twoProcessesDispatchingToTodosEachSeeTheOthersTodos() throws {
@@ -178,7 +177,7 @@ extension ReplicaClient {
             #expect(texts.contains { $0.hasPrefix("bob ") }, "\(texts)")
             #expect(final?.store("todos")?.digest == digests["todos"]?.digest)
         }
-        #expect(daemon.terminate() == 0)
+        #expect(daemon.stop() == 0)
     }
 
     @Test func aRejectedDispatchExitsNonZeroWithTheDaemonsReason() throws {
@@ -193,7 +192,7 @@ extension ReplicaClient {
         #expect(result.status == 3)
         #expect(result.standardError.contains("delete index 99 is out of range"), "\(result.standardError)")
         #expect(try daemonDigests(daemon, stores: ["numbers"])["numbers"]?.seq == 0)
-        #expect(daemon.terminate() == 0)
+        #expect(daemon.stop() == 0)
     }
 }
 

@@ -4,6 +4,7 @@ import LockstepClient
 import LockstepExamples
 import LockstepProtocol
 import TestSupport
+import LockstepTesting
 import Testing
 
 /// `Replica<D>` in this process against a real `lockstepd`.
@@ -69,7 +70,7 @@ import Testing
             #expect(seen == seen.sorted())
             #expect(seen.last == 42)
         }
-        #expect(daemon.terminate() == 0)
+        #expect(daemon.stop() == 0)
     }
 
     @Test func aRejectionCarriesTheDaemonsReasonAndChangesNothing() async throws {
@@ -88,7 +89,7 @@ import Testing
             #expect(replica.state.numbers == [7])
             #expect(replica.seq == 1)
         }
-        #expect(daemon.terminate() == 0)
+        #expect(daemon.stop() == 0)
     }
 
     /// A counter that counts twice: same name, version and wire form as the daemon's, another reducer.
@@ -135,7 +136,7 @@ import Testing
             #expect(replica.status.divergences >= 1)
             #expect(replica.status.resyncs >= 1)
         }
-        #expect(daemon.terminate() == 0)
+        #expect(daemon.stop() == 0)
     }
 }
 

@@ -2,6 +2,7 @@ import Foundation
 import LockstepExamples
 import LockstepJournal
 import TestSupport
+import LockstepTesting
 import Testing
 
 /// The tool and the daemon made with the one-call entries keep their clear errors for bad input: an unknown
@@ -110,8 +111,8 @@ import Testing
 
         let daemon = try DaemonProcess(directory: directory.path)
         let deadline = ContinuousClock.now + .seconds(30)
-        while daemon.process.isRunning, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
-        #expect(daemon.terminate() == 1)
+        while daemon.isRunning, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+        #expect(daemon.stop() == 1)
         let output = daemon.output
         #expect(output.contains("the idempotency entry of client \(String(repeating: "ab", count: 16)) request 7"))
         #expect(output.contains("could be applied twice"), "\(output)")

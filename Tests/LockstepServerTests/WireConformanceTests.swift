@@ -2,6 +2,7 @@ import Foundation
 import LockstepJournal
 import LockstepProtocol
 import TestSupport
+import LockstepTesting
 import Testing
 import ZeroMQ
 
@@ -68,7 +69,7 @@ import ZeroMQ
             return
         }
         #expect(first == 1)
-        #expect(daemon.terminate() == 0)
+        #expect(daemon.stop() == 0)
     }
 
     /// Two requests that mean the same action are one action: journaled, published and fingerprinted in its
@@ -129,7 +130,7 @@ import ZeroMQ
         }
         #expect(seq == 1)
         #expect(String(decoding: action, as: UTF8.self) == #"{"add":{"number":5}}"#)
-        #expect(daemon.terminate() == 0)
+        #expect(daemon.stop() == 0)
         let journal = try SQLiteJournal(directory: "\(directory)/.lockstep/data", readOnly: true)
         defer { try? journal.close() }
         guard case let .events(events) = try journal.events(store: "numbers", from: 1, to: 10, limit: 10) else {

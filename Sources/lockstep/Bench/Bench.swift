@@ -171,14 +171,14 @@ final class Bench {
         let daemon = try startDaemon("dispatch", domains: [Counter.name])
         for clients in [1, 8, 32] {
             say("P\(clients == 1 ? "1, P2" : "2"): \(clients) dispatching \(clients == 1 ? "process" : "processes")")
-            let before = try daemon.seq()
+            let before = try seq(of: daemon)
             let reports = try runClients(
                 try (0..<clients).map { _ in
                     try worker("dispatch", ["--endpoint", daemon.command, "--seconds", "\(seconds)"])
                 }
             )
             // Each client dispatched once before go, to connect.
-            let committed = Int(try daemon.seq() - before) - clients
+            let committed = Int(try seq(of: daemon) - before) - clients
             let latencies = Latencies(reports.flatMap(\.latencies))
             let acknowledged = reports.reduce(0) { $0 + $1.count }
             results.p2.append(
@@ -205,7 +205,7 @@ final class Bench {
                 )
             }
         }
-        results.p6.daemonPeakBytes = max(results.p6.daemonPeakBytes, daemon.peakResident)
+        results.p6.daemonPeakBytes = max(results.p6.daemonPeakBytes, daemon.memory().peakKiB * 1_024)
     }
 
     // MARK: - Redis Streams
@@ -320,7 +320,7 @@ final class Bench {
             results.p6.replicaPeakBytes = max(results.p6.replicaPeakBytes, applied.map(\.peakResident).max() ?? 0)
             for replica in replicas { replica.kill() }
         }
-        results.p6.daemonPeakBytes = max(results.p6.daemonPeakBytes, daemon.peakResident)
+        results.p6.daemonPeakBytes = max(results.p6.daemonPeakBytes, daemon.memory().peakKiB * 1_024)
     }
 
     // MARK: - P4
@@ -381,7 +381,7 @@ final class Bench {
             daemonStartSeconds: (started / .milliseconds(1)).rounded() / 1_000,
             fillSeconds: (fill / .milliseconds(10)).rounded() / 100,
             replicaPeakBytes: joined.peakResident,
-            daemonPeakBytes: daemon.peakResident
+            daemonPeakBytes: daemon.memory().peakKiB * 1_024
         )
         results.p4.append(row)
         results.p6.daemonPeakBytes = max(results.p6.daemonPeakBytes, row.daemonPeakBytes)
@@ -499,37 +499,16 @@ final class Bench {
         reports.reduce(0) { $0 + perSecond($1.count, nanoseconds: $1.elapsed) }.rounded()
     }
 
-    /// A lockstepd serving `domains` from the folder `name` (its journal, config and log).
-    final class Daemon {
-        let process: ChildProcess
-        let command: String
-        let events: String
-        private let client: CommandClient
-
-        init(process: ChildProcess, command: String, events: String, curve: ClientCurve?) throws {
-            self.process = process
-            self.command = command
-            self.events = events
-            client = CommandClient(
-                context: try Context(),
-                endpoint: command,
-                timeout: .milliseconds(500),
-                retries: 0,
-                curve: curve
-            )
+    /// The sum of the seqs of the daemon's stores.
+    private func seq(of daemon: DaemonProcess) throws -> UInt64 {
+        guard let status = daemon.status(timeout: .milliseconds(500)) else {
+            throw BenchFailure("lockstepd at \(daemon.command) did not answer STATUS with a readable status")
         }
-
-        func seq() throws -> UInt64 {
-            guard let status = DaemonStatus(try client.call(.status(requestID: 1))) else {
-                throw BenchFailure("lockstepd at \(command) did not answer STATUS with a readable status")
-            }
-            return status.stores.reduce(0) { $0 + $1.seq }
-        }
-
-        var peakResident: Int { peakResidentBytes(of: process.process.processIdentifier) ?? 0 }
+        return status.stores.reduce(0) { $0 + $1.seq }
     }
 
-    private func startDaemon(_ name: String, domains: [String]) throws -> Daemon {
+    /// A lockstepd serving `domains` from the folder `name` (its journal, config and log), answering.
+    private func startDaemon(_ name: String, domains: [String]) throws -> DaemonProcess {
         let directory = folder.appendingPathComponent(name)
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let command = endpoint("\(name)-command")
@@ -545,7 +524,7 @@ final class Bench {
         if let curve {
             let keyFile = directory.appendingPathComponent("server.key").path
             let clientsFile = directory.appendingPathComponent("clients").path
-            FileManager.default.createFile(
+            _ = FileManager.default.createFile(
                 atPath: keyFile,
                 contents: Data((Z85.encode(curve.server.secretKey) + "\n").utf8),
                 attributes: [.posixPermissions: 0o600]
@@ -560,19 +539,19 @@ final class Bench {
         }
         let configuration = directory.appendingPathComponent("lockstepd.toml")
         try toml.write(to: configuration, atomically: true, encoding: .utf8)
-        let process = try ChildProcess(
+        let daemon = try DaemonProcess(
             executable: lockstepd,
-            ["--config", configuration.path, "--log-level", "warning"],
-            directory: directory,
-            errorFile: directory.appendingPathComponent("lockstepd.log")
+            folder: directory,
+            arguments: ["--config", configuration.path, "--log-level", "warning"],
+            command: command,
+            events: events,
+            curve: clientCurve
         )
-        let daemon = try Daemon(process: process, command: command, events: events, curve: clientCurve)
-        let deadline = ContinuousClock.now + .seconds(60)
-        while (try? daemon.seq()) == nil {
-            guard ContinuousClock.now < deadline, process.process.isRunning else {
-                throw BenchFailure("lockstepd did not answer within 60 s; see \(directory.path)/lockstepd.log")
-            }
-            Thread.sleep(forTimeInterval: 0.005)
+        try daemon.start()
+        do {
+            try daemon.waitUntilServing(within: .seconds(60))
+        } catch {
+            throw BenchFailure("\(error)")
         }
         return daemon
     }

@@ -70,16 +70,6 @@ func perSecond(_ count: Int, nanoseconds: UInt64) -> Double {
     return (Double(count) / (Double(nanoseconds) / 1e9)).rounded()
 }
 
-/// The peak resident set size of process `pid` (VmHWM), in bytes; nil once it is gone.
-func peakResidentBytes(of pid: Int32) -> Int? {
-    guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return nil }
-    for line in status.split(separator: "\n") where line.hasPrefix("VmHWM:") {
-        let kilobytes = line.split(separator: " ").dropFirst().first.flatMap { Int($0) }
-        return kilobytes.map { $0 * 1_024 }
-    }
-    return nil
-}
-
 /// Bytes as MiB with one decimal.
 func mebibytes(_ bytes: Int) -> String {
     String(format: "%.1f MiB", Double(bytes) / 1_048_576)

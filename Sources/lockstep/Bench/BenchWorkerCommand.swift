@@ -4,6 +4,7 @@ import Lockstep
 import LockstepClient
 import LockstepExamples
 import LockstepProtocol
+import LockstepTesting
 import LockstepTool
 import Logging
 import ZeroMQ
@@ -79,7 +80,7 @@ struct BenchWorkerCommand: AsyncParsableCommand {
             report = store == Posts.name ? try await join(Posts.self) : try await join(Counter.self)
         case .redis: report = try await redis()
         }
-        report.peakResident = peakResidentBytes(of: getpid()) ?? 0
+        report.peakResident = residentMemory(of: getpid()).peakKiB * 1_024
         print(String(decoding: try JSONEncoder().encode(report), as: UTF8.self))
         fflush(nil)
     }

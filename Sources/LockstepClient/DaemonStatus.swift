@@ -1,0 +1,38 @@
+import Foundation
+import LockstepProtocol
+
+/// What a daemon says of itself in its STATUS reply (docs/operations.md, "Status"): per store seq, epoch and
+/// rate; its journal; the errors it refused requests with.
+public struct DaemonStatus: Decodable, Sendable {
+    /// One hosted store.
+    public struct Store: Decodable, Sendable {
+        /// The store's name on the wire.
+        public var name: String
+        /// The seq of its last action.
+        public var seq: UInt64
+        /// Its epoch, as 16 hex digits.
+        public var epoch: String
+        /// The domain version it runs.
+        public var domainVersion: UInt32
+        /// Actions committed since the daemon started, over its uptime.
+        public var eventsPerSecond: Double
+    }
+
+    /// Seconds since the daemon started.
+    public var uptimeSeconds: Int64
+    /// The journal's file, or `memory`.
+    public var journal: String
+    /// The journal's size on disk; `nil` for the in-memory journal.
+    public var journalBytes: Int64?
+    /// Every hosted store, in the daemon's order.
+    public var stores: [Store]
+    /// ERROR replies the daemon sent since it started, by code name (absent from daemons before this field).
+    public var refused: [String: UInt64]?
+
+    /// The status `reply` carries; `nil` when it is not a STATUS reply or its JSON is not readable.
+    public init?(_ reply: Reply) {
+        guard case let .status(_, body) = reply, let status = try? JSONDecoder().decode(Self.self, from: Data(body))
+        else { return nil }
+        self = status
+    }
+}

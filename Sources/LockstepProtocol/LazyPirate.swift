@@ -1,0 +1,105 @@
+/// Requests in flight on one command socket, retried the Lazy Pirate way (docs/protocol.md, "Idempotency"),
+/// as a value that takes events and returns what to do — no socket and no clock in it.
+///
+/// Each request waits ``Settings/timeout``. When one goes unanswered the socket is replaced (a REQ socket that
+/// lost its reply can never send again; a DEALER's peer may have dropped what it had) and every request still
+/// in flight is sent again on the new one, with the same request id — for a DISPATCH, the same idempotency key,
+/// so the daemon applies it at most once. A request unanswered ``Settings/retries`` + 1 times is given up.
+///
+/// `CommandClient` (one request at a time, blocking) and the replica's dispatcher (many at once) both drive it;
+/// `Payload` is what the owner keeps with each request (a continuation, a count).
+public struct LazyPirate<Payload> {
+    /// How long to wait, and how often to try.
+    public struct Settings: Hashable, Sendable {
+        /// How long a request waits for its reply before it counts as lost.
+        public var timeout: Duration
+        /// How many times a lost request is sent again before it is given up.
+        public var retries: Int
+
+        public init(timeout: Duration = .seconds(2), retries: Int = 3) {
+            self.timeout = timeout
+            self.retries = max(0, retries)
+        }
+    }
+
+    /// What the owner must do, in order.
+    public enum Output {
+        /// Send this request on the current socket.
+        case send(Request)
+        /// Close the command socket and open a fresh one.
+        case renewSocket
+        /// No reply came after `tries` tries: tell whoever waits for it.
+        case gaveUp(Request, Payload, tries: Int)
+    }
+
+    fileprivate struct Flight {
+        var request: Request
+        var payload: Payload
+        var deadline: ContinuousClock.Instant
+        var triesLeft: Int
+    }
+
+    public let settings: Settings
+    private var flights: [UInt64: Flight] = [:]
+
+    public init(_ settings: Settings) {
+        self.settings = settings
+    }
+
+    /// How many requests wait for a reply.
+    public var count: Int { flights.count }
+
+    /// When ``tick(now:)`` has something to do next; `nil` with nothing in flight.
+    public var nextDeadline: ContinuousClock.Instant? {
+        flights.values.lazy.map { $0.deadline }.min()
+    }
+
+    /// A new request: send it. Its request id must not be in flight already.
+    public mutating func submit(_ request: Request, _ payload: Payload, now: ContinuousClock.Instant) -> [Output] {
+        precondition(flights[request.requestID] == nil, "request \(request.requestID) is in flight already")
+        flights[request.requestID] = Flight(
+            request: request,
+            payload: payload,
+            deadline: now + settings.timeout,
+            triesLeft: settings.retries
+        )
+        return [.send(request)]
+    }
+
+    /// A reply to request `requestID` arrived: the request and its payload, no longer in flight; `nil` when no
+    /// such request waits (a late reply to one given up, or to another owner's).
+    public mutating func answered(_ requestID: UInt64) -> (request: Request, payload: Payload)? {
+        flights.removeValue(forKey: requestID).map { ($0.request, $0.payload) }
+    }
+
+    /// Time passed. When a request's wait is over: give up those out of tries, renew the socket, and send every
+    /// request still in flight again (in request id order) with a new deadline.
+    public mutating func tick(now: ContinuousClock.Instant) -> [Output] {
+        guard flights.values.contains(where: { $0.deadline <= now }) else { return [] }
+        var outputs: [Output] = []
+        for id in flights.keys.sorted() where flights[id]!.deadline <= now {
+            if flights[id]!.triesLeft == 0 {
+                let flight = flights.removeValue(forKey: id)!
+                outputs.append(.gaveUp(flight.request, flight.payload, tries: settings.retries + 1))
+            } else {
+                flights[id]!.triesLeft -= 1
+            }
+        }
+        outputs.append(.renewSocket)
+        for id in flights.keys.sorted() {
+            flights[id]!.deadline = now + settings.timeout
+            outputs.append(.send(flights[id]!.request))
+        }
+        return outputs
+    }
+
+    /// Every request in flight, taken out (the owner is stopping and answers them all).
+    public mutating func removeAll() -> [(request: Request, payload: Payload)] {
+        defer { flights.removeAll() }
+        return flights.keys.sorted().map { (flights[$0]!.request, flights[$0]!.payload) }
+    }
+}
+
+extension LazyPirate: Sendable where Payload: Sendable {}
+extension LazyPirate.Output: Sendable where Payload: Sendable {}
+extension LazyPirate.Flight: Sendable where Payload: Sendable {}

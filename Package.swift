@@ -73,12 +73,28 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
+        // The examples' bench (`lockstep bench`) and journal fixtures, and their demo (`lockstep demo`).
+        .target(
+            name: "LockstepBench",
+            dependencies: [
+                "Lockstep", "LockstepProtocol", "LockstepClient", "LockstepExamples", "LockstepJournal",
+                "LockstepTesting", "LockstepTool", "ZeroMQ", .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        .target(
+            name: "LockstepDemo",
+            dependencies: [
+                "Lockstep", "LockstepProtocol", "LockstepClient", "LockstepExamples", "LockstepTesting", "LockstepTool",
+                "ZeroMQ", .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ]
+        ),
         // The target is not called `lockstep`: its module would clash with `Lockstep` on a case-blind disk.
         .executableTarget(
             name: "LockstepCLI",
             dependencies: [
                 "Lockstep", "LockstepProtocol", "LockstepClient", "LockstepExamples", "LockstepTesting", "ZeroMQ",
-                "LockstepJournal", "LockstepTool",
+                "LockstepJournal", "LockstepTool", "LockstepBench", "LockstepDemo",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -90,6 +106,13 @@ let package = Package(
             dependencies: ["Lockstep", "LockstepExamples", "LockstepTesting", "TestSupport"]
         ),
         .testTarget(name: "ZeroMQTests", dependencies: ["ZeroMQ"]),
+        .testTarget(
+            name: "LockstepBenchTests",
+            dependencies: [
+                "LockstepBench", "LockstepDemo", "LockstepExamples", "LockstepJournal", "LockstepProtocol", "TestSupport",
+                "lockstepd", "LockstepCLI",
+            ]
+        ),
         .testTarget(name: "LockstepProtocolTests", dependencies: ["LockstepProtocol", "LockstepExamples"]),
         // Runs this package's executables from tests, with bounded waits.
         .target(name: "TestSupport", dependencies: ["LockstepTesting"], path: "Tests/TestSupport"),

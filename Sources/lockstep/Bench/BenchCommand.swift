@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Lockstep
+import LockstepBench
 import LockstepExamples
 import LockstepJournal
 import LockstepTool
@@ -19,15 +20,11 @@ struct BenchCommand: ParsableCommand {
             """
     )
 
-    enum Transport: String, ExpressibleByArgument, CaseIterable {
-        case ipc, tcp
-    }
-
     @Flag(help: "Print one JSON object (keys in docs/performance.md) instead of the table.")
     var json = false
 
     @Option(help: "The transport every socket uses: ipc, or tcp on 127.0.0.1 (with CURVE, as lockstepd requires).")
-    var transport = Transport.ipc
+    var transport = Bench.Transport.ipc
 
     @Option(help: "How long each latency and throughput measurement runs, in seconds.")
     var seconds = 2.0
@@ -75,7 +72,15 @@ struct BenchCommand: ParsableCommand {
 
     func run() throws {
         signal(SIGPIPE, SIG_IGN)
-        let bench = try Bench(transport: transport, seconds: seconds, keep: keep, progressToStandardError: json)
+        let (lockstep, lockstepd) = try executablesBesideThis(build: "swift build -c release")
+        let bench = try Bench(
+            lockstep: lockstep,
+            lockstepd: lockstepd,
+            transport: transport,
+            seconds: seconds,
+            keep: keep,
+            progressToStandardError: json
+        )
         let results: BenchResults
         do {
             var parts = try parts()
@@ -96,8 +101,4 @@ struct BenchCommand: ParsableCommand {
     }
 }
 
-/// Why the bench could not finish; names the process or step and where its log is.
-struct BenchFailure: Error, CustomStringConvertible {
-    var description: String
-    init(_ description: String) { self.description = description }
-}
+extension Bench.Transport: ExpressibleByArgument {}

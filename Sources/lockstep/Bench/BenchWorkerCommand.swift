@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Lockstep
+import LockstepBench
 import LockstepClient
 import LockstepExamples
 import LockstepProtocol
@@ -19,26 +20,8 @@ struct BenchWorkerCommand: AsyncParsableCommand {
         shouldDisplay: false
     )
 
-    enum Role: String, ExpressibleByArgument, CaseIterable {
-        /// Raw libzmq: a REP or ROUTER that sends every message back; runs until killed.
-        case echoRep = "echo-rep"
-        case echoRouter = "echo-router"
-        /// Raw libzmq: a REQ sending the bytes of a counter DISPATCH and waiting for them to come back.
-        case req
-        /// Raw libzmq: a SUB counting `--count` messages from the bench's PUB.
-        case sub
-        /// Lockstep: DISPATCH of a counter increment, one at a time, through the command client.
-        case dispatch
-        /// Lockstep: a `Replica<Counter>` that records when it reached each seq.
-        case replica
-        /// Lockstep: a replica of `--store` that joins and reports how long it took to reach seq `--count`.
-        case join
-        /// Redis Streams: XADD of the counter action's bytes, one at a time.
-        case redis
-    }
-
-    @Argument(help: "What this worker does: \(Role.allCases.map(\.rawValue).joined(separator: ", ")).")
-    var role: Role
+    @Argument(help: "What this worker does: \(BenchWorker.Role.allCases.map(\.rawValue).joined(separator: ", ")).")
+    var role: BenchWorker.Role
 
     @Option(help: "The endpoint: the ZeroMQ endpoint, the daemon's command endpoint, or Redis's unix socket.")
     var endpoint: String
@@ -65,247 +48,19 @@ struct BenchWorkerCommand: AsyncParsableCommand {
     var curveServer: String?
 
     func run() async throws {
-        signal(SIGPIPE, SIG_IGN)
-        let context = try Context()
-        var report: WorkerReport
-        switch role {
-        case .echoRep, .echoRouter:
-            try echo(context)
-            return
-        case .req: report = try await request(context)
-        case .sub: report = try subscribe(context)
-        case .dispatch: report = try await dispatch(context)
-        case .replica: report = try await replica()
-        case .join:
-            report = store == Posts.name ? try await join(Posts.self) : try await join(Counter.self)
-        case .redis: report = try await redis()
-        }
-        report.peakResident = residentMemory(of: getpid()).peakKiB * 1_024
-        print(String(decoding: try JSONEncoder().encode(report), as: UTF8.self))
-        fflush(nil)
-    }
-
-    /// The counter DISPATCH every client sends (the raw ones send its bytes, for the same load).
-    static func dispatchRequest(number: UInt64, clientID: ClientID) -> Request {
-        .dispatch(
-            DispatchRequest(
-                requestID: number,
-                domainVersion: Counter.version,
-                clientID: clientID,
-                store: try! StoreName(Counter.name),
-                actions: [action]
-            )
-        )
-    }
-
-    /// `{"increment":{}}`, as every client and Redis send it.
-    static let action = Array(#"{"increment":{}}"#.utf8)
-
-    private func ready() async throws {
-        print("ready")
-        fflush(nil)
-        for await line in standardInputLines() where line == "go" { return }
-        throw CommandFailure("bench-worker: standard input ended before go")
-    }
-
-    /// Runs `operation` back to back for `--seconds`, timing each; failures are counted, not timed.
-    private func measure(_ operation: () throws -> Void) -> WorkerReport {
-        var report = WorkerReport()
-        report.latencies.reserveCapacity(100_000)
-        let start = monotonicNanos()
-        let end = start + UInt64(seconds * 1e9)
-        var now = start
-        while now < end {
-            do {
-                try operation()
-                let done = monotonicNanos()
-                report.latencies.append(done - now)
-                report.count += 1
-                now = done
-            } catch {
-                report.failures += 1
-                report.firstFailure = report.firstFailure ?? "\(error)"
-                now = monotonicNanos()
-            }
-        }
-        report.elapsed = now - start
-        return report
-    }
-
-    /// The CURVE keys `--curve` gives, if any.
-    private func clientCurve() throws -> ClientCurve? {
-        guard let curve else { return nil }
-        let keys = curve.split(separator: ",").map(String.init)
-        guard keys.count == 2 else { throw ValidationError("--curve wants SERVER_PUBLIC,CLIENT_SECRET") }
-        return ClientCurve(
-            keys: try CurveKeyPair(secretKey: try Z85.decode(keys[1])),
-            serverPublicKey: try Z85.decode(keys[0])
-        )
-    }
-
-    private func echo(_ context: Context) throws {
-        let socket = try Socket(context, type: role == .echoRep ? .reply : .router)
-        if let curveServer {
-            try socket.set(.curveServer, 1)
-            try socket.set(.curveSecretKey, try Z85.decode(curveServer))
-        }
-        try socket.bind(endpoint)
-        print("ready")
-        fflush(nil)
-        while let frames = try socket.receive() {
-            _ = try socket.send(frames)
-        }
-    }
-
-    private func request(_ context: Context) async throws -> WorkerReport {
-        let socket = try Socket(context, type: .request)
-        try socket.set(.receiveTimeout, 5_000)
-        try clientCurve()?.configure(socket)
-        try socket.connect(endpoint)
-        let frames = Self.dispatchRequest(number: 1, clientID: .random()).encode()
-        func roundTrip() throws {
-            guard try socket.send(frames), try socket.receive() != nil else {
-                throw CommandFailure("no echo from \(endpoint) within 5 s")
-            }
-        }
-        try roundTrip()
-        try await ready()
-        return measure(roundTrip)
-    }
-
-    private func subscribe(_ context: Context) throws -> WorkerReport {
-        let socket = try Socket(context, type: .subscriber)
-        try socket.set(.receiveHighWaterMark, 0)
-        try socket.set(.receiveTimeout, Int32(seconds * 1_000))
-        try socket.subscribe([])
-        try clientCurve()?.configure(socket)
-        try socket.connect(endpoint)
-        var report = WorkerReport()
-        var announced = false
-        while report.count < count, let frames = try socket.receive() {
-            // The bench publishes "w" until every subscriber is ready, then `count` data messages.
-            if frames.first?.first == UInt8(ascii: "w") {
-                if !announced {
-                    print("ready")
-                    fflush(nil)
-                    announced = true
-                }
-                continue
-            }
-            report.count += 1
-        }
-        report.finishedAt = monotonicNanos()
-        return report
-    }
-
-    private func dispatch(_ context: Context) async throws -> WorkerReport {
-        let client = CommandClient(
-            context: context,
+        let worker = BenchWorker(
+            role: role,
             endpoint: endpoint,
-            timeout: .seconds(5),
-            retries: 0,
-            curve: try clientCurve()
+            eventsEndpoint: eventsEndpoint,
+            seconds: seconds,
+            count: count,
+            store: store,
+            recordSeqs: recordSeqs,
+            curve: curve,
+            curveServer: curveServer
         )
-        let clientID = ClientID.random()
-        var number: UInt64 = 0
-        var sent: [WorkerReport.Sample] = []
-        func dispatchOne() throws {
-            number += 1
-            let at = monotonicNanos()
-            guard
-                case let .accepted(_, _, seq, _) = try client.call(
-                    Self.dispatchRequest(number: number, clientID: clientID)
-                )
-            else {
-                throw CommandFailure("the daemon did not accept dispatch \(number)")
-            }
-            if recordSeqs { sent.append(.init(seq: seq, at: at)) }
-        }
-        try dispatchOne()
-        try await ready()
-        sent.removeAll()
-        var report = measure(dispatchOne)
-        report.sent = sent
-        return report
-    }
-
-    private func replica() async throws -> WorkerReport {
-        let replica = try Replica(Counter.self, configuration: try replicaConfiguration(), logger: quietLogger())
-        let running = Task { try await replica.run() }
-        defer { running.cancel() }
-        try await replica.waitUntilLive(timeout: .seconds(30))
-        // Every dispatch is an increment and nothing is rejected, so the count is the seq: the subscriber
-        // learns on the replica's own thread, the moment a run of events is applied.
-        let applied = LockedValue<[WorkerReport.Sample]>([])
-        applied.withLockedValue { $0.reserveCapacity(1 << 16) }
-        let subscription = replica.subscribe({ $0.count }) { count in
-            let at = monotonicNanos()
-            applied.withLockedValue { $0.append(.init(seq: UInt64(count), at: at)) }
-        }
-        defer { subscription.cancel() }
-        print("ready")
-        fflush(nil)
-        var target: UInt64?
-        for await line in standardInputLines() {
-            if line.hasPrefix("until "), let seq = UInt64(line.dropFirst(6)) {
-                target = seq
-                break
-            }
-        }
-        guard let target else { throw CommandFailure("bench-worker: standard input ended before until") }
-        let deadline = ContinuousClock.now + .seconds(30)
-        while replica.seq < target, ContinuousClock.now < deadline {
-            try await Task.sleep(for: .milliseconds(2))
-        }
-        var report = WorkerReport()
-        report.applied = applied.withLockedValue { $0 }
-        report.seq = replica.seq
-        report.resyncs = replica.status.resyncs
-        report.repairs = replica.status.repairs
-        return report
-    }
-
-    private func join<D: Domain>(_ domain: D.Type) async throws -> WorkerReport {
-        let start = monotonicNanos()
-        let replica = try Replica(D.self, configuration: try replicaConfiguration(), logger: quietLogger())
-        let running = Task { try await replica.run() }
-        defer { running.cancel() }
-        var report = WorkerReport()
-        let deadline = ContinuousClock.now + .seconds(60)
-        while replica.seq < UInt64(count), ContinuousClock.now < deadline {
-            try await Task.sleep(for: .microseconds(200))
-        }
-        report.elapsed = monotonicNanos() - start
-        report.seq = replica.seq
-        report.stateBytes = (try? CanonicalEncoding.encode(replica.state).count) ?? 0
-        report.resyncs = replica.status.resyncs
-        report.repairs = replica.status.repairs
-        return report
-    }
-
-    private func redis() async throws -> WorkerReport {
-        let connection = try RedisConnection(path: endpoint)
-        let arguments = [Array("XADD".utf8), Array("lockstep".utf8), [UInt8(ascii: "*")], Array("a".utf8), Self.action]
-        func add() throws {
-            guard case .bulk = try connection.call(arguments) else {
-                throw CommandFailure("redis did not answer XADD with an id")
-            }
-        }
-        try add()
-        try await ready()
-        return measure(add)
-    }
-
-    private func replicaConfiguration() throws -> ReplicaConfiguration {
-        var configuration = ReplicaConfiguration(commandEndpoint: endpoint, eventsEndpoint: eventsEndpoint)
-        configuration.curve = try clientCurve()
-        configuration.requestTimeout = .seconds(10)
-        return configuration
-    }
-
-    private func quietLogger() -> Logger {
-        var logger = Logger(label: "lockstep.bench-worker")
-        logger.logLevel = .warning
-        return logger
+        try await worker.run()
     }
 }
+
+extension BenchWorker.Role: ExpressibleByArgument {}

@@ -2,12 +2,12 @@ import Foundation
 import LockstepTool
 
 /// `lockstep bench`'s table: each figure, its baseline ratio and its target.
-struct BenchTable {
+package struct BenchTable {
     let results: BenchResults
 
-    init(_ results: BenchResults) { self.results = results }
+    package init(_ results: BenchResults) { self.results = results }
 
-    var text: String {
+    package var text: String {
         let r = results
         let b = r.baselines
         var lines = [

@@ -3,7 +3,7 @@ import Foundation
 import LockstepTool
 
 /// This `lockstep` and the `lockstepd` built beside it, for the commands that run the daemon (demo, bench).
-func executablesBesideThis(build: String) throws -> (lockstep: URL, lockstepd: URL) {
+package func executablesBesideThis(build: String) throws -> (lockstep: URL, lockstepd: URL) {
     let lockstep = currentExecutable()
     let lockstepd = lockstep.deletingLastPathComponent().appendingPathComponent("lockstepd")
     guard FileManager.default.isExecutableFile(atPath: lockstepd.path) else {

@@ -1,6 +1,6 @@
 /// What `lockstep bench --json` prints: one object, keys in snake_case, documented in docs/performance.md.
 /// Latencies are in microseconds, rates per second, memory in bytes.
-struct BenchResults: Codable {
+package struct BenchResults: Codable {
     var build: String
     var transport: String
     var cores: Int

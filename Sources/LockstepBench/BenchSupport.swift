@@ -242,3 +242,9 @@ func standardInputLines() -> AsyncStream<String> {
     thread.start()
     return stream
 }
+
+/// Why the bench could not finish; names the process or step and where its log is.
+package struct BenchFailure: Error, CustomStringConvertible {
+    package var description: String
+    package init(_ description: String) { self.description = description }
+}

@@ -10,10 +10,14 @@ import LockstepTool
 import ZeroMQ
 
 /// One run of `lockstep bench`: owns its folder and every process it starts (killed when released).
-final class Bench {
-    typealias Transport = BenchCommand.Transport
+package final class Bench {
+    /// The transport every socket of the bench uses.
+    package enum Transport: String, CaseIterable, Sendable {
+        case ipc, tcp
+    }
 
-    let folder: URL
+
+    package let folder: URL
     let transport: Transport
     let seconds: Double
     let keep: Bool
@@ -25,12 +29,22 @@ final class Bench {
     private var workers = 0
     private var results: BenchResults
 
-    init(transport: Transport, seconds: Double, keep: Bool, progressToStandardError: Bool) throws {
+    /// A bench of these `lockstep` (its hidden `bench-worker` command) and `lockstepd` executables, in a new
+    /// temporary folder.
+    package init(
+        lockstep: URL,
+        lockstepd: URL,
+        transport: Transport,
+        seconds: Double,
+        keep: Bool,
+        progressToStandardError: Bool
+    ) throws {
         self.transport = transport
         self.seconds = seconds
         self.keep = keep
         self.progressToStandardError = progressToStandardError
-        (lockstep, lockstepd) = try executablesBesideThis(build: "swift build -c release")
+        self.lockstep = lockstep
+        self.lockstepd = lockstepd
         folder = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("lockstep-bench-\(getpid())")
         try? FileManager.default.removeItem(at: folder)
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
@@ -52,7 +66,7 @@ final class Bench {
         if !keep { try? FileManager.default.removeItem(at: folder) }
     }
 
-    func run(histories: [Int], parts: Set<String>) throws -> BenchResults {
+    package func run(histories: [Int], parts: Set<String>) throws -> BenchResults {
         let started = ContinuousClock.now
         if results.build == "debug" {
             say("this lockstep is a debug build: the figures say little; make bench builds -c release")

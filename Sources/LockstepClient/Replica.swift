@@ -549,7 +549,7 @@ private struct Engine<D: Domain> {
             case let .digest(name, epoch, seq, digest) where name == store:
                 perform(sync.digest(epoch: epoch, seq: seq, digest: digest, now: now), on: &link)
             case nil:
-                replica.logger.warning("ignored an unreadable message on the events socket (\(frames.count) frames)")
+                replica.logger.warning("ignored an unreadable message on the events socket", metadata: ["frames": "\(frames.count)"])
             default:
                 break
             }
@@ -565,7 +565,10 @@ private struct Engine<D: Domain> {
             do {
                 reply = try Reply.decode(frames)
             } catch {
-                replica.logger.warning("ignored an unreadable reply from \(configuration.commandEndpoint): \(error)")
+                replica.logger.warning(
+                    "ignored an unreadable reply",
+                    metadata: ["endpoint": "\(configuration.commandEndpoint)", "error": "\(error)"]
+                )
                 continue
             }
             if let (_, dispatch) = inFlight.answered(reply.requestID) {
@@ -590,7 +593,9 @@ private struct Engine<D: Domain> {
             case let .compacted(_, name, epoch, firstAvailable) where name == store:
                 perform(sync.compacted(epoch: epoch, firstAvailable: firstAvailable, now: now), on: &link)
             case let .error(_, error):
-                if problem == nil { replica.logger.error("the daemon refused to serve '\(store)': \(error)") }
+                if problem == nil {
+                    replica.logger.error("the daemon refused to serve the store", metadata: ["store": "\(store)", "error": "\(error)"])
+                }
                 problem = "the daemon refused to serve '\(store)': \(error)"
             default:
                 break  // the answer to a dispatch that already timed out, or to an older request
@@ -679,11 +684,14 @@ private struct Engine<D: Domain> {
                 divergences += 1
                 let detail = divergenceDetail ?? "the state differs from the daemon's"
                 divergenceDetail = nil
-                replica.logger.error("diverged from the daemon at seq \(seq): \(detail); resyncing")
+                replica.logger.error(
+                    "diverged from the daemon; resyncing",
+                    metadata: ["store": "\(store)", "seq": "\(seq)", "detail": "\(detail)"]
+                )
                 replica.notify(.diverged(seq: seq, detail: detail))
             case let .resync(reason):
                 if case .silence = reason { disconnected = true }
-                replica.logger.warning("replica resyncs: \(reason)")
+                replica.logger.warning("replica resyncs", metadata: ["store": "\(store)", "reason": "\(reason)"])
                 replica.notify(.resynced(reason))
             }
         }

@@ -57,14 +57,14 @@ public final class SQLiteJournal: EngineJournal {
     /// Makes every commit so far durable: fsyncs the write-ahead log. Needed only for a `relaxed` journal.
     public func sync() throws(JournalError) {
         let wal = storage.location + "-wal"
-        let descriptor = open(wal, O_RDONLY | O_CLOEXEC)
+        let descriptor = interruptible { open(wal, O_RDONLY | O_CLOEXEC) }
         guard descriptor >= 0 else {
             if errno == ENOENT { return }  // no log yet: nothing written since the last checkpoint
-            throw JournalError(code: .ioError, file: wal, operation: "sync", message: "open failed: errno \(errno)")
+            throw SQLiteStorage.ioError(storage.location, "sync", "cannot open \(wal)")
         }
-        defer { Glibc.close(descriptor) }
-        guard fsync(descriptor) == 0 else {
-            throw JournalError(code: .ioError, file: wal, operation: "sync", message: "fsync failed: errno \(errno)")
+        defer { closeDescriptor(descriptor) }
+        guard interruptible({ fsync(descriptor) }) == 0 else {
+            throw SQLiteStorage.ioError(storage.location, "sync", "cannot fsync \(wal)")
         }
     }
 }
@@ -324,13 +324,13 @@ final class SQLiteStorage: JournalStorage {
     /// the file already exists.
     private static func createFile(_ path: String) throws(JournalError) -> Bool {
         var fd: Int32
-        repeat { fd = open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0o600) } while fd < 0 && errno == EINTR
+        fd = interruptible { open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0o600) }
         if fd < 0 {
             if errno == EEXIST { return false }
             throw ioError(path, "open", "cannot create the journal file")
         }
         defer { closeDescriptor(fd) }
-        guard fchmod(fd, 0o600) == 0, fsync(fd) == 0 else {
+        guard interruptible({ fchmod(fd, 0o600) }) == 0, interruptible({ fsync(fd) }) == 0 else {
             throw ioError(path, "open", "cannot set up the new journal file")
         }
         return true
@@ -338,25 +338,25 @@ final class SQLiteStorage: JournalStorage {
 
     private static func restrictMode(_ file: String, journal: String) throws(JournalError) {
         var info = stat()
-        guard stat(file, &info) == 0 else { return }
-        if info.st_mode & 0o777 != 0o600, chmod(file, 0o600) != 0 {
+        guard interruptible({ stat(file, &info) }) == 0 else { return }
+        if info.st_mode & 0o777 != 0o600, interruptible({ chmod(file, 0o600) }) != 0 {
             throw ioError(journal, "open", "cannot set mode 0600 on \(file)")
         }
     }
 
     private static func fsyncDirectory(_ directory: String, journal: String) throws(JournalError) {
         var fd: Int32
-        repeat { fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC) } while fd < 0 && errno == EINTR
+        fd = interruptible { open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC) }
         guard fd >= 0 else { throw ioError(journal, "open", "cannot open directory \(directory) to sync it") }
         defer { closeDescriptor(fd) }
-        guard fsync(fd) == 0 else { throw ioError(journal, "open", "cannot sync directory \(directory)") }
+        guard interruptible({ fsync(fd) }) == 0 else { throw ioError(journal, "open", "cannot sync directory \(directory)") }
     }
 
     func fileBytes() -> Int64? {
         var total: Int64 = 0
         for file in [location, location + "-wal"] {
             var info = stat()
-            if stat(file, &info) == 0 { total += Int64(info.st_size) }
+            if interruptible({ stat(file, &info) }) == 0 { total += Int64(info.st_size) }
         }
         return total
     }
@@ -880,16 +880,15 @@ final class WriterLock: Sendable {
     init(directory: String, journal: String) throws(JournalError) {
         let path = URL(fileURLWithPath: directory).appendingPathComponent(Self.fileName).path
         var fd: Int32
-        repeat { fd = open(path, O_CREAT | O_RDWR | O_CLOEXEC, 0o600) } while fd < 0 && errno == EINTR
+        fd = interruptible { open(path, O_CREAT | O_RDWR | O_CLOEXEC, 0o600) }
         guard fd >= 0 else { throw SQLiteStorage.ioError(journal, "open", "cannot open the lock file \(path)") }
         // Tried for up to a second: a process that forks (to start a child) holds a copy of its descriptors, this
         // lock's included, until the child execs, so a journal closed a moment ago may still look held.
         var result: Int32
         let deadline = ContinuousClock.now + .seconds(1)
         while true {
-            result = flock(fd, LOCK_EX | LOCK_NB)
+            result = interruptible { flock(fd, LOCK_EX | LOCK_NB) }
             if result == 0 { break }
-            if errno == EINTR { continue }
             guard errno == EWOULDBLOCK, ContinuousClock.now < deadline else { break }
             usleep(10_000)
         }
@@ -921,7 +920,17 @@ final class WriterLock: Sendable {
     deinit { release() }
 }
 
-/// `close(2)`, out of reach of `SQLiteStorage.close()`'s name.
+/// `close(2)`, out of reach of `SQLiteStorage.close()`'s name. Not retried on EINTR: Linux has closed the
+/// descriptor even then, and a second close could close another thread's new one.
 private func closeDescriptor(_ fd: Int32) {
     _ = close(fd)
+}
+
+/// Runs a system call again while it fails with EINTR (a signal arrived meanwhile): the one way every call the
+/// journal makes itself goes (SQLite retries its own). Returns the call's result; on failure `errno` says why,
+/// and ``SQLiteStorage/ioError(_:_:_:)`` turns it into a ``JournalError`` naming the file.
+private func interruptible(_ call: () -> Int32) -> Int32 {
+    var result: Int32
+    repeat { result = call() } while result < 0 && errno == EINTR
+    return result
 }

@@ -205,7 +205,7 @@ struct DaemonCommand: AsyncParsableCommand {
             )
             try await group.run()
         } catch {
-            logger.critical("\(hosting.commandName) cannot run: \(error)")
+            logger.critical("\(hosting.commandName) cannot run", metadata: ["error": "\(error)"])
             throw ExitCode.failure
         }
     }

@@ -1,6 +1,5 @@
 import ArgumentParser
 import Foundation
-import LockstepTool
 
 /// This `lockstep` and the `lockstepd` built beside it, for the commands that run the daemon (demo, bench).
 package func executablesBesideThis(build: String) throws -> (lockstep: URL, lockstepd: URL) {

@@ -1,16 +1,17 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
 SWIFT ?= swift
 
-.PHONY: deps build demo test template faults bench clean
+.PHONY: deps build demo test interop template faults bench clean
 
 # Installs what Lockstep needs when it is missing: libzmq 4.3.3 or newer (ZeroMQ), SQLite (the journal,
-# through GRDB), and libfaketime (the fault suite's clock jumps).
+# through GRDB), libfaketime (the fault suite's clock jumps) and pyzmq for Debian's python3 (the Python client).
 deps:
 	@pkg-config --atleast-version=4.3.3 libzmq 2>/dev/null && pkg-config --exists sqlite3 2>/dev/null \
-		&& ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || { \
-		echo "make: installing libzmq3-dev, libsqlite3-dev and faketime"; \
+		&& ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 && /usr/bin/python3 -c 'import zmq' 2>/dev/null || { \
+		echo "make: installing libzmq3-dev, libsqlite3-dev, faketime and python3-zmq"; \
 		SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
-		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq libzmq3-dev libsqlite3-dev pkg-config faketime; \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq libzmq3-dev libsqlite3-dev pkg-config faketime \
+			python3 python3-zmq; \
 	}
 
 build: deps
@@ -23,8 +24,13 @@ demo: build
 test: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
+	$(MAKE) interop
 	$$($(SWIFT) build --show-bin-path)/lockstep-faults
 	$(MAKE) template
+
+# The second implementation of the wire protocol, in Python (Tests/Interop), against a real lockstepd.
+interop: deps
+	Tests/Interop/run.sh "$$($(SWIFT) build --show-bin-path)"
 
 # The tutorial's template package (docs/tutorial): its build, its tests, and its daemon and clients end to end.
 template: deps

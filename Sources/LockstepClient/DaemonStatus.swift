@@ -28,6 +28,15 @@ public struct DaemonStatus: Decodable, Sendable {
     public var stores: [Store]
     /// ERROR replies the daemon sent since it started, by code name (absent from daemons before this field).
     public var refused: [String: UInt64]?
+    /// The daemon's heartbeat interval in milliseconds: a replica's silence limit must be at least 3 of them.
+    /// This and the fields below are absent from daemons before them.
+    public var heartbeatMs: Int64?
+    /// A DIGEST goes out once a store has published this many events since its last one (and on a snapshot).
+    public var digestEveryEvents: Int?
+    /// The most actions one DISPATCH may hold.
+    public var maximumBatch: Int?
+    /// The most bytes one action (one message part) may have.
+    public var maximumActionBytes: Int?
 
     /// The status `reply` carries; `nil` when it is not a STATUS reply or its JSON is not readable.
     public init?(_ reply: Reply) {

@@ -592,6 +592,8 @@ private struct Engine<D: Domain> {
                 perform(sync.range(epoch: epoch, firstSeq: firstSeq, actions: actions, now: now), on: &link)
             case let .compacted(_, name, epoch, firstAvailable) where name == store:
                 perform(sync.compacted(epoch: epoch, firstAvailable: firstAvailable, now: now), on: &link)
+            case let .error(_, error) where error.code == .invalidRange:
+                perform(sync.rangeRefused(now: now), on: &link)
             case let .error(_, error):
                 if problem == nil {
                     replica.logger.error("the daemon refused to serve the store", metadata: ["store": "\(store)", "error": "\(error)"])

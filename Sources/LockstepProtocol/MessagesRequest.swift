@@ -58,9 +58,12 @@ public enum Request: Hashable, Sendable {
         guard let first = body.first else {
             throw ProtocolError(code: .malformed, "request has 0 frames; expected at least 1 (header)")
         }
+        // docs/protocol.md's order: magic, version, type; the request id; the frame count; the rest.
         let type = try Wire.messageType(of: first, frameIndex: 0, family: .request)
-        var header = try Wire.headerReader(first, type: type, frameIndex: 0)
-        let requestID = try header.read(UInt64.self, field: "request id")
+        // Every request's header is 12 bytes or more: a shorter one is refused as the wrong size it is.
+        if first.count < 12 { _ = try Wire.headerReader(first, type: type, frameIndex: 0) }
+        var idReader = ByteReader(first, from: 4, context: "header (frame 0) of \(type.fullName)")
+        let requestID = try idReader.read(UInt64.self, field: "request id")
         guard droppedFrames == 0 else {
             throw ProtocolError(
                 code: .tooLarge,
@@ -68,6 +71,8 @@ public enum Request: Hashable, Sendable {
                     + "\(limits.maximumBatch + 2) (header, store name, \(limits.maximumBatch) actions)"
             )
         }
+        var header = try Wire.headerReader(first, type: type, frameIndex: 0)
+        _ = try header.read(UInt64.self, field: "request id")
         switch type {
         case .dispatch:
             let domainVersion = try header.read(UInt32.self, field: "domain version")

@@ -35,12 +35,16 @@ public struct ReplicaSync: Sendable {
         case newEpoch(old: Epoch, new: Epoch)
         case divergence(seq: SequenceNumber)
         case silence(Duration)
+        /// The daemon refused a range it had announced (`invalid_range`): its history in this epoch is shorter
+        /// than the replica's, so the replica's state may hold actions the daemon no longer has.
+        case historyShorter(from: SequenceNumber)
 
         public var description: String {
             switch self {
             case let .newEpoch(old, new): "the daemon's epoch changed from \(old) to \(new)"
             case let .divergence(seq): "the state's digest differed from the daemon's at seq \(seq)"
             case let .silence(duration): "no event or heartbeat for \(duration)"
+            case let .historyShorter(from): "the daemon has no events from seq \(from) on, though it announced them"
             }
         }
     }
@@ -271,6 +275,14 @@ public struct ReplicaSync: Sendable {
         }
         phase = .repairing
         return request(.snapshot, now: now)
+    }
+
+    /// The range asked for was refused as `invalid_range`: the daemon has fewer events than it announced (it
+    /// restarted and lost the newest, with relaxed durability, say). Asking again would loop; start over.
+    public mutating func rangeRefused(now: ContinuousClock.Instant) -> [Output] {
+        guard case let .range(from, _) = awaiting else { return [] }
+        awaiting = nil
+        return resync(.historyShorter(from: from), now: now)
     }
 
     // MARK: - Inputs from the owner

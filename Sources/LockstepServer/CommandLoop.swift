@@ -18,7 +18,7 @@ final class CommandLoop: Sendable {
     let failpoint: Failpoint?
     private let stopping = Atomic<Bool>(false)
     /// Replies finished by readers off the loop, waiting for the loop to send them.
-    private let outbox = LockedValue<(replies: [[Frame]], inFlight: Int)>(([], 0))
+    private let outbox = LockedValue<(replies: [(envelope: [Frame], reply: Reply)], inFlight: Int)>(([], 0))
     private let readers = DispatchQueue(label: "lockstepd.readers", attributes: .concurrent)
 
     init(
@@ -51,9 +51,9 @@ final class CommandLoop: Sendable {
     static let maximumOffloaded = 64
 
     /// Runs `work` on a reader thread — encoding a large state or reading the journal must not hold the
-    /// loop — and hands the reply frames back to the loop, which alone may touch the socket. Returns false,
-    /// doing nothing, when ``maximumOffloaded`` are already being answered.
-    func offload(_ work: @escaping @Sendable () -> [Frame]) -> Bool {
+    /// loop — and hands the reply back to the loop, which alone may touch the socket (and counts an ERROR as
+    /// every other). Returns false, doing nothing, when ``maximumOffloaded`` are already being answered.
+    func offload(_ envelope: [Frame], _ work: @escaping @Sendable () -> Reply) -> Bool {
         let accepted = outbox.withLockedValue { outbox in
             guard outbox.inFlight < Self.maximumOffloaded else { return false }
             outbox.inFlight += 1
@@ -61,9 +61,9 @@ final class CommandLoop: Sendable {
         }
         guard accepted else { return false }
         readers.async { [self] in
-            let frames = work()
+            let reply = work()
             outbox.withLockedValue {
-                $0.replies.append(frames)
+                $0.replies.append((envelope, reply))
                 $0.inFlight -= 1
             }
             wakeup.signal()
@@ -72,7 +72,7 @@ final class CommandLoop: Sendable {
     }
 
     /// Replies ready to send, and how many are still being made.
-    func takeReplies() -> (replies: [[Frame]], inFlight: Int) {
+    func takeReplies() -> (replies: [(envelope: [Frame], reply: Reply)], inFlight: Int) {
         outbox.withLockedValue { outbox in
             defer { outbox.replies.removeAll() }
             return outbox
@@ -349,8 +349,14 @@ private struct LoopState {
         }
     }
 
-    func sendReplies(_ replies: [[Frame]]) {
-        for frames in replies { _ = try? router.send(frames, wait: false) }
+    mutating func sendReplies(_ replies: [(envelope: [Frame], reply: Reply)]) {
+        for (envelope, reply) in replies { send(reply, to: envelope) }
+    }
+
+    /// Sends `reply` behind its `envelope`, counting an ERROR by its code for STATUS.
+    mutating func send(_ reply: Reply, to envelope: [Frame]) {
+        if case let .error(_, error) = reply { refusals[error.code.description, default: 0] += 1 }
+        _ = try? router.send(envelope + reply.encode(), wait: false)
     }
 
     func nextDeadline() -> ContinuousClock.Instant {
@@ -438,7 +444,7 @@ private struct LoopState {
                     break
                 }
                 // The store is a value: the reader encodes this seq's state while the loop goes on.
-                if loop.offload({ envelope + Self.snapshot(requestID: requestID, store: store).encode() }) { continue }
+                if loop.offload(envelope, { Self.snapshot(requestID: requestID, store: store) }) { continue }
                 reply = busy(requestID)
             case let .range(requestID, name, from, to):
                 guard let store = sequencer.stores[name] else {
@@ -447,25 +453,23 @@ private struct LoopState {
                 }
                 // Only what the reader needs: holding the store would make the next dispatch copy its state.
                 let (journal, epoch, lastSeq) = (self.journal, store.epoch, store.lastSeq)
-                let offloaded = loop.offload {
-                    envelope
-                        + Self.range(
-                            requestID: requestID,
-                            store: name,
-                            epoch: epoch,
-                            lastSeq: lastSeq,
-                            from: from,
-                            to: to,
-                            journal: journal
-                        ).encode()
+                let offloaded = loop.offload(envelope) {
+                    Self.range(
+                        requestID: requestID,
+                        store: name,
+                        epoch: epoch,
+                        lastSeq: lastSeq,
+                        from: from,
+                        to: to,
+                        journal: journal
+                    )
                 }
                 if offloaded { continue }
                 reply = busy(requestID)
             case let .status(requestID):
                 reply = status(requestID: requestID)
             }
-            if case let .error(_, error) = reply { refusals[error.code.description, default: 0] += 1 }
-            _ = try? router.send(envelope + reply.encode(), wait: false)
+            send(reply, to: envelope)
         }
         if committed, !commits.isEmpty {
             failpoint?.pass(.afterReply)
@@ -632,7 +636,10 @@ private struct LoopState {
         let json =
             #"{"uptimeSeconds":\#(uptime.components.seconds),"journal":\#(Self.jsonString(journal.location)),"#
             + #""journalBytes":\#(journalBytes),"stores":[\#(stores.joined(separator: ","))],"#
-            + #""refused":{\#(refused.joined(separator: ","))}}"#
+            + #""refused":{\#(refused.joined(separator: ","))},"#
+            + #""heartbeatMs":\#(Int(configuration.heartbeatInterval / .milliseconds(1))),"#
+            + #""digestEveryEvents":\#(configuration.digestEveryEvents),"#
+            + #""maximumBatch":\#(configuration.maximumBatch),"maximumActionBytes":\#(configuration.maximumMessageBytes)}"#
         return .status(requestID: requestID, json: Array(json.utf8))
     }
 

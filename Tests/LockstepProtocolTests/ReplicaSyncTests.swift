@@ -115,6 +115,17 @@ import Testing
         #expect(sync.phase == .live)
     }
 
+    @Test func aRefusedRangeStartsOverInsteadOfAskingForeverAndOnlyWhenARangeWasAsked() {
+        var sync = live(at: 2)
+        #expect(sync.rangeRefused(now: t0) == [])
+        #expect(sync.heartbeat(epoch: epoch, lastSeq: 9, now: t0) == [.requestRange(from: 3, to: 9)])
+        // The daemon came back with less history in the same epoch: what the replica holds may not be its.
+        #expect(sync.rangeRefused(now: t0) == [.resync(.historyShorter(from: 3)), .requestSnapshot])
+        #expect(sync.phase == .joining)
+        #expect(sync.lastSeq == 0)
+        #expect(sync.resyncCount == 1)
+    }
+
     @Test func compactedRangeFallsBackToASnapshotKeepingLaterEvents() {
         var sync = live(at: 2)
         #expect(sync.event(epoch: epoch, seq: 10, action: action(10), now: t0) == [.requestRange(from: 3, to: 9)])

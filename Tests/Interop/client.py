@@ -1,0 +1,678 @@
+"""A Lockstep client in Python: a Lazy Pirate dispatcher and a replica, from docs/protocol.md.
+
+- `Dispatcher`: REQ (or DEALER) requests with a timeout; a silent daemon is asked again on a fresh socket
+  with the same request id (the idempotency key), a bounded number of times ("Idempotency").
+- `Replica`: the replica procedure of docs/protocol.md ("The replica procedure"), on its own thread with a
+  SUB and a DEALER socket: subscribe first, keep events, SNAPSHOT, drop kept events <= its seq, apply in
+  order, repair gaps by RANGE (asking again when a reply ends short; COMPACTED -> SNAPSHOT), heartbeats
+  (a gap up to the heartbeat's seq; silence for 3 intervals -> resync), digests (compare; a mismatch ->
+  report and resync), a new epoch -> resync. `drop_next_events(n)` loses events on purpose, to force a gap.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional
+
+import zmq
+
+import lockstep_wire as wire
+from domains import Domain, Undecodable
+
+log = logging.getLogger("lockstep.interop")
+log.addHandler(logging.NullHandler())  # quiet unless the application configures logging
+
+
+class NoReply(Exception):
+    """Every try of a request went unanswered."""
+
+
+class Dispatcher:
+    """Sends requests and waits for their replies, Lazy Pirate style.
+
+    Each dispatch gets a new request number (1, 2, 3, … per client id); a retry after a silence uses the
+    same one, so the daemon applies the dispatch at most once. An ERROR `unavailable` is retried later with
+    the same key too (the spec: "retry later with the same key"), `unavailable_retries` times.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        context: Optional[zmq.Context] = None,
+        client_id: Optional[bytes] = None,
+        timeout: float = 2.0,
+        retries: int = 3,
+        socket_type: int = zmq.REQ,
+        unavailable_retries: int = 5,
+    ):
+        self.endpoint = endpoint
+        self.context = context or zmq.Context.instance()
+        self.client_id = client_id or os.urandom(wire.CLIENT_ID_BYTES)
+        self.timeout = timeout
+        self.retries = retries
+        self.socket_type = socket_type
+        self.unavailable_retries = unavailable_retries
+        self.next_request_id = 1
+        self.socket: Optional[zmq.Socket] = None
+        self.resends = 0  # requests sent again after a silence
+        self.sockets_opened = 0
+
+    def close(self) -> None:
+        if self.socket is not None:
+            self.socket.close(linger=0)
+            self.socket = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _open(self) -> zmq.Socket:
+        if self.socket is None:
+            self.socket = self.context.socket(self.socket_type)
+            self.socket.setsockopt(zmq.LINGER, 0)
+            self.socket.connect(self.endpoint)
+            self.sockets_opened += 1
+        return self.socket
+
+    def new_request_id(self) -> int:
+        request_id = self.next_request_id
+        self.next_request_id += 1
+        return request_id
+
+    def call_frames(self, body: List[bytes], request_id: int) -> wire.Reply:
+        """Sends a request body and returns the decoded reply to it (or raises NoReply)."""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                self.resends += 1
+            sock = self._open()
+            sock.send_multipart(([b""] if self.socket_type == zmq.DEALER else []) + body)
+            deadline = time.monotonic() + self.timeout
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not sock.poll(int(left * 1000) + 1):
+                    break
+                frames = sock.recv_multipart()
+                if self.socket_type == zmq.DEALER:
+                    if not frames or frames[0] != b"":
+                        raise wire.WireError(wire.MALFORMED, "a DEALER reply must start with an empty frame")
+                    frames = frames[1:]
+                reply = wire.decode_reply(frames)
+                if reply.request_id in (request_id, 0):
+                    return reply
+                # A late reply to an earlier request (DEALER only): not ours.
+            # Silence: this socket may hold a lost request; a REQ cannot send again. Start afresh.
+            self.close()
+        raise NoReply(f"no reply from {self.endpoint} after {self.retries + 1} tries of {self.timeout} s")
+
+    def call(self, request: wire.Request) -> wire.Reply:
+        return self.call_frames(wire.encode_request(request), request.request_id)
+
+    def dispatch(
+        self,
+        store: str,
+        actions: List[bytes],
+        domain_version: int = 1,
+        request_id: Optional[int] = None,
+    ) -> wire.Reply:
+        """One DISPATCH: ACCEPTED, REJECTED or ERROR. `request_id` given = a deliberate retry of that key."""
+        if request_id is None:
+            request_id = self.new_request_id()
+        request = wire.Dispatch(request_id, domain_version, self.client_id, store, [bytes(a) for a in actions])
+        delay = 0.05
+        for attempt in range(self.unavailable_retries + 1):
+            reply = self.call(request)
+            if not (isinstance(reply, wire.Error) and reply.code == wire.UNAVAILABLE):
+                return reply
+            if attempt < self.unavailable_retries:
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+        return reply
+
+    def snapshot(self, store: str) -> wire.Reply:
+        return self.call(wire.SnapshotRequest(self.new_request_id(), store))
+
+    def range(self, store: str, from_seq: int, to_seq: int) -> wire.Reply:
+        return self.call(wire.RangeRequest(self.new_request_id(), store, from_seq, to_seq))
+
+    def status(self) -> Dict[str, Any]:
+        reply = self.call(wire.StatusRequest(self.new_request_id()))
+        if not isinstance(reply, wire.Status):
+            raise AssertionError(f"STATUS answered with {reply}")
+        return reply.json
+
+
+@dataclass
+class ReplicaStatus:
+    phase: str
+    epoch: Optional[int]
+    seq: int
+    daemon_seq: int
+    digest: bytes
+    state_bytes: bytes
+    resyncs: List[str]
+    divergences: List[tuple]
+    repairs: int
+    snapshots: int
+    compacted: int
+    problems: List[str]
+    errors: List[str]
+    dropped: int
+
+
+class Replica:
+    """A copy of one store, kept by the replica procedure of docs/protocol.md."""
+
+    def __init__(
+        self,
+        domain: Domain,
+        command_endpoint: str,
+        events_endpoint: str,
+        context: Optional[zmq.Context] = None,
+        heartbeat_interval: float = 1.0,
+        request_timeout: float = 2.0,
+        keep_log: bool = False,
+        name: str = "replica",
+    ):
+        self.domain = domain
+        self.store = domain.name
+        self.command_endpoint = command_endpoint
+        self.events_endpoint = events_endpoint
+        self.context = context or zmq.Context.instance()
+        self.heartbeat_interval = heartbeat_interval
+        self.silence_limit = 3 * heartbeat_interval
+        self.request_timeout = request_timeout
+        self.keep_log = keep_log
+        self.name = name
+        self.lock = threading.RLock()
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+        self.next_request_id = 1
+        # Test hooks
+        self._drop_events = 0
+        self.dropped = 0
+        # Observations
+        self.resync_reasons: List[str] = []
+        self.divergences: List[tuple] = []
+        self.problems: List[str] = []  # what the daemon sent that the spec does not allow
+        self.errors: List[str] = []  # ERROR replies to SNAPSHOT and RANGE (busy, unknown store, …)
+        self.repairs = 0
+        self.snapshots = 0
+        self.compacted = 0
+        self.log: Dict[int, bytes] = {}
+        self._divergence_streak = 0
+        self._last_divergence: Optional[float] = None
+        self._reset(time.monotonic())
+        self.phase = "joining"
+
+    # -- life ----------------------------------------------------------------------------------------
+
+    def start(self) -> "Replica":
+        self._thread = threading.Thread(target=self._run, name=f"{self.name}:{self.store}", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(5):
+            raise RuntimeError("replica thread did not start")
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    # -- test hooks ----------------------------------------------------------------------------------
+
+    def drop_next_events(self, count: int) -> None:
+        """Lose the next `count` EVENT messages on arrival, as a slow subscriber would."""
+        with self.lock:
+            self._drop_events = count
+
+    def tamper(self, change: Callable[[Any], None]) -> None:
+        """Change the local state behind the replica's back (a buggy reducer), to test divergence."""
+        with self.lock:
+            change(self.state)
+
+    # -- observation ---------------------------------------------------------------------------------
+
+    def status(self) -> ReplicaStatus:
+        with self.lock:
+            if self._error is not None:
+                raise RuntimeError(f"the replica thread failed: {self._error!r}")
+            state_bytes = self.domain.encode(self.state)
+            return ReplicaStatus(
+                phase=self.phase,
+                epoch=self.epoch,
+                seq=self.last,
+                daemon_seq=self.daemon_seq,
+                digest=wire.digest(state_bytes),
+                state_bytes=state_bytes,
+                resyncs=list(self.resync_reasons),
+                divergences=list(self.divergences),
+                repairs=self.repairs,
+                snapshots=self.snapshots,
+                compacted=self.compacted,
+                problems=list(self.problems),
+                errors=list(self.errors),
+                dropped=self.dropped,
+            )
+
+    def wait_for(self, predicate: Callable[[ReplicaStatus], bool], timeout: float) -> ReplicaStatus:
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self.status()
+            if predicate(status):
+                return status
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{self.name}: condition not reached within {timeout} s; status {status}")
+            time.sleep(0.01)
+
+    def wait_until_at(self, epoch: int, seq: int, timeout: float = 10.0) -> ReplicaStatus:
+        return self.wait_for(lambda s: s.phase == "live" and s.epoch == epoch and s.seq == seq, timeout)
+
+    # -- the thread ----------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            self.events = self.context.socket(zmq.SUB)
+            self.events.setsockopt(zmq.LINGER, 0)
+            # Join, step 1: subscribe to the store's exact topic before anything else.
+            self.events.setsockopt(zmq.SUBSCRIBE, wire.topic(self.store))
+            self.events.connect(self.events_endpoint)
+            self.commands: Optional[zmq.Socket] = None
+            self._fresh_command_socket()
+            with self.lock:
+                self._reset(time.monotonic())
+                self._request_snapshot(time.monotonic())
+            self._ready.set()
+            while not self._stop.is_set():
+                now = time.monotonic()
+                wait = max(0.0, min(self._next_deadline(now) - now, 0.05))
+                poller = zmq.Poller()
+                poller.register(self.events, zmq.POLLIN)
+                poller.register(self.commands, zmq.POLLIN)
+                ready = dict(poller.poll(int(wait * 1000) + 1))
+                if self.events in ready:
+                    self._read_events()
+                if self.commands in ready:
+                    self._read_replies()
+                with self.lock:
+                    self._tick(time.monotonic())
+        except BaseException as error:  # surfaced by status()
+            log.exception("replica thread failed")
+            self._error = error
+            self._ready.set()
+        finally:
+            for sock in (getattr(self, "events", None), getattr(self, "commands", None)):
+                if sock is not None:
+                    sock.close(linger=0)
+
+    def _fresh_command_socket(self) -> None:
+        if self.commands is not None:
+            self.commands.close(linger=0)
+        self.commands = self.context.socket(zmq.DEALER)
+        self.commands.setsockopt(zmq.LINGER, 0)
+        self.commands.connect(self.command_endpoint)
+
+    def _read_events(self) -> None:
+        for _ in range(10_000):
+            try:
+                frames = self.events.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                message = wire.decode_event(frames)
+            except wire.WireError as error:
+                with self.lock:
+                    self.problems.append(f"unreadable events message: {error}")
+                continue
+            if message.store != self.store:
+                continue
+            with self.lock:
+                now = time.monotonic()
+                if isinstance(message, wire.Event):
+                    if self._drop_events > 0:
+                        self._drop_events -= 1
+                        self.dropped += 1
+                        continue
+                    self._on_event(message, now)
+                elif isinstance(message, wire.Heartbeat):
+                    self._on_heartbeat(message, now)
+                else:
+                    self._on_digest(message, now)
+
+    def _read_replies(self) -> None:
+        for _ in range(10_000):
+            try:
+                frames = self.commands.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            with self.lock:
+                if not frames or frames[0] != b"":
+                    self.problems.append("a reply without the empty delimiter frame")
+                    continue
+                try:
+                    reply = wire.decode_reply(frames[1:])
+                except wire.WireError as error:
+                    self.problems.append(f"unreadable reply: {error}")
+                    continue
+                awaiting = self.awaiting
+                if awaiting is None or reply.request_id != awaiting["request_id"]:
+                    continue  # the answer to a request given up on
+                now = time.monotonic()
+                self.awaiting = None
+                self.last_heard = now
+                if isinstance(reply, wire.Snapshot) and awaiting["kind"] == "snapshot":
+                    self._on_snapshot(reply, now)
+                elif isinstance(reply, wire.Range) and awaiting["kind"] == "range":
+                    self._on_range(reply, awaiting, now)
+                elif isinstance(reply, wire.Compacted) and awaiting["kind"] == "range":
+                    self._on_compacted(reply, now)
+                elif isinstance(reply, wire.Error):
+                    self._on_error(reply, awaiting, now)
+                else:
+                    self.problems.append(f"unexpected reply {type(reply).__name__} to {awaiting['kind']}")
+                    self._retry_later(awaiting, now, 0.1)
+
+    # -- the procedure (called with the lock held) ---------------------------------------------------
+
+    def _reset(self, now: float) -> None:
+        self.phase = "joining"
+        self.epoch: Optional[int] = None
+        self.last = 0
+        self.state = self.domain.initial_state()
+        self.kept: Dict[int, bytes] = {}
+        self.kept_epoch: Optional[int] = None
+        self.pending_digests: Dict[int, bytes] = {}
+        self.pending_digests_epoch: Optional[int] = None
+        self.daemon_seq = 0
+        self.daemon_seq_epoch: Optional[int] = None
+        self.awaiting: Optional[dict] = None
+        self.retry: Optional[tuple] = None  # (when, request description)
+        self.last_heard = now
+        self.log = {}
+
+    def _new_request_id(self) -> int:
+        request_id = self.next_request_id
+        self.next_request_id += 1
+        return request_id
+
+    def _send(self, request: wire.Request) -> None:
+        try:
+            self.commands.send_multipart([b""] + wire.encode_request(request), zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # counts as lost: the request timeout sends it again
+
+    def _request_snapshot(self, now: float) -> None:
+        self.retry = None
+        request = wire.SnapshotRequest(self._new_request_id(), self.store)
+        self.awaiting = {"kind": "snapshot", "request_id": request.request_id, "sent": now}
+        self._send(request)
+
+    def _request_range(self, from_seq: int, to_seq: int, now: float) -> None:
+        self.retry = None
+        self.phase = "repairing"
+        self.repairs += 1
+        request = wire.RangeRequest(self._new_request_id(), self.store, from_seq, to_seq)
+        self.awaiting = {"kind": "range", "request_id": request.request_id, "sent": now, "from": from_seq, "to": to_seq}
+        self._send(request)
+
+    def _retry_later(self, awaiting: dict, now: float, delay: float) -> None:
+        self.awaiting = None
+        self.retry = (now + delay, dict(awaiting))
+
+    def _resync(self, reason: str, now: float, keep: Optional[wire.Event] = None, delay: float = 0.0) -> None:
+        log.warning("%s: resync: %s", self.name, reason)
+        self.resync_reasons.append(reason)
+        self._reset(now)
+        if keep is not None:
+            self._keep(keep.epoch, keep.seq, keep.action)
+        if delay > 0:
+            self.retry = (now + delay, {"kind": "snapshot"})
+        else:
+            self._request_snapshot(now)
+
+    def _diverged(self, seq: int, detail: str, now: float) -> None:
+        log.error("%s: DIVERGED from the daemon at seq %d: %s", self.name, seq, detail)
+        self.divergences.append((seq, detail))
+        if self._last_divergence is not None and now - self._last_divergence <= 10.0:
+            self._divergence_streak += 1
+        else:
+            self._divergence_streak = 1
+        self._last_divergence = now
+        delay = 0.0 if self._divergence_streak == 1 else min(0.1 * 2 ** (self._divergence_streak - 2), 5.0)
+        self._resync(f"divergence at seq {seq}: {detail}", now, delay=delay)
+
+    def _heard(self, epoch: int, seq: int) -> None:
+        if self.daemon_seq_epoch != epoch:
+            self.daemon_seq_epoch = epoch
+            self.daemon_seq = seq
+        else:
+            self.daemon_seq = max(self.daemon_seq, seq)
+
+    def _keep(self, epoch: int, seq: int, action: bytes) -> None:
+        if self.kept_epoch != epoch:
+            self.kept = {}
+            self.kept_epoch = epoch
+        self.kept[seq] = action
+
+    def _apply(self, seq: int, raw: bytes, now: float) -> bool:
+        """Applies the action with seq = last + 1; False if it could not (a divergence was reported)."""
+        assert seq == self.last + 1
+        try:
+            action = self.domain.decode_action(raw)
+        except Undecodable as error:
+            self._diverged(seq, f"the action is not a {self.store} action: {error}", now)
+            return False
+        self.domain.reduce(self.state, action)  # replicas reduce without validating
+        self.last = seq
+        if self.keep_log:
+            self.log[seq] = bytes(raw)
+        return self._check_pending_digest(now)
+
+    def _verify(self, seq: int, daemon_digest: bytes, now: float) -> bool:
+        mine = self.domain.digest(self.state)
+        if mine != daemon_digest:
+            self._diverged(seq, f"the daemon's digest is {daemon_digest.hex()}, this replica's is {mine.hex()}", now)
+            return False
+        return True
+
+    def _check_pending_digest(self, now: float) -> bool:
+        if self.pending_digests_epoch != self.epoch:
+            self.pending_digests = {}
+            return True
+        for seq in [s for s in self.pending_digests if s < self.last]:
+            del self.pending_digests[seq]
+        expected = self.pending_digests.pop(self.last, None)
+        if expected is not None:
+            return self._verify(self.last, expected, now)
+        return True
+
+    def _drain(self, now: float) -> None:
+        """Join step 5 (and after a repair): apply kept events in order; a gap -> RANGE; else live."""
+        for seq in [s for s in self.kept if s <= self.last]:
+            del self.kept[seq]
+        while self.last + 1 in self.kept:
+            if not self._apply(self.last + 1, self.kept.pop(self.last + 1), now):
+                return
+        if not self._check_pending_digest(now):
+            return
+        if self.kept:
+            self._request_range(self.last + 1, min(self.kept) - 1, now)
+            return
+        self.phase = "live"
+        self._repair_if_behind(now)
+
+    def _repair_if_behind(self, now: float) -> None:
+        if (
+            self.phase == "live"
+            and self.awaiting is None
+            and self.retry is None
+            and self.daemon_seq_epoch == self.epoch
+            and self.daemon_seq > self.last
+        ):
+            self._request_range(self.last + 1, self.daemon_seq, now)
+
+    def _other_epoch(self, epoch: int) -> bool:
+        return self.epoch is not None and epoch != self.epoch
+
+    def _on_event(self, event: wire.Event, now: float) -> None:
+        self.last_heard = now
+        if self._other_epoch(event.epoch):
+            self._resync(f"new epoch {event.epoch:016x} (was {self.epoch:016x}) in an EVENT", now, keep=event)
+            return
+        self._heard(event.epoch, event.seq)
+        if self.phase == "joining":
+            self._keep(event.epoch, event.seq, event.action)
+        elif self.phase == "repairing":
+            if event.seq > self.last:
+                self._keep(event.epoch, event.seq, event.action)
+        elif event.seq <= self.last:
+            pass  # a duplicate
+        elif event.seq == self.last + 1:
+            self._apply(event.seq, event.action, now)
+        else:
+            self._keep(event.epoch, event.seq, event.action)
+            self._request_range(self.last + 1, event.seq - 1, now)
+
+    def _on_heartbeat(self, beat: wire.Heartbeat, now: float) -> None:
+        self.last_heard = now
+        if self._other_epoch(beat.epoch):
+            self._resync(f"new epoch {beat.epoch:016x} (was {self.epoch:016x}) in a HEARTBEAT", now)
+            return
+        self._heard(beat.epoch, beat.last_seq)
+        self._repair_if_behind(now)
+
+    def _on_digest(self, message: wire.Digest, now: float) -> None:
+        self.last_heard = now
+        if self._other_epoch(message.epoch):
+            self._resync(f"new epoch {message.epoch:016x} (was {self.epoch:016x}) in a DIGEST", now)
+            return
+        self._heard(message.epoch, message.seq)
+        if self.epoch is not None and message.seq == self.last and self.phase != "joining":
+            self._verify(message.seq, message.digest, now)
+            return
+        if message.seq > self.last or self.phase == "joining":
+            if self.pending_digests_epoch != message.epoch:
+                self.pending_digests = {}
+                self.pending_digests_epoch = message.epoch
+            self.pending_digests[message.seq] = message.digest
+            self._repair_if_behind(now)
+
+    def _on_snapshot(self, snap: wire.Snapshot, now: float) -> None:
+        if snap.store != self.store:
+            self.problems.append(f"a SNAPSHOT of store {snap.store}")
+            self._request_snapshot(now)
+            return
+        # Join step 3: check the digest against frame 2; ask again if they differ.
+        if not snap.digest_matches():
+            self.problems.append(f"a SNAPSHOT whose digest does not match its state (seq {snap.seq})")
+            self._request_snapshot(now)
+            return
+        if self._other_epoch(snap.epoch):
+            self._resync(f"new epoch {snap.epoch:016x} (was {self.epoch:016x}) in a SNAPSHOT", now)
+            return
+        try:
+            state = self.domain.decode_state(snap.state)
+        except Undecodable as error:
+            self._diverged(snap.seq, f"the snapshot is not a {self.store} state: {error}", now)
+            return
+        if self.domain.encode(state) != snap.state:
+            self.problems.append(f"the SNAPSHOT's state at seq {snap.seq} is not in canonical form as encoded here")
+        # Step 4: install; drop kept events of another epoch and those <= seq.
+        self.snapshots += 1
+        self.state = state
+        self.epoch = snap.epoch
+        self.last = snap.seq
+        self.log = {}
+        if self.kept_epoch != snap.epoch:
+            self.kept = {}
+            self.kept_epoch = snap.epoch
+        self._heard(snap.epoch, snap.seq)
+        self._drain(now)
+
+    def _on_range(self, reply: wire.Range, awaiting: dict, now: float) -> None:
+        if reply.store != self.store or reply.first_seq != awaiting["from"]:
+            self.problems.append(f"a RANGE reply for {reply.store} from {reply.first_seq}, asked {awaiting}")
+        if self._other_epoch(reply.epoch):
+            self._resync(f"new epoch {reply.epoch:016x} (was {self.epoch:016x}) in a RANGE reply", now)
+            return
+        before = self.last
+        for offset, action in enumerate(reply.actions):
+            seq = reply.first_seq + offset
+            if seq <= self.last:
+                continue
+            if seq != self.last + 1:
+                break  # a hole: ask again below
+            if not self._apply(seq, action, now):
+                return
+        self._heard(reply.epoch, self.last)
+        if self.last < awaiting["to"]:
+            if self.last == before:
+                # k = 0 (or nothing usable): "nothing to send now"; ask again a little later.
+                self._retry_later(awaiting, now, 0.1)
+                self.retry[1]["from"] = self.last + 1
+                return
+            # The reply ended short: ask again from the next seq.
+            self._request_range(self.last + 1, awaiting["to"], now)
+            return
+        self._drain(now)
+
+    def _on_compacted(self, reply: wire.Compacted, now: float) -> None:
+        if self._other_epoch(reply.epoch):
+            self._resync(f"new epoch {reply.epoch:016x} (was {self.epoch:016x}) in a COMPACTED reply", now)
+            return
+        # Take a SNAPSHOT instead, keeping the kept events; continue from join step 3.
+        self.compacted += 1
+        self.phase = "repairing"
+        self._request_snapshot(now)
+
+    def _on_error(self, error: wire.Error, awaiting: dict, now: float) -> None:
+        self.errors.append(f"ERROR {error.name} to {awaiting['kind']}: {error.reason}")
+        if error.code == wire.INVALID_RANGE and awaiting["kind"] == "range":
+            # The daemon is behind what this replica was told: its history is not the one we hold.
+            self._resync(f"invalid_range for a repair: {error.reason}", now)
+            return
+        # unavailable (busy, journal failing), unknown_store, internal: ask again later.
+        self._retry_later(awaiting, now, 0.25)
+
+    def _next_deadline(self, now: float) -> float:
+        deadline = now + 0.05
+        if self.retry is not None:
+            deadline = min(deadline, self.retry[0])
+        return deadline
+
+    def _tick(self, now: float) -> None:
+        if self.retry is not None:
+            when, request = self.retry
+            if now < when:
+                return
+            self.retry = None
+            if request["kind"] == "snapshot":
+                self._request_snapshot(now)
+            else:
+                self._request_range(request["from"], request["to"], now)
+            return
+        # Silence: nothing from the store for 3 heartbeat intervals.
+        if self.epoch is not None and now - self.last_heard > self.silence_limit:
+            self._resync(f"silence: nothing heard for {now - self.last_heard:.2f} s", now)
+            return
+        # A SNAPSHOT or RANGE unanswered within the timeout is sent again on a fresh socket.
+        if self.awaiting is not None and now - self.awaiting["sent"] > self.request_timeout:
+            awaiting = self.awaiting
+            self._fresh_command_socket()
+            if awaiting["kind"] == "snapshot":
+                self._request_snapshot(now)
+            else:
+                self._request_range(awaiting["from"], awaiting["to"], now)

@@ -186,6 +186,7 @@ package final class Bench {
         for clients in [1, 8, 32] {
             say("P\(clients == 1 ? "1, P2" : "2"): \(clients) dispatching \(clients == 1 ? "process" : "processes")")
             let before = try seq(of: daemon)
+            let loopBefore = cpuTime(ofThreadNamed: "lockstepd loop", in: daemon.processIdentifier)
             let reports = try runClients(
                 try (0..<clients).map { _ in
                     try worker("dispatch", ["--endpoint", daemon.command, "--seconds", "\(seconds)"])
@@ -193,6 +194,11 @@ package final class Bench {
             )
             // Each client dispatched once before go, to connect.
             let committed = Int(try seq(of: daemon) - before) - clients
+            let loopAfter = cpuTime(ofThreadNamed: "lockstepd loop", in: daemon.processIdentifier)
+            var loopCPU: Double?
+            if let loopBefore, let loopAfter, committed > 0 {
+                loopCPU = ((loopAfter - loopBefore) / .microseconds(1)) / Double(committed)
+            }
             let latencies = Latencies(reports.flatMap(\.latencies))
             let acknowledged = reports.reduce(0) { $0 + $1.count }
             results.p2.append(
@@ -204,7 +210,8 @@ package final class Bench {
                     p99Us: latencies.p99,
                     acknowledged: acknowledged,
                     committed: committed,
-                    failures: reports.reduce(0) { $0 + $1.failures }
+                    failures: reports.reduce(0) { $0 + $1.failures },
+                    loopCpuPerActionUs: loopCPU.map { ($0 * 10).rounded() / 10 }
                 )
             )
             if clients == 1 {
@@ -328,7 +335,8 @@ package final class Bench {
                     p99Us: summary.p99,
                     resyncs: resyncs,
                     repairs: applied.reduce(0) { $0 + $1.repairs },
-                    replicaPeakBytes: applied.map(\.peakResident).max() ?? 0
+                    replicaPeakBytes: applied.map(\.peakResident).max() ?? 0,
+                    replicaCpuPerEventUs: replicaCPU(applied)
                 )
             )
             results.p6.replicaPeakBytes = max(results.p6.replicaPeakBytes, applied.map(\.peakResident).max() ?? 0)
@@ -511,6 +519,13 @@ package final class Bench {
     /// Operations per second summed over clients, each over its own measured window.
     private func rate(_ reports: [WorkerReport]) -> Double {
         reports.reduce(0) { $0 + perSecond($1.count, nanoseconds: $1.elapsed) }.rounded()
+    }
+
+    /// A replica's process CPU per event it applied, in µs: the mean over `reports`; `nil` without events.
+    private func replicaCPU(_ reports: [WorkerReport]) -> Double? {
+        let perEvent = reports.filter { $0.eventsApplied > 0 }.map { Double($0.cpuNanos) / 1_000 / Double($0.eventsApplied) }
+        guard !perEvent.isEmpty else { return nil }
+        return (perEvent.reduce(0, +) / Double(perEvent.count) * 10).rounded() / 10
     }
 
     /// The sum of the seqs of the daemon's stores.

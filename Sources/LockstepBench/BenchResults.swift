@@ -52,6 +52,8 @@ package struct BenchResults: Codable {
         var acknowledged: Int
         var committed: Int
         var failures: Int
+        /// CPU time of the daemon's loop thread (`lockstepd loop`, from /proc) per committed action.
+        var loopCpuPerActionUs: Double?
     }
 
     struct P3: Codable {
@@ -69,6 +71,8 @@ package struct BenchResults: Codable {
         var resyncs: Int
         var repairs: Int
         var replicaPeakBytes: Int
+        /// CPU time of a replica's whole process per event it applied, the mean over the replicas.
+        var replicaCpuPerEventUs: Double?
     }
 
     struct P4: Codable {

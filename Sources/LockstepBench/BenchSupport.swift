@@ -97,6 +97,9 @@ struct WorkerReport: Codable, Sendable {
     var stateBytes = 0
     var resyncs = 0
     var repairs = 0
+    /// Replica workers: CPU nanoseconds the process used while it applied `eventsApplied` events.
+    var cpuNanos: UInt64 = 0
+    var eventsApplied: UInt64 = 0
     /// Failed operations, and the first failure's message.
     var failures = 0
     var firstFailure: String?

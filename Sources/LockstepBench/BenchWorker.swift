@@ -231,6 +231,8 @@ package struct BenchWorker: Sendable {
             applied.withLockedValue { $0.append(.init(seq: UInt64(count), at: at)) }
         }
         defer { subscription.cancel() }
+        let cpuStart = processCPUTime()
+        let seqStart = replica.seq
         print("ready")
         fflush(nil)
         var target: UInt64?
@@ -246,6 +248,9 @@ package struct BenchWorker: Sendable {
             try await Task.sleep(for: .milliseconds(2))
         }
         var report = WorkerReport()
+        let cpu = processCPUTime() - cpuStart
+        report.cpuNanos = UInt64(cpu.components.seconds) * 1_000_000_000 + UInt64(cpu.components.attoseconds / 1_000_000_000)
+        report.eventsApplied = replica.seq - seqStart
         report.applied = applied.withLockedValue { $0 }
         report.seq = replica.seq
         report.resyncs = replica.status.resyncs

@@ -176,3 +176,33 @@ public struct DaemonProcessError: Error, CustomStringConvertible {
     public var description: String
     public init(_ description: String) { self.description = description }
 }
+
+/// The CPU time (user + system) the thread named `name` of process `pid` has used, from
+/// `/proc/PID/task/*/stat`; `nil` when no thread has that name (Linux keeps the first 15 bytes of a name). The
+/// bench reads the daemon's `lockstepd loop` with it, so per-action CPU shows without a profiler.
+public func cpuTime(ofThreadNamed name: String, in pid: Int32) -> Duration? {
+    let tasks = "/proc/\(pid)/task"
+    guard let threads = try? FileManager.default.contentsOfDirectory(atPath: tasks) else { return nil }
+    let wanted = String(name.utf8.prefix(15))!
+    for thread in threads {
+        guard let comm = try? String(contentsOfFile: "\(tasks)/\(thread)/comm", encoding: .utf8),
+            comm.trimmingCharacters(in: .newlines) == wanted,
+            let stat = try? String(contentsOfFile: "\(tasks)/\(thread)/stat", encoding: .utf8),
+            let end = stat.lastIndex(of: ")")
+        else { continue }
+        // Fields after the name, which may hold spaces: state is field 3, utime 14 and stime 15.
+        let fields = stat[stat.index(after: end)...].split(separator: " ")
+        guard fields.count > 12, let user = Int64(fields[11]), let system = Int64(fields[12]) else { return nil }
+        let ticks = Int64(sysconf(Int32(_SC_CLK_TCK)))
+        return .nanoseconds((user + system) * 1_000_000_000 / max(1, ticks))
+    }
+    return nil
+}
+
+/// The CPU time (user + system, every thread) this process has used.
+public func processCPUTime() -> Duration {
+    var time = timespec()
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &time)
+    return .seconds(time.tv_sec) + .nanoseconds(time.tv_nsec)
+}
+

@@ -67,6 +67,18 @@ fail() {
     diagnostics >&2 || true
     exit 1
 }
+# What a failure prints after its reason: the unit's status and log, the clients' errors, or how nspawn ended.
+diagnostics() {
+    [[ -n $sd_pid ]] && kill -0 "$sd_pid" 2>/dev/null || { [[ -f $run/nspawn.log ]] && tail -n 20 "$run/nspawn.log"; return 0; }
+    echo "--- systemctl status $unit:"
+    ct systemctl status --no-pager --lines=0 "$unit.service" 2>&1 | head -n 12
+    echo "--- the last 30 lines of journalctl -u $unit:"
+    unit_log 2>&1 | tail -n 30
+    for file in "$run"/*.err; do
+        [[ -s $file ]] && { echo "--- $(basename "$file"):"; tail -n 5 "$file"; }
+    done
+    return 0
+}
 
 # What the unit says: where the daemon goes, the group clients join, the directories systemd makes for it.
 unit_value() { sed -n "s/^$1=//p" "$unit_file" | tail -n 1; }
@@ -171,7 +183,13 @@ cleanup() {
     local status=$?
     trap - EXIT
     set +e
-    for pid in ${bg_pids[@]+"${bg_pids[@]}"}; do kill -KILL "$pid" 2>/dev/null || true; done
+    # A background client is nsenter on this side and, in the container, its child `timeout`, which leads a process
+    # group with the client. Killing nsenter alone would leave the client to hold up the container's halt.
+    for pid in ${bg_pids[@]+"${bg_pids[@]}"}; do
+        for child in $(pgrep -P "$pid"); do kill -KILL -- "-$child" 2>/dev/null || kill -KILL "$child" 2>/dev/null; done
+        kill -KILL "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null # reaped quietly: bash would report the kill
+    done
     if [[ -n $nspawn_pid ]] && kill -0 "$nspawn_pid" 2>/dev/null; then
         # SIGTERM makes nspawn halt the container cleanly; if it does not within 20 s, SIGKILL its init (which
         # takes every process of the container with it) and nspawn.
@@ -190,7 +208,7 @@ cleanup() {
     exit "$status"
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM HUP
+trap 'echo "systemd-test[$unit]: interrupted; cleaning up" >&2; exit 130' INT TERM HUP
 
 # The binaries at the unit's paths, and the Swift runtime they link (ldd: whatever is not a system library).
 install -D -m 0755 "$daemon" "$upper$daemon_path"
@@ -292,18 +310,6 @@ reap() {
     wait "$pid" || status=$?
     for other in ${bg_pids[@]+"${bg_pids[@]}"}; do [[ $other == "$pid" ]] || kept+=("$other"); done
     bg_pids=(${kept[@]+"${kept[@]}"})
-}
-
-diagnostics() {
-    [[ -n $sd_pid ]] && kill -0 "$sd_pid" 2>/dev/null || { [[ -f $run/nspawn.log ]] && tail -n 20 "$run/nspawn.log"; return 0; }
-    echo "--- systemctl status $unit:"
-    ct systemctl status --no-pager --lines=0 "$unit.service" 2>&1 | head -n 12
-    echo "--- the last 30 lines of journalctl -u $unit:"
-    unit_log 2>&1 | tail -n 30
-    for file in "$run"/*.err; do
-        [[ -s $file ]] && { echo "--- $(basename "$file"):"; tail -n 5 "$file"; }
-    done
-    return 0
 }
 
 # systemctl cannot connect until systemd has made its private socket; after that, --wait waits out the boot.

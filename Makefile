@@ -41,7 +41,8 @@ template: deps
 		bash deploy/systemd-test.sh $(BOARD_SYSTEMD_TEST) --daemon "$$bin/boardd" --tool "$$bin/board"
 
 # lockstepd's unit under a real systemd: a Debian root booted with systemd-nspawn (built once into .build-nspawn/,
-# about a minute), then about 20 s of checks. Needs root. docs/operations.md, "### systemd", says what it proves.
+# about a minute; `make clean` keeps it, rm -rf .build-nspawn builds it again), then about 20 s of checks. Needs
+# root. docs/operations.md, "### systemd", says what it proves.
 systemd: build
 	bash deploy/systemd-test.sh
 

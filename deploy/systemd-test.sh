@@ -359,9 +359,9 @@ T=("/usr/local/bin/$tool_name")
 # The field (a number or hex digits) of the first JSON object on stdin that has it.
 field() { grep -o -m1 -E "\"$1\":\"?[0-9a-f]+" | head -n 1 | sed -E 's/.*:"?//'; }
 acks() { grep -c '"seq":' "$1" || true; }
-# The store's seq and epoch, as the daemon reports them (one try: the daemon must be serving).
+# The store's seq and epoch, as the daemon reports them: one try (the daemon must be serving), 5 s for a loaded machine.
 read_store() {
-    ct_out=$(as lsmember "${T[@]}" state "$store" --json --command-endpoint "$endpoint" --retries 0) \
+    ct_out=$(as lsmember "${T[@]}" state "$store" --json --command-endpoint "$endpoint" --retries 0 --timeout-ms 5000) \
         || fail "'$tool_name state $store' as lsmember exited $? ($1)"
     seq=$(field seq <<<"$ct_out")
     epoch=$(field epoch <<<"$ct_out")
@@ -373,7 +373,7 @@ phase=$(now)
 ct systemctl start "$unit.service" || fail "systemctl start $unit exited $?"
 [[ $(prop ActiveState) == active ]] || fail "after systemctl start, $unit is $(prop ActiveState), not active"
 ct test -S "$runtime_dir/command" || fail "$unit is active but $runtime_dir/command is not a socket"
-as lsmember "${T[@]}" stats --command-endpoint "$endpoint" --retries 0 >/dev/null \
+as lsmember "${T[@]}" stats --command-endpoint "$endpoint" --retries 0 --timeout-ms 5000 >/dev/null \
     || fail "$unit is active but '$tool_name stats' as a member of $group got no answer"
 dir_info=$(ct stat -c '%a %G %u' "$runtime_dir")
 socket_info=$(ct stat -c '%a %G' "$runtime_dir/command")
@@ -405,6 +405,7 @@ outsider_status=0
 as lsoutsider "${T[@]}" dispatch "$store" "$action" --command-endpoint "$endpoint" >/dev/null 2>"$run/outsider.err" \
     || outsider_status=$?
 ((outsider_status != 0)) || fail "lsoutsider (not in $group) dispatched"
+((outsider_status == 1)) || fail "lsoutsider was refused with exit $outsider_status, not 1: $(cat "$run/outsider.err")"
 grep -q 'permission denied' "$run/outsider.err" \
     || fail "lsoutsider was refused with exit $outsider_status but not told why: $(cat "$run/outsider.err")"
 outsider_said=$(cat "$run/outsider.err")

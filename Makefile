@@ -1,7 +1,7 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
 SWIFT ?= swift
 
-.PHONY: deps build demo test interop template faults bench clean
+.PHONY: deps build demo test interop template systemd faults bench docs clean
 
 # Installs what Lockstep needs when it is missing: libzmq 4.3.3 or newer (ZeroMQ), SQLite (the journal,
 # through GRDB), libfaketime (the fault suite's clock jumps) and pyzmq for Debian's python3 (the Python client).
@@ -20,23 +20,38 @@ build: deps
 demo: build
 	$$($(SWIFT) build --show-bin-path)/lockstep demo
 
-# The unit and integration tests, the fault suite's quick mode (it mounts a tmpfs: run as root), then the template.
+# The unit and integration tests, the Python client against a real lockstepd, the fault suite's quick mode (it
+# mounts a tmpfs: run as root), lockstepd's unit
+# under a real systemd (root; it says SKIP where systemd-nspawn cannot run), then the template.
 test: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
 	$(MAKE) interop
 	$$($(SWIFT) build --show-bin-path)/lockstep-faults
+	bash deploy/systemd-test.sh
 	$(MAKE) template
 
 # The second implementation of the wire protocol, in Python (Tests/Interop), against a real lockstepd.
 interop: deps
 	Tests/Interop/run.sh "$$($(SWIFT) build --show-bin-path)"
 
-# The tutorial's template package (docs/tutorial): its build, its tests, and its daemon and clients end to end.
+# The tutorial's template package (docs/tutorial): its build, its tests, its daemon and clients end to end, and
+# boardd's unit under a real systemd (the same checks as lockstepd's, on the board store).
+BOARD_SYSTEMD_TEST = --unit docs/tutorial/deploy/boardd.service --store board \
+	--setup '{"addColumn":{"name":"todo","wipLimit":1}}' --setup '{"addCard":{"title":"Write the tutorial","column":"todo"}}' \
+	--action '{"renameCard":{"id":1,"title":"Ship the tutorial"}}'
 template: deps
 	$(SWIFT) build --package-path docs/tutorial
 	$(SWIFT) test --package-path docs/tutorial
 	bash docs/tutorial/smoke.sh "$$($(SWIFT) build --package-path docs/tutorial --show-bin-path)"
+	bin="$$($(SWIFT) build --package-path docs/tutorial --show-bin-path)" && \
+		bash deploy/systemd-test.sh $(BOARD_SYSTEMD_TEST) --daemon "$$bin/boardd" --tool "$$bin/board"
+
+# lockstepd's unit under a real systemd: a Debian root booted with systemd-nspawn (built once into .build-nspawn/,
+# about a minute; `make clean` keeps it, rm -rf .build-nspawn builds it again), then about 20 s of checks. Needs
+# root. docs/operations.md, "### systemd", says what it proves.
+systemd: build
+	bash deploy/systemd-test.sh
 
 # The fault suite's long mode: 200 crash cycles, 100,000 bad inputs.
 faults: build

@@ -73,6 +73,16 @@ func requireSocket(_ endpoint: String, flag: String) throws {
     case .listening, .unknown: return
     case .missing: problem = "\(path) does not exist"
     case .stale: problem = "nothing listens on \(path) (a socket file left by a daemon that stopped)"
+    case .denied:
+        // libzmq would retry the connect in the background and the command would wait out its retries, then
+        // blame the daemon: say at once that it is the file system refusing this user.
+        let directory = (path as NSString).deletingLastPathComponent
+        printError(
+            "\(Tool.commandName): permission denied on \(path): this user may not connect to the daemon at "
+                + "\(endpoint); its sockets are for the group that owns \(directory) (ls -ld \(directory)): run this "
+                + "as a member of that group (docs/operations.md, \"systemd\")"
+        )
+        throw ExitCode.failure
     }
     printError(
         "\(Tool.commandName): no daemon at \(endpoint): \(problem); start the daemon (the default endpoint is "

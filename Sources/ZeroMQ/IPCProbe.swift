@@ -13,7 +13,10 @@ public enum IPCProbe {
         case missing
         /// A socket file is there but nobody listens: left behind by a process that is gone.
         case stale
-        /// Not an `ipc://` endpoint, or a path that cannot be probed (too long, permission denied…).
+        /// This process may not connect (EACCES): no search permission on a directory of the path, or no write
+        /// permission on the socket, e.g. a user outside the group that owns a daemon's runtime directory.
+        case denied
+        /// Not an `ipc://` endpoint, or a path that cannot be probed (too long, another error…).
         case unknown
     }
 
@@ -43,6 +46,7 @@ public enum IPCProbe {
         switch errno {
         case ENOENT: return .missing
         case ECONNREFUSED: return .stale
+        case EACCES: return .denied
         case EAGAIN: return .listening  // a full backlog: someone listens
         default: return .unknown
         }

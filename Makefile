@@ -21,8 +21,8 @@ demo: build
 	$$($(SWIFT) build --show-bin-path)/lockstep demo
 
 # The unit and integration tests, the Python client against a real lockstepd, the fault suite's quick mode (it
-# mounts a tmpfs: run as root), lockstepd's unit
-# under a real systemd (root; it says SKIP where systemd-nspawn cannot run), then the template.
+# mounts a tmpfs: run as root), lockstepd's unit under a real systemd (root; it says SKIP where systemd-nspawn
+# cannot run), then the template.
 test: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build

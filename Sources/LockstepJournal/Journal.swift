@@ -386,6 +386,7 @@ public struct JournalProblem: Hashable, Sendable, CustomStringConvertible {
         self.message = message
     }
 
+    /// The store, the seq, the message and the code on one line, as `lockstep journal verify` prints it.
     public var description: String {
         var text = ""
         if let store { text += "store \(store)" }

@@ -28,6 +28,7 @@ import ZeroMQ
 public final class Replica<D: Domain>: Service, Sendable {
     /// The store on the daemon this replica follows: the domain's name.
     public let store: StoreName
+    /// The endpoints, timeouts and sync settings the replica was made with.
     public let configuration: ReplicaConfiguration
     /// The first half of this replica's idempotency keys.
     public let clientID: ClientID

@@ -78,7 +78,7 @@ public struct ClientCurve: Hashable, Sendable {
     }
 }
 
-/// Requests to the daemon over a REQ socket, one at a time, the Lazy Pirate way (``LazyPirate``): wait
+/// Requests to the daemon over a REQ socket, one at a time, the Lazy Pirate way (`LazyPirate`): wait
 /// `timeout`; on silence close the socket (a REQ socket that lost its reply is stuck), open a fresh one and send
 /// the same request again, up to `retries` times; then give up with ``ClientError/Code/unavailable``. Because a
 /// dispatch carries the same idempotency key on every try, the daemon applies it at most once.

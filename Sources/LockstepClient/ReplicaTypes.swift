@@ -56,7 +56,7 @@ public struct ReplicaConfiguration: Sendable {
 
 /// Where a replica stands, for dashboards and health checks.
 public struct ReplicaStatus: Hashable, Sendable {
-    /// What the replica is doing now: ``ReplicaSync/Phase``, plus the two states only its owner knows.
+    /// What the replica is doing now: `ReplicaSync.Phase`, plus the two states only its owner knows.
     public enum Phase: String, Hashable, Sendable, CustomStringConvertible {
         /// Waiting for its first snapshot (or a new one after a resync).
         case joining

@@ -22,7 +22,7 @@ public protocol SequencedStore: Sendable {
     /// The seq of the last action applied.
     var lastSeq: SequenceNumber { get }
 
-    /// Decodes `actions` into their canonical bytes (``CanonicalEncoding/normalize(_:_:with:)``), asks `admit`
+    /// Decodes `actions` into their canonical bytes (`CanonicalEncoding.normalize(_:_:with:)`), asks `admit`
     /// whether to go on with those (the caller's idempotency check; `false` returns `nil` and changes nothing),
     /// then validates and applies them as one batch, all or none: each action is validated against the state
     /// the ones before it left. On success the actions have seqs `lastSeq + 1…` in order, in canonical form.

@@ -70,7 +70,7 @@ public final class DaemonProcess {
     public var processIdentifier: Int32 { child?.process.processIdentifier ?? 0 }
 
     /// Starts the daemon with these arguments and environment added to the daemon's own; it must not be running.
-    /// Returns at once: ``waitUntilServing(within:)`` waits until it answers.
+    /// Returns at once: `waitUntilServing(within:)`, blocking or async, waits until it answers.
     public func start(arguments extra: [String] = [], environment extraEnvironment: [String: String] = [:]) throws {
         precondition(!isRunning, "start the daemon again only once it has stopped")
         starts += 1

@@ -30,6 +30,7 @@ public final class DaemonProcess {
     public let events: String
     /// Arguments and environment given to every start, before each start's own.
     public let arguments: [String]
+    /// Environment variables added to every start; a start's own win over these.
     public let environment: [String: String]
     private let curve: ClientCurve?
     private var child: ChildProcess?
@@ -173,6 +174,8 @@ public func residentMemory(of pid: Int32) -> (residentKiB: Int, peakKiB: Int) {
 
 /// A daemon that would not start or answer: the message names the executable and its log.
 public struct DaemonProcessError: Error, CustomStringConvertible {
+    /// What went wrong, naming the executable and its log.
     public var description: String
+    /// An error with this message.
     public init(_ description: String) { self.description = description }
 }

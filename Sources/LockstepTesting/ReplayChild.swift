@@ -7,11 +7,14 @@ import LockstepProtocol
 ///
 /// A child has its own hash seed, so a reducer that depends on `Set` or `Dictionary` order diverges there.
 public struct ReplayChildCommand: Sendable, Hashable {
+    /// The path of the executable to start.
     public var executable: String
+    /// The arguments that make it serve one replay, e.g. `["replay-child"]`.
     public var arguments: [String]
     /// The longest a child may take; it is killed after that.
     public var timeout: Duration
 
+    /// A child started as `executable arguments…`, killed after `timeout`.
     public init(executable: String, arguments: [String], timeout: Duration = .seconds(600)) {
         self.executable = executable
         self.arguments = arguments

@@ -89,6 +89,8 @@ public struct ReplayChildCommand: Sendable, Hashable {
 
 /// A child replica failed to run; the message says how.
 public struct ReplayChildError: Error, CustomStringConvertible {
+    /// What happened: the child timed out, or exited with an error and wrote this to standard error; or, in the
+    /// child, the request on standard input could not be served.
     public var description: String
     init(_ description: String) { self.description = description }
 }

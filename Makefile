@@ -1,7 +1,7 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
 SWIFT ?= swift
 
-.PHONY: deps build demo test template faults bench clean
+.PHONY: deps build demo test template faults bench docs clean
 
 # Installs what Lockstep needs when it is missing: libzmq 4.3.3 or newer (ZeroMQ), SQLite (the journal,
 # through GRDB), and libfaketime (the fault suite's clock jumps).
@@ -44,6 +44,14 @@ bench: deps
 		|| echo "make: redis-server not installed; the bench runs without the Redis comparison"; }
 	$(SWIFT) build -c release
 	$$($(SWIFT) build -c release --show-bin-path)/lockstep bench $(BENCH_FLAGS)
+
+# The API reference of every library target (DocC, swift-docc-plugin), one archive per target in
+# .build/plugins/Swift-DocC/outputs; a warning (a broken symbol link, say) fails it. Not part of `make test`.
+# SWIFTPM_FLAGS="--scratch-path .build-docs" builds elsewhere than .build.
+DOC_TARGETS = Lockstep LockstepProtocol LockstepJournal LockstepServer LockstepClient LockstepTesting \
+	LockstepExamples LockstepTool ZeroMQ
+docs: deps
+	$(SWIFT) package $(SWIFTPM_FLAGS) generate-documentation $(addprefix --target ,$(DOC_TARGETS)) --warnings-as-errors
 
 clean:
 	rm -rf .build .lockstep docs/tutorial/.build

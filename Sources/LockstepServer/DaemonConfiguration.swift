@@ -23,10 +23,11 @@ public struct DaemonConfiguration: Hashable, Sendable {
         case memory
     }
 
-    /// Where the journal lives (`journal.sqlite` and its lock): `$STATE_DIRECTORY`, `./.lockstep/data`, `data_dir` or
-    /// `--data-dir`.
+    /// Where the journal lives (`journal.sqlite` and its lock): `$STATE_DIRECTORY`, else `.lockstep/data`; set by
+    /// `data_dir` in the file or `--data-dir`.
     public var dataDirectory: String
-    /// Where the default `ipc://` endpoints are: `$RUNTIME_DIRECTORY`, `./.lockstep/run` or `runtime_dir`.
+    /// Where the default `ipc://` endpoints are: `$RUNTIME_DIRECTORY`, else `.lockstep/run`; set by `runtime_dir`
+    /// in the file, which moves the endpoints still at their defaults.
     public var runtimeDirectory: String
     /// The ROUTER's endpoint, where dispatches and SNAPSHOT, RANGE and STATUS requests arrive; by default
     /// `ipc://RUNTIME/command`.

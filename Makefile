@@ -66,5 +66,13 @@ bench: deps
 	$(SWIFT) build -c release
 	$$($(SWIFT) build -c release --show-bin-path)/lockstep bench $(BENCH_FLAGS)
 
+# The API reference of every library target (DocC, swift-docc-plugin), one archive per target in
+# .build/plugins/Swift-DocC/outputs; a warning (a broken symbol link, say) fails it. Not part of `make test`.
+# SWIFTPM_FLAGS="--scratch-path .build-docs" builds elsewhere than .build.
+DOC_TARGETS = Lockstep LockstepProtocol LockstepJournal LockstepServer LockstepClient LockstepTesting \
+	LockstepExamples LockstepTool ZeroMQ
+docs: deps
+	$(SWIFT) package $(SWIFTPM_FLAGS) generate-documentation $(addprefix --target ,$(DOC_TARGETS)) --warnings-as-errors
+
 clean:
 	rm -rf .build .lockstep docs/tutorial/.build

@@ -41,6 +41,8 @@ public final class ActionObservers: Sendable {
     private let registry = LockedValue(Registry())
     private let count = Atomic<Int>(0)
 
+    /// A hub of its own, apart from ``shared``: for stores whose actions must not reach the process-wide observers,
+    /// such as a replica's local store or a test that counts only its own store's actions.
     public init() {}
 
     /// Calls `observer` for every action through every attached store until the returned token is cancelled.

@@ -134,6 +134,8 @@ public enum CanonicalEncoding {
         let encoder: JSONEncoder
         let decoder: JSONDecoder
 
+        /// A coder for the canonical form: it encodes with sorted keys and unescaped slashes, as
+        /// ``CanonicalEncoding/encode(_:)`` does.
         public init() {
             encoder = JSONEncoder()
             encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
@@ -151,7 +153,9 @@ public enum CanonicalEncoding {
 
     /// Why bytes were refused by ``normalize(_:_:with:)``: a sentence a person can act on.
     public struct NormalizationError: Error, Hashable, Sendable, CustomStringConvertible {
+        /// What was wrong with the bytes and where, e.g. "member 'x' is not part of the type, which does not read it".
         public var reason: String
+        /// The reason itself.
         public var description: String { reason }
     }
 
@@ -202,8 +206,10 @@ public struct StateDigest: Hashable, Sendable, Codable, CustomStringConvertible 
         return String(decoding: out, as: UTF8.self)
     }
 
+    /// The 64 lowercase hex digits, as ``hex``.
     public var description: String { hex }
 
+    /// Decodes the digest from its 64 hex digits, the form it has in JSON (a replay child's report, for one).
     public init(from decoder: any Decoder) throws {
         let text = try decoder.singleValueContainer().decode(String.self)
         guard let digest = StateDigest(hex: text) else {
@@ -214,6 +220,7 @@ public struct StateDigest: Hashable, Sendable, Codable, CustomStringConvertible 
         self = digest
     }
 
+    /// Encodes the digest as its 64 lowercase hex digits.
     public func encode(to encoder: any Encoder) throws {
         var container = encoder.singleValueContainer()
         try container.encode(hex)

@@ -65,11 +65,13 @@ public struct Rejection: Error, Hashable, Sendable, Codable, CustomStringConvert
     /// What failed, with which value, and what to do instead.
     public var reason: String
 
+    /// A rejection with a ``code`` programs can match (`invalid_action` unless given) and a ``reason`` for people.
     public init(code: String = "invalid_action", _ reason: String) {
         self.code = code
         self.reason = reason
     }
 
+    /// The reason followed by the code in brackets, as logs and the command-line tool show it.
     public var description: String { "\(reason) [\(code)]" }
 }
 

@@ -4,16 +4,26 @@ import Foundation
 /// against before it takes their canonical form.
 ///
 /// A number is an ``integer(_:)`` when it is integral and fits `Int64` (`1`, `1.0` and `1e2` alike), otherwise
-/// a ``number(_:)`` (negative zero, `-0`, among them); both are written by ``CanonicalEncoding`` exactly as a domain's `Int` or `Double` would be.
+/// a ``number(_:)`` (negative zero, `-0`, among them); both are written by ``CanonicalEncoding`` exactly as a
+/// domain's `Int` or `Double` would be.
 public indirect enum JSONValue: Hashable, Sendable, Codable, CustomStringConvertible {
+    /// JSON's `null`.
     case null
+    /// `true` or `false`.
     case bool(Bool)
+    /// An integral number that fits `Int64`.
     case integer(Int64)
+    /// Any other number: one with a fraction, out of `Int64`'s range, or negative zero.
     case number(Double)
+    /// A string, its escapes resolved.
     case string(String)
+    /// An array, in order.
     case array([JSONValue])
+    /// An object; member order is not kept (the canonical form sorts it), and the strict parser refuses a name twice.
     case object([String: JSONValue])
 
+    /// Decodes whichever JSON value the decoder holds; bytes from outside go through the strict
+    /// ``init(parsing:)`` instead.
     public init(from decoder: any Decoder) throws {
         if var array = try? decoder.unkeyedContainer() {
             var values: [JSONValue] = []
@@ -41,6 +51,7 @@ public indirect enum JSONValue: Hashable, Sendable, Codable, CustomStringConvert
         }
     }
 
+    /// Encodes the value as the JSON it stands for; through ``CanonicalEncoding`` that is the canonical form.
     public func encode(to encoder: any Encoder) throws {
         switch self {
         case .null:
@@ -90,6 +101,7 @@ extension JSONValue {
         /// The offset, from 0, of the byte where the parser stopped.
         public var offset: Int
 
+        /// The reason and the byte offset, as one line.
         public var description: String { "\(reason) at byte \(offset)" }
     }
 

@@ -13,7 +13,7 @@ package final class LockedValue<Value: ~Copyable>: Sendable {
     }
 
     /// Runs `body` with exclusive access to the value. Never call back into code that takes the same lock.
-    @inlinable @usableFromInline
+    @inlinable
     package func withLockedValue<Result: ~Copyable, E: Error>(
         _ body: (inout sending Value) throws(E) -> sending Result
     ) throws(E) -> sending Result {

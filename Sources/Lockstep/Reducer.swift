@@ -9,6 +9,7 @@ public struct Reducer<State, Action>: Sendable {
     /// Applies an action that passed `validate`; never fails.
     public let reduce: @Sendable (inout State, Action) -> Void
 
+    /// A reducer from its two halves; without `validate`, every action is accepted.
     public init(
         validate: @escaping @Sendable (Action, State) throws(Rejection) -> Void = { _, _ in },
         reduce: @escaping @Sendable (inout State, Action) -> Void

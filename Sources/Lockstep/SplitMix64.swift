@@ -6,10 +6,13 @@
 public struct SplitMix64: RandomNumberGenerator, Sendable {
     private var state: UInt64
 
+    /// A generator whose numbers are fixed by `seed`: a replay or a demo run again with the same seed draws the same
+    /// actions.
     public init(seed: UInt64) {
         state = seed
     }
 
+    /// The next 64 random bits (the SplitMix64 step: a Weyl increment, then two xor-shift-multiply rounds).
     public mutating func next() -> UInt64 {
         state &+= 0x9E37_79B9_7F4A_7C15
         var z = state

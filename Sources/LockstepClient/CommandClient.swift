@@ -53,14 +53,18 @@ public struct ClientError: Error, Hashable, Sendable, CustomStringConvertible {
         self.reason = reason
     }
 
+    /// The reason alone; the code is for programs.
     public var description: String { reason }
 }
 
 /// CURVE keys for a client: its own pair, and the daemon's public key.
 public struct ClientCurve: Hashable, Sendable {
+    /// The client's own key pair; its public key must be listed in the daemon's allowed clients file.
     public var keys: CurveKeyPair
+    /// The daemon's public key, 32 bytes (`lockstep keygen` prints it in Z85).
     public var serverPublicKey: [UInt8]
 
+    /// The keys for a client with `keys` that trusts the daemon whose public key is `serverPublicKey`.
     public init(keys: CurveKeyPair, serverPublicKey: [UInt8]) {
         self.keys = keys
         self.serverPublicKey = serverPublicKey
@@ -74,20 +78,26 @@ public struct ClientCurve: Hashable, Sendable {
     }
 }
 
-/// Requests to the daemon over a REQ socket, one at a time, the Lazy Pirate way (``LazyPirate``): wait
+/// Requests to the daemon over a REQ socket, one at a time, the Lazy Pirate way (`LazyPirate`): wait
 /// `timeout`; on silence close the socket (a REQ socket that lost its reply is stuck), open a fresh one and send
 /// the same request again, up to `retries` times; then give up with ``ClientError/Code/unavailable``. Because a
 /// dispatch carries the same idempotency key on every try, the daemon applies it at most once.
 ///
 /// Owned by one thread: it holds a socket.
 public final class CommandClient {
+    /// The daemon's command endpoint (its ROUTER), e.g. `ipc://.lockstep/run/command`.
     public let endpoint: String
+    /// How long one try waits for its reply before the socket is renewed and the request sent again.
     public let timeout: Duration
+    /// How many times a request is sent again after a silence before ``call(_:)`` throws
+    /// ``ClientError/Code/unavailable``.
     public let retries: Int
     private let context: Context
     private let curve: ClientCurve?
     private var socket: Socket?
 
+    /// A client of the daemon at `endpoint`; it connects on its first ``call(_:)``, with CURVE when `curve` is given. A
+    /// negative `retries` is taken as 0.
     public init(
         context: Context,
         endpoint: String,

@@ -28,6 +28,7 @@ import ZeroMQ
 public final class Replica<D: Domain>: Service, Sendable {
     /// The store on the daemon this replica follows: the domain's name.
     public let store: StoreName
+    /// The endpoints, timeouts and sync settings the replica was made with.
     public let configuration: ReplicaConfiguration
     /// The first half of this replica's idempotency keys.
     public let clientID: ClientID
@@ -140,7 +141,7 @@ public final class Replica<D: Domain>: Service, Sendable {
 
     /// Sends `action` to the daemon and returns its seq once this replica has applied it.
     ///
-    /// Throws the domain's ``Rejection`` (with the daemon's reason) when the validator refused it, or a
+    /// Throws the domain's `Rejection` (with the daemon's reason) when the validator refused it, or a
     /// ``ClientError``: `unavailable` after every retry went unanswered, `refused` when the daemon would not
     /// take the request (another domain version, an unknown store), `notApplied` when it was committed but
     /// this replica could not apply it in time. A retry after a silence carries the same idempotency key, so

@@ -10,6 +10,7 @@ public struct Replicated<State: Equatable & Sendable>: Equatable, Sendable {
     /// The state after exactly the actions `1...seq`, never part of a batch.
     public var state: State
 
+    /// A state at `seq` of `epoch`.
     public init(epoch: Epoch?, seq: SequenceNumber, state: State) {
         self.epoch = epoch
         self.seq = seq
@@ -42,6 +43,8 @@ public struct ReplicaConfiguration: Sendable {
     /// Two replicas must never share one: their request numbers would collide.
     public var clientID: ClientID?
 
+    /// The defaults: the daemon's default `ipc://` endpoints under `.lockstep/run`, no CURVE, 2 s per try and 3
+    /// retries, a random client id.
     public init() {}
 
     /// The defaults, with these endpoints.
@@ -53,6 +56,7 @@ public struct ReplicaConfiguration: Sendable {
 
 /// Where a replica stands, for dashboards and health checks.
 public struct ReplicaStatus: Hashable, Sendable {
+    /// What the replica is doing now: `ReplicaSync.Phase`, plus the two states only its owner knows.
     public enum Phase: String, Hashable, Sendable, CustomStringConvertible {
         /// Waiting for its first snapshot (or a new one after a resync).
         case joining
@@ -65,10 +69,13 @@ public struct ReplicaStatus: Hashable, Sendable {
         /// `run()` returned: the replica no longer follows the daemon.
         case stopped
 
+        /// The phase's name, e.g. `live`.
         public var description: String { rawValue }
     }
 
+    /// What the replica is doing now.
     public var phase = Phase.joining
+    /// The epoch of the state this replica holds; `nil` before its first snapshot.
     public var epoch: Epoch?
     /// The seq of the state this replica holds.
     public var lastSeq: SequenceNumber = 0
@@ -86,6 +93,7 @@ public struct ReplicaStatus: Hashable, Sendable {
     /// How many actions the replica is behind the daemon's last word.
     public var lag: UInt64 { daemonSeq > lastSeq ? daemonSeq - lastSeq : 0 }
 
+    /// A replica that has not joined yet: joining, at seq 0, with nothing counted.
     public init() {}
 }
 
@@ -97,6 +105,7 @@ public enum ReplicaNotice: Hashable, Sendable, CustomStringConvertible {
     /// deterministic, or this process runs another version of the domain: run `lockstep replay`.
     case diverged(seq: SequenceNumber, detail: String)
 
+    /// One line for a log: `resynced: …` or `diverged at seq N: …`.
     public var description: String {
         switch self {
         case let .resynced(reason): "resynced: \(reason)"

@@ -1,12 +1,15 @@
 import Lockstep
 
 extension Counter: ActionGenerating {
+    /// Up or down, with even odds.
     public static func randomAction(for state: State, using random: inout SplitMix64) -> Action {
         Bool.random(using: &random) ? .increment : .decrement
     }
 }
 
 extension Todos: ActionGenerating {
+    /// Mostly adds; half the time, once a todo exists, a toggle of an id up to the next one (which exists for none, so
+    /// the validator refuses it now and then); one time in ten, a new filter.
     public static func randomAction(for state: State, using random: inout SplitMix64) -> Action {
         switch Int.random(in: 0..<10, using: &random) {
         case 0..<5 where !state.list.items.isEmpty:
@@ -21,6 +24,7 @@ extension Todos: ActionGenerating {
 }
 
 extension Posts: ActionGenerating {
+    /// One to three post ids out of 500, appended; one time in twenty the list is replaced by them.
     public static func randomAction(for state: State, using random: inout SplitMix64) -> Action {
         let posts = (0..<Int.random(in: 1...3, using: &random)).map { _ in "p\(random.next() % 500)" }
         return Int.random(in: 0..<20, using: &random) == 0 ? .setPosts(posts: posts) : .appendPosts(posts: posts)
@@ -28,6 +32,8 @@ extension Posts: ActionGenerating {
 }
 
 extension Numbers: ActionGenerating {
+    /// Mostly adds a number below 1,000; three times in ten deletes an index up to one past the end (which the
+    /// validator refuses); one time in ten replaces the list with up to five numbers, as a fetch would.
     public static func randomAction(for state: State, using random: inout SplitMix64) -> Action {
         switch Int.random(in: 0..<10, using: &random) {
         case 0:

@@ -4,13 +4,16 @@ import Lockstep
 ///
 /// Actions on the wire: `{"setPosts":{"posts":["a","b"]}}`, `{"appendPosts":{"posts":["c"]}}`.
 public enum Posts: Domain {
+    /// The post list: `{"posts":["a","b"]}` on the wire.
     public struct State: Codable, Equatable, Sendable {
         /// In the order they arrived; each post at most once.
         public var posts: [String] = []
 
+        /// A list holding `posts` as given, empty unless given; the caller keeps them free of duplicates.
         public init(posts: [String] = []) { self.posts = posts }
     }
 
+    /// What can happen to the list.
     public enum Action: Codable, Equatable, Sendable {
         /// Replaces the list; later copies of a post already listed are dropped.
         case setPosts(posts: [String])
@@ -18,10 +21,14 @@ public enum Posts: Domain {
         case appendPosts(posts: [String])
     }
 
+    /// The store's name: `posts`.
     public static let name = "posts"
+    /// The first and only version of the domain.
     public static let version: UInt32 = 1
+    /// An empty list.
     public static var initialState: State { State() }
 
+    /// Refuses, with the code `empty_post`, an action that names an empty post id; accepts every other.
     public static func validate(_ action: Action, in state: State) throws(Rejection) {
         let posts: [String]
         switch action {
@@ -32,6 +39,7 @@ public enum Posts: Domain {
         }
     }
 
+    /// Replaces or extends the list, keeping the first copy of each post.
     public static func reduce(into state: inout State, _ action: Action) {
         switch action {
         case let .setPosts(posts):

@@ -27,13 +27,13 @@ public protocol Journal: AnyObject, Sendable {
     /// with every later event replayed through the domain's reducer (each event's checksum checked, seqs
     /// contiguous).
     ///
-    /// A store the journal has never seen is registered, durably, with a fresh random epoch and the domain's
-    /// version. A store written by an earlier version is upgraded through the domain's ``Domain/upgrades``
-    /// (recovered by that version, migrated, and journaled as a snapshot of this version at the same seq, with
-    /// the older version's events and snapshots compacted away; read-write journals only). Throws
-    /// ``JournalError/Code/domainVersionMismatch``, changing nothing, when the store was written by another
-    /// version that the domain states no upgrade from, and a checksum, sequence, digest or decoding error naming the store and the
-    /// seq when the journal cannot prove a state. It never returns a state it cannot prove.
+    /// A store the journal has never seen is registered, durably, with a fresh random epoch and the domain's version. A
+    /// store written by an earlier version is upgraded through the domain's `Domain.upgrades` (recovered by that
+    /// version, migrated, and journaled as a snapshot of this version at the same seq, with the older version's events
+    /// and snapshots compacted away; read-write journals only). Throws ``JournalError/Code/domainVersionMismatch``,
+    /// changing nothing, when the store was written by another version that the domain states no upgrade from, and a
+    /// checksum, sequence, digest or decoding error naming the store and the seq when the journal cannot prove a state.
+    /// It never returns a state it cannot prove.
     func recover<D: Domain>(_ domain: D.Type) throws(JournalError) -> RecoveredStore<D>
 
     /// Throws, writing nothing, the ``JournalError/Code/domainVersionMismatch`` that ``recover(_:)`` would throw
@@ -179,7 +179,7 @@ public struct JournalSnapshot: Hashable, Sendable {
     public var store: String
     /// The seq of the last event the state includes.
     public var seq: UInt64
-    /// The state's canonical encoding (``CanonicalEncoding``).
+    /// The state's canonical encoding (`CanonicalEncoding`, in the `Lockstep` module).
     public var state: [UInt8]
     /// SHA-256 of ``state``.
     public var digest: StateDigest
@@ -386,6 +386,7 @@ public struct JournalProblem: Hashable, Sendable, CustomStringConvertible {
         self.message = message
     }
 
+    /// The store, the seq, the message and the code on one line, as `lockstep journal verify` prints it.
     public var description: String {
         var text = ""
         if let store { text += "store \(store)" }

@@ -90,56 +90,76 @@ extension EngineJournal {
     /// The journal's policy.
     public var policy: JournalPolicy { engine.policy }
 
+    /// The state of `domain`'s store that the journal can prove, registering or upgrading the store when needed; see
+    /// ``Journal/recover(_:)``.
     public func recover<D: Domain>(_ domain: D.Type) throws(JournalError) -> RecoveredStore<D> {
         try engine.recover(domain)
     }
 
+    /// Throws, writing nothing, the refusal that ``Journal/recover(_:)`` would throw for `domain`'s store; see
+    /// ``Journal/checkTakeOver(_:)``.
     public func checkTakeOver<D: Domain>(_ domain: D.Type) throws(JournalError) {
         try engine.checkTakeOver(domain)
     }
 
+    /// Checks the batch against the journal's rules, writes it in one transaction and returns once it is durable; see
+    /// ``Journal/commit(_:)``.
     public func commit(_ batch: JournalBatch) throws(JournalError) {
         try engine.commit(batch)
     }
 
+    /// Whether the store is due a snapshot once these events are committed, by the journal's ``JournalPolicy``; see
+    /// ``Journal/snapshotDue(store:pendingEvents:pendingBytes:)``.
     public func snapshotDue(store: String, pendingEvents: Int, pendingBytes: Int) -> Bool {
         engine.snapshotDue(store: store, pendingEvents: pendingEvents, pendingBytes: pendingBytes)
     }
 
+    /// The store's last committed seq, or `nil` for a store not recovered.
     public func lastSeq(store: String) -> UInt64? {
         engine.lastSeq(store: store)
     }
 
+    /// Events `from...to` of `store`, checksums checked, or where they start when compacted; see
+    /// ``Journal/events(store:from:to:limit:)``.
     public func events(store: String, from: UInt64, to: UInt64, limit: Int) throws(JournalError) -> JournalRange {
         try engine.events(store: store, from: from, to: to, limit: limit)
     }
 
+    /// The store's newest snapshot, digest checked, or `nil` when it has none.
     public func newestSnapshot(store: String) throws(JournalError) -> JournalSnapshot? {
         try engine.newestSnapshot(store: store)
     }
 
+    /// The state of `domain`'s store after exactly its events `1...seq`; see ``Journal/state(of:at:)``.
     public func state<D: Domain>(of domain: D.Type, at seq: UInt64) throws(JournalError) -> D.State {
         try engine.state(of: domain, at: seq)
     }
 
+    /// The store's snapshot at `seq`, digest checked, or `nil` when none is kept there.
     public func snapshot(store: String, seq: UInt64) throws(JournalError) -> JournalSnapshot? {
         try engine.snapshot(store: store, seq: seq)
     }
 
+    /// The idempotency entry kept for `key`, if any.
     public func idempotencyRecord(for key: IdempotencyKey) throws(JournalError) -> IdempotencyRecord? {
         try engine.storage.idempotencyRecord(for: key)
     }
 
+    /// Calls `body` with every idempotency entry kept, oldest first, one at a time; see
+    /// ``Journal/forEachIdempotencyRecord(_:)``.
     public func forEachIdempotencyRecord(
         _ body: (IdempotencyRecord) throws(JournalError) -> Void
     ) throws(JournalError) {
         try engine.storage.forEachIdempotencyRecord(body)
     }
 
+    /// Per store: epoch, domain version, first and last seq, events and snapshots kept; and the file's size.
     public func stats() throws(JournalError) -> JournalStats {
         try engine.stats()
     }
 
+    /// Checks the whole journal without a domain and returns what is wrong, empty when it is intact; see
+    /// ``Journal/verify()``.
     public func verify() throws(JournalError) -> [JournalProblem] {
         try engine.verify()
     }

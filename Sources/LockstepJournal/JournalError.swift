@@ -110,6 +110,8 @@ public struct JournalError: Error, Hashable, Sendable, CustomStringConvertible {
         self.message = message
     }
 
+    /// The file, the operation, the store and seq when known, the message, SQLite's code and words when it reported the
+    /// failure, and the code: the line a log or the command-line tool shows.
     public var description: String {
         var text = "journal \(file): \(operation)"
         if let store { text += ", store \(store)" }

@@ -50,6 +50,8 @@ public final class SQLiteJournal: EngineJournal {
     /// The open connection, for tests that must reach under the journal (e.g. `PRAGMA max_page_count`).
     package var databaseQueue: DatabaseQueue { storage.queue }
 
+    /// Closes the SQLite connection and releases the writer's lock (`journal.lock`), so another process may open the
+    /// directory for writing. Later calls fail; closing twice is harmless.
     public func close() throws(JournalError) {
         try storage.close()
     }

@@ -9,7 +9,9 @@ public typealias SequenceNumber = UInt64
 /// A random identifier of one journal's lifetime. A replica that sees a new epoch throws away what it has
 /// and joins again.
 public struct Epoch: RawRepresentable, Hashable, Sendable, Codable, CustomStringConvertible {
+    /// The 64 random bits, as the wire and the journal carry them (a `u64`).
     public var rawValue: UInt64
+    /// The epoch with these bits, as read from a message or the journal.
     public init(rawValue: UInt64) { self.rawValue = rawValue }
     /// 16 hex digits.
     public var description: String {
@@ -20,7 +22,9 @@ public struct Epoch: RawRepresentable, Hashable, Sendable, Codable, CustomString
 
 /// Who sent a dispatch: 16 bytes a client picks at random once, the first half of every idempotency key.
 public struct ClientID: Hashable, Sendable, CustomStringConvertible {
+    /// The length of every client id, in bytes.
     public static let byteCount = 16
+    /// The id's 16 bytes, as the wire carries them.
     public let bytes: [UInt8]
 
     /// `nil` unless `bytes` holds exactly 16 bytes.
@@ -43,7 +47,9 @@ public struct ClientID: Hashable, Sendable, CustomStringConvertible {
 
 /// A store's name as it travels on the wire: 1 to 64 bytes of ASCII letters, digits, `-`, `_` and `.`.
 public struct StoreName: Hashable, Sendable, Comparable, CustomStringConvertible {
+    /// The longest store name the wire allows, in bytes.
     public static let maximumLength = 64
+    /// The name, as checked by ``init(_:)``.
     public let rawValue: String
 
     /// Checks the name; the error says which character or length is wrong.
@@ -65,8 +71,11 @@ public struct StoreName: Hashable, Sendable, Comparable, CustomStringConvertible
         self.rawValue = rawValue
     }
 
+    /// The name itself.
     public var description: String { rawValue }
 
+    /// Orders names by their string, so a list of stores (an `unknown_store` error's, for one) comes out the same
+    /// each time.
     public static func < (lhs: StoreName, rhs: StoreName) -> Bool { lhs.rawValue < rhs.rawValue }
 
     static func isAllowed(_ byte: UInt8) -> Bool {
@@ -84,7 +93,9 @@ public struct StoreName: Hashable, Sendable, Comparable, CustomStringConvertible
 public struct ProtocolError: Error, Hashable, Sendable, CustomStringConvertible {
     /// The error codes of the wire protocol; their numbers are part of it (docs/protocol.md).
     public struct Code: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+        /// The code's number on the wire: the `u16` of an ERROR reply.
         public var rawValue: UInt16
+        /// The code with this number; a number this peer does not know is kept as it is, and shown as `error_<number>`.
         public init(rawValue: UInt16) { self.rawValue = rawValue }
 
         /// The message is not one this protocol can read: bad magic, short header, wrong frame count.
@@ -110,6 +121,8 @@ public struct ProtocolError: Error, Hashable, Sendable, CustomStringConvertible 
         /// Anything else the daemon could not do; the reason says what.
         public static let `internal` = Code(rawValue: 11)
 
+        /// The code's name as docs/protocol.md spells it (`unknown_store`), or `error_<number>` for a number this peer
+        /// does not know.
         public var description: String {
             switch self {
             case .malformed: "malformed"
@@ -128,13 +141,17 @@ public struct ProtocolError: Error, Hashable, Sendable, CustomStringConvertible 
         }
     }
 
+    /// What kind of failure, for programs to match.
     public var code: Code
+    /// What failed, with which value, and what to do, for people.
     public var reason: String
 
+    /// An error with a code and a sentence.
     public init(code: Code, _ reason: String) {
         self.code = code
         self.reason = reason
     }
 
+    /// The reason followed by the code in brackets, as logs show it.
     public var description: String { "\(reason) [\(code)]" }
 }

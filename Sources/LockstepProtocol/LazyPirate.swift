@@ -16,6 +16,7 @@ public struct LazyPirate<Payload> {
         /// How many times a lost request is sent again before it is given up.
         public var retries: Int
 
+        /// Settings with `timeout` per try and `retries` more tries after the first; a negative count is taken as 0.
         public init(timeout: Duration = .seconds(2), retries: Int = 3) {
             self.timeout = timeout
             self.retries = max(0, retries)
@@ -39,9 +40,11 @@ public struct LazyPirate<Payload> {
         var triesLeft: Int
     }
 
+    /// The timeout and retry count this machine runs with.
     public let settings: Settings
     private var flights: [UInt64: Flight] = [:]
 
+    /// A machine with nothing in flight.
     public init(_ settings: Settings) {
         self.settings = settings
     }

@@ -169,7 +169,7 @@ public struct SnapshotReply: Hashable, Sendable {
     public var seq: SequenceNumber
     /// SHA-256 of exactly ``state``'s bytes, sent by the daemon; the codec does not check it, the replica does.
     public var digest: StateDigest
-    /// The state's canonical JSON (``CanonicalEncoding``: sorted keys).
+    /// The state's canonical JSON (`CanonicalEncoding`, in the `Lockstep` module: sorted keys).
     public var state: Frame
 
     /// A snapshot as it goes on the wire.

@@ -157,7 +157,7 @@ public enum Request: Hashable, Sendable {
 public struct DispatchRequest: Hashable, Sendable {
     /// The request number: with ``clientID`` it forms the idempotency key, and the reply echoes it.
     public var requestID: UInt64
-    /// The client's ``Domain/version`` for the store; a daemon of another version refuses the batch.
+    /// The client's `Domain.version` for the store; a daemon of another version refuses the batch.
     public var domainVersion: UInt32
     /// The client that sent the batch, the first half of the idempotency key.
     public var clientID: ClientID

@@ -2,10 +2,12 @@ import Lockstep
 
 /// An action with the sequence number the daemon gave it.
 public struct SequencedAction: Hashable, Sendable {
+    /// The action's seq in its store.
     public var seq: SequenceNumber
     /// The action's JSON, as the daemon published it.
     public var action: Frame
 
+    /// The action `action` (its JSON) at `seq`.
     public init(seq: SequenceNumber, action: Frame) {
         self.seq = seq
         self.action = action
@@ -32,13 +34,18 @@ public struct ReplicaSync: Sendable {
 
     /// Why the replica threw its state away and joined again.
     public enum ResyncReason: Hashable, Sendable, CustomStringConvertible {
+        /// The daemon's epoch changed from `old` to `new`: it runs on another journal, so seqs of the old one mean
+        /// nothing.
         case newEpoch(old: Epoch, new: Epoch)
+        /// The local state's digest differed from the daemon's at `seq`.
         case divergence(seq: SequenceNumber)
+        /// No event, heartbeat or digest of the store arrived for this long (``ReplicaSync/Settings/silenceLimit``).
         case silence(Duration)
         /// The daemon refused a range it had announced (`invalid_range`): its history in this epoch is shorter
         /// than the replica's, so the replica's state may hold actions the daemon no longer has.
         case historyShorter(from: SequenceNumber)
 
+        /// One sentence for a log line.
         public var description: String {
             switch self {
             case let .newEpoch(old, new): "the daemon's epoch changed from \(old) to \(new)"
@@ -85,6 +92,8 @@ public struct ReplicaSync: Sendable {
         /// The longest wait between divergences in a row.
         public var maximumDivergenceBackoff: Duration
 
+        /// Settings for a daemon with the default heartbeat interval of 1 s; a replica of a daemon with a longer one
+        /// needs a `silenceLimit` of at least 3 of its intervals (docs/protocol.md, "Endpoints and timing").
         public init(
             silenceLimit: Duration = .seconds(3),
             requestTimeout: Duration = .seconds(2),
@@ -105,6 +114,7 @@ public struct ReplicaSync: Sendable {
         case range(from: SequenceNumber, to: SequenceNumber)
     }
 
+    /// The timings and limits this replica runs with.
     public let settings: Settings
     /// Where the replica is.
     public private(set) var phase = Phase.joining

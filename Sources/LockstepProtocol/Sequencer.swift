@@ -3,7 +3,9 @@ import Lockstep
 
 /// Why one store refused a batch: an action it could not decode, or one its validator refused.
 public enum BatchFailure: Error, Hashable, Sendable {
+    /// Action `index` (from 0) is not one of the domain's actions in a form it would keep as sent; `reason` says why.
     case undecodable(index: Int, reason: String)
+    /// The domain's validator refused action `index` (from 0), with the domain's rejection.
     case rejected(index: Int, Rejection)
 }
 
@@ -20,7 +22,7 @@ public protocol SequencedStore: Sendable {
     /// The seq of the last action applied.
     var lastSeq: SequenceNumber { get }
 
-    /// Decodes `actions` into their canonical bytes (``CanonicalEncoding/normalize(_:_:with:)``), asks `admit`
+    /// Decodes `actions` into their canonical bytes (`CanonicalEncoding.normalize(_:_:with:)`), asks `admit`
     /// whether to go on with those (the caller's idempotency check; `false` returns `nil` and changes nothing),
     /// then validates and applies them as one batch, all or none: each action is validated against the state
     /// the ones before it left. On success the actions have seqs `lastSeq + 1…` in order, in canonical form.
@@ -38,9 +40,13 @@ public protocol SequencedStore: Sendable {
 
 /// A ``SequencedStore`` for domain `D`.
 public struct DomainStore<D: Domain>: SequencedStore {
+    /// The domain's name, checked as a store name.
     public let name: StoreName
+    /// The domain's version, `D.version`.
     public var domainVersion: UInt32 { D.version }
+    /// The epoch of the store's journal.
     public let epoch: Epoch
+    /// The seq of the last action applied; 0 before the first.
     public private(set) var lastSeq: SequenceNumber
     /// The state after `lastSeq`.
     public private(set) var state: D.State
@@ -59,6 +65,9 @@ public struct DomainStore<D: Domain>: SequencedStore {
         self.state = state
     }
 
+    /// Normalizes, validates and applies `frames` as one batch, as ``SequencedStore/sequence(_:admit:)`` says. A batch
+    /// of one is validated and reduced in place; a longer batch works on a copy of the state, kept only when every
+    /// action passed.
     public mutating func sequence(
         _ frames: [Frame],
         admit: (_ canonical: [Frame]) -> Bool
@@ -104,6 +113,8 @@ public struct DomainStore<D: Domain>: SequencedStore {
         )
     }
 
+    /// Applies one journaled event; throws a ``ProtocolError`` when its seq does not follow ``lastSeq``, and the
+    /// decoding error when its action does not decode.
     public mutating func replay(_ event: SequencedAction) throws {
         guard event.seq == lastSeq + 1 else {
             throw ProtocolError(
@@ -116,6 +127,7 @@ public struct DomainStore<D: Domain>: SequencedStore {
         lastSeq = event.seq
     }
 
+    /// The canonical bytes of ``state``.
     public func encodedState() throws -> Frame {
         try coder.encode(state)
     }
@@ -135,20 +147,31 @@ public struct Sequencer: Sendable {
 
     /// A sequenced batch waiting to be made durable.
     public struct Commit: Sendable, Hashable {
+        /// The store the batch goes to.
         public var store: StoreName
+        /// The store's epoch when the batch was sequenced.
         public var epoch: Epoch
+        /// The client that sent the dispatch: with ``requestNumber``, the idempotency key the journal keeps with the
+        /// reply.
         public var clientID: ClientID
+        /// The request's number (its request id), the second half of the idempotency key.
         public var requestNumber: UInt64
         /// A digest of the request, so a retry with other content is told apart.
         public var fingerprint: StateDigest
+        /// The batch's actions with their new seqs, in canonical form: what the journal records and the daemon
+        /// publishes.
         public var events: [SequencedAction]
         /// The ACCEPTED reply to send once the commit is durable.
         public var reply: Reply
     }
 
+    /// Every hosted store by name, each at its last seq.
     public private(set) var stores: [StoreName: any SequencedStore] = [:]
+    /// The replies given so far, by idempotency key, so a retry gets its first reply again.
     public private(set) var idempotency: IdempotencyCache
 
+    /// A sequencer over `stores` (each recovered to its last seq) that remembers the newest `idempotencyCapacity`
+    /// replies; ``remember(_:_:)`` fills the cache from the journal.
     public init(stores: [any SequencedStore], idempotencyCapacity: Int = 100_000) {
         for store in stores { self.stores[store.name] = store }
         idempotency = IdempotencyCache(capacity: idempotencyCapacity)
@@ -248,41 +271,55 @@ public struct Sequencer: Sendable {
 /// The replies the daemon gave, by (client id, request number), so a retry is answered and never applied
 /// twice. It keeps the newest `capacity` entries: retries come within seconds, far inside that.
 public struct IdempotencyCache: Sendable {
+    /// An idempotency key: the dispatcher's client id and its request number.
     public struct Key: Hashable, Sendable {
+        /// The client that sent the dispatch.
         public var client: ClientID
+        /// The request's number, which the client never reuses for another dispatch.
         public var requestNumber: UInt64
 
+        /// The key of request `requestNumber` from `client`.
         public init(client: ClientID, requestNumber: UInt64) {
             self.client = client
             self.requestNumber = requestNumber
         }
     }
 
+    /// What a key was answered with, and which request it answered.
     public struct Entry: Hashable, Sendable {
+        /// The ``Sequencer/fingerprint(store:actions:)`` of the request; a retry must match it.
         public var fingerprint: StateDigest
+        /// The reply given (ACCEPTED or REJECTED), sent again to a retry.
         public var reply: Reply
 
+        /// The entry for a request with `fingerprint`, answered with `reply`.
         public init(fingerprint: StateDigest, reply: Reply) {
             self.fingerprint = fingerprint
             self.reply = reply
         }
     }
 
+    /// How many entries are kept at most; inserting one more evicts the oldest.
     public let capacity: Int
     private var entries: [Key: Entry] = [:]
     /// Keys in insertion order from `head` on; the prefix before `head` is already evicted.
     private var order: [Key] = []
     private var head = 0
 
+    /// An empty cache that keeps the newest `capacity` entries; `capacity` must be at least 1.
     public init(capacity: Int) {
         precondition(capacity > 0, "an idempotency cache needs room for at least one entry")
         self.capacity = capacity
     }
 
+    /// How many entries are kept now, at most ``capacity``.
     public var count: Int { entries.count }
 
+    /// The entry for `key`, or `nil` when it was never inserted or has been evicted.
     public subscript(key: Key) -> Entry? { entries[key] }
 
+    /// Keeps `entry` for `key`, then evicts the oldest entries beyond ``capacity``. An entry that replaces another
+    /// under the same key keeps that key's place in the eviction order.
     public mutating func insert(_ key: Key, _ entry: Entry) {
         if entries.updateValue(entry, forKey: key) == nil { order.append(key) }
         while entries.count > capacity {

@@ -23,18 +23,28 @@ public struct DaemonConfiguration: Hashable, Sendable {
         case memory
     }
 
+    /// Where the journal lives (`journal.sqlite` and its lock): `$STATE_DIRECTORY`, else `.lockstep/data`; set by
+    /// `data_dir` in the file or `--data-dir`.
     public var dataDirectory: String
+    /// Where the default `ipc://` endpoints are: `$RUNTIME_DIRECTORY`, else `.lockstep/run`; set by `runtime_dir`
+    /// in the file, which moves the endpoints still at their defaults.
     public var runtimeDirectory: String
+    /// The ROUTER's endpoint, where dispatches and SNAPSHOT, RANGE and STATUS requests arrive; by default
+    /// `ipc://RUNTIME/command`.
     public var commandEndpoint: String
+    /// The PUB's endpoint, where events, heartbeats and digests go out; by default `ipc://RUNTIME/events`.
     public var eventsEndpoint: String
     /// Names of the domains to host, in order; every name must be one the executable links.
     public var domains: [String]
+    /// When a commit counts as durable; `fsync` unless set.
     public var durability = Durability.fsync
+    /// Which journal keeps the history; `sqlite` unless set.
     public var journal = JournalKind.sqlite
     /// A heartbeat per idle store this often.
     public var heartbeatInterval = Duration.seconds(1)
     /// A digest per store every this many events (and on every snapshot).
     public var digestEveryEvents = 1_000
+    /// When snapshots are due and how much history (snapshots, idempotency entries) the journal keeps.
     public var snapshots = JournalPolicy()
     /// The largest message part accepted, in bytes.
     public var maximumMessageBytes = 1 << 20
@@ -54,6 +64,7 @@ public struct DaemonConfiguration: Hashable, Sendable {
         /// Clients whose key is not listed are refused.
         public var allowedClientsFile: String
 
+        /// CURVE settings from the two files' paths; the files are read when the daemon starts.
         public init(serverKeyFile: String, allowedClientsFile: String) {
             self.serverKeyFile = serverKeyFile
             self.allowedClientsFile = allowedClientsFile
@@ -256,16 +267,21 @@ public struct DaemonConfiguration: Hashable, Sendable {
 
 /// A setting is wrong: which file, which key, and why.
 public struct ConfigurationError: Error, Hashable, Sendable, CustomStringConvertible {
+    /// The configuration file the setting came from, or `nil` for a flag or for settings that do not go together.
     public var file: String?
+    /// The setting: a key as the file spells it (`limits.max_batch`), a table (`curve`), or a flag (`--journal`).
     public var key: String
+    /// What is wrong with it, with the value, and what to do.
     public var reason: String
 
+    /// An error about `key` (in `file`, when it came from one).
     public init(file: String?, key: String, _ reason: String) {
         self.file = file
         self.key = key
         self.reason = reason
     }
 
+    /// `file: key: reason`, the line `lockstepd` prints before it exits 78.
     public var description: String {
         (file.map { "\($0): " } ?? "") + "\(key): \(reason)"
     }

@@ -4,6 +4,7 @@ import LockstepProtocol
 
 /// A domain the daemon can host: its name, and how to rebuild its store from a journal.
 public struct HostedDomain: Sendable {
+    /// The domain's name, which is its store's name: what `--domain` and the `domains` setting choose by.
     public let name: String
     /// The store the journal proves, and the domain version it was upgraded from, if it was.
     let recover: @Sendable (any Journal) throws -> (store: any SequencedStore, upgradedFrom: UInt32?)

@@ -36,5 +36,6 @@ public struct ServerError: Error, Hashable, Sendable, CustomStringConvertible {
         self.reason = reason
     }
 
+    /// The reason alone; the code is for programs.
     public var description: String { reason }
 }

@@ -10,11 +10,16 @@
 /// toml++ in through a C++ target built with exceptions, for a file of a dozen keys. If the dependency resolves
 /// one day, `DaemonConfiguration.apply(_:file:)` is the only reader to move.
 public enum TOMLValue: Hashable, Sendable, CustomStringConvertible {
+    /// A basic (`"…"`) or literal (`'…'`) string, escapes resolved.
     case string(String)
+    /// A whole number, with an optional sign, that fits 64 bits.
     case integer(Int64)
+    /// `true` or `false`.
     case boolean(Bool)
+    /// An array, `[…]`, of values of these kinds.
     case array([TOMLValue])
 
+    /// The value written back as TOML, for error messages ("expected a string, got 5").
     public var description: String {
         switch self {
         case let .string(value): "\"\(value)\""
@@ -32,9 +37,13 @@ public struct TOMLDocument: Hashable, Sendable {
 
     /// What is wrong with a configuration file, and where.
     public struct ParseError: Error, Hashable, Sendable, CustomStringConvertible {
+        /// The line of the problem, from 1.
         public var line: Int
+        /// The column of the problem, in bytes from 1.
         public var column: Int
+        /// What was found, and what was expected.
         public var reason: String
+        /// `line L, column C: reason`.
         public var description: String { "line \(line), column \(column): \(reason)" }
     }
 

@@ -4,14 +4,21 @@ import Foundation
 import Glibc
 #endif
 
+/// What a child process left behind once it exited: its status and everything it wrote.
 public struct ProcessOutput: Sendable {
+    /// The exit status, as Foundation's `terminationStatus` gives it (the signal's number when a signal ended it).
     public var status: Int32
+    /// Everything it wrote to standard output, decoded as UTF-8.
     public var standardOutput: String
+    /// Everything it wrote to standard error, decoded as UTF-8.
     public var standardError: String
 }
 
+/// A child process did not finish within the time it was given, and was killed.
 public struct ProcessTimeout: Error, CustomStringConvertible {
+    /// The command line that was killed, as ``ChildProcess/command`` shows it.
     public var command: String
+    /// `COMMAND did not finish in time and was killed`.
     public var description: String { "\(command) did not finish in time and was killed" }
 }
 
@@ -20,6 +27,7 @@ public struct ProcessTimeout: Error, CustomStringConvertible {
 /// Tests, the demo and the fault suite start this package's executables with it; it is killed (if still
 /// running) and reaped when it is released.
 public final class ChildProcess {
+    /// The Foundation process, for its id, its status and whether it runs.
     public let process = Process()
     /// The command line, for messages.
     public let command: String
@@ -28,7 +36,10 @@ public final class ChildProcess {
     private let stdin: Pipe?
     private let errorFile: URL
     private let keepsErrorFile: Bool
+    /// Every byte of standard output read so far by ``read(for:)``; ``takeLines()`` hands out its complete lines.
     public private(set) var output: [UInt8] = []
+    /// Whether standard output has ended (the child closed it or exited); true from the start when it goes to the error
+    /// file.
     public private(set) var reachedEndOfOutput = false
     private var consumed = 0
 

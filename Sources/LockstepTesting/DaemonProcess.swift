@@ -30,6 +30,7 @@ public final class DaemonProcess {
     public let events: String
     /// Arguments and environment given to every start, before each start's own.
     public let arguments: [String]
+    /// Environment variables added to every start; a start's own win over these.
     public let environment: [String: String]
     private let curve: ClientCurve?
     private var child: ChildProcess?
@@ -70,7 +71,7 @@ public final class DaemonProcess {
     public var processIdentifier: Int32 { child?.process.processIdentifier ?? 0 }
 
     /// Starts the daemon with these arguments and environment added to the daemon's own; it must not be running.
-    /// Returns at once: ``waitUntilServing(within:)`` waits until it answers.
+    /// Returns at once: `waitUntilServing(within:)`, blocking or async, waits until it answers.
     public func start(arguments extra: [String] = [], environment extraEnvironment: [String: String] = [:]) throws {
         precondition(!isRunning, "start the daemon again only once it has stopped")
         starts += 1
@@ -173,7 +174,9 @@ public func residentMemory(of pid: Int32) -> (residentKiB: Int, peakKiB: Int) {
 
 /// A daemon that would not start or answer: the message names the executable and its log.
 public struct DaemonProcessError: Error, CustomStringConvertible {
+    /// What went wrong, naming the executable and its log.
     public var description: String
+    /// An error with this message.
     public init(_ description: String) { self.description = description }
 }
 

@@ -18,8 +18,11 @@ public struct DeterminismCheck<D: ActionGenerating>: Sendable {
     public var seed: UInt64 = 1
     /// Replays tried while shrinking a failing log.
     public var shrinkBudget = 200
+    /// The harness each sequence is replayed through: its replicas in this process, and its child processes.
     public var harness: ReplayHarness<D>
 
+    /// A check of `domain` with the default counts and seed, replaying with `settings` in this process and in
+    /// `children` (each a process with its own hash seed, where `Set` and `Dictionary` order differ).
     public init(
         _ domain: D.Type,
         settings: ReplaySettings = ReplaySettings(),
@@ -100,9 +103,12 @@ public struct DeterminismCheck<D: ActionGenerating>: Sendable {
 /// A domain failed the determinism check: the seed that found it, the shortest log that still fails, and
 /// where its replicas part ways.
 public struct DeterminismFailure: Error, CustomStringConvertible {
+    /// The seed of the sequence that failed: with the check's ``DeterminismCheck/length`` it generates the same actions
+    /// again.
     public var seed: UInt64
     /// Actions as JSON, in order.
     public var actions: [String]
+    /// Where the replicas part ways in the shortest failing log.
     public var divergence: Divergence
 
     init<Action: Encodable>(seed: UInt64, actions: [Action], divergence: Divergence) {
@@ -113,6 +119,7 @@ public struct DeterminismFailure: Error, CustomStringConvertible {
         self.divergence = divergence
     }
 
+    /// The seed, the shortest failing log one action per line, and the divergence.
     public var description: String {
         "not deterministic (seed \(seed)); shortest failing log has \(actions.count) actions:\n"
             + actions.enumerated().map { "  \($0.offset + 1): \($0.element)" }.joined(separator: "\n")

@@ -18,6 +18,8 @@ public struct ReplayLog<D: Domain>: Sendable {
         self.init(startSeq: 0, startState: Array(try CanonicalEncoding.encode(D.initialState)), actions: actions)
     }
 
+    /// A log that starts after `startSeq` from `startState` (canonical JSON, a journal snapshot's bytes), with the
+    /// digests the state must have at some seqs.
     public init(
         startSeq: SequenceNumber,
         startState: [UInt8],
@@ -47,6 +49,8 @@ public struct ReplaySettings: Sendable, Codable, Hashable {
     /// Seqs after which every replica but 0 round-trips, whatever the seed says.
     public var roundTripAt: Set<SequenceNumber> = []
 
+    /// The defaults: three replicas in this process, checkpoints by the log's length, and each replica but the first
+    /// round-tripping its state after about 2 % of events.
     public init() {}
 
     func interval(for count: Int) -> Int {
@@ -60,13 +64,18 @@ public struct Divergence: Error, Sendable, Codable, CustomStringConvertible {
     public var seq: SequenceNumber
     /// The action at that seq, as JSON.
     public var action: String
+    /// The side whose state is taken as the reference, e.g. "replica 0 (in process)" or "the journal's snapshot".
     public var left: String
+    /// The other side, e.g. "replica 3 (child process)".
     public var right: String
+    /// The digest of the left side's state after ``seq``.
     public var leftDigest: StateDigest
+    /// The digest of the right side's state after ``seq``.
     public var rightDigest: StateDigest
     /// Path → value on each side, at most 50.
     public var differences: [StateDifference]
 
+    /// Several lines: the seq, both sides and the action, the two digests, then each difference.
     public var description: String {
         var lines = [
             "divergence at seq \(seq): \(left) and \(right) differ after action \(action)",
@@ -155,10 +164,12 @@ enum ReplicaRunner {
 /// Replays a log through several replicas, in this process and in child processes, and reports the first
 /// divergence.
 public struct ReplayHarness<D: Domain>: Sendable {
+    /// How many replicas replay in this process, how often they compare, and where they round-trip their state.
     public var settings: ReplaySettings
     /// Child processes that replay too, each with its own hash seed.
     public var children: [ReplayChildCommand]
 
+    /// A harness with these settings that also replays in `children`.
     public init(settings: ReplaySettings = ReplaySettings(), children: [ReplayChildCommand] = []) {
         self.settings = settings
         self.children = children
@@ -166,10 +177,15 @@ public struct ReplayHarness<D: Domain>: Sendable {
 
     /// A summary of a clean replay.
     public struct Report: Sendable {
+        /// How many actions were replayed.
         public var events: Int
+        /// How many replicas replayed them, in this process and in children.
         public var replicas: Int
+        /// How many digests the reference replica recorded and the others were compared at.
         public var checkpoints: Int
+        /// The seq of the last action.
         public var finalSeq: SequenceNumber
+        /// The digest of the state after the last action; `nil` for a log with no actions.
         public var finalDigest: StateDigest?
     }
 

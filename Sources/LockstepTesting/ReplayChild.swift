@@ -7,11 +7,14 @@ import LockstepProtocol
 ///
 /// A child has its own hash seed, so a reducer that depends on `Set` or `Dictionary` order diverges there.
 public struct ReplayChildCommand: Sendable, Hashable {
+    /// The path of the executable to start.
     public var executable: String
+    /// The arguments that make it serve one replay, e.g. `["replay-child"]`.
     public var arguments: [String]
     /// The longest a child may take; it is killed after that.
     public var timeout: Duration
 
+    /// A child started as `executable arguments…`, killed after `timeout`.
     public init(executable: String, arguments: [String], timeout: Duration = .seconds(600)) {
         self.executable = executable
         self.arguments = arguments
@@ -86,6 +89,8 @@ public struct ReplayChildCommand: Sendable, Hashable {
 
 /// A child replica failed to run; the message says how.
 public struct ReplayChildError: Error, CustomStringConvertible {
+    /// What happened: the child timed out, or exited with an error and wrote this to standard error; or, in the
+    /// child, the request on standard input could not be served.
     public var description: String
     init(_ description: String) { self.description = description }
 }

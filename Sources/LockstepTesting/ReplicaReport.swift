@@ -9,20 +9,29 @@ import Glibc
 public struct ReplicaReport: Codable, Sendable {
     /// One replica.
     public struct Store: Codable, Sendable {
+        /// The store's name.
         public var store: String
         /// `joining`, `live`, `repairing` or `disconnected`.
         public var phase: String
+        /// The epoch of the replica's state in 16 hex digits; `nil` before its first snapshot.
         public var epoch: String?
+        /// The seq of the replica's state.
         public var seq: UInt64
         /// The SHA-256 of the replica's state, in hex.
         public var digest: String
+        /// How many actions the replica is behind the daemon's last word (``ReplicaReport/Store/seq`` against the
+        /// daemon's announced seq).
         public var lag: UInt64
+        /// Times the replica threw its state away and joined again.
         public var resyncs: Int
+        /// Gaps it filled by range.
         public var repairs: Int
+        /// Times its state's digest differed from the daemon's.
         public var divergences: Int
         /// The state's canonical JSON, in the final report when asked for.
         public var state: String?
 
+        /// A report of one replica, field by field.
         public init(
             store: String,
             phase: String,
@@ -48,8 +57,11 @@ public struct ReplicaReport: Codable, Sendable {
         }
     }
 
+    /// The client's process id.
     public var pid: Int32
+    /// Dispatches answered so far: accepted, rejected or failed.
     public var dispatched = 0
+    /// Accepted by the daemon and applied by the client's own replica.
     public var accepted = 0
     /// Refused by the domain's validator.
     public var rejected = 0
@@ -59,8 +71,10 @@ public struct ReplicaReport: Codable, Sendable {
     public var done = false
     /// The last line, printed on SIGTERM.
     public var final = false
+    /// Each of the client's replicas, one per store.
     public var stores: [Store] = []
 
+    /// An empty report for process `pid`: nothing dispatched, no store yet.
     public init(pid: Int32) {
         self.pid = pid
     }
@@ -88,6 +102,7 @@ extension ChildProcess {
 /// A `lockstep demo-client` process (replicas of some example stores, dispatching or only watching) whose
 /// report lines are read with bounded waits.
 public final class ReplicaClient {
+    /// The `lockstep demo-client` process.
     public let child: ChildProcess
     /// The newest report read.
     public private(set) var last: ReplicaReport?

@@ -5,15 +5,19 @@ import Lockstep
 public struct StateDifference: Hashable, Sendable, Codable, CustomStringConvertible {
     /// Like `list.items[3].completed`; empty for the root.
     public var path: String
+    /// The value on the left side; `nil` when the left state has nothing at ``path``.
     public var left: JSONValue?
+    /// The value on the right side; `nil` when the right state has nothing at ``path``.
     public var right: JSONValue?
 
+    /// A difference at `path`.
     public init(path: String, left: JSONValue?, right: JSONValue?) {
         self.path = path
         self.left = left
         self.right = right
     }
 
+    /// `path: left ≠ right`, with `(root)` and `(absent)` for an empty path and a missing value.
     public var description: String {
         "\(path.isEmpty ? "(root)" : path): \(left?.description ?? "(absent)") ≠ \(right?.description ?? "(absent)")"
     }

@@ -2,7 +2,9 @@ import CZeroMQ
 
 /// A CURVE key pair: 32-byte public and secret keys, shown in Z85 (40 characters) in files and flags.
 public struct CurveKeyPair: Hashable, Sendable {
+    /// The 32-byte public key: what the daemon lists among its allowed clients, or what clients pin as the server's.
     public let publicKey: [UInt8]
+    /// The 32-byte secret key, which never goes on the wire; keep it in a file only its owner reads (mode 0600).
     public let secretKey: [UInt8]
 
     /// A fresh key pair from libzmq's CSPRNG.

@@ -2,7 +2,9 @@ import CZeroMQ
 
 /// What to wait for on a socket or file descriptor.
 public struct PollEvents: OptionSet, Hashable, Sendable {
+    /// The `events` bits of a `zmq_pollitem_t`.
     public let rawValue: Int16
+    /// The events with these bits.
     public init(rawValue: Int16) { self.rawValue = rawValue }
 
     /// A message can be received (or the descriptor read) without blocking.
@@ -15,6 +17,7 @@ public struct PollEvents: OptionSet, Hashable, Sendable {
 public struct Poller {
     /// One thing to wait on.
     public enum Item {
+        /// A libzmq socket, owned by the polling thread.
         case socket(Socket, PollEvents)
         /// A plain descriptor, such as an eventfd other threads use to wake the owner.
         case fileDescriptor(Int32, PollEvents)
@@ -22,6 +25,7 @@ public struct Poller {
 
     private var items: [Item]
 
+    /// A poller over `items`; ``poll(timeout:)`` answers for them in this order.
     public init(_ items: [Item]) {
         self.items = items
     }

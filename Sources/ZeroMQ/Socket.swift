@@ -4,14 +4,22 @@ import CZeroMQ
 public struct SocketType: Hashable, Sendable, CustomStringConvertible {
     let rawValue: Int32
 
+    /// PAIR: exactly one peer at each end; the socket tests use it.
     public static let pair = SocketType(rawValue: ZMQ_PAIR)
+    /// PUB: the daemon's events socket, which sends each event to every subscriber of its topic.
     public static let publisher = SocketType(rawValue: ZMQ_PUB)
+    /// SUB: a replica's events socket, subscribed to its store's topic.
     public static let subscriber = SocketType(rawValue: ZMQ_SUB)
+    /// REQ: one request, then its reply; the socket of `CommandClient` (LockstepClient).
     public static let request = SocketType(rawValue: ZMQ_REQ)
+    /// REP: the other end of REQ; the daemon answers libzmq's CURVE authentication (ZAP) requests on one.
     public static let reply = SocketType(rawValue: ZMQ_REP)
+    /// DEALER: many requests in flight; the replica's command socket.
     public static let dealer = SocketType(rawValue: ZMQ_DEALER)
+    /// ROUTER: the daemon's command socket, which tells its peers apart by an identity frame.
     public static let router = SocketType(rawValue: ZMQ_ROUTER)
 
+    /// The type's name as ZeroMQ writes it: `PUB`, `ROUTER`, ….
     public var description: String {
         switch rawValue {
         case ZMQ_PAIR: "PAIR"
@@ -33,6 +41,7 @@ public struct ReceivedMessage: Sendable {
     /// Parts that arrived beyond `maximumFrames` and were discarded unread.
     public var droppedFrames: Int
 
+    /// A message of `frames`, with `droppedFrames` parts discarded beyond them.
     public init(frames: [[UInt8]], droppedFrames: Int = 0) {
         self.frames = frames
         self.droppedFrames = droppedFrames

@@ -9,6 +9,7 @@ public final class Wakeup: Sendable {
     /// The end that wakes it; written from other threads and from the SIGHUP handler.
     public let writeDescriptor: Int32
 
+    /// A fresh pipe, both ends non-blocking and closed on exec; closed when this object goes away.
     public init() throws(ZeroMQError) {
         var ends: [Int32] = [-1, -1]
         guard pipe(&ends) == 0 else { throw ZeroMQError(errno: errno, function: "pipe", detail: "for a wake-up pipe") }

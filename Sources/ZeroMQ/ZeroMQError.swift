@@ -17,6 +17,7 @@ public struct ZeroMQError: Error, Hashable, Sendable, CustomStringConvertible {
     /// What was being done, with which value: an endpoint, an option, a limit.
     public let detail: String
 
+    /// An error of `function` with `errno`, and what was being done.
     public init(errno: Int32, function: String, detail: String = "") {
         self.errno = errno
         self.function = function
@@ -29,6 +30,7 @@ public struct ZeroMQError: Error, Hashable, Sendable, CustomStringConvertible {
     /// The context was shut down while the call waited: the owner should close its sockets and stop.
     public var isContextTerminated: Bool { errno == ETERM }
 
+    /// `FUNCTION failed for DETAIL: MESSAGE (errno N)`, the detail left out when there is none.
     public var description: String {
         detail.isEmpty
             ? "\(function) failed: \(message) (errno \(errno))"

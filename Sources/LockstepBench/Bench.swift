@@ -45,9 +45,7 @@ package final class Bench {
         self.progressToStandardError = progressToStandardError
         self.lockstep = lockstep
         self.lockstepd = lockstepd
-        folder = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("lockstep-bench-\(getpid())")
-        try? FileManager.default.removeItem(at: folder)
-        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        folder = try freshTemporaryFolder("lockstep-bench-\(getpid())")
         curve = transport == .tcp ? (try CurveKeyPair.generate(), try CurveKeyPair.generate()) : nil
         #if DEBUG
         let build = "debug"

@@ -99,9 +99,7 @@ package final class DemoRun {
         self.quiet = quiet
         self.lockstep = lockstep
         self.lockstepd = lockstepd
-        folder = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("lockstep-demo-\(getpid())")
-        try? FileManager.default.removeItem(at: folder)
-        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        folder = try freshTemporaryFolder("lockstep-demo-\(getpid())")
         daemon = try DaemonProcess(
             executable: lockstepd,
             folder: folder,

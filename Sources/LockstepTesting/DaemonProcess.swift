@@ -209,3 +209,11 @@ public func processCPUTime() -> Duration {
     return .seconds(time.tv_sec) + .nanoseconds(time.tv_nsec)
 }
 
+/// An empty folder `name` in the temporary directory, made anew (whatever was there before is removed): where
+/// the demo and the bench keep their daemons' journals and logs.
+public func freshTemporaryFolder(_ name: String) throws -> URL {
+    let folder = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent(name)
+    try? FileManager.default.removeItem(at: folder)
+    try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+    return folder
+}

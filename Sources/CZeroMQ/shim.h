@@ -3,10 +3,16 @@
 
 #include <zmq.h>
 #include <errno.h>
+#include <sys/prctl.h>
 
 // ZMQ_ZAP_ENFORCE_DOMAIN is a draft option in libzmq 4.3's stable header, though every 4.3 release honours it.
 #ifndef ZMQ_ZAP_ENFORCE_DOMAIN
 #define ZMQ_ZAP_ENFORCE_DOMAIN 93
 #endif
+
+// prctl is variadic, which Swift cannot call: names the calling thread (at most 15 bytes are kept).
+static inline int lockstep_name_current_thread(const char *name) {
+    return prctl(PR_SET_NAME, (unsigned long)name, 0, 0, 0);
+}
 
 #endif

@@ -46,6 +46,7 @@ package struct BenchTable {
                     "\(count(p2.actionsPerS))/s  p50 \(p2.p50Us)  p99 \(p2.p99Us)",
                     "\(times(p2.ratioToRouter8Req))\(redis)",
                     "target ≥ 0.6×" + lost
+                        + (p2.loopCpuPerActionUs.map { String(format: "  loop CPU %.1f µs/action", $0) } ?? "")
                 )
             )
         }
@@ -68,6 +69,7 @@ package struct BenchTable {
                     "\(count(p3.actionsPerS))/s (\(times(p3.ratioToP2)) P2)  p50 \(p3.p50Us)  p99 \(p3.p99Us)",
                     p3.keptUp ? "kept up" : "fell behind",
                     String(format: "last replica %.1f ms after the last ack", p3.catchUpMs)
+                        + (p3.replicaCpuPerEventUs.map { String(format: "  replica CPU %.1f µs/event", $0) } ?? "")
                 )
             )
         }

@@ -198,6 +198,7 @@ public final class Replica<D: Domain>: Service, Sendable {
             try await withGracefulShutdownHandler {
                 try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
                     let thread = Thread { [self] in
+                        nameCurrentThread("replica \(D.name)")
                         do {
                             try self.loop()
                             continuation.resume()

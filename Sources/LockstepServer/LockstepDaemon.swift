@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import ServiceLifecycle
+import ZeroMQ
 
 /// The daemon as a swift-service-lifecycle `Service`: recovery, binding and the command loop run on a thread
 /// of their own; graceful shutdown (SIGTERM, SIGINT through a `ServiceGroup`) lets the loop finish the batch
@@ -36,6 +37,7 @@ public final class LockstepDaemon: Service, Sendable {
             try await withGracefulShutdownHandler {
                 try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
                     let thread = Thread { [loop] in
+                        nameCurrentThread("lockstepd loop")
                         do {
                             try loop.run()
                             continuation.resume()

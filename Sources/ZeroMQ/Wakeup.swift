@@ -1,3 +1,4 @@
+import CZeroMQ
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -36,5 +37,14 @@ public final class Wakeup: Sendable {
     deinit {
         close(descriptor)
         close(writeDescriptor)
+    }
+}
+
+/// Names the calling thread — a loop thread that owns sockets — as `ps -L`, `top -H`, `perf` and /proc show it
+/// (`lockstepd loop`); Linux keeps the first 15 bytes. Foundation's `Thread.name` does not reach the kernel.
+public func nameCurrentThread(_ name: String) {
+    let bytes = Array(name.utf8.prefix(15)) + [0]
+    bytes.withUnsafeBufferPointer { buffer in
+        buffer.withMemoryRebound(to: CChar.self) { _ = lockstep_name_current_thread($0.baseAddress!) }
     }
 }

@@ -37,10 +37,15 @@ import Testing
             #expect(row["acknowledged"] as? Int == row["committed"] as? Int, "\(row)")
             #expect(row["failures"] as? Int == 0, "\(row)")
             #expect((row["actions_per_s"] as? Double ?? 0) > 0)
+            // The daemon's loop thread was found by its name and used some CPU per action.
+            #expect((row["loop_cpu_per_action_us"] as? Double ?? 0) > 0, "\(row)")
         }
         let p3 = try #require(json["p3"] as? [[String: Any]])
         #expect(p3.compactMap { $0["replicas"] as? Int } == [4, 16])
-        for row in p3 { #expect(row["resyncs"] as? Int == 0, "\(row)") }
+        for row in p3 {
+            #expect(row["resyncs"] as? Int == 0, "\(row)")
+            #expect((row["replica_cpu_per_event_us"] as? Double ?? 0) > 0, "\(row)")
+        }
 
         let p4 = try #require(json["p4"] as? [[String: Any]])
         #expect(p4.compactMap { $0["events"] as? Int } == [300, 1_000])

@@ -167,18 +167,42 @@ public enum CanonicalEncoding {
 
 /// A SHA-256 digest of a state's canonical encoding, shown as 64 lowercase hex digits.
 public struct StateDigest: Hashable, Sendable, Codable, CustomStringConvertible {
+    /// The 32 bytes, held inline as four big-endian words: the daemon keeps one per idempotency entry, and an
+    /// array each would cost a heap allocation.
+    private let words: (UInt64, UInt64, UInt64, UInt64)
+
     /// The 32 bytes of the digest.
-    public let bytes: [UInt8]
+    public var bytes: [UInt8] {
+        withUnsafeBytes(of: (words.0.bigEndian, words.1.bigEndian, words.2.bigEndian, words.3.bigEndian)) { Array($0) }
+    }
 
     /// The digest of `data`.
     public init<Bytes: DataProtocol>(of data: Bytes) {
-        bytes = Array(SHA256.hash(data: data))
+        words = SHA256.hash(data: data).withUnsafeBytes { Self.words(of: $0) }
     }
 
     /// A digest received from elsewhere; `nil` unless it is exactly 32 bytes.
     public init?(bytes: [UInt8]) {
         guard bytes.count == 32 else { return nil }
-        self.bytes = bytes
+        words = bytes.withUnsafeBytes { Self.words(of: $0) }
+    }
+
+    private static func words(of raw: UnsafeRawBufferPointer) -> (UInt64, UInt64, UInt64, UInt64) {
+        func word(_ index: Int) -> UInt64 { raw[index * 8..<index * 8 + 8].reduce(0) { $0 << 8 | UInt64($1) } }
+        return (word(0), word(1), word(2), word(3))
+    }
+
+    /// Whether the two digests are the same 32 bytes.
+    public static func == (left: StateDigest, right: StateDigest) -> Bool {
+        left.words == right.words
+    }
+
+    /// Feeds the 32 bytes to `hasher`.
+    public func hash(into hasher: inout Hasher) {
+        hasher.combine(words.0)
+        hasher.combine(words.1)
+        hasher.combine(words.2)
+        hasher.combine(words.3)
     }
 
     /// Parses 64 hex digits; `nil` for anything else.
@@ -191,7 +215,7 @@ public struct StateDigest: Hashable, Sendable, Codable, CustomStringConvertible 
             guard let high = Self.nibble(utf8[index]), let low = Self.nibble(utf8[index + 1]) else { return nil }
             bytes.append(high << 4 | low)
         }
-        self.bytes = bytes
+        self.init(bytes: bytes)
     }
 
     /// The 64 lowercase hex digits.

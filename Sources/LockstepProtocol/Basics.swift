@@ -24,13 +24,21 @@ public struct Epoch: RawRepresentable, Hashable, Sendable, Codable, CustomString
 public struct ClientID: Hashable, Sendable, CustomStringConvertible {
     /// The length of every client id, in bytes.
     public static let byteCount = 16
+    /// The 16 bytes, held inline: the daemon keeps one per idempotency entry (100,000 by default), and an array
+    /// each would cost a heap allocation and most of a cache line.
+    private let high: UInt64
+    private let low: UInt64
+
     /// The id's 16 bytes, as the wire carries them.
-    public let bytes: [UInt8]
+    public var bytes: [UInt8] {
+        withUnsafeBytes(of: (high.bigEndian, low.bigEndian)) { Array($0) }
+    }
 
     /// `nil` unless `bytes` holds exactly 16 bytes.
     public init?(bytes: [UInt8]) {
         guard bytes.count == Self.byteCount else { return nil }
-        self.bytes = bytes
+        high = bytes[0..<8].reduce(0) { $0 << 8 | UInt64($1) }
+        low = bytes[8..<16].reduce(0) { $0 << 8 | UInt64($1) }
     }
 
     /// A fresh random id.

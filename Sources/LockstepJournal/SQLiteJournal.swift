@@ -42,7 +42,20 @@ public final class SQLiteJournal: EngineJournal {
         relaxed: Bool = false
     ) throws(JournalError) {
         engine = JournalEngine(
-            storage: try SQLiteStorage(directory: directory, readOnly: readOnly, relaxed: relaxed),
+            storage: try SQLiteStorage(
+                directory: directory,
+                readOnly: readOnly,
+                synchronous: relaxed ? .normal : .full
+            ),
+            policy: policy
+        )
+    }
+
+    /// A journal that never fsyncs (SQLite `synchronous = OFF`): only for the fault suite's proof that its
+    /// power-cut class loses acknowledged actions when the journal does not sync. Never for data.
+    package init(unsyncedForTestingIn directory: String, policy: JournalPolicy) throws(JournalError) {
+        engine = JournalEngine(
+            storage: try SQLiteStorage(directory: directory, readOnly: false, synchronous: .off),
             policy: policy
         )
     }
@@ -158,7 +171,12 @@ final class SQLiteStorage: JournalStorage {
     /// "LKSP": lets `file` and other tools tell a journal from other SQLite files.
     static let applicationID: Int32 = 0x4C4B_5350
 
-    init(directory: String, readOnly: Bool, relaxed: Bool = false) throws(JournalError) {
+    /// SQLite's `synchronous` setting: when a commit fsyncs the write-ahead log.
+    enum Synchronous: Int {
+        case off = 0, normal = 1, full = 2
+    }
+
+    init(directory: String, readOnly: Bool, synchronous: Synchronous = .full) throws(JournalError) {
         let path = URL(fileURLWithPath: directory).appendingPathComponent(SQLiteJournal.fileName).path
         location = path
         isReadOnly = readOnly
@@ -192,7 +210,7 @@ final class SQLiteStorage: JournalStorage {
         // known to be a journal, so a foreign database is left as it was.
         configuration.prepareDatabase { db in
             guard !db.configuration.readonly else { return }
-            try db.execute(sql: relaxed ? "PRAGMA synchronous = NORMAL" : "PRAGMA synchronous = FULL")
+            try db.execute(sql: "PRAGMA synchronous = \(synchronous.rawValue)")
         }
         do {
             queue = try DatabaseQueue(path: path, configuration: configuration)
@@ -251,17 +269,17 @@ final class SQLiteStorage: JournalStorage {
         formatVersion = found
         if !readOnly {
             do {
-                let (mode, synchronous) = try queue.writeWithoutTransaction { db in
+                let (mode, found) = try queue.writeWithoutTransaction { db in
                     (
                         try String.fetchOne(db, sql: "PRAGMA journal_mode = WAL"),
                         try Int.fetchOne(db, sql: "PRAGMA synchronous")
                     )
                 }
-                guard mode == "wal", synchronous == (relaxed ? 1 : 2) else {
+                guard mode == "wal", found == synchronous.rawValue else {
                     throw fail(
                         .sqlite,
-                        "SQLite reports journal_mode \(mode ?? "?"), synchronous \(synchronous ?? -1); "
-                            + "expected wal and \(relaxed ? "1 (NORMAL)" : "2 (FULL)"); "
+                        "SQLite reports journal_mode \(mode ?? "?"), synchronous \(found ?? -1); "
+                            + "expected wal and \(synchronous.rawValue) (\(synchronous))"
                             + "the journal needs a file system with shared memory and locks"
                     )
                 }

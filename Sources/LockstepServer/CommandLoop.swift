@@ -121,6 +121,10 @@ final class CommandLoop: Sendable {
             return InMemoryJournal(policy: configuration.snapshots)
         case .sqlite:
             do {
+                if failpoint?.point == .noSync {
+                    logger.critical("LOCKSTEP_FAILPOINT=no-sync: the journal never fsyncs; a power cut loses data")
+                    return try SQLiteJournal(unsyncedForTestingIn: configuration.dataDirectory, policy: configuration.snapshots)
+                }
                 return try SQLiteJournal(
                     directory: configuration.dataDirectory,
                     policy: configuration.snapshots,
@@ -407,6 +411,9 @@ private struct LoopState {
 
         let commits = pending.compactMap { if case let .commit(commit) = $0.work { commit } else { nil } }
         var committed = true
+        /// A write or fsync the disk failed: after a failed fsync the page cache no longer says what the disk
+        /// holds (PostgreSQL's "fsyncgate"), so the daemon answers the turn and stops rather than go on from it.
+        var diskFailure: JournalError?
         var snapshotted: [StoreName: JournalSnapshot] = [:]
         if !commits.isEmpty {
             do {
@@ -423,8 +430,12 @@ private struct LoopState {
             } catch {
                 committed = false
                 logger.error("commit failed; nothing of this batch was applied", metadata: ["error": "\(error)"])
-                // The sequencer ran ahead of the journal: start it again from what is durable.
-                sequencer = try Self.recover(loop.domains, journal: journal, logger: logger)
+                if let error = error as? JournalError, error.code == .ioError {
+                    diskFailure = error
+                } else {
+                    // The sequencer ran ahead of the journal: start it again from what is durable.
+                    sequencer = try Self.recover(loop.domains, journal: journal, logger: logger)
+                }
             }
         }
 
@@ -474,6 +485,15 @@ private struct LoopState {
         if committed, !commits.isEmpty {
             failpoint?.pass(.afterReply)
             publish(commits, snapshotted: snapshotted)
+        }
+        if let diskFailure {
+            throw ServerError(
+                code: .journal,
+                "the journal's disk failed a write or an fsync, so nothing of the last batch was acknowledged "
+                    + "(\(diskFailure)); after a failed fsync the kernel's cache no longer tells what the disk "
+                    + "holds, so the daemon stops instead of going on: start it again (systemd does) and it recovers "
+                    + "from what the disk holds; if it fails again, check the device and the kernel log"
+            )
         }
     }
 

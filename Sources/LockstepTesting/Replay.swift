@@ -74,6 +74,15 @@ public struct Divergence: Error, Sendable, Codable, CustomStringConvertible {
     public var rightDigest: StateDigest
     /// Path → value on each side, at most 50.
     public var differences: [StateDifference]
+    /// Whether replaying both sides again (from the last seq where they agreed) parted them again. When it did
+    /// not, everything above is the first run's, and the divergence depends on process history or global
+    /// state — a static or global cache, a counter in a singleton, something keyed by the process's hash seed —
+    /// not on the action at ``seq`` alone.
+    public var reproduced: Bool = true
+    /// Where the re-run started: the last seq at which the two sides agreed (`nil`: the start of the log).
+    public var rerunAfter: SequenceNumber?
+    /// What else a person should know, e.g. that the reference's own re-run did not match its first run.
+    public var note: String?
 
     /// Several lines: the seq, both sides and the action, the two digests, then each difference.
     public var description: String {
@@ -81,9 +90,18 @@ public struct Divergence: Error, Sendable, Codable, CustomStringConvertible {
             "divergence at seq \(seq): \(left) and \(right) differ after action \(action)",
             "  \(left): \(leftDigest.hex.prefix(16))…  \(right): \(rightDigest.hex.prefix(16))…",
         ]
-        if differences.isEmpty {
+        if !reproduced {
+            lines.append(
+                "  replayed again from seq \(rerunAfter ?? 0), the two sides did not part at or before seq \(seq): "
+                    + "the states here are the first run's, and the divergence depends on process history or global "
+                    + "state (a static or global cache, a counter in a singleton, something keyed by the process's "
+                    + "hash seed), not on the action at this seq alone"
+            )
+        }
+        if differences.isEmpty, leftDigest != rightDigest {
             lines.append("  the decoded states are equal, but their encodings differ (order of a Set or Dictionary?)")
         }
+        if let note { lines.append("  \(note)") }
         lines += differences.map { "  \($0)" }
         return lines.joined(separator: "\n")
     }
@@ -98,6 +116,8 @@ public struct Divergence: Error, Sendable, Codable, CustomStringConvertible {
 struct ReplicaTrace: Sendable {
     var digests: [(seq: SequenceNumber, digest: StateDigest)] = []
     var states: [SequenceNumber: [UInt8]] = [:]
+    /// With ``TracePlan/captureAgainst``: the first checkpoint whose digest differed (its state is in `states`).
+    var firstMismatch: SequenceNumber?
 }
 
 /// What a replica run must record.
@@ -109,6 +129,9 @@ struct TracePlan: Sendable, Codable, Hashable {
     var checkpoints: Set<SequenceNumber> = []
     /// Seqs to record the encoded state at.
     var statesAt: Set<SequenceNumber> = []
+    /// Another replica's digests at checkpoints: the state at the first checkpoint whose digest differs from
+    /// them is recorded, so a divergence is shown with this very run's state, not a re-run's.
+    var captureAgainst: [SequenceNumber: StateDigest] = [:]
     var settings: ReplaySettings
 }
 
@@ -117,6 +140,59 @@ struct SharedReferenceDetected: Error {
     var seq: SequenceNumber
     var before: [UInt8]
     var after: [UInt8]
+}
+
+/// One replica part-way through a log: its state, its round-trip draws and what it recorded so far. The harness
+/// steps several in lockstep, so that when two part ways both states are at hand from that very run.
+struct ReplicaCursor<D: Domain> {
+    private(set) var state: D.State
+    private var random: SplitMix64
+    private let threshold: UInt64
+    let plan: TracePlan
+    private(set) var trace = ReplicaTrace()
+
+    init(startState: [UInt8], plan: TracePlan) throws {
+        state = try CanonicalEncoding.decode(D.State.self, from: Data(startState))
+        random = SplitMix64(seed: plan.settings.roundTripSeed &+ UInt64(plan.replica) &* 0x9E37_79B9_7F4A_7C15)
+        threshold = UInt64(max(0, min(1, plan.settings.roundTripRate)) * Double(UInt64.max))
+        self.plan = plan
+    }
+
+    /// Applies `action`, the one at `seq` (the `offset`-th of the log); at a checkpoint returns the state's bytes
+    /// and digest, which the trace records too.
+    mutating func step(
+        _ action: D.Action,
+        seq: SequenceNumber,
+        offset: Int,
+        isLast: Bool
+    ) throws -> (digest: StateDigest, bytes: [UInt8])? {
+        let isCheckpoint = (offset + 1) % plan.interval == 0 || plan.checkpoints.contains(seq)
+        if plan.replica == 1, plan.interval == 1 || isCheckpoint {
+            // A reducer must not change the state it was handed a copy of. If it does, some reference
+            // type is shared between the two values, and replicas that copy at other points part ways.
+            let original = state
+            let before = Array(try CanonicalEncoding.encode(original))
+            D.reduce(into: &state, action)
+            let after = Array(try CanonicalEncoding.encode(original))
+            if after != before { throw SharedReferenceDetected(seq: seq, before: before, after: after) }
+        } else {
+            D.reduce(into: &state, action)
+        }
+        if plan.replica != 0, plan.settings.roundTripAt.contains(seq) || random.next() < threshold {
+            state = try CanonicalEncoding.decode(D.State.self, from: try CanonicalEncoding.encode(state))
+        }
+        let wantsState = plan.statesAt.contains(seq)
+        guard wantsState || isLast || isCheckpoint else { return nil }
+        let bytes = Array(try CanonicalEncoding.encode(state))
+        let digest = StateDigest(of: bytes)
+        trace.digests.append((seq, digest))
+        if wantsState { trace.states[seq] = bytes }
+        if trace.firstMismatch == nil, let other = plan.captureAgainst[seq], other != digest {
+            trace.firstMismatch = seq
+            trace.states[seq] = bytes
+        }
+        return (digest, bytes)
+    }
 }
 
 /// Runs one replica over a log; the same code runs in this process and in a child.
@@ -128,37 +204,57 @@ enum ReplicaRunner {
         actions: [D.Action],
         plan: TracePlan
     ) throws -> ReplicaTrace {
-        var state = try CanonicalEncoding.decode(D.State.self, from: Data(startState))
-        var random = SplitMix64(seed: plan.settings.roundTripSeed &+ UInt64(plan.replica) &* 0x9E37_79B9_7F4A_7C15)
-        let threshold = UInt64(max(0, min(1, plan.settings.roundTripRate)) * Double(UInt64.max))
-        var trace = ReplicaTrace()
+        var cursor = try ReplicaCursor<D>(startState: startState, plan: plan)
+        for (offset, action) in actions.enumerated() {
+            _ = try cursor.step(
+                action,
+                seq: startSeq + SequenceNumber(offset + 1),
+                offset: offset,
+                isLast: offset == actions.count - 1
+            )
+        }
+        return cursor.trace
+    }
+
+    /// Runs several replicas in this process in lockstep, action by action, and keeps, for each replica after
+    /// the first, both states at the first checkpoint where its digest differs from the first's.
+    static func runTogether<D: Domain>(
+        _: D.Type,
+        startSeq: SequenceNumber,
+        startState: [UInt8],
+        actions: [D.Action],
+        plans: [TracePlan]
+    ) throws -> (traces: [ReplicaTrace], evidence: [Int: FirstRunEvidence]) {
+        var cursors = try plans.map { try ReplicaCursor<D>(startState: startState, plan: $0) }
+        var evidence: [Int: FirstRunEvidence] = [:]
         for (offset, action) in actions.enumerated() {
             let seq = startSeq + SequenceNumber(offset + 1)
-            let isCheckpoint = (offset + 1) % plan.interval == 0 || plan.checkpoints.contains(seq)
-            if plan.replica == 1, plan.interval == 1 || isCheckpoint {
-                // A reducer must not change the state it was handed a copy of. If it does, some reference
-                // type is shared between the two values, and replicas that copy at other points part ways.
-                let original = state
-                let before = Array(try CanonicalEncoding.encode(original))
-                D.reduce(into: &state, action)
-                let after = Array(try CanonicalEncoding.encode(original))
-                if after != before { throw SharedReferenceDetected(seq: seq, before: before, after: after) }
-            } else {
-                D.reduce(into: &state, action)
-            }
-            if plan.replica != 0, plan.settings.roundTripAt.contains(seq) || random.next() < threshold {
-                state = try CanonicalEncoding.decode(D.State.self, from: try CanonicalEncoding.encode(state))
-            }
-            let isLast = offset == actions.count - 1
-            let wantsState = plan.statesAt.contains(seq)
-            if wantsState || isLast || isCheckpoint {
-                let bytes = Array(try CanonicalEncoding.encode(state))
-                trace.digests.append((seq, StateDigest(of: bytes)))
-                if wantsState { trace.states[seq] = bytes }
+            var reference: (digest: StateDigest, bytes: [UInt8])?
+            for index in cursors.indices {
+                let checkpoint = try cursors[index].step(
+                    action,
+                    seq: seq,
+                    offset: offset,
+                    isLast: offset == actions.count - 1
+                )
+                if index == 0 {
+                    reference = checkpoint
+                } else if let checkpoint, let reference, checkpoint.digest != reference.digest,
+                    evidence[index] == nil
+                {
+                    evidence[index] = FirstRunEvidence(seq: seq, left: reference.bytes, right: checkpoint.bytes)
+                }
             }
         }
-        return trace
+        return (cursors.map(\.trace), evidence)
     }
+}
+
+/// Both states at the first checkpoint where two replicas differed, as that run left them.
+struct FirstRunEvidence: Sendable {
+    var seq: SequenceNumber
+    var left: [UInt8]
+    var right: [UInt8]
 }
 
 /// Replays a log through several replicas, in this process and in child processes, and reports the first
@@ -196,8 +292,26 @@ public struct ReplayHarness<D: Domain>: Sendable {
         var sides = (0..<max(1, settings.replicas)).map { Side.inProcess(replica: $0) }
         sides += children.enumerated().map { Side.child($0.element, replica: settings.replicas + $0.offset) }
         let traces: [ReplicaTrace]
+        let evidence: [Int: FirstRunEvidence]
         do {
-            traces = try sides.map { try trace($0, log, plan(for: $0, interval: interval, checkpoints: expectedSeqs)) }
+            // The replicas of this process step together, so that where two part ways both states are kept from
+            // this very run; each child is told the reference's digests and keeps its own state where it differs.
+            let local = sides.filter { if case .inProcess = $0 { true } else { false } }
+            let together = try ReplicaRunner.runTogether(
+                D.self,
+                startSeq: log.startSeq,
+                startState: log.startState,
+                actions: log.actions,
+                plans: local.map { plan(for: $0, interval: interval, checkpoints: expectedSeqs) }
+            )
+            let referenceDigests = Dictionary(together.traces[0].digests.map { ($0.seq, $0.digest) }) { a, _ in a }
+            let children = try sides.dropFirst(local.count).map { side in
+                var childPlan = plan(for: side, interval: interval, checkpoints: expectedSeqs)
+                childPlan.captureAgainst = referenceDigests
+                return try trace(side, log, childPlan)
+            }
+            traces = together.traces + children
+            evidence = together.evidence
         } catch let shared as SharedReferenceDetected {
             throw divergence(
                 at: shared.seq,
@@ -232,7 +346,29 @@ public struct ReplayHarness<D: Domain>: Sendable {
         }
         for (index, trace) in traces.enumerated().dropFirst() {
             guard let mismatch = firstMismatch(traces[0], trace) else { continue }
-            try narrow(log, sides[0], sides[index], after: mismatch.previous, upTo: mismatch.seq, interval: interval)
+            var firstRun = evidence[index]
+            var note: String?
+            if firstRun == nil, let right = trace.states[mismatch.seq] {
+                // A child kept its own state; the reference's comes from replaying it again in this process.
+                let again = try self.trace(sides[0], log, plan(for: sides[0], interval: interval, statesAt: [mismatch.seq]))
+                let left = again.states[mismatch.seq] ?? []
+                let firstDigest = traces[0].digests.first { $0.seq == mismatch.seq }?.digest
+                if StateDigest(of: left) != firstDigest {
+                    note = "the reference's state is from a re-run that did not match its own first run at seq "
+                        + "\(mismatch.seq): this process's history changed what the reducer does"
+                }
+                firstRun = FirstRunEvidence(seq: mismatch.seq, left: left, right: right)
+            }
+            try narrow(
+                log,
+                sides[0],
+                sides[index],
+                after: mismatch.previous,
+                upTo: mismatch.seq,
+                interval: interval,
+                firstRun: firstRun,
+                note: note
+            )
         }
         return Report(
             events: log.actions.count,
@@ -308,34 +444,71 @@ public struct ReplayHarness<D: Domain>: Sendable {
         return nil
     }
 
-    /// Replays both sides again with a checkpoint at every seq in the window, then throws the divergence at
-    /// the first seq that differs, with both states diffed.
+    /// Replays both sides again with a checkpoint at every seq in the window and throws the divergence at the first
+    /// seq where they part, with both states from that re-run. When the re-run does not part them, it throws the
+    /// first run's evidence at `seq` and says the divergence did not reproduce.
     func narrow(
         _ log: ReplayLog<D>,
         _ left: Side,
         _ right: Side,
         after previous: SequenceNumber?,
         upTo seq: SequenceNumber,
-        interval: Int
+        interval: Int,
+        firstRun: FirstRunEvidence?,
+        note: String?
     ) throws -> Never {
         let window = Set(((previous ?? log.startSeq) + 1)...seq)
-        let leftTrace = try trace(left, log, plan(for: left, interval: interval, checkpoints: window))
-        let rightTrace = try trace(right, log, plan(for: right, interval: interval, checkpoints: window))
-        let first = firstMismatch(leftTrace, rightTrace)?.seq ?? seq
-        let leftStates = try trace(left, log, plan(for: left, interval: interval, statesAt: [first]))
-        let rightStates = try trace(right, log, plan(for: right, interval: interval, statesAt: [first]))
-        let leftBytes = leftStates.states[first] ?? []
-        let rightBytes = rightStates.states[first] ?? []
-        throw divergence(
-            at: first,
+        var again: FirstRunEvidence?
+        if case .inProcess = right {
+            let together = try ReplicaRunner.runTogether(
+                D.self,
+                startSeq: log.startSeq,
+                startState: log.startState,
+                actions: log.actions,
+                plans: [left, right].map { plan(for: $0, interval: interval, checkpoints: window) }
+            )
+            again = together.evidence[1]
+        } else {
+            let leftTrace = try trace(left, log, plan(for: left, interval: interval, checkpoints: window))
+            var rightPlan = plan(for: right, interval: interval, checkpoints: window)
+            rightPlan.captureAgainst = Dictionary(leftTrace.digests.map { ($0.seq, $0.digest) }) { a, _ in a }
+            let rightTrace = try trace(right, log, rightPlan)
+            if let first = rightTrace.firstMismatch, let rightBytes = rightTrace.states[first] {
+                let leftAgain = try trace(left, log, plan(for: left, interval: interval, statesAt: [first]))
+                if let leftBytes = leftAgain.states[first],
+                    StateDigest(of: leftBytes) == leftTrace.digests.first(where: { $0.seq == first })?.digest
+                {
+                    again = FirstRunEvidence(seq: first, left: leftBytes, right: rightBytes)
+                }
+            }
+        }
+        if let again, again.seq <= seq {
+            throw divergence(
+                at: again.seq,
+                log: log,
+                left: left.name,
+                right: right.name,
+                leftDigest: StateDigest(of: again.left),
+                rightDigest: StateDigest(of: again.right),
+                leftState: again.left,
+                rightState: again.right
+            )
+        }
+        let evidence = firstRun ?? FirstRunEvidence(seq: seq, left: [], right: [])
+        var divergence = divergence(
+            at: evidence.seq,
             log: log,
             left: left.name,
             right: right.name,
-            leftDigest: StateDigest(of: leftBytes),
-            rightDigest: StateDigest(of: rightBytes),
-            leftState: leftBytes,
-            rightState: rightBytes
+            leftDigest: StateDigest(of: evidence.left),
+            rightDigest: StateDigest(of: evidence.right),
+            leftState: evidence.left,
+            rightState: evidence.right
         )
+        divergence.reproduced = false
+        divergence.rerunAfter = previous ?? log.startSeq
+        divergence.note = note
+        throw divergence
     }
 
     func divergence(

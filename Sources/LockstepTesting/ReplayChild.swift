@@ -83,6 +83,9 @@ public struct ReplayChildCommand: Sendable, Hashable {
             trace.digests.append((record.seq, record.digest))
             if let state = record.state { trace.states[record.seq] = Array(state) }
         }
+        if !plan.captureAgainst.isEmpty {
+            trace.firstMismatch = trace.states.keys.filter { !plan.statesAt.contains($0) }.min()
+        }
         return trace
     }
 }

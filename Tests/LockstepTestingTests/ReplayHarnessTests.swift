@@ -73,6 +73,32 @@ func expectDivergence<D: Domain>(
         #expect(divergence.differences == [StateDifference(path: "tally.count", left: .integer(0), right: .integer(1))])
     }
 
+    @Test func aDivergenceThroughProcessHistoryIsShownFromTheFirstRunAndSaidNotToReproduce() throws {
+        // Keys no other test used: the cache outlives every store of this process.
+        let key = "k-\(UUID().uuidString.prefix(8))"
+        let actions: [WarmCacheDomain.Action] = [.look("\(key)-a"), .look("\(key)-a"), .look("\(key)-b")]
+        let divergence = try #require(try expectDivergence(WarmCacheDomain.self, actions))
+        #expect(divergence.seq == 1)
+        #expect(!divergence.reproduced)
+        #expect(divergence.rerunAfter == 0)
+        // The first run's states: the reference met the key cold, the next replica warm.
+        #expect(divergence.leftDigest != divergence.rightDigest)
+        #expect(
+            divergence.differences == [
+                StateDifference(path: "lookups[0]", left: .string("\(key)-a cold"), right: .string("\(key)-a warm"))
+            ]
+        )
+        #expect(divergence.description.contains("did not part at or before seq 1"))
+        #expect(divergence.description.contains("process history or global state"))
+        #expect(!divergence.description.contains("the decoded states are equal"))
+    }
+
+    @Test func aReproducibleDivergenceIsNotSaidToDependOnHistory() throws {
+        let divergence = try #require(try expectDivergence(DiceDomain.self, Array(repeating: .roll, count: 3)))
+        #expect(divergence.reproduced)
+        #expect(!divergence.description.contains("process history"))
+    }
+
     @Test func sparseCheckpointsStillNameTheFirstDivergentSeq() throws {
         var settings = ReplaySettings()
         settings.checkpointInterval = 50

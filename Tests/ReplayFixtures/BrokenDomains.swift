@@ -1,5 +1,6 @@
 import Foundation
 import Lockstep
+import Synchronization
 
 // Deliberately nondeterministic domains, one per class of mistake the replay harness must catch.
 
@@ -99,3 +100,20 @@ public enum TallyDomain: ActionGenerating {
 public let brokenDomains: [any Domain.Type] = [
     ClockDomain.self, DiceDomain.self, TagsDomain.self, LossyDomain.self, TallyDomain.self,
 ]
+
+/// Remembers, in a cache that outlives the store, which keys it has seen: the first replica of a process to meet
+/// a key calls it cold, every later one warm. Replicas diverge only through the process's history, so replaying
+/// again (with every key warm by then) does not part them.
+public enum WarmCacheDomain: Domain {
+    public struct State: Codable, Equatable, Sendable { public var lookups: [String] = [] }
+    public enum Action: Codable, Equatable, Sendable { case look(String) }
+    public static let name = "warmcache"
+    public static let version: UInt32 = 1
+    public static var initialState: State { State() }
+    static let seen = Mutex<Set<String>>([])
+    public static func reduce(into state: inout State, _ action: Action) {
+        guard case let .look(key) = action else { return }
+        let warm = seen.withLock { !$0.insert(key).inserted }
+        state.lookups.append("\(key) \(warm ? "warm" : "cold")")
+    }
+}

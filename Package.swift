@@ -61,7 +61,10 @@ let package = Package(
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
-        .target(name: "LockstepTesting", dependencies: ["Lockstep", "LockstepProtocol", "LockstepClient", "ZeroMQ"]),
+        .target(
+            name: "LockstepTesting",
+            dependencies: ["Lockstep", "LockstepProtocol", "LockstepClient", "LockstepJournal", "ZeroMQ"]
+        ),
         .target(name: "LockstepExamples", dependencies: ["Lockstep"]),
         .executableTarget(
             name: "lockstepd",

@@ -283,6 +283,8 @@ public struct ReplayHarness<D: Domain>: Sendable {
         public var finalSeq: SequenceNumber
         /// The digest of the state after the last action; `nil` for a log with no actions.
         public var finalDigest: StateDigest?
+        /// How many of the digests the log says the state must have (a journal's snapshots) the replay reached.
+        public var recordedDigestsMatched = 0
     }
 
     /// Replays `log`; throws the first ``Divergence`` found, or returns a summary.
@@ -375,7 +377,8 @@ public struct ReplayHarness<D: Domain>: Sendable {
             replicas: sides.count,
             checkpoints: traces.first?.digests.count ?? 0,
             finalSeq: log.lastSeq,
-            finalDigest: traces.first?.digests.last?.digest
+            finalDigest: traces.first?.digests.last?.digest,
+            recordedDigestsMatched: expectedSeqs.count
         )
     }
 

@@ -133,7 +133,8 @@ struct ReplayCommand: ParsableCommand {
                 )
                 print(
                     "final seq \(report.finalSeq), digest \(report.finalDigest?.hex ?? "-")"
-                        + (log.expected.isEmpty ? "" : "; \(log.expected.count) journal snapshots reproduced")
+                        + (log.expected.isEmpty
+                            ? "" : "; every digest the journal recorded matched (\(report.recordedDigestsMatched) snapshots)")
                 )
             }
         } catch let divergence as Divergence {
@@ -146,68 +147,15 @@ struct ReplayCommand: ParsableCommand {
         }
     }
 
-    /// The journal's history of one store: from its oldest kept snapshot (or seq 0), with every later
-    /// snapshot's digest to reproduce.
+    /// The journal's history of one store (``ReplayLog/init(history:)``), or the error said plainly.
     private func journalLog<D: Domain>(_: D.Type, _ journal: SQLiteJournal) throws -> ReplayLog<D> {
-        guard let info = try journal.stats().stores.first(where: { $0.name == D.name }) else {
-            return try ReplayLog<D>([])
-        }
-        guard info.domainVersion == D.version else {
-            // Another version's actions through this version's reducer would only show a false divergence.
-            printError(
-                "\(Tool.commandName): store '\(D.name)' in \(journal.location) was written by domain version "
-                    + "\(info.domainVersion) and this tool has version \(D.version); replay it with a build of version "
-                    + "\(info.domainVersion)"
-                    + (D.canTakeOver(version: info.domainVersion)
-                        ? ", or upgrade a copy by starting the version \(D.version) daemon on it" : "")
-            )
+        do {
+            return try ReplayLog<D>(history: journal)
+        } catch let error as HistoryError {
+            printError("\(Tool.commandName): \(error)")
+            if case .undecodable = error.kind { throw ExitCodes.badInput }
             throw ExitCode.failure
         }
-        let startSeq = info.firstSeq.map { $0 - 1 } ?? info.snapshotSeqs.first ?? 0
-        var startState = Array(try CanonicalEncoding.encode(D.initialState))
-        if startSeq > 0 {
-            guard let snapshot = try journal.snapshot(store: D.name, seq: startSeq) else {
-                printError(
-                    "\(Tool.commandName): store '\(D.name)' keeps events from seq \(startSeq + 1) but no snapshot at seq "
-                        + "\(startSeq) to start from; run '\(Tool.commandName) journal verify \(journal.location)'"
-                )
-                throw ExitCode.failure
-            }
-            startState = snapshot.state
-        }
-        var actions: [D.Action] = []
-        var next = startSeq + 1
-        let decoder = JSONDecoder()
-        while next <= info.lastSeq {
-            guard
-                case let .events(events) = try journal.events(
-                    store: D.name,
-                    from: next,
-                    to: info.lastSeq,
-                    limit: 10_000
-                ),
-                let last = events.last
-            else { break }
-            for event in events {
-                do {
-                    actions.append(try decoder.decode(D.Action.self, from: Data(event.action)))
-                } catch {
-                    printError(
-                        "\(Tool.commandName): store '\(D.name)' seq \(event.seq): not a \(D.name) action: "
-                            + CanonicalEncoding.describe(error)
-                    )
-                    throw ExitCodes.badInput
-                }
-            }
-            next = last.seq + 1
-        }
-        var expected: [SequenceNumber: (digest: StateDigest, state: [UInt8]?)] = [:]
-        for seq in info.snapshotSeqs where seq > startSeq {
-            if let snapshot = try journal.snapshot(store: D.name, seq: seq) {
-                expected[seq] = (snapshot.digest, snapshot.state)
-            }
-        }
-        return ReplayLog<D>(startSeq: startSeq, startState: startState, actions: actions, expected: expected)
     }
 
     /// `length` actions from the domain's generator, or an error when it has none.

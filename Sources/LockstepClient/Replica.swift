@@ -407,6 +407,8 @@ private struct Engine<D: Domain> {
     var unapplied: (epoch: Epoch, firstSeq: SequenceNumber, lastSeq: SequenceNumber, actions: [D.Action])?
     var batching = false
     let decoder = JSONDecoder()
+    /// With ``ReplicaConfiguration/evidenceDirectory``: what a divergence's evidence file is made of.
+    var evidence: EvidenceRecorder?
 
     /// What a dispatch in flight waits with: how many actions it sent, and who to answer.
     struct Dispatch {
@@ -420,6 +422,13 @@ private struct Engine<D: Domain> {
         inFlight = LazyPirate(
             LazyPirate.Settings(timeout: replica.configuration.requestTimeout, retries: replica.configuration.retries)
         )
+        evidence = replica.configuration.evidenceDirectory.map {
+            EvidenceRecorder(
+                directory: $0,
+                maximumFiles: replica.configuration.maximumEvidenceFiles,
+                maximumBytes: replica.configuration.maximumEvidenceBytes
+            )
+        }
     }
 
     var store: StoreName { replica.store }
@@ -657,8 +666,10 @@ private struct Engine<D: Domain> {
                     return mismatch(seq, "the snapshot is not a \(D.name) v\(D.version) state: \(reason)", on: &link)
                 }
                 replica.apply(.install(Replicated(epoch: epoch, seq: seq, state: state)), epoch: epoch, seq: seq)
+                evidence?.agree(epoch: epoch, seq: seq, state: bytes)
             case let .apply(events):
                 guard let epoch = sync.epoch, let first = events.first, let last = events.last else { continue }
+                evidence?.applied(events)
                 if let pending = unapplied, pending.epoch != epoch || pending.lastSeq + 1 != first.seq { handOver() }
                 var actions = unapplied?.actions ?? []
                 actions.reserveCapacity(actions.count + events.count)
@@ -680,10 +691,36 @@ private struct Engine<D: Domain> {
             case let .verifyDigest(seq, digest):
                 let current = replica.local.state
                 // Not applied yet when another thread is draining the local store; the next digest checks.
-                guard current.seq == seq, let mine = try? CanonicalEncoding.digest(of: current.state) else { continue }
-                if mine != digest {
-                    return mismatch(seq, "the daemon's digest is \(digest), this replica's is \(mine)", on: &link)
+                guard current.seq == seq, let epoch = current.epoch,
+                    let bytes = try? Array(CanonicalEncoding.encode(current.state))
+                else { continue }
+                let mine = StateDigest(of: bytes)
+                guard mine != digest else {
+                    evidence?.agree(epoch: epoch, seq: seq, state: bytes)
+                    continue
                 }
+                var location = ""
+                do {
+                    if let file = try evidence?.write(
+                        store: store.rawValue,
+                        domainVersion: D.version,
+                        seq: seq,
+                        daemonDigest: digest,
+                        replicaState: bytes
+                    ) {
+                        location = "; evidence in \(file.path)"
+                        replica.logger.error(
+                            "wrote the evidence of a divergence",
+                            metadata: ["store": "\(store)", "seq": "\(seq)", "file": "\(file.path)"]
+                        )
+                    }
+                } catch {
+                    replica.logger.error(
+                        "could not write the evidence of a divergence",
+                        metadata: ["store": "\(store)", "directory": "\(evidence?.directory ?? "")", "error": "\(error)"]
+                    )
+                }
+                return mismatch(seq, "the daemon's digest is \(digest), this replica's is \(mine)\(location)", on: &link)
             case let .reportDivergence(seq):
                 divergences += 1
                 let detail = divergenceDetail ?? "the state differs from the daemon's"

@@ -42,6 +42,16 @@ public struct ReplicaConfiguration: Sendable {
     /// The first half of every idempotency key the replica sends; `nil` gives each replica a random one.
     /// Two replicas must never share one: their request numbers would collide.
     public var clientID: ClientID?
+    /// Where the replica writes a ``DivergenceEvidence`` file when its digest differs from the daemon's, before
+    /// it repairs itself; `nil` (the default) writes none. `lockstep replay --evidence FILE` (or the tool of your
+    /// domains) turns a file into a report. The replica then keeps the state at the last agreeing digest and the
+    /// actions since (about one state and one digest interval of actions more memory).
+    public var evidenceDirectory: String?
+    /// The most evidence files of this store kept in ``evidenceDirectory``; the oldest go first.
+    public var maximumEvidenceFiles = 8
+    /// The most bytes of actions kept since the last agreeing digest for evidence; past it the file says the
+    /// actions are incomplete and holds the states only.
+    public var maximumEvidenceBytes = 16 << 20
 
     /// The defaults: the daemon's default `ipc://` endpoints under `.lockstep/run`, no CURVE, 2 s per try and 3
     /// retries, a random client id.

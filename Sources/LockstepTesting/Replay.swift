@@ -12,6 +12,8 @@ public struct ReplayLog<D: Domain>: Sendable {
     public var actions: [D.Action]
     /// Digests the state must have at some seqs (a journal's snapshots), with the state bytes when known.
     public var expected: [SequenceNumber: (digest: StateDigest, state: [UInt8]?)]
+    /// Where ``expected`` comes from, as a divergence names that side.
+    public var expectedSource = "the journal's snapshot"
 
     /// A log from the domain's initial state.
     public init(_ actions: [D.Action]) throws {
@@ -83,6 +85,9 @@ public struct Divergence: Error, Sendable, Codable, CustomStringConvertible {
     public var rerunAfter: SequenceNumber?
     /// What else a person should know, e.g. that the reference's own re-run did not match its first run.
     public var note: String?
+    /// Why the divergence did not reproduce, in place of the harness's own words (a replica's evidence says it
+    /// otherwise).
+    public var explanation: String?
 
     /// Several lines: the seq, both sides and the action, the two digests, then each difference.
     public var description: String {
@@ -90,7 +95,9 @@ public struct Divergence: Error, Sendable, Codable, CustomStringConvertible {
             "divergence at seq \(seq): \(left) and \(right) differ after action \(action)",
             "  \(left): \(leftDigest.hex.prefix(16))…  \(right): \(rightDigest.hex.prefix(16))…",
         ]
-        if !reproduced {
+        if let explanation {
+            lines.append("  \(explanation)")
+        } else if !reproduced {
             lines.append(
                 "  replayed again from seq \(rerunAfter ?? 0), the two sides did not part at or before seq \(seq): "
                     + "the states here are the first run's, and the divergence depends on process history or global "
@@ -337,7 +344,7 @@ public struct ReplayHarness<D: Domain>: Sendable {
                 throw divergence(
                     at: seq,
                     log: log,
-                    left: "the journal's snapshot",
+                    left: log.expectedSource,
                     right: sides[0].name,
                     leftDigest: expected.digest,
                     rightDigest: digest,

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import Lockstep
+import LockstepClient
 import LockstepJournal
 import LockstepProtocol
 import LockstepTesting
@@ -35,6 +36,9 @@ struct ReplayCommand: ParsableCommand {
     @Option(help: "A data directory whose journal to replay.")
     var journal: String?
 
+    @Option(help: "A divergence evidence file a replica wrote (ReplicaConfiguration.evidenceDirectory).")
+    var evidence: String?
+
     @Option(help: "Instead of a file, generate this many actions with the domain's generator.")
     var generate: Int?
 
@@ -54,10 +58,10 @@ struct ReplayCommand: ParsableCommand {
     var json = false
 
     func validate() throws {
-        guard [input != nil, generate != nil, journal != nil].filter({ $0 }).count == 1 else {
-            throw ValidationError("give exactly one of --input FILE, --generate N or --journal DIR")
+        guard [input != nil, generate != nil, journal != nil, evidence != nil].filter({ $0 }).count == 1 else {
+            throw ValidationError("give exactly one of --input FILE, --generate N, --journal DIR or --evidence FILE")
         }
-        guard store != nil || journal != nil else { throw ValidationError("name the store to replay") }
+        guard store != nil || journal != nil || evidence != nil else { throw ValidationError("name the store to replay") }
         guard (1...64).contains(replicas) else { throw ValidationError("--replicas must be 1...64, got \(replicas)") }
         guard (0...64).contains(processes) else {
             throw ValidationError("--processes must be 0...64, got \(processes)")
@@ -70,6 +74,10 @@ struct ReplayCommand: ParsableCommand {
     func run() throws {
         if let journal {
             try replayJournal(journal)
+            return
+        }
+        if let evidence {
+            try replayEvidence(evidence)
             return
         }
         try replay(try Tool.requireDomain(store ?? ""), journal: nil)
@@ -145,6 +153,42 @@ struct ReplayCommand: ParsableCommand {
             }
             throw ExitCodes.diverged
         }
+    }
+
+    /// Replays what a replica saw when it diverged, and prints the report; exits 4 (a divergence is the point).
+    private func replayEvidence(_ path: String) throws {
+        let file: DivergenceEvidence
+        do {
+            file = try DivergenceEvidence(contentsOf: URL(fileURLWithPath: path))
+        } catch {
+            printError("\(Tool.commandName): cannot read the evidence file \(path): \(error)")
+            throw ExitCodes.badInput
+        }
+        guard let domain = Tool.domain(named: file.store) else {
+            printError("\(Tool.commandName): the evidence is of store '\(file.store)', which this tool does not host")
+            throw ExitCode.validationFailure
+        }
+        func report<D: Domain>(_: D.Type) throws {
+            var settings = ReplaySettings()
+            settings.replicas = replicas
+            settings.roundTripSeed = seed
+            let child = ReplayChildCommand(executable: currentExecutable().path, arguments: ["replay-child"])
+            let divergence: Divergence
+            do {
+                divergence = try file.replay(D.self, settings: settings, children: Array(repeating: child, count: processes))
+            } catch let error as DivergenceEvidence.Unreplayable {
+                printError("\(Tool.commandName): \(error)")
+                throw ExitCode.failure
+            }
+            if json {
+                print(#"{"store":"\#(D.name)","evidence":"\#(path)","divergence":\#(divergence.json)}"#)
+            } else {
+                print("\(D.name), from the evidence of a replica (\(file.writtenAt), \(file.build)):")
+                print("\(divergence)")
+            }
+            throw ExitCodes.diverged
+        }
+        try report(domain)
     }
 
     /// The journal's history of one store (``ReplayLog/init(history:)``), or the error said plainly.

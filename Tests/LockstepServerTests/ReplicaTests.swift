@@ -13,11 +13,13 @@ import Testing
     func withReplica<D: Domain, T: Sendable>(
         _ domain: D.Type,
         _ daemon: DaemonProcess,
+        evidenceDirectory: String? = nil,
         _ body: @Sendable (Replica<D>) async throws -> T
     ) async throws -> T {
         var configuration = ReplicaConfiguration(commandEndpoint: daemon.command, eventsEndpoint: daemon.events)
         configuration.requestTimeout = .seconds(1)
         configuration.retries = 10
+        configuration.evidenceDirectory = evidenceDirectory
         let replica = try Replica(D.self, configuration: configuration)
         return try await withThrowingTaskGroup(of: T?.self) { group in
             group.addTask {
@@ -102,6 +104,45 @@ import Testing
         static func reduce(into state: inout State, _ action: Action) {
             state.count += action == .increment ? 2 : -2
         }
+    }
+
+    /// A replica whose reducer does not match the daemon's leaves the evidence of its divergence before it
+    /// repairs itself, and the harness command turns the file into a report.
+    @Test func aLiveDivergenceLeavesEvidenceTheHarnessReportsFrom() async throws {
+        let (daemon, directory) = try startDaemon("replica-evidence", "[intervals]\ndigest_every_events = 3\n")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let evidence = URL(fileURLWithPath: directory).appendingPathComponent("evidence")
+        try await withReplica(DoubleCounter.self, daemon, evidenceDirectory: evidence.path) { replica in
+            for _ in 0..<3 { _ = try await replica.dispatch(.increment) }
+            let deadline = ContinuousClock.now + .seconds(10)
+            while replica.status.divergences == 0, ContinuousClock.now < deadline {
+                try await Task.sleep(for: .milliseconds(10))
+            }
+            #expect(replica.status.divergences >= 1)
+        }
+        #expect(daemon.stop() == 0)
+        let files = try FileManager.default.contentsOfDirectory(atPath: evidence.path).filter { $0.hasSuffix(".json") }
+        try #require(files.count >= 1, "no evidence file in \(evidence.path)")
+        let file = evidence.appendingPathComponent(files.sorted()[0])
+        let written = try DivergenceEvidence(contentsOf: file)
+        #expect(written.store == "counter")
+        #expect(written.agreedSeq == 0)
+        #expect(written.actions == [#"{"increment":{}}"#, #"{"increment":{}}"#, #"{"increment":{}}"#])
+        #expect(written.divergentSeq == 3)
+        #expect(written.replicaState == #"{"count":6}"#)
+
+        // lockstep's counter is the daemon's: a replay here reaches its digest, the replica's state did not.
+        let report = try runProduct("lockstep", ["replay", "--evidence", file.path, "--json"])
+        #expect(report.status == 4, "\(report.standardOutput)\(report.standardError)")
+        let object = try JSONSerialization.jsonObject(with: Data(report.standardOutput.utf8)) as? [String: Any]
+        let divergence = try #require(object?["divergence"] as? [String: Any], "\(report.standardOutput)")
+        #expect(divergence["seq"] as? Int == 3)
+        #expect(divergence["reproduced"] as? Bool == false)
+        #expect(divergence["right"] as? String == "the replica that wrote the evidence")
+        let differences = divergence["differences"] as? [[String: Any]]
+        #expect(differences?.first?["path"] as? String == "count")
+        #expect(differences?.first?["left"] as? Int == 3)
+        #expect(differences?.first?["right"] as? Int == 6)
     }
 
     @Test func aDivergenceIsLoggedCountedAnnouncedAndRepairedByResync() async throws {

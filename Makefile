@@ -4,14 +4,16 @@ SWIFT ?= swift
 .PHONY: deps build demo test interop template systemd faults bench docs clean
 
 # Installs what Lockstep needs when it is missing: libzmq 4.3.3 or newer (ZeroMQ), SQLite (the journal,
-# through GRDB), libfaketime (the fault suite's clock jumps) and pyzmq for Debian's python3 (the Python client).
+# through GRDB), libfaketime (the fault suite's clock jumps), pyzmq for Debian's python3 (the Python client), and
+# FUSE with fusepy (the power-cut filesystem, Tests/PowerCut).
 deps:
 	@pkg-config --atleast-version=4.3.3 libzmq 2>/dev/null && pkg-config --exists sqlite3 2>/dev/null \
-		&& ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 && /usr/bin/python3 -c 'import zmq' 2>/dev/null || { \
-		echo "make: installing libzmq3-dev, libsqlite3-dev, faketime and python3-zmq"; \
+		&& ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 && /usr/bin/python3 -c 'import zmq, fusepy' 2>/dev/null \
+		&& command -v fusermount3 >/dev/null || { \
+		echo "make: installing libzmq3-dev, libsqlite3-dev, faketime, python3-zmq, fuse3 and python3-fusepy"; \
 		SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq libzmq3-dev libsqlite3-dev pkg-config faketime \
-			python3 python3-zmq; \
+			python3 python3-zmq fuse3 python3-fusepy; \
 	}
 
 build: deps
@@ -20,13 +22,14 @@ build: deps
 demo: build
 	$$($(SWIFT) build --show-bin-path)/lockstep demo
 
-# The unit and integration tests, the Python client against a real lockstepd, the fault suite's quick mode (it
-# mounts a tmpfs: run as root), lockstepd's unit under a real systemd (root; it says SKIP where systemd-nspawn
-# cannot run), then the template.
+# The unit and integration tests, the Python client against a real lockstepd, the power-cut filesystem's own
+# tests, the fault suite's quick mode (it mounts a tmpfs and the power-cut filesystem: run as root), lockstepd's
+# unit under a real systemd (root; it says SKIP where systemd-nspawn cannot run), then the template.
 test: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
 	$(MAKE) interop
+	Tests/PowerCut/run.sh
 	$$($(SWIFT) build --show-bin-path)/lockstep-faults
 	bash deploy/systemd-test.sh
 	$(MAKE) template

@@ -322,22 +322,33 @@ final class SQLiteStorage: JournalStorage {
             }
             return
         }
-        do {
-            try FileManager.default.createDirectory(
-                atPath: directory,
-                withIntermediateDirectories: true,
-                attributes: [.posixPermissions: 0o700]
-            )
-        } catch {
-            throw JournalError(
-                code: .ioError,
-                file: path,
-                operation: "open",
-                message: "cannot create the data directory \(directory): \(error.localizedDescription)"
-            )
+        // One level at a time, each new directory's entry synced in its parent: a new directory is durable only
+        // once its parent is fsynced, so a power cut must not take away a whole new path and the journal in it
+        // (the power-cut filesystem of the fault suite showed that creating the path in one call does not).
+        let url = URL(fileURLWithPath: directory).standardizedFileURL
+        var missing: [URL] = []
+        var level = url
+        while !FileManager.default.fileExists(atPath: level.path), level.path != "/" {
+            missing.insert(level, at: 0)
+            level = level.deletingLastPathComponent()
         }
-        let parent = URL(fileURLWithPath: directory).deletingLastPathComponent().path
-        try fsyncDirectory(parent, journal: path)
+        for created in missing {
+            do {
+                try FileManager.default.createDirectory(
+                    atPath: created.path,
+                    withIntermediateDirectories: false,
+                    attributes: [.posixPermissions: 0o700]
+                )
+            } catch {
+                throw JournalError(
+                    code: .ioError,
+                    file: path,
+                    operation: "open",
+                    message: "cannot create the data directory \(directory): \(error.localizedDescription)"
+                )
+            }
+            try fsyncDirectory(created.deletingLastPathComponent().path, journal: path)
+        }
     }
 
     /// Creates an empty file with mode 0600 (SQLite gives its -wal and -shm files the same mode); false when

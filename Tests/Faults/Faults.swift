@@ -351,6 +351,116 @@ final class Faults {
         return result
     }
 
+    // MARK: - Power cut
+
+    /// The daemon's journal on the power-cut filesystem; under load it is killed at random moments and the power
+    /// cut (everything not fsynced forgotten, all of it, a random prefix, or with a torn last write), then it is
+    /// started again on what the disk holds. With `syncOff` (the failpoint `no-sync`: SQLite never fsyncs) the
+    /// class must lose acknowledged actions: the proof that it can see a missing fsync.
+    func powerCut(syncOff: Bool = false) throws -> FaultResult {
+        let base = folder.appendingPathComponent(syncOff ? "power-nosync" : "power")
+        let disk = try UnsyncedFileSystem(folder: base.appendingPathComponent("disk"))
+        defer { disk.unmount() }
+        // Two levels the daemon must create (and make durable) itself.
+        let data = disk.mountPoint.appendingPathComponent("var/lockstep").path
+        let daemon = try Daemon(
+            folder: base.appendingPathComponent("daemon"),
+            configuration: "data_dir = \"\(data)\"\n" + Self.keepHistory,
+            environment: syncOff ? ["LOCKSTEP_FAILPOINT": "no-sync"] : [:],
+            data: data
+        )
+        try daemon.start()
+        let watchers = syncOff ? [] : [try ReplicaClient(watching: daemon, stores: ["todos"])]
+        let load = Load(endpoint: daemon.command, label: syncOff ? "nosync" : "power")
+        load.start()
+        defer { load.stop() }
+        let cycles = syncOff ? 3 : long ? 200 : 10
+        let modes = ["all", "prefix", "torn"]
+        var result = FaultResult(injected: 0, survived: 0, lost: 0)
+        for cycle in 0..<cycles {
+            guard progresses(load, beyond: load.acks.count) else {
+                result.failure = "no dispatch was acknowledged before cut \(cycle + 1)"
+                break
+            }
+            pause(20...300)
+            daemon.kill()
+            try disk.cut(mode: modes[cycle % modes.count], seed: random.next())
+            result.injected += 1
+            do {
+                try daemon.start()
+            } catch where syncOff {
+                // Unsynced, the cut can leave SQLite's file itself damaged: then nothing acknowledged is served.
+                load.stop()
+                result.survived += 1
+                result.lost = load.acks.count
+                result.expectsLoss = true
+                result.notes.append(
+                    "with SQLite never fsyncing, cut \(cycle + 1) left the journal damaged and lockstepd refused to "
+                        + "start on it: all \(load.acks.count) acknowledged dispatches lost, as they must be"
+                )
+                return result
+            }
+            if progresses(load, beyond: load.acks.count) { result.survived += 1 }
+        }
+        try settle(daemon, load, watchers: watchers, into: &result)
+        let journal = try SQLiteJournal(directory: data, readOnly: true)
+        let problems = try journal.verify()
+        try? journal.close()
+        if !problems.isEmpty { result.failure = "journal verify after the last cut: \(problems.prefix(3))" }
+        if syncOff {
+            // Expected: the class proves itself by losing what was never synced.
+            result.notes.insert("with SQLite never fsyncing: \(result.lost) acknowledged dispatches lost, as they must be", at: 0)
+            result.expectsLoss = true
+        } else {
+            result.notes.insert("\(cycles) cuts (all, prefix and torn in turn) of what was not fsynced", at: 0)
+        }
+        return result
+    }
+
+    /// The journal's WAL fsync fails with EIO under load: nothing of that batch is acknowledged, the daemon stops
+    /// (exit 1, saying why) instead of trusting the page cache, and after a power cut and a restart every
+    /// dispatch acknowledged before it is there.
+    func fsyncFailure() throws -> FaultResult {
+        let base = folder.appendingPathComponent("eio")
+        let disk = try UnsyncedFileSystem(folder: base.appendingPathComponent("disk"))
+        defer { disk.unmount() }
+        let data = disk.mountPoint.appendingPathComponent("data").path
+        let daemon = try Daemon(
+            folder: base.appendingPathComponent("daemon"),
+            configuration: "data_dir = \"\(data)\"\n" + Self.keepHistory,
+            data: data
+        )
+        try daemon.start()
+        let load = Load(endpoint: daemon.command, label: "eio")
+        load.start()
+        defer { load.stop() }
+        var result = FaultResult(injected: 0, survived: 0, lost: 0)
+        let rounds = long ? 10 : 2
+        for round in 0..<rounds {
+            guard progresses(load, beyond: load.acks.count) else {
+                result.failure = "no dispatch was acknowledged before fault \(round + 1)"
+                break
+            }
+            try disk.failFsync(matching: "*journal.sqlite-wal", count: 1)
+            result.injected += 1
+            let deadline = ContinuousClock.now + .seconds(20)
+            while daemon.isRunning, ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.01) }
+            let log = (try? String(contentsOf: daemon.log, encoding: .utf8)) ?? ""
+            guard !daemon.isRunning, daemon.stop() == 1, log.contains("failed a write or an fsync") else {
+                result.failure = "after a failed fsync the daemon did not stop with exit 1 and the reason; see \(daemon.log.path)"
+                break
+            }
+            // The worst case: the power goes right after. What the disk holds is what counts.
+            try disk.clearFaults()
+            try disk.cut(mode: "all", seed: random.next())
+            try daemon.start()
+            if progresses(load, beyond: load.acks.count) { result.survived += 1 }
+        }
+        try settle(daemon, load, watchers: [], into: &result)
+        result.notes.insert("each fault: the daemon stopped (exit 1) naming the failed fsync; power cut; restarted", at: 0)
+        return result
+    }
+
     // MARK: - Bad input
 
     func badInput() throws -> FaultResult {

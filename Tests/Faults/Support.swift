@@ -239,3 +239,64 @@ extension ReplicaClient {
         converge(on: expected.mapValues { (seq: $0.seq, digest: $0.digest) }, within: timeout)
     }
 }
+
+/// The power-cut filesystem (Tests/PowerCut/unsyncedfs.py) mounted for one fault class: a FUSE passthrough that
+/// forgets every write not made durable by fsync when it is told to cut the power. Driven through its CLI.
+final class UnsyncedFileSystem {
+    static let script = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+        .appendingPathComponent("PowerCut/unsyncedfs.py")
+    let backing: URL
+    let mountPoint: URL
+    private var mounted = false
+
+    /// Mounts a fresh backing folder at `folder/mnt`; throws, saying why, where FUSE cannot be used.
+    init(folder: URL) throws {
+        backing = folder.appendingPathComponent("backing")
+        mountPoint = folder.appendingPathComponent("mnt")
+        for directory in [backing, mountPoint] {
+            try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
+        }
+        try run(["mount", backing.path, mountPoint.path])
+        mounted = true
+    }
+
+    deinit { unmount() }
+
+    /// Throws away everything not durable: `mode` all, prefix (a random prefix of each file's unsynced writes)
+    /// or torn (the same, the last write torn at a 512-byte boundary).
+    func cut(mode: String, seed: UInt64) throws {
+        try run(["cut", mountPoint.path, "--mode", mode, "--seed", "\(seed)", "--sector", "512", "--wait", "10"])
+    }
+
+    /// Makes the next `count` fsyncs of files matching `pattern` fail with EIO (their writes are then lost).
+    func failFsync(matching pattern: String, count: Int) throws {
+        try run(["inject", mountPoint.path, "fsync-eio", "--pattern", pattern, "--count", "\(count)"])
+    }
+
+    /// Lifts every injected fault.
+    func clearFaults() throws { try run(["clear", mountPoint.path]) }
+
+    func unmount() {
+        guard mounted else { return }
+        mounted = false
+        _ = try? run(["unmount", mountPoint.path])
+    }
+
+    /// Runs the CLI and checks its one line of JSON says `"ok": true`.
+    @discardableResult
+    private func run(_ arguments: [String]) throws -> [String: Any] {
+        let child = try ChildProcess(
+            executable: URL(fileURLWithPath: "/usr/bin/python3"),
+            [Self.script.path] + arguments
+        )
+        let output = try child.finish(within: .seconds(60))
+        let line = output.standardOutput.split(separator: "\n").last.map(String.init) ?? ""
+        let reply = (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any] ?? [:]
+        guard output.status == 0, reply["ok"] as? Bool == true else {
+            throw SuiteError(
+                "unsyncedfs \(arguments.prefix(1).joined()) failed (exit \(output.status)): \(line) \(output.standardError)"
+            )
+        }
+        return reply
+    }
+}

@@ -93,6 +93,10 @@ public protocol Journal: AnyObject, Sendable {
     /// first, they doubled the daemon's peak memory).
     func forEachIdempotencyRecord(_ body: (IdempotencyRecord) throws(JournalError) -> Void) throws(JournalError)
 
+    /// How many idempotency entries are kept: a daemon sizes its table once before loading them, rather than
+    /// grow it (and hold two copies at each step) 17 times on the way to 100,000.
+    func idempotencyRecordCount() throws(JournalError) -> Int
+
     /// Per store: epoch, domain version, first and last seq, events and snapshots kept; and the file's size.
     func stats() throws(JournalError) -> JournalStats
 

@@ -147,6 +147,11 @@ extension EngineJournal {
 
     /// Calls `body` with every idempotency entry kept, oldest first, one at a time; see
     /// ``Journal/forEachIdempotencyRecord(_:)``.
+    /// How many idempotency entries are kept.
+    public func idempotencyRecordCount() throws(JournalError) -> Int {
+        try engine.storage.idempotencyCount()
+    }
+
     public func forEachIdempotencyRecord(
         _ body: (IdempotencyRecord) throws(JournalError) -> Void
     ) throws(JournalError) {

@@ -248,6 +248,11 @@ public struct Sequencer: Sendable {
         }
     }
 
+    /// Makes room for `count` idempotency entries before recovery loads them.
+    public mutating func reserveIdempotency(_ count: Int) {
+        idempotency.reserve(count)
+    }
+
     /// Remembers a reply made durable earlier (journal recovery), so a retry after a restart gets it again.
     public mutating func remember(_ key: IdempotencyCache.Key, _ entry: IdempotencyCache.Entry) {
         idempotency.insert(key, entry)
@@ -290,12 +295,37 @@ public struct IdempotencyCache: Sendable {
         /// The ``Sequencer/fingerprint(store:actions:)`` of the request; a retry must match it.
         public var fingerprint: StateDigest
         /// The reply given (ACCEPTED or REJECTED), sent again to a retry.
-        public var reply: Reply
+        public var reply: Reply {
+            switch outcome {
+            case let .accepted(epoch, firstSeq, count):
+                .accepted(requestID: requestID, epoch: epoch, firstSeq: firstSeq, count: count)
+            case let .rejected(index, rejection):
+                .rejected(requestID: requestID, actionIndex: index, rejection)
+            case let .other(reply):
+                reply
+            }
+        }
+
+        /// Only what the reply needs: the daemon keeps 100,000 entries by default, and a whole `Reply` is wider
+        /// than either answer a dispatch gets (its SNAPSHOT case holds a digest and a state).
+        private enum Outcome: Hashable, Sendable {
+            case accepted(epoch: Epoch, firstSeq: SequenceNumber, count: UInt32)
+            case rejected(index: UInt32, Rejection)
+            indirect case other(Reply)
+        }
+
+        private var requestID: UInt64
+        private var outcome: Outcome
 
         /// The entry for a request with `fingerprint`, answered with `reply`.
         public init(fingerprint: StateDigest, reply: Reply) {
             self.fingerprint = fingerprint
-            self.reply = reply
+            requestID = reply.requestID
+            switch reply {
+            case let .accepted(_, epoch, firstSeq, count): outcome = .accepted(epoch: epoch, firstSeq: firstSeq, count: count)
+            case let .rejected(_, index, rejection): outcome = .rejected(index: index, rejection)
+            default: outcome = .other(reply)
+            }
         }
     }
 
@@ -310,6 +340,13 @@ public struct IdempotencyCache: Sendable {
     public init(capacity: Int) {
         precondition(capacity > 0, "an idempotency cache needs room for at least one entry")
         self.capacity = capacity
+    }
+
+    /// Makes room for `count` entries (at most ``capacity``) at once, before a daemon loads them.
+    public mutating func reserve(_ count: Int) {
+        let wanted = min(count, capacity)
+        entries.reserveCapacity(wanted)
+        order.reserveCapacity(wanted)
     }
 
     /// How many entries are kept now, at most ``capacity``.

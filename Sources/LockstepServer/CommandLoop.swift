@@ -229,6 +229,7 @@ private struct LoopState {
             }
         }
         var sequencer = Sequencer(stores: stores, idempotencyCapacity: journal.policy.idempotencyEntriesKept)
+        sequencer.reserveIdempotency(try journal.idempotencyRecordCount())
         // An entry that cannot be read is a request whose retry could be applied twice: refuse to start.
         try journal.forEachIdempotencyRecord { (record: IdempotencyRecord) throws(JournalError) in
             guard let client = ClientID(bytes: record.key.clientID), let reply = ReplyRecord.decode(record.reply),

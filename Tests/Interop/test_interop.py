@@ -862,6 +862,28 @@ class BadInputTest(DaemonTest):
             sock.close(linger=0)
         self.assertEqual(self.daemon.store_status("counter")["seq"], 0)
 
+    def test_actions_are_published_in_canonical_form(self):
+        """docs/protocol.md "Actions in canonical form": JSON as Python writes it by default (spaces, escaped
+        non-ASCII) is sequenced, published and fingerprinted as the canonical bytes; a retry written the other way
+        is the same request; a member the domain does not read is refused and changes nothing."""
+        replica = self.replica(Todos, name="canonical")
+        loose = json.dumps({"add": {"text": "café ☕"}}).encode()  # '{"add": {"text": "caf\\u00e9 \\u2615"}}'
+        canonical = wire.canonical_json({"add": {"text": "café ☕"}})
+        self.assertNotEqual(loose, canonical)
+        with self.dispatcher() as client:
+            first = client.dispatch("todos", [loose])
+            self.assertIsInstance(first, wire.Accepted)
+            again = client.dispatch("todos", [canonical], request_id=first.request_id)
+            self.assertEqual(again, first)
+            extra = client.dispatch("todos", [action({"add": {"text": "x", "priority": 3}})])
+            self.assertEqual((type(extra), extra.code), (wire.Error, wire.UNDECODABLE_ACTION))
+            self.assertIn("add.priority", extra.reason)
+            # What the journal keeps and a RANGE serves: the canonical bytes.
+            served = client.range("todos", 1, 1)
+            self.assertEqual(served.actions, [canonical])
+        self.assert_replica_matches_daemon(replica, "todos")
+        self.assertEqual(self.daemon.store_status("todos")["seq"], 1)
+
     def test_rejected_and_idempotency(self):
         with self.dispatcher() as client:
             first = client.dispatch("todos", [add("milk")])

@@ -128,17 +128,33 @@ final class MemoryStorage: JournalStorage {
         }
     }
 
-    func readRange(store: String, from: UInt64, to: UInt64, limit: Int) throws(JournalError) -> StoredRange {
+    func readRange(
+        store: String,
+        from: UInt64,
+        to: UInt64,
+        limit: Int,
+        maximumBytes: Int
+    ) throws(JournalError) -> StoredRange {
         state.withLockedValue { state in
             let events = state.events[store, default: []]
             let snapshotSeq = state.snapshots[store]?.last?.seq ?? 0
             let start = Self.index(of: from, in: events)
             var found: [StoredEvent] = []
-            for event in events[start...].prefix(limit) where event.event.seq <= to { found.append(event) }
+            var bytes = 0
+            var stopped = false
+            for event in events[start...].prefix(limit) where event.event.seq <= to {
+                if !found.isEmpty, bytes + event.event.action.count > maximumBytes {
+                    stopped = true
+                    break
+                }
+                bytes += event.event.action.count
+                found.append(event)
+            }
             return StoredRange(
                 firstAvailable: events.first?.event.seq ?? snapshotSeq + 1,
                 lastSeq: max(events.last?.event.seq ?? 0, snapshotSeq),
-                events: found
+                events: found,
+                stoppedAtBytes: stopped
             )
         }
     }

@@ -65,9 +65,16 @@ public protocol Journal: AnyObject, Sendable {
     /// Events `from...to` of `store`, at most `limit` of them, in seq order — or, when `from` is below the
     /// first seq the journal still keeps, ``JournalRange/compacted(firstAvailable:)``.
     ///
-    /// Fewer events than asked for means the store's last seq or the limit was reached. Each event's
-    /// checksum is checked before it is returned.
-    func events(store: String, from: UInt64, to: UInt64, limit: Int) throws(JournalError) -> JournalRange
+    /// Fewer events than asked for means the store's last seq, the limit or `maximumBytes` of actions was
+    /// reached (at least one event is returned whatever its size). Each event's checksum is checked before it
+    /// is returned.
+    func events(
+        store: String,
+        from: UInt64,
+        to: UInt64,
+        limit: Int,
+        maximumBytes: Int
+    ) throws(JournalError) -> JournalRange
 
     /// The state of `domain`'s store after exactly its events `1...seq`: the newest snapshot at or below `seq`
     /// (digest checked) with the events after it up to `seq` replayed through the domain's reducer (each
@@ -114,6 +121,11 @@ public protocol Journal: AnyObject, Sendable {
 }
 
 extension Journal {
+    /// Events `from...to` of `store`, at most `limit`, however many bytes they hold.
+    public func events(store: String, from: UInt64, to: UInt64, limit: Int) throws(JournalError) -> JournalRange {
+        try events(store: store, from: from, to: to, limit: limit, maximumBytes: .max)
+    }
+
     /// Every idempotency entry kept, oldest first.
     public func idempotencyRecords() throws(JournalError) -> [IdempotencyRecord] {
         var records: [IdempotencyRecord] = []

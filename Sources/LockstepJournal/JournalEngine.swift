@@ -38,6 +38,8 @@ struct StoredRange: Sendable {
     /// The store's last seq: the larger of its last event and its newest snapshot.
     var lastSeq: UInt64
     var events: [StoredEvent]
+    /// The events stopped short of `limit` and `to` because the next would have passed the byte budget.
+    var stoppedAtBytes = false
 }
 
 /// Where the journal's records live. Implementations only store and fetch; the rules live in `JournalEngine`.
@@ -64,7 +66,14 @@ protocol JournalStorage: Sendable {
         _ body: (StoredEvent) throws(JournalError) -> Void
     ) throws(JournalError)
     func eventSummary(store: String) throws(JournalError) -> (first: UInt64, last: UInt64, count: Int)?
-    func readRange(store: String, from: UInt64, to: UInt64, limit: Int) throws(JournalError) -> StoredRange
+    /// Events `from...to`, at most `limit`, and no more than `maximumBytes` of actions (always at least one).
+    func readRange(
+        store: String,
+        from: UInt64,
+        to: UInt64,
+        limit: Int,
+        maximumBytes: Int
+    ) throws(JournalError) -> StoredRange
     /// One transaction, durable before it returns; on error nothing of it is kept.
     func write(_ plan: CommitPlan) throws(JournalError)
     func idempotencyRecord(for key: IdempotencyKey) throws(JournalError) -> IdempotencyRecord?
@@ -121,8 +130,14 @@ extension EngineJournal {
 
     /// Events `from...to` of `store`, checksums checked, or where they start when compacted; see
     /// ``Journal/events(store:from:to:limit:)``.
-    public func events(store: String, from: UInt64, to: UInt64, limit: Int) throws(JournalError) -> JournalRange {
-        try engine.events(store: store, from: from, to: to, limit: limit)
+    public func events(
+        store: String,
+        from: UInt64,
+        to: UInt64,
+        limit: Int,
+        maximumBytes: Int
+    ) throws(JournalError) -> JournalRange {
+        try engine.events(store: store, from: from, to: to, limit: limit, maximumBytes: maximumBytes)
     }
 
     /// The store's newest snapshot, digest checked, or `nil` when it has none.
@@ -662,7 +677,13 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
         return proof.state
     }
 
-    func events(store: String, from: UInt64, to: UInt64, limit: Int) throws(JournalError) -> JournalRange {
+    func events(
+        store: String,
+        from: UInt64,
+        to: UInt64,
+        limit: Int,
+        maximumBytes: Int = .max
+    ) throws(JournalError) -> JournalRange {
         let operation = "range"
         guard limit > 0, from <= to else {
             throw error(
@@ -677,7 +698,7 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
         }
         let from = max(from, 1)
         let to = min(to, UInt64(Int64.max))
-        let range = try storage.readRange(store: store, from: from, to: to, limit: limit)
+        let range = try storage.readRange(store: store, from: from, to: to, limit: limit, maximumBytes: maximumBytes)
         if from < range.firstAvailable {
             return .compacted(firstAvailable: range.firstAvailable)
         }
@@ -695,7 +716,7 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
             guard stored.checksumMatches else { throw checksumError(stored, operation) }
             expected += 1
         }
-        if range.events.count < limit, expected <= min(to, range.lastSeq) {
+        if range.events.count < limit, !range.stoppedAtBytes, expected <= min(to, range.lastSeq) {
             throw error(
                 .sequenceGap,
                 operation,

@@ -662,10 +662,17 @@ final class SQLiteStorage: JournalStorage {
         return (try seq(first, "read events", store), try seq(last, "read events", store), count)
     }
 
-    func readRange(store: String, from: UInt64, to: UInt64, limit: Int) throws(JournalError) -> StoredRange {
+    func readRange(
+        store: String,
+        from: UInt64,
+        to: UInt64,
+        limit: Int,
+        maximumBytes: Int
+    ) throws(JournalError) -> StoredRange {
         let operation = "range"
-        // One read transaction, so a compaction cannot slip between the bounds and the events.
-        let (bounds, rows) = try run(operation, store: store) {
+        // One read transaction, so a compaction cannot slip between the bounds and the events. Rows are read one
+        // at a time, so a reply of large actions stops at the byte budget instead of reading all of them.
+        let (bounds, rows, stopped) = try run(operation, store: store) {
             try queue.read { db in
                 let bounds = try Row.fetchOne(
                     db,
@@ -676,7 +683,7 @@ final class SQLiteStorage: JournalStorage {
                         """,
                     arguments: [store]
                 )
-                let rows = try Row.fetchAll(
+                let cursor = try Row.fetchCursor(
                     db,
                     sql: """
                         SELECT seq, action, client_id, request_number, checksum FROM events
@@ -684,7 +691,19 @@ final class SQLiteStorage: JournalStorage {
                         """,
                     arguments: [store, Int64(from), Int64(to), limit]
                 )
-                return (bounds, rows)
+                var rows: [Row] = []
+                var bytes = 0
+                var stopped = false
+                while let row = try cursor.next() {
+                    let size = (row[1] as Data?)?.count ?? 0
+                    if !rows.isEmpty, bytes + size > maximumBytes {
+                        stopped = true
+                        break
+                    }
+                    bytes += size
+                    rows.append(row.copy())
+                }
+                return (bounds, rows, stopped)
             }
         }
         let firstEvent = bounds?[0] as Int64?
@@ -696,7 +715,7 @@ final class SQLiteStorage: JournalStorage {
         let snapshotSeq = UInt64(max(newestSnapshot ?? 0, 0))
         let first = firstEvent.map { UInt64(max($0, 0)) } ?? snapshotSeq + 1
         let last = max(UInt64(max(lastEvent ?? 0, 0)), snapshotSeq)
-        return StoredRange(firstAvailable: first, lastSeq: last, events: events)
+        return StoredRange(firstAvailable: first, lastSeq: last, events: events, stoppedAtBytes: stopped)
     }
 
     // MARK: Commit

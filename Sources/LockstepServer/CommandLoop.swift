@@ -625,7 +625,15 @@ private struct LoopState {
             )
         }
         do {
-            switch try journal.events(store: name.rawValue, from: from, to: min(to, lastSeq), limit: 10_000) {
+            // At most 10,000 events and 16 MiB of actions (at least one event): a RANGE of large actions must
+            // not make a reader thread hold gigabytes.
+            switch try journal.events(
+                store: name.rawValue,
+                from: from,
+                to: min(to, lastSeq),
+                limit: 10_000,
+                maximumBytes: 16 << 20
+            ) {
             case let .events(events):
                 return .range(
                     requestID: requestID,

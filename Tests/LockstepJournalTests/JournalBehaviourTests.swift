@@ -28,6 +28,38 @@ import Testing
         #expect(try reopened.recover(Counter.self).epoch == counter.epoch)
     }
 
+    /// A range read stops at its byte budget — but always holds at least one event, however large.
+    @Test(arguments: JournalKind.allCases)
+    func aRangeStopsAtItsByteBudgetWithAtLeastOneEvent(kind: JournalKind) throws {
+        let fixture = try JournalFixture(kind)
+        let journal = try fixture.open()
+        _ = try journal.recover(Posts.self)
+        // Ten appends of 1,000 posts each: about 4 KiB of action per event.
+        let batch = events(Posts.name, from: 1, count: 10) { seq in
+            Posts.Action.appendPosts(posts: (0..<1_000).map { "p\(seq)-\($0)" })
+        }
+        try journal.commit(JournalBatch(events: batch, idempotency: idempotency(for: batch)))
+        let size = batch[0].action.count
+        guard case let .events(some) = try journal.events(
+            store: Posts.name, from: 1, to: 10, limit: 100, maximumBytes: 3 * size + size / 2
+        ) else {
+            Issue.record("expected events")
+            return
+        }
+        #expect(some.map(\.seq) == [1, 2, 3])
+        guard case let .events(one) = try journal.events(store: Posts.name, from: 4, to: 10, limit: 100, maximumBytes: 1)
+        else {
+            Issue.record("expected events")
+            return
+        }
+        #expect(one.map(\.seq) == [4])
+        guard case let .events(all) = try journal.events(store: Posts.name, from: 1, to: 10, limit: 100) else {
+            Issue.record("expected events")
+            return
+        }
+        #expect(all.count == 10)
+    }
+
     /// Six commits, each with events for two stores; the counter is due a snapshot every 10 events, and
     /// keeps 2, so at the end it has snapshots at 20 and 30 and events 21…30 only.
     @Test(arguments: JournalKind.allCases)

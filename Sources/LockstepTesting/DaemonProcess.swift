@@ -154,6 +154,22 @@ public final class DaemonProcess {
         return status
     }
 
+    /// The same, for async callers: it waits with `Task.sleep`, never holding a thread of the cooperative pool.
+    @discardableResult
+    public func stop(within timeout: Duration = .seconds(10)) async -> Int32? {
+        guard let child else { return nil }
+        if child.process.isRunning {
+            child.signal(SIGTERM)
+            let deadline = ContinuousClock.now + timeout
+            while child.process.isRunning, ContinuousClock.now < deadline {
+                try? await Task.sleep(for: .milliseconds(5))
+            }
+        }
+        let status = child.waitForExit(within: .zero)
+        child.kill()
+        return status
+    }
+
     /// SIGKILL, and reaped.
     public func kill() { child?.kill() }
 

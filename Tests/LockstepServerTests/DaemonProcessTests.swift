@@ -316,6 +316,6 @@ struct ClientTimeout: Error {}
         #expect(object?["seq"] as? Int == number)
         let items = ((object?["state"] as? [String: Any])?["list"] as? [String: Any])?["items"] as? [Any]
         #expect(items?.count == number)
-        #expect(daemon.stop() == 0)
+        #expect(await daemon.stop() == 0)
     }
 }

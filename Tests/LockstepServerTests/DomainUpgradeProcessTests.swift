@@ -23,7 +23,7 @@ import Testing
         let deadline = ContinuousClock.now + .seconds(30)
         while daemon.isRunning, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
         #expect(!daemon.isRunning)
-        return daemon.stop()
+        return await daemon.stop()
     }
 
     /// `lockstep ARGUMENTS` against `daemon`, which must succeed; its standard output.
@@ -43,7 +43,7 @@ import Testing
         for name in ["pens", "ink", "paper"] {
             _ = try lockstep(["dispatch", "shelf", #"{"add":{"name":"\#(name)"}}"#], first)
         }
-        #expect(first.stop() == 0)
+        #expect(await first.stop() == 0)
         let journalBefore = try runProduct("lockstep", ["journal", "stats", data, "--json"]).standardOutput
 
         // Version 2 without an upgrade: refuses to start, names the store and both versions, changes nothing.
@@ -103,7 +103,7 @@ import Testing
         #expect(old.status.divergences > 0)
         #expect(old.status.lastSeq == 0)
         #expect(refusal?.contains("runs domain version 2, the client sent version 1") == true, "\(refusal ?? "-")")
-        #expect(second.stop() == 0)
+        #expect(await second.stop() == 0)
 
         // The journal says which version wrote what, and the state at the upgrade seq reads back.
         let stats = try runProduct("lockstep", ["journal", "stats", data]).standardOutput

@@ -72,7 +72,7 @@ import Testing
             #expect(seen == seen.sorted())
             #expect(seen.last == 42)
         }
-        #expect(daemon.stop() == 0)
+        #expect(await daemon.stop() == 0)
     }
 
     @Test func aRejectionCarriesTheDaemonsReasonAndChangesNothing() async throws {
@@ -91,7 +91,7 @@ import Testing
             #expect(replica.state.numbers == [7])
             #expect(replica.seq == 1)
         }
-        #expect(daemon.stop() == 0)
+        #expect(await daemon.stop() == 0)
     }
 
     /// A counter that counts twice: same name, version and wire form as the daemon's, another reducer.
@@ -120,7 +120,7 @@ import Testing
             }
             #expect(replica.status.divergences >= 1)
         }
-        #expect(daemon.stop() == 0)
+        #expect(await daemon.stop() == 0)
         let files = try FileManager.default.contentsOfDirectory(atPath: evidence.path).filter { $0.hasSuffix(".json") }
         try #require(files.count >= 1, "no evidence file in \(evidence.path)")
         let file = evidence.appendingPathComponent(files.sorted()[0])
@@ -177,7 +177,7 @@ import Testing
             #expect(replica.status.divergences >= 1)
             #expect(replica.status.resyncs >= 1)
         }
-        #expect(daemon.stop() == 0)
+        #expect(await daemon.stop() == 0)
     }
 }
 

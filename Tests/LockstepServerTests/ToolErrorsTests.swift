@@ -112,7 +112,7 @@ import Testing
         let daemon = try DaemonProcess(directory: directory.path)
         let deadline = ContinuousClock.now + .seconds(30)
         while daemon.isRunning, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
-        #expect(daemon.stop() == 1)
+        #expect(await daemon.stop() == 1)
         let output = daemon.output
         #expect(output.contains("the idempotency entry of client \(String(repeating: "ab", count: 16)) request 7"))
         #expect(output.contains("could be applied twice"), "\(output)")

@@ -89,7 +89,8 @@ public enum CanonicalEncoding {
         // The canonical bytes came from JSONEncoder: they parse.
         guard let read = try? JSONValue(parsing: canonical) else { return (value, canonical) }
         if let loss = firstLoss(sent: sent, read: read, path: "") {
-            let shown = canonical.count <= 200 ? String(decoding: canonical, as: UTF8.self) : "(\(canonical.count) bytes)"
+            let shown =
+                canonical.count <= 200 ? String(decoding: canonical, as: UTF8.self) : "(\(canonical.count) bytes)"
             throw NormalizationError(reason: "\(loss), so it would not be kept as sent; its canonical form is \(shown)")
         }
         return (value, canonical)
@@ -128,9 +129,7 @@ public enum CanonicalEncoding {
 
     /// A JSON encoder and decoder set up for the canonical form, made once and kept: making them costs more than
     /// using them for one small value.
-    public struct Coder: @unchecked Sendable {
-        // JSONEncoder and JSONDecoder are not marked Sendable, but their settings here are fixed at init and
-        // their encode/decode keep no state between calls.
+    public struct Coder: Sendable {
         let encoder: JSONEncoder
         let decoder: JSONDecoder
 

@@ -245,7 +245,7 @@ private struct StrictParser {
         }
     }
 
-    /// The UTF-8 of one `\uXXXX` escape (the `\u` already read), or of a surrogate pair of two.
+    /// The UTF-8 of one `\u` escape and its four hex digits (the `\u` already read), or of a surrogate pair.
     mutating func unicodeEscape() throws(JSONValue.SyntaxError) -> [UInt8] {
         let high = try hex4()
         var scalarValue = high

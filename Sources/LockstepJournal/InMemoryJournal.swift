@@ -140,21 +140,16 @@ final class MemoryStorage: JournalStorage {
             let snapshotSeq = state.snapshots[store]?.last?.seq ?? 0
             let start = Self.index(of: from, in: events)
             var found: [StoredEvent] = []
-            var bytes = 0
-            var stopped = false
+            var budget = ByteBudget(maximumBytes)
             for event in events[start...].prefix(limit) where event.event.seq <= to {
-                if !found.isEmpty, bytes + event.event.action.count > maximumBytes {
-                    stopped = true
-                    break
-                }
-                bytes += event.event.action.count
+                guard budget.admit(event.event.action.count) else { break }
                 found.append(event)
             }
             return StoredRange(
                 firstAvailable: events.first?.event.seq ?? snapshotSeq + 1,
                 lastSeq: max(events.last?.event.seq ?? 0, snapshotSeq),
                 events: found,
-                stoppedAtBytes: stopped
+                stoppedAtBytes: budget.exhausted
             )
         }
     }

@@ -42,6 +42,26 @@ struct StoredRange: Sendable {
     var stoppedAtBytes = false
 }
 
+/// How many bytes of actions a range read may still take: the first event always, the next ones while they fit.
+/// Both storages read through one, so they stop at the same event.
+struct ByteBudget {
+    let maximum: Int
+    private(set) var used = 0
+    private(set) var exhausted = false
+
+    init(_ maximum: Int) { self.maximum = maximum }
+
+    /// Takes an event of `size` bytes if it fits (or is the first); false, and exhausted, when it does not.
+    mutating func admit(_ size: Int) -> Bool {
+        guard used == 0 || used + size <= maximum else {
+            exhausted = true
+            return false
+        }
+        used += size
+        return true
+    }
+}
+
 /// Where the journal's records live. Implementations only store and fetch; the rules live in `JournalEngine`.
 protocol JournalStorage: Sendable {
     var location: String { get }

@@ -173,7 +173,9 @@ final class SQLiteStorage: JournalStorage {
 
     /// SQLite's `synchronous` setting: when a commit fsyncs the write-ahead log.
     enum Synchronous: Int {
-        case off = 0, normal = 1, full = 2
+        case off = 0
+        case normal = 1
+        case full = 2
     }
 
     init(directory: String, readOnly: Bool, synchronous: Synchronous = .full) throws(JournalError) {
@@ -380,7 +382,9 @@ final class SQLiteStorage: JournalStorage {
         fd = interruptible { open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC) }
         guard fd >= 0 else { throw ioError(journal, "open", "cannot open directory \(directory) to sync it") }
         defer { closeDescriptor(fd) }
-        guard interruptible({ fsync(fd) }) == 0 else { throw ioError(journal, "open", "cannot sync directory \(directory)") }
+        guard interruptible({ fsync(fd) }) == 0 else {
+            throw ioError(journal, "open", "cannot sync directory \(directory)")
+        }
     }
 
     func fileBytes() -> Int64? {
@@ -692,18 +696,11 @@ final class SQLiteStorage: JournalStorage {
                     arguments: [store, Int64(from), Int64(to), limit]
                 )
                 var rows: [Row] = []
-                var bytes = 0
-                var stopped = false
-                while let row = try cursor.next() {
-                    let size = (row[1] as Data?)?.count ?? 0
-                    if !rows.isEmpty, bytes + size > maximumBytes {
-                        stopped = true
-                        break
-                    }
-                    bytes += size
+                var budget = ByteBudget(maximumBytes)
+                while let row = try cursor.next(), budget.admit((row[1] as Data?)?.count ?? 0) {
                     rows.append(row.copy())
                 }
-                return (bounds, rows, stopped)
+                return (bounds, rows, budget.exhausted)
             }
         }
         let firstEvent = bounds?[0] as Int64?

@@ -199,13 +199,15 @@ public struct Sequencer: Sendable {
             )
         }
         let key = IdempotencyCache.Key(client: request.clientID, requestNumber: request.requestID)
-        var fingerprint = StateDigest(of: [])
+        // Set by `admit`, which the store calls before it validates: every branch below that validated has it.
+        var admitted: StateDigest?
         var known: DispatchDecision?
         let result = store.sequence(request.actions) { canonical in
-            fingerprint = Self.fingerprint(store: request.store, actions: canonical)
+            let digest = Self.fingerprint(store: request.store, actions: canonical)
+            admitted = digest
             guard let entry = idempotency[key] else { return true }
             known =
-                entry.fingerprint == fingerprint
+                entry.fingerprint == digest
                 ? .reply(entry.reply)
                 : error(
                     .idempotencyConflict,
@@ -224,7 +226,7 @@ public struct Sequencer: Sendable {
             )
         case let .failure(.rejected(index, rejection))?:
             let reply = Reply.rejected(requestID: request.requestID, actionIndex: UInt32(index), rejection)
-            idempotency.insert(key, IdempotencyCache.Entry(fingerprint: fingerprint, reply: reply))
+            idempotency.insert(key, IdempotencyCache.Entry(fingerprint: admitted!, reply: reply))
             return .reply(reply)
         case let .success(events)?:
             let reply = Reply.accepted(
@@ -233,14 +235,14 @@ public struct Sequencer: Sendable {
                 firstSeq: events[0].seq,
                 count: UInt32(events.count)
             )
-            idempotency.insert(key, IdempotencyCache.Entry(fingerprint: fingerprint, reply: reply))
+            idempotency.insert(key, IdempotencyCache.Entry(fingerprint: admitted!, reply: reply))
             return .commit(
                 Commit(
                     store: request.store,
                     epoch: store.epoch,
                     clientID: request.clientID,
                     requestNumber: request.requestID,
-                    fingerprint: fingerprint,
+                    fingerprint: admitted!,
                     events: events,
                     reply: reply
                 )
@@ -322,7 +324,8 @@ public struct IdempotencyCache: Sendable {
             self.fingerprint = fingerprint
             requestID = reply.requestID
             switch reply {
-            case let .accepted(_, epoch, firstSeq, count): outcome = .accepted(epoch: epoch, firstSeq: firstSeq, count: count)
+            case let .accepted(_, epoch, firstSeq, count):
+                outcome = .accepted(epoch: epoch, firstSeq: firstSeq, count: count)
             case let .rejected(_, index, rejection): outcome = .rejected(index: index, rejection)
             default: outcome = .other(reply)
             }

@@ -16,7 +16,6 @@ package final class Bench {
         case ipc, tcp
     }
 
-
     package let folder: URL
     let transport: Transport
     let seconds: Double
@@ -521,7 +520,8 @@ package final class Bench {
 
     /// A replica's process CPU per event it applied, in µs: the mean over `reports`; `nil` without events.
     private func replicaCPU(_ reports: [WorkerReport]) -> Double? {
-        let perEvent = reports.filter { $0.eventsApplied > 0 }.map { Double($0.cpuNanos) / 1_000 / Double($0.eventsApplied) }
+        let perEvent = reports.filter { $0.eventsApplied > 0 }
+            .map { Double($0.cpuNanos) / 1_000 / Double($0.eventsApplied) }
         guard !perEvent.isEmpty else { return nil }
         return (perEvent.reduce(0, +) / Double(perEvent.count) * 10).rounded() / 10
     }

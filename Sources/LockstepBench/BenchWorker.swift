@@ -40,7 +40,17 @@ package struct BenchWorker: Sendable {
     package var curve: String?
     package var curveServer: String?
 
-    package init(role: Role, endpoint: String, eventsEndpoint: String, seconds: Double, count: Int, store: String, recordSeqs: Bool, curve: String?, curveServer: String?) {
+    package init(
+        role: Role,
+        endpoint: String,
+        eventsEndpoint: String,
+        seconds: Double,
+        count: Int,
+        store: String,
+        recordSeqs: Bool,
+        curve: String?,
+        curveServer: String?
+    ) {
         self.role = role
         self.endpoint = endpoint
         self.eventsEndpoint = eventsEndpoint
@@ -124,7 +134,9 @@ package struct BenchWorker: Sendable {
     private func clientCurve() throws -> ClientCurve? {
         guard let curve else { return nil }
         let keys = curve.split(separator: ",").map(String.init)
-        guard keys.count == 2 else { throw BenchFailure("--curve wants SERVER_PUBLIC,CLIENT_SECRET, got \(keys.count) keys") }
+        guard keys.count == 2 else {
+            throw BenchFailure("--curve wants SERVER_PUBLIC,CLIENT_SECRET, got \(keys.count) keys")
+        }
         return ClientCurve(
             keys: try CurveKeyPair(secretKey: try Z85.decode(keys[1])),
             serverPublicKey: try Z85.decode(keys[0])
@@ -249,7 +261,8 @@ package struct BenchWorker: Sendable {
         }
         var report = WorkerReport()
         let cpu = processCPUTime() - cpuStart
-        report.cpuNanos = UInt64(cpu.components.seconds) * 1_000_000_000 + UInt64(cpu.components.attoseconds / 1_000_000_000)
+        report.cpuNanos =
+            UInt64(cpu.components.seconds) * 1_000_000_000 + UInt64(cpu.components.attoseconds / 1_000_000_000)
         report.eventsApplied = replica.seq - seqStart
         report.applied = applied.withLockedValue { $0 }
         report.seq = replica.seq

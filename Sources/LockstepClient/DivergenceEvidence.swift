@@ -49,7 +49,8 @@ public struct DivergenceEvidence: Codable, Sendable {
         self.store = store
         self.domainVersion = domainVersion
         let executable = URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath().path
-        let built = (try? FileManager.default.attributesOfItem(atPath: executable)[.modificationDate] as? Date)
+        let built =
+            (try? FileManager.default.attributesOfItem(atPath: executable)[.modificationDate] as? Date)
             .map { ISO8601DateFormatter().string(from: $0) } ?? "unknown"
         build = "\(executable), built \(built)"
         self.epoch = "\(epoch)"

@@ -560,7 +560,10 @@ private struct Engine<D: Domain> {
             case let .digest(name, epoch, seq, digest) where name == store:
                 perform(sync.digest(epoch: epoch, seq: seq, digest: digest, now: now), on: &link)
             case nil:
-                replica.logger.warning("ignored an unreadable message on the events socket", metadata: ["frames": "\(frames.count)"])
+                replica.logger.warning(
+                    "ignored an unreadable message on the events socket",
+                    metadata: ["frames": "\(frames.count)"]
+                )
             default:
                 break
             }
@@ -607,7 +610,10 @@ private struct Engine<D: Domain> {
                 perform(sync.rangeRefused(now: now), on: &link)
             case let .error(_, error):
                 if problem == nil {
-                    replica.logger.error("the daemon refused to serve the store", metadata: ["store": "\(store)", "error": "\(error)"])
+                    replica.logger.error(
+                        "the daemon refused to serve the store",
+                        metadata: ["store": "\(store)", "error": "\(error)"]
+                    )
                 }
                 problem = "the daemon refused to serve '\(store)': \(error)"
             default:
@@ -717,10 +723,16 @@ private struct Engine<D: Domain> {
                 } catch {
                     replica.logger.error(
                         "could not write the evidence of a divergence",
-                        metadata: ["store": "\(store)", "directory": "\(evidence?.directory ?? "")", "error": "\(error)"]
+                        metadata: [
+                            "store": "\(store)", "directory": "\(evidence?.directory ?? "")", "error": "\(error)",
+                        ]
                     )
                 }
-                return mismatch(seq, "the daemon's digest is \(digest), this replica's is \(mine)\(location)", on: &link)
+                return mismatch(
+                    seq,
+                    "the daemon's digest is \(digest), this replica's is \(mine)\(location)",
+                    on: &link
+                )
             case let .reportDivergence(seq):
                 divergences += 1
                 let detail = divergenceDetail ?? "the state differs from the daemon's"

@@ -25,7 +25,20 @@ package struct DemoClient: Sendable {
     package var eventsEndpoint: String
     package var printState: Bool
 
-    package init(stores: String, actions: Int, concurrency: Int, seed: UInt64, reportMs: Int, tag: String?, eventsQueue: Int, timeoutMs: Int, retries: Int, commandEndpoint: String, eventsEndpoint: String, printState: Bool) {
+    package init(
+        stores: String,
+        actions: Int,
+        concurrency: Int,
+        seed: UInt64,
+        reportMs: Int,
+        tag: String?,
+        eventsQueue: Int,
+        timeoutMs: Int,
+        retries: Int,
+        commandEndpoint: String,
+        eventsEndpoint: String,
+        printState: Bool
+    ) {
         self.stores = stores
         self.actions = actions
         self.concurrency = concurrency

@@ -244,7 +244,9 @@ package final class DemoRun {
     /// Each store's seq and digest, from the daemon's snapshots.
     private func daemonDigests() throws -> [String: (seq: SequenceNumber, digest: String)] {
         do {
-            return try daemon.digests(of: reports.first??.stores.map(\.store) ?? []).mapValues { ($0.seq, $0.digest.hex) }
+            return try daemon.digests(of: reports.first??.stores.map(\.store) ?? []).mapValues {
+                ($0.seq, $0.digest.hex)
+            }
         } catch {
             throw CommandFailure("\(error)")
         }

@@ -123,7 +123,10 @@ final class CommandLoop: Sendable {
             do {
                 if failpoint?.point == .noSync {
                     logger.critical("LOCKSTEP_FAILPOINT=no-sync: the journal never fsyncs; a power cut loses data")
-                    return try SQLiteJournal(unsyncedForTestingIn: configuration.dataDirectory, policy: configuration.snapshots)
+                    return try SQLiteJournal(
+                        unsyncedForTestingIn: configuration.dataDirectory,
+                        policy: configuration.snapshots
+                    )
                 }
                 return try SQLiteJournal(
                     directory: configuration.dataDirectory,
@@ -668,7 +671,8 @@ private struct LoopState {
             + #""refused":{\#(refused.joined(separator: ","))},"#
             + #""heartbeatMs":\#(Int(configuration.heartbeatInterval / .milliseconds(1))),"#
             + #""digestEveryEvents":\#(configuration.digestEveryEvents),"#
-            + #""maximumBatch":\#(configuration.maximumBatch),"maximumActionBytes":\#(configuration.maximumMessageBytes)}"#
+            + #""maximumBatch":\#(configuration.maximumBatch),"#
+            + #""maximumActionBytes":\#(configuration.maximumMessageBytes)}"#
         return .status(requestID: requestID, json: Array(json.utf8))
     }
 

@@ -116,16 +116,26 @@ public final class DaemonProcess {
 
     private func checkStillStarting(deadline: ContinuousClock.Instant, timeout: Duration) throws {
         guard isRunning else {
-            throw DaemonProcessError("\(executable.lastPathComponent) exited before it answered; its log, \(log.path):\n\(output)")
+            throw DaemonProcessError(
+                "\(executable.lastPathComponent) exited before it answered; its log, \(log.path):\n\(output)"
+            )
         }
         guard ContinuousClock.now < deadline else {
-            throw DaemonProcessError("\(executable.lastPathComponent) did not answer within \(timeout); see \(log.path)")
+            throw DaemonProcessError(
+                "\(executable.lastPathComponent) did not answer within \(timeout); see \(log.path)"
+            )
         }
     }
 
     /// Each store's seq and state digest, from the daemon's SNAPSHOT replies.
     public func digests(of stores: [String]) throws -> [String: (seq: SequenceNumber, digest: StateDigest)] {
-        let client = CommandClient(context: try Context(), endpoint: command, timeout: .seconds(5), retries: 3, curve: curve)
+        let client = CommandClient(
+            context: try Context(),
+            endpoint: command,
+            timeout: .seconds(5),
+            retries: 3,
+            curve: curve
+        )
         var digests: [String: (seq: SequenceNumber, digest: StateDigest)] = [:]
         for store in stores {
             let reply = try client.call(.snapshot(requestID: 1, store: try StoreName(store)))

@@ -40,8 +40,8 @@ extension ReplayLog {
             throw HistoryError(
                 kind: .anotherVersion(written: info.domainVersion, here: D.version),
                 description: "store '\(D.name)' in \(journal.location) was written by domain version "
-                    + "\(info.domainVersion) and this build has version \(D.version); replay it with a build of version "
-                    + "\(info.domainVersion)"
+                    + "\(info.domainVersion) and this build has version \(D.version); replay it with a build of "
+                    + "version \(info.domainVersion)"
                     + (D.canTakeOver(version: info.domainVersion)
                         ? ", or upgrade a copy by starting the version \(D.version) daemon on it" : "")
             )
@@ -63,7 +63,12 @@ extension ReplayLog {
         let decoder = JSONDecoder()
         while next <= info.lastSeq {
             guard
-                case let .events(events) = try journal.events(store: D.name, from: next, to: info.lastSeq, limit: 10_000),
+                case let .events(events) = try journal.events(
+                    store: D.name,
+                    from: next,
+                    to: info.lastSeq,
+                    limit: 10_000
+                ),
                 let last = events.last
             else { break }
             for event in events {

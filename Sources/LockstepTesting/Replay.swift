@@ -359,11 +359,16 @@ public struct ReplayHarness<D: Domain>: Sendable {
             var note: String?
             if firstRun == nil, let right = trace.states[mismatch.seq] {
                 // A child kept its own state; the reference's comes from replaying it again in this process.
-                let again = try self.trace(sides[0], log, plan(for: sides[0], interval: interval, statesAt: [mismatch.seq]))
+                let again = try self.trace(
+                    sides[0],
+                    log,
+                    plan(for: sides[0], interval: interval, statesAt: [mismatch.seq])
+                )
                 let left = again.states[mismatch.seq] ?? []
                 let firstDigest = traces[0].digests.first { $0.seq == mismatch.seq }?.digest
                 if StateDigest(of: left) != firstDigest {
-                    note = "the reference's state is from a re-run that did not match its own first run at seq "
+                    note =
+                        "the reference's state is from a re-run that did not match its own first run at seq "
                         + "\(mismatch.seq): this process's history changed what the reducer does"
                 }
                 firstRun = FirstRunEvidence(seq: mismatch.seq, left: left, right: right)

@@ -61,7 +61,9 @@ struct ReplayCommand: ParsableCommand {
         guard [input != nil, generate != nil, journal != nil, evidence != nil].filter({ $0 }).count == 1 else {
             throw ValidationError("give exactly one of --input FILE, --generate N, --journal DIR or --evidence FILE")
         }
-        guard store != nil || journal != nil || evidence != nil else { throw ValidationError("name the store to replay") }
+        guard store != nil || journal != nil || evidence != nil else {
+            throw ValidationError("name the store to replay")
+        }
         guard (1...64).contains(replicas) else { throw ValidationError("--replicas must be 1...64, got \(replicas)") }
         guard (0...64).contains(processes) else {
             throw ValidationError("--processes must be 0...64, got \(processes)")
@@ -142,7 +144,9 @@ struct ReplayCommand: ParsableCommand {
                 print(
                     "final seq \(report.finalSeq), digest \(report.finalDigest?.hex ?? "-")"
                         + (log.expected.isEmpty
-                            ? "" : "; every digest the journal recorded matched (\(report.recordedDigestsMatched) snapshots)")
+                            ? ""
+                            : "; every digest the journal recorded matched "
+                                + "(\(report.recordedDigestsMatched) snapshots)")
                 )
             }
         } catch let divergence as Divergence {
@@ -175,7 +179,11 @@ struct ReplayCommand: ParsableCommand {
             let child = ReplayChildCommand(executable: currentExecutable().path, arguments: ["replay-child"])
             let divergence: Divergence
             do {
-                divergence = try file.replay(D.self, settings: settings, children: Array(repeating: child, count: processes))
+                divergence = try file.replay(
+                    D.self,
+                    settings: settings,
+                    children: Array(repeating: child, count: processes)
+                )
             } catch let error as DivergenceEvidence.Unreplayable {
                 printError("\(Tool.commandName): \(error)")
                 throw ExitCode.failure

@@ -1,9 +1,9 @@
 import ArgumentParser
 import Foundation
 import Lockstep
+import LockstepBench
 import LockstepExamples
 import LockstepJournal
-import LockstepBench
 import LockstepProtocol
 import LockstepTool
 
@@ -95,7 +95,12 @@ struct JournalBenchRecoveryCommand: ParsableCommand {
         }
         let policy = JournalPolicy(snapshotEveryEvents: snapshotEvery, snapshotsKept: snapshotsKept)
         do {
-            let result = try RecoveryBenchmark.run(directory: directory, policy: policy, events: events, batchSize: batchSize)
+            let result = try RecoveryBenchmark.run(
+                directory: directory,
+                policy: policy,
+                events: events,
+                batchSize: batchSize
+            )
             print(result.text)
         } catch {
             printError("lockstep journal bench-recovery: \(error)")

@@ -388,7 +388,7 @@ final class Faults {
             result.injected += 1
             do {
                 try daemon.start()
-            } catch where syncOff {
+            } catch  where syncOff {
                 // Unsynced, the cut can leave SQLite's file itself damaged: then nothing acknowledged is served.
                 load.stop()
                 result.survived += 1
@@ -409,7 +409,10 @@ final class Faults {
         if !problems.isEmpty { result.failure = "journal verify after the last cut: \(problems.prefix(3))" }
         if syncOff {
             // Expected: the class proves itself by losing what was never synced.
-            result.notes.insert("with SQLite never fsyncing: \(result.lost) acknowledged dispatches lost, as they must be", at: 0)
+            result.notes.insert(
+                "with SQLite never fsyncing: \(result.lost) acknowledged dispatches lost, as they must be",
+                at: 0
+            )
             result.expectsLoss = true
         } else {
             result.notes.insert("\(cycles) cuts (all, prefix and torn in turn) of what was not fsynced", at: 0)
@@ -447,7 +450,8 @@ final class Faults {
             while daemon.isRunning, ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.01) }
             let log = (try? String(contentsOf: daemon.log, encoding: .utf8)) ?? ""
             guard !daemon.isRunning, daemon.stop() == 1, log.contains("failed a write or an fsync") else {
-                result.failure = "after a failed fsync the daemon did not stop with exit 1 and the reason; see \(daemon.log.path)"
+                result.failure =
+                    "after a failed fsync the daemon did not stop with exit 1 and the reason; see \(daemon.log.path)"
                 break
             }
             // The worst case: the power goes right after. What the disk holds is what counts.
@@ -457,7 +461,10 @@ final class Faults {
             if progresses(load, beyond: load.acks.count) { result.survived += 1 }
         }
         try settle(daemon, load, watchers: [], into: &result)
-        result.notes.insert("each fault: the daemon stopped (exit 1) naming the failed fsync; power cut; restarted", at: 0)
+        result.notes.insert(
+            "each fault: the daemon stopped (exit 1) naming the failed fsync; power cut; restarted",
+            at: 0
+        )
         return result
     }
 
@@ -519,7 +526,8 @@ final class Faults {
             result.lost = 1
             result.failure = "the state changed: \(before) → \(after)"
         } else if memoryAfter.residentKiB - memoryBefore.residentKiB > 64 * 1024 {
-            result.failure = "resident memory grew by \((memoryAfter.residentKiB - memoryBefore.residentKiB) / 1024) MiB"
+            result.failure =
+                "resident memory grew by \((memoryAfter.residentKiB - memoryBefore.residentKiB) / 1024) MiB"
         } else {
             result.survived = count
         }

@@ -294,7 +294,8 @@ final class UnsyncedFileSystem {
         let reply = (try? JSONSerialization.jsonObject(with: Data(line.utf8))) as? [String: Any] ?? [:]
         guard output.status == 0, reply["ok"] as? Bool == true else {
             throw SuiteError(
-                "unsyncedfs \(arguments.prefix(1).joined()) failed (exit \(output.status)): \(line) \(output.standardError)"
+                "unsyncedfs \(arguments.prefix(1).joined()) failed (exit \(output.status)): \(line) "
+                    + output.standardError
             )
         }
         return reply

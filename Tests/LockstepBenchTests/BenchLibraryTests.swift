@@ -13,7 +13,9 @@ import Testing
         let directory = try temporaryDirectory("append-load")
         defer { try? FileManager.default.removeItem(at: directory) }
         var seen: [UInt64] = []
-        try appendLoad(directory: directory.path, policy: JournalPolicy(), batchSize: 10, batches: 3) { seen.append($0) }
+        try appendLoad(directory: directory.path, policy: JournalPolicy(), batchSize: 10, batches: 3) {
+            seen.append($0)
+        }
         #expect(seen == [10, 20, 30])
         // Once more on the same journal: it recovers and goes on.
         try appendLoad(directory: directory.path, policy: JournalPolicy(), batchSize: 5, batches: 1) { seen.append($0) }

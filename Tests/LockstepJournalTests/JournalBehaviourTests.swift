@@ -40,14 +40,21 @@ import Testing
         }
         try journal.commit(JournalBatch(events: batch, idempotency: idempotency(for: batch)))
         let size = batch[0].action.count
-        guard case let .events(some) = try journal.events(
-            store: Posts.name, from: 1, to: 10, limit: 100, maximumBytes: 3 * size + size / 2
-        ) else {
+        guard
+            case let .events(some) = try journal.events(
+                store: Posts.name,
+                from: 1,
+                to: 10,
+                limit: 100,
+                maximumBytes: 3 * size + size / 2
+            )
+        else {
             Issue.record("expected events")
             return
         }
         #expect(some.map(\.seq) == [1, 2, 3])
-        guard case let .events(one) = try journal.events(store: Posts.name, from: 4, to: 10, limit: 100, maximumBytes: 1)
+        guard
+            case let .events(one) = try journal.events(store: Posts.name, from: 4, to: 10, limit: 100, maximumBytes: 1)
         else {
             Issue.record("expected events")
             return

@@ -32,7 +32,10 @@ import Testing
 
         let clean = try runProduct("lockstep", ["replay", "--journal", fixture.dataDirectory, "--processes", "1"])
         #expect(clean.status == 0, "\(clean.standardOutput)\(clean.standardError)")
-        #expect(clean.standardOutput.contains("every digest the journal recorded matched (2 snapshots)"), "\(clean.standardOutput)")
+        #expect(
+            clean.standardOutput.contains("every digest the journal recorded matched (2 snapshots)"),
+            "\(clean.standardOutput)"
+        )
 
         // A snapshot whose bytes and digest agree, but whose state the reducers never produce.
         let forged = Array(#"{"count":999}"#.utf8)
@@ -61,7 +64,9 @@ import Testing
         var state = Ledger.initialState
         for start in stride(from: UInt64(1), through: 41, by: 10) {
             // Amounts of 1 … 9, and one of 500 at seq 23: the changed reducer caps it.
-            let batch = events(Ledger.name, from: start, count: 10) { seq in Ledger.Action.add(seq == 23 ? 500 : Int(seq % 10)) }
+            let batch = events(Ledger.name, from: start, count: 10) { seq in
+                Ledger.Action.add(seq == 23 ? 500 : Int(seq % 10))
+            }
             var commit = JournalBatch(events: batch, idempotency: idempotency(for: batch))
             for event in batch {
                 Ledger.reduce(into: &state, try JSONDecoder().decode(Ledger.Action.self, from: Data(event.action)))

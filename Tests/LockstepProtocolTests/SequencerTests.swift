@@ -151,7 +151,9 @@ import Testing
             return
         }
         #expect(commit.events.map(\.action) == [Array(canonical.utf8)])
-        #expect(commit.fingerprint == Sequencer.fingerprint(store: try StoreName(store), actions: [Array(canonical.utf8)]))
+        #expect(
+            commit.fingerprint == Sequencer.fingerprint(store: try StoreName(store), actions: [Array(canonical.utf8)])
+        )
         // A retry written another way is the same request: the first reply again, applied once.
         guard case let .reply(again) = sequencer.dispatch(try request(1, [canonical], store: store)) else {
             Issue.record("a retry in canonical form must not commit again")

@@ -1,8 +1,8 @@
 import Foundation
 import Lockstep
 import LockstepProtocol
-import TestSupport
 import LockstepTesting
+import TestSupport
 import Testing
 import ZeroMQ
 

@@ -1,9 +1,9 @@
 import Foundation
 import Lockstep
 import LockstepClient
+import LockstepTesting
 import ReplayFixtures
 import TestSupport
-import LockstepTesting
 import Testing
 
 /// Daemons of successive versions of the fixtures' `shelf` domain, each made with `LockstepDaemonMain`, started in

@@ -3,8 +3,8 @@ import Lockstep
 import LockstepClient
 import LockstepExamples
 import LockstepProtocol
-import TestSupport
 import LockstepTesting
+import TestSupport
 import Testing
 
 /// `Replica<D>` in this process against a real `lockstepd`.

@@ -1,8 +1,8 @@
 import Foundation
 import LockstepExamples
 import LockstepJournal
-import TestSupport
 import LockstepTesting
+import TestSupport
 import Testing
 
 /// The tool and the daemon made with the one-call entries keep their clear errors for bad input: an unknown

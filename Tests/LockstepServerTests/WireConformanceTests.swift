@@ -1,8 +1,8 @@
 import Foundation
 import LockstepJournal
 import LockstepProtocol
-import TestSupport
 import LockstepTesting
+import TestSupport
 import Testing
 import ZeroMQ
 
@@ -105,7 +105,12 @@ import ZeroMQ
             #expect(error.reason.contains(says), "\(sent): \(error.reason)")
         }
         // Accepted in canonical form; a retry written otherwise is the same request.
-        guard case let .accepted(_, _, first, _) = try client.dispatch("numbers", [#"{ "add" : { "number" : 5.0 } }"#], number: 1)
+        guard
+            case let .accepted(_, _, first, _) = try client.dispatch(
+                "numbers",
+                [#"{ "add" : { "number" : 5.0 } }"#],
+                number: 1
+            )
         else {
             Issue.record("expected ACCEPTED")
             return
@@ -117,7 +122,8 @@ import ZeroMQ
             return
         }
         #expect(again == 1)
-        guard case let .error(_, conflict) = try client.dispatch("numbers", [#"{"add":{"number":6}}"#], number: 1) else {
+        guard case let .error(_, conflict) = try client.dispatch("numbers", [#"{"add":{"number":6}}"#], number: 1)
+        else {
             Issue.record("expected idempotency_conflict")
             return
         }

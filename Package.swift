@@ -114,8 +114,8 @@ let package = Package(
         .testTarget(
             name: "LockstepBenchTests",
             dependencies: [
-                "LockstepBench", "LockstepDemo", "LockstepExamples", "LockstepJournal", "LockstepProtocol", "TestSupport",
-                "lockstepd", "LockstepCLI",
+                "LockstepBench", "LockstepDemo", "LockstepExamples", "LockstepJournal", "LockstepProtocol",
+                "TestSupport", "lockstepd", "LockstepCLI",
             ]
         ),
         .testTarget(name: "LockstepProtocolTests", dependencies: ["LockstepProtocol", "LockstepExamples"]),

@@ -111,6 +111,7 @@ package final class Bench {
         )
         router.kill()
         results.baselines.router8ReqRoundTripsPerS = rate(eight)
+        results.baselines.router8ReqClientCpuPerRoundTripUs = cpuPerOperation(eight)
 
         results.baselines.pub4SubMsgsPerS = try publishToFour()
     }
@@ -183,7 +184,7 @@ package final class Bench {
         for clients in [1, 8, 32] {
             say("P\(clients == 1 ? "1, P2" : "2"): \(clients) dispatching \(clients == 1 ? "process" : "processes")")
             let before = try seq(of: daemon)
-            let loopBefore = cpuTime(ofThreadNamed: "lockstepd loop", in: daemon.processIdentifier)
+            let cpuBefore = DaemonCPU(daemon)
             let reports = try runClients(
                 try (0..<clients).map { _ in
                     try worker("dispatch", ["--endpoint", daemon.command, "--seconds", "\(seconds)"])
@@ -191,11 +192,7 @@ package final class Bench {
             )
             // Each client dispatched once before go, to connect.
             let committed = Int(try seq(of: daemon) - before) - clients
-            let loopAfter = cpuTime(ofThreadNamed: "lockstepd loop", in: daemon.processIdentifier)
-            var loopCPU: Double?
-            if let loopBefore, let loopAfter, committed > 0 {
-                loopCPU = ((loopAfter - loopBefore) / .microseconds(1)) / Double(committed)
-            }
+            let cpu = DaemonCPU(daemon).perAction(since: cpuBefore, actions: committed)
             let latencies = Latencies(reports.flatMap(\.latencies))
             let acknowledged = reports.reduce(0) { $0 + $1.count }
             results.p2.append(
@@ -208,7 +205,10 @@ package final class Bench {
                     acknowledged: acknowledged,
                     committed: committed,
                     failures: reports.reduce(0) { $0 + $1.failures },
-                    loopCpuPerActionUs: loopCPU.map { ($0 * 10).rounded() / 10 }
+                    loopCpuPerActionUs: cpu.loop,
+                    journalCpuPerActionUs: cpu.journal,
+                    daemonCpuPerActionUs: cpu.process,
+                    clientCpuPerActionUs: cpuPerOperation(reports)
                 )
             )
             if clients == 1 {
@@ -518,6 +518,13 @@ package final class Bench {
         reports.reduce(0) { $0 + perSecond($1.count, nanoseconds: $1.elapsed) }.rounded()
     }
 
+    /// The clients' own CPU per operation, in µs (all their CPU ÷ all their operations); `nil` without any.
+    private func cpuPerOperation(_ reports: [WorkerReport]) -> Double? {
+        let operations = reports.reduce(0) { $0 + $1.count }
+        guard operations > 0 else { return nil }
+        return tenths(Double(reports.reduce(0) { $0 + $1.cpuNanos }) / 1_000 / Double(operations))
+    }
+
     /// A replica's process CPU per event it applied, in µs: the mean over `reports`; `nil` without events.
     private func replicaCPU(_ reports: [WorkerReport]) -> Double? {
         let perEvent = reports.filter { $0.eventsApplied > 0 }
@@ -627,3 +634,28 @@ func freeLoopbackPort() -> Int {
     }
     return Int(UInt16(bigEndian: address.sin_port))
 }
+
+/// The daemon's CPU time so far, by thread, from /proc: taken before and after a measurement.
+private struct DaemonCPU {
+    var loop: Duration?
+    var journal: Duration?
+    var process: Duration?
+
+    init(_ daemon: DaemonProcess) {
+        loop = cpuTime(ofThreadNamed: "lockstepd loop", in: daemon.processIdentifier)
+        journal = cpuTime(ofThreadNamed: "lockstepd journal", in: daemon.processIdentifier)
+        process = cpuTime(ofProcess: daemon.processIdentifier)
+    }
+
+    /// Each figure's growth since `start` per action, in µs to a tenth; `nil` where either reading is missing.
+    func perAction(since start: DaemonCPU, actions: Int) -> (loop: Double?, journal: Double?, process: Double?) {
+        func per(_ after: Duration?, _ before: Duration?) -> Double? {
+            guard let after, let before, actions > 0 else { return nil }
+            return tenths(((after - before) / .microseconds(1)) / Double(actions))
+        }
+        return (per(loop, start.loop), per(journal, start.journal), per(process, start.process))
+    }
+}
+
+/// `value` rounded to a tenth.
+private func tenths(_ value: Double) -> Double { (value * 10).rounded() / 10 }

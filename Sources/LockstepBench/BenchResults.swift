@@ -23,6 +23,8 @@ package struct BenchResults: Codable {
         var reqRepRoundTripsPerS = 0.0
         /// Raw ROUTER echo with 8 REQ client processes, all round trips per second.
         var router8ReqRoundTripsPerS = 0.0
+        /// The 8 REQ processes' own CPU time per round trip: what a client costs with nothing in between.
+        var router8ReqClientCpuPerRoundTripUs: Double?
         /// Raw PUB → 4 SUB processes, 200-byte messages each subscriber received per second.
         var pub4SubMsgsPerS = 0.0
         /// write(2) of 200 bytes + fsync(2) to a file in the bench's data directory.
@@ -54,6 +56,12 @@ package struct BenchResults: Codable {
         var failures: Int
         /// CPU time of the daemon's loop thread (`lockstepd loop`, from /proc) per committed action.
         var loopCpuPerActionUs: Double?
+        /// …of its journal thread (`lockstepd journal`: the commits, fsync included).
+        var journalCpuPerActionUs: Double?
+        /// …of the whole daemon process: loop, journal, libzmq's I/O thread, readers.
+        var daemonCpuPerActionUs: Double?
+        /// The dispatching processes' own CPU time per acknowledged action.
+        var clientCpuPerActionUs: Double?
     }
 
     struct P3: Codable {

@@ -97,7 +97,8 @@ struct WorkerReport: Codable, Sendable {
     var stateBytes = 0
     var resyncs = 0
     var repairs = 0
-    /// Replica workers: CPU nanoseconds the process used while it applied `eventsApplied` events.
+    /// CPU nanoseconds the process used in the measured window (replica workers: while it applied
+    /// `eventsApplied` events).
     var cpuNanos: UInt64 = 0
     var eventsApplied: UInt64 = 0
     /// Failed operations, and the first failure's message.

@@ -110,6 +110,7 @@ package struct BenchWorker: Sendable {
     private func measure(_ operation: () throws -> Void) -> WorkerReport {
         var report = WorkerReport()
         report.latencies.reserveCapacity(100_000)
+        let cpuStart = processCPUTime()
         let start = monotonicNanos()
         let end = start + UInt64(seconds * 1e9)
         var now = start
@@ -127,6 +128,7 @@ package struct BenchWorker: Sendable {
             }
         }
         report.elapsed = now - start
+        report.cpuNanos = UInt64((processCPUTime() - cpuStart) / .nanoseconds(1))
         return report
     }
 

@@ -89,6 +89,7 @@ final class CommandLoop: Sendable {
         let journal = try openJournal()
         defer { try? journal.close() }
         var state = try LoopState(loop: self, journal: journal)
+        defer { state.writer.stop() }
         try state.bind()
         logger.info(
             "daemon ready",
@@ -101,6 +102,7 @@ final class CommandLoop: Sendable {
         while !stopping.load(ordering: .acquiring) {
             try state.turn()
         }
+        try state.finish()
         // Replies being made off the loop go out before the sockets close (bounded: a stuck reader is left).
         let deadline = ContinuousClock.now + .seconds(2)
         while ContinuousClock.now < deadline {
@@ -154,6 +156,14 @@ private struct LoopState {
     let limits: Limits
     let startedAt = ContinuousClock.now
     var lastPublished: [StoreName: ContinuousClock.Instant] = [:]
+    /// Each store's last seq published: durable, and what heartbeats announce.
+    var publishedSeq: [StoreName: SequenceNumber] = [:]
+    /// Commits the journal on its own thread while the loop sequences the next group.
+    let writer: JournalWriter
+    /// Requests sequenced since the group in the writer's hands; handed over when the writer is idle.
+    var open = Group()
+    /// The group the writer is committing, if any.
+    var committing: Committing?
     var sinceDigest: [StoreName: Int] = [:]
     var committedEvents: [StoreName: UInt64] = [:]
     /// ERROR replies sent since start, by code, for STATUS.
@@ -188,8 +198,12 @@ private struct LoopState {
         }
         router = try Socket(context, type: .router)
         publisher = try Socket(context, type: .publisher)
+        writer = JournalWriter(wakeup: loop.wakeup)
         let now = ContinuousClock.now
-        for name in sequencer.stores.keys { lastPublished[name] = now }
+        for (name, store) in sequencer.stores {
+            lastPublished[name] = now
+            publishedSeq[name] = store.lastSeq
+        }
     }
 
     /// The stores as the journal proves them, with the idempotency entries that answer retries.
@@ -311,12 +325,17 @@ private struct LoopState {
         zap?.close()
     }
 
-    /// One turn: wait for work or the next heartbeat, take every waiting request, commit once, reply, publish.
+    /// One turn: wait for requests, the writer or the next heartbeat; answer and publish what the writer made
+    /// durable; sequence every waiting request into the open group; hand the open group to the writer if it is
+    /// idle. While the writer commits one group (fsync included), the loop sequences the next.
     mutating func turn() throws {
-        var items: [Poller.Item] = [.socket(router, .readable), .fileDescriptor(loop.wakeup.descriptor, .readable)]
+        let accepting = open.entries.count < Self.maximumOpen
+        var items: [Poller.Item] = [.fileDescriptor(loop.wakeup.descriptor, .readable)]
+        if accepting { items.append(.socket(router, .readable)) }
         if let zap { items.append(.socket(zap, .readable)) }
         let ready = try Poller(items).poll(timeout: nextDeadline() - ContinuousClock.now)
-        if ready[1].contains(.readable) { loop.wakeup.drain() }
+        if ready[0].contains(.readable) { loop.wakeup.drain() }
+        if let result = writer.takeResult() { try complete(result) }
         sendReplies(loop.takeReplies().replies)
         if HangupSignal.take(), curve != nil {
             if let error = curve?.reload() {
@@ -335,25 +354,33 @@ private struct LoopState {
                 try zap.send(answer.reply)
             }
         }
-
-        var inbox: [(envelope: [Frame], body: [Frame], dropped: Int)] = []
-        while inbox.count < 1_024,
+        var received = 0
+        while accepting, received < 1_024,
             let message = try router.receive(wait: false, maximumFrames: configuration.maximumBatch + 4)
         {
             let frames = message.frames
             // [identity, empty, body…] from REQ and from DEALERs that follow docs/protocol.md.
             let split = frames.count >= 2 && frames[1].isEmpty ? 2 : 1
-            inbox.append((Array(frames.prefix(split)), Array(frames.dropFirst(split)), message.droppedFrames))
+            sequence(envelope: Array(frames.prefix(split)), body: Array(frames.dropFirst(split)), message.droppedFrames)
+            received += 1
         }
-        if !inbox.isEmpty { try serve(inbox) }
-        if let due = syncDue, ContinuousClock.now >= due {
-            try journal.sync()
-            syncDue = nil
-        }
+        try advance()
         publishHeartbeats()
         if let interval = loop.notifier.watchdogInterval, ContinuousClock.now - lastWatchdog >= interval {
             loop.notifier.notify("WATCHDOG=1")
             lastWatchdog = ContinuousClock.now
+        }
+    }
+
+    /// Requests the open group may hold before the loop stops reading more until the writer is done: a stalled
+    /// disk makes clients wait in libzmq's queues, not the daemon's memory grow.
+    static let maximumOpen = 4_096
+
+    /// Waits for the writer and answers everything sequenced: the last turn before the daemon stops.
+    mutating func finish() throws {
+        while committing != nil || !open.entries.isEmpty {
+            if committing != nil { try complete(writer.waitForResult()) }
+            try advance()
         }
     }
 
@@ -370,104 +397,193 @@ private struct LoopState {
     func nextDeadline() -> ContinuousClock.Instant {
         var deadline = (lastPublished.values.min() ?? ContinuousClock.now) + configuration.heartbeatInterval
         if let interval = loop.notifier.watchdogInterval { deadline = min(deadline, lastWatchdog + interval) }
-        if let syncDue { deadline = min(deadline, syncDue) }
+        if let syncDue, committing == nil { deadline = min(deadline, syncDue) }
         return max(deadline, ContinuousClock.now)
     }
 
-    private enum Pending {
+    /// A request's answer, as it waits for its group's commit.
+    enum Pending {
+        /// Final whatever the commit does (a request that could not be read).
         case reply(Reply)
-        /// The sequencer's answer to a dispatch that needs no commit: it stands only if the turn's commit
-        /// does, since it was decided against the state the turn's earlier dispatches left.
+        /// Decided against the state the group's earlier dispatches (and earlier groups) left: it stands only if
+        /// the group's commit does — an ACCEPTED, a REJECTED, a retry's first reply.
         case decided(Reply)
-        case commit(Sequencer.Commit)
-        case snapshot(requestID: UInt64, store: StoreName)
-        case range(requestID: UInt64, store: StoreName, from: SequenceNumber, to: SequenceNumber)
+        /// Answered as the daemon stands when the group is answered, whatever its commit did.
         case status(requestID: UInt64)
+        /// The store as it was when the request was read (a value: the reader encodes it off the loop).
+        case snapshot(requestID: UInt64, store: any SequencedStore)
+        /// Read from the journal up to the store's seq when the request was read, durable once the group is.
+        case range(requestID: UInt64, store: StoreName, epoch: Epoch, lastSeq: SequenceNumber, from: UInt64, to: UInt64)
     }
 
-    mutating func serve(_ inbox: [(envelope: [Frame], body: [Frame], dropped: Int)]) throws {
-        var pending: [(envelope: [Frame], work: Pending)] = []
-        pending.reserveCapacity(inbox.count)
-        for message in inbox {
-            let requestID = Request.requestID(in: message.body)
-            let request: Request
-            do {
-                request = try Request.decode(message.body, droppedFrames: message.dropped, limits: limits)
-            } catch {
-                logger.notice("refused a request", metadata: ["error": "\(error)"])
-                pending.append((message.envelope, .reply(.error(requestID: requestID, error))))
-                continue
-            }
-            switch request {
-            case let .dispatch(dispatch):
-                switch sequencer.dispatch(dispatch) {
-                case let .reply(reply): pending.append((message.envelope, .decided(reply)))
-                case let .commit(commit): pending.append((message.envelope, .commit(commit)))
-                }
-            case let .snapshot(requestID, store):
-                pending.append((message.envelope, .snapshot(requestID: requestID, store: store)))
-            case let .range(requestID, store, from, to):
-                pending.append((message.envelope, .range(requestID: requestID, store: store, from: from, to: to)))
-            case let .status(requestID):
-                pending.append((message.envelope, .status(requestID: requestID)))
-            }
-        }
+    /// Requests sequenced together, answered together once their commit is durable.
+    struct Group {
+        var entries: [(envelope: [Frame], work: Pending)] = []
+        var commits: [Sequencer.Commit] = []
+    }
 
-        let commits = pending.compactMap { if case let .commit(commit) = $0.work { commit } else { nil } }
-        var committed = true
-        /// A write or fsync the disk failed: after a failed fsync the page cache no longer says what the disk
-        /// holds (PostgreSQL's "fsyncgate"), so the daemon answers the turn and stops rather than go on from it.
-        var diskFailure: JournalError?
-        var snapshotted: [StoreName: JournalSnapshot] = [:]
-        if !commits.isEmpty {
-            do {
-                let batch = try batch(for: commits)
-                failpoint?.pass(.beforeCommit)
-                try journal.commit(batch)
-                failpoint?.pass(.afterCommit)
-                if configuration.durability == .relaxed, syncDue == nil {
-                    syncDue = ContinuousClock.now + .milliseconds(10)
-                }
-                for snapshot in batch.snapshots {
-                    if let name = try? StoreName(snapshot.store) { snapshotted[name] = snapshot }
-                }
-            } catch {
-                committed = false
-                logger.error("commit failed; nothing of this batch was applied", metadata: ["error": "\(error)"])
-                if let error = error as? JournalError, error.code == .ioError {
-                    diskFailure = error
-                } else {
-                    // The sequencer ran ahead of the journal: start it again from what is durable.
-                    sequencer = try Self.recover(loop.domains, journal: journal, logger: logger)
-                }
-            }
-        }
+    /// A group in the writer's hands, with the snapshots its batch carries and the digests to publish after it.
+    struct Committing {
+        var group: Group
+        var snapshots: [StoreName: JournalSnapshot]
+        var digests: [(store: StoreName, epoch: Epoch, seq: SequenceNumber, digest: StateDigest)]
+        /// The work synced the journal after the commit (relaxed durability's periodic sync).
+        var synced: Bool
+    }
 
-        // Replies, in arrival order, now that the batch is durable (or known not to be).
-        for (envelope, work) in pending {
+    /// Reads one request and sequences it into the open group.
+    mutating func sequence(envelope: [Frame], body: [Frame], _ droppedFrames: Int) {
+        let requestID = Request.requestID(in: body)
+        let request: Request
+        do {
+            request = try Request.decode(body, droppedFrames: droppedFrames, limits: limits)
+        } catch {
+            logger.notice("refused a request", metadata: ["error": "\(error)"])
+            open.entries.append((envelope, .reply(.error(requestID: requestID, error))))
+            return
+        }
+        let work: Pending
+        switch request {
+        case let .dispatch(dispatch):
+            switch sequencer.dispatch(dispatch) {
+            case let .reply(reply):
+                work = .decided(reply)
+            case let .commit(commit):
+                work = .decided(commit.reply)
+                open.commits.append(commit)
+            }
+        case let .snapshot(requestID, name):
+            if let store = sequencer.stores[name] {
+                work = .snapshot(requestID: requestID, store: store)
+            } else {
+                work = .reply(unknownStore(requestID, name))
+            }
+        case let .range(requestID, name, from, to):
+            if let store = sequencer.stores[name] {
+                work = .range(
+                    requestID: requestID,
+                    store: name,
+                    epoch: store.epoch,
+                    lastSeq: store.lastSeq,
+                    from: from,
+                    to: to
+                )
+            } else {
+                work = .reply(unknownStore(requestID, name))
+            }
+        case let .status(requestID):
+            work = .status(requestID: requestID)
+        }
+        open.entries.append((envelope, work))
+    }
+
+    /// With the writer idle: hands it the open group's batch (and relaxed durability's sync when due), or,
+    /// with nothing to commit, answers the open group at once — what it was decided against is durable.
+    mutating func advance() throws {
+        guard committing == nil else { return }
+        let syncNow = syncDue.map { ContinuousClock.now >= $0 } ?? false
+        let group = open
+        open = Group()
+        if group.commits.isEmpty {
+            release(group, committed: true)
+            if syncNow {
+                syncDue = nil
+                writer.submit { [journal] () throws(JournalError) in try journal.sync() }
+                committing = Committing(group: Group(), snapshots: [:], digests: [], synced: true)
+            }
+            return
+        }
+        let batch: JournalBatch
+        do {
+            batch = try self.batch(for: group.commits)
+        } catch {
+            try fail(group, error)
+            return
+        }
+        var snapshots: [StoreName: JournalSnapshot] = [:]
+        for snapshot in batch.snapshots {
+            if let name = try? StoreName(snapshot.store) { snapshots[name] = snapshot }
+        }
+        failpoint?.pass(.beforeCommit)
+        if syncNow { syncDue = nil }
+        writer.submit { [journal] () throws(JournalError) in
+            try journal.commit(batch)
+            if syncNow { try journal.sync() }
+        }
+        committing = Committing(
+            group: group,
+            snapshots: snapshots,
+            digests: digestsDue(after: group.commits, snapshots: snapshots),
+            synced: syncNow
+        )
+    }
+
+    /// The writer is done with the group it had: answer and publish it, or answer it and everything sequenced
+    /// after it `unavailable`.
+    mutating func complete(_ result: Result<Void, JournalError>) throws {
+        guard let done = committing else { return }
+        committing = nil
+        switch result {
+        case .success:
+            guard !done.group.commits.isEmpty else { return }
+            failpoint?.pass(.afterCommit)
+            if configuration.durability == .relaxed, !done.synced, syncDue == nil {
+                syncDue = ContinuousClock.now + .milliseconds(10)
+            }
+            release(done.group, committed: true)
+            failpoint?.pass(.afterReply)
+            publish(done)
+        case let .failure(error):
+            try fail(done.group, error)
+        }
+    }
+
+    /// The group's commit failed: nothing of it was applied, and the groups sequenced after it stood on it.
+    /// A write or fsync the disk failed stops the daemon — after a failed fsync the page cache no longer says what
+    /// the disk holds (PostgreSQL's "fsyncgate") — any other failure starts the sequencer again from the journal.
+    mutating func fail(_ group: Group, _ error: any Error) throws {
+        logger.error("commit failed; nothing of this batch was applied", metadata: ["error": "\(error)"])
+        release(group, committed: false)
+        let later = open
+        open = Group()
+        release(later, committed: false)
+        if let error = error as? JournalError, error.code == .ioError {
+            throw ServerError(
+                code: .journal,
+                "the journal's disk failed a write or an fsync, so nothing of the last batch was acknowledged "
+                    + "(\(error)); after a failed fsync the kernel's cache no longer tells what the disk "
+                    + "holds, so the daemon stops instead of going on: start it again (systemd does) and it recovers "
+                    + "from what the disk holds; if it fails again, check the device and the kernel log"
+            )
+        }
+        sequencer = try Self.recover(loop.domains, journal: journal, logger: logger)
+        for (name, store) in sequencer.stores { publishedSeq[name] = store.lastSeq }
+    }
+
+    /// Sends a group's answers in arrival order: as decided when its commit is durable, `unavailable` when not.
+    mutating func release(_ group: Group, committed: Bool) {
+        for (envelope, work) in group.entries {
             let reply: Reply
             switch work {
             case let .reply(answer):
                 reply = answer
             case let .decided(answer):
                 reply = committed ? answer : unavailable(answer.requestID)
-            case let .commit(commit):
-                reply = committed ? commit.reply : unavailable(commit.requestNumber)
-            case let .snapshot(requestID, name):
-                guard let store = sequencer.stores[name] else {
-                    reply = unknownStore(requestID, name)
+            case let .status(requestID):
+                reply = status(requestID: requestID)
+            case let .snapshot(requestID, store):
+                guard committed else {
+                    reply = unavailable(requestID)
                     break
                 }
-                // The store is a value: the reader encodes this seq's state while the loop goes on.
                 if loop.offload(envelope, { Self.snapshot(requestID: requestID, store: store) }) { continue }
                 reply = busy(requestID)
-            case let .range(requestID, name, from, to):
-                guard let store = sequencer.stores[name] else {
-                    reply = unknownStore(requestID, name)
+            case let .range(requestID, name, epoch, lastSeq, from, to):
+                guard committed else {
+                    reply = unavailable(requestID)
                     break
                 }
-                // Only what the reader needs: holding the store would make the next dispatch copy its state.
-                let (journal, epoch, lastSeq) = (self.journal, store.epoch, store.lastSeq)
+                let journal = self.journal
                 let offloaded = loop.offload(envelope) {
                     Self.range(
                         requestID: requestID,
@@ -481,23 +597,8 @@ private struct LoopState {
                 }
                 if offloaded { continue }
                 reply = busy(requestID)
-            case let .status(requestID):
-                reply = status(requestID: requestID)
             }
             send(reply, to: envelope)
-        }
-        if committed, !commits.isEmpty {
-            failpoint?.pass(.afterReply)
-            publish(commits, snapshotted: snapshotted)
-        }
-        if let diskFailure {
-            throw ServerError(
-                code: .journal,
-                "the journal's disk failed a write or an fsync, so nothing of the last batch was acknowledged "
-                    + "(\(diskFailure)); after a failed fsync the kernel's cache no longer tells what the disk "
-                    + "holds, so the daemon stops instead of going on: start it again (systemd does) and it recovers "
-                    + "from what the disk holds; if it fails again, check the device and the kernel log"
-            )
         }
     }
 
@@ -543,20 +644,17 @@ private struct LoopState {
         return batch
     }
 
-    /// Events, then a digest for each store past its digest interval or just snapshotted; a snapshot's digest
-    /// is reused rather than the state encoded again.
-    mutating func publish(_ commits: [Sequencer.Commit], snapshotted: [StoreName: JournalSnapshot]) {
-        let now = ContinuousClock.now
-        for commit in commits {
-            for event in commit.events {
-                send(Event.event(store: commit.store, epoch: commit.epoch, seq: event.seq, action: event.action))
-            }
-            lastPublished[commit.store] = now
-            sinceDigest[commit.store, default: 0] += commit.events.count
-            committedEvents[commit.store, default: 0] += UInt64(commit.events.count)
-        }
+    /// The digest of each store past its digest interval or snapshotted by these commits, at the group's last
+    /// seq: taken as the group is handed to the writer, while the stores still stand there (a snapshot's digest
+    /// is reused rather than the state encoded again).
+    mutating func digestsDue(
+        after commits: [Sequencer.Commit],
+        snapshots: [StoreName: JournalSnapshot]
+    ) -> [(store: StoreName, epoch: Epoch, seq: SequenceNumber, digest: StateDigest)] {
+        var due: [(store: StoreName, epoch: Epoch, seq: SequenceNumber, digest: StateDigest)] = []
+        for commit in commits { sinceDigest[commit.store, default: 0] += commit.events.count }
         for name in Set(commits.map(\.store)) {
-            let snapshot = snapshotted[name]
+            let snapshot = snapshots[name]
             guard (sinceDigest[name] ?? 0) >= configuration.digestEveryEvents || snapshot != nil,
                 let store = sequencer.stores[name]
             else { continue }
@@ -568,16 +666,35 @@ private struct LoopState {
             } else {
                 continue
             }
-            send(Event.digest(store: name, epoch: store.epoch, seq: store.lastSeq, digest))
+            due.append((name, store.epoch, store.lastSeq, digest))
             sinceDigest[name] = 0
+        }
+        return due
+    }
+
+    /// Events, then the digests taken when the group was handed over.
+    mutating func publish(_ done: Committing) {
+        let now = ContinuousClock.now
+        for commit in done.group.commits {
+            for event in commit.events {
+                send(Event.event(store: commit.store, epoch: commit.epoch, seq: event.seq, action: event.action))
+            }
+            lastPublished[commit.store] = now
+            publishedSeq[commit.store] = commit.events.last?.seq ?? publishedSeq[commit.store]
+            committedEvents[commit.store, default: 0] += UInt64(commit.events.count)
+        }
+        for digest in done.digests {
+            send(Event.digest(store: digest.store, epoch: digest.epoch, seq: digest.seq, digest.digest))
         }
     }
 
+    /// A heartbeat for each store silent for the interval, announcing the last seq published (not the last
+    /// sequenced: a replica that hears of a seq asks for it).
     mutating func publishHeartbeats() {
         let now = ContinuousClock.now
         for (name, store) in sequencer.stores
         where now - (lastPublished[name] ?? now) >= configuration.heartbeatInterval {
-            send(Event.heartbeat(store: name, epoch: store.epoch, lastSeq: store.lastSeq))
+            send(Event.heartbeat(store: name, epoch: store.epoch, lastSeq: publishedSeq[name] ?? store.lastSeq))
             lastPublished[name] = now
         }
     }
@@ -658,7 +775,9 @@ private struct LoopState {
         let seconds = max(Double(uptime.components.seconds) + Double(uptime.components.attoseconds) / 1e18, 1e-3)
         let stores = sequencer.stores.values.sorted { $0.name < $1.name }.map { store in
             let rate = Double(committedEvents[store.name] ?? 0) / seconds
-            return #"{"name":"\#(store.name)","seq":\#(store.lastSeq),"epoch":"\#(store.epoch)","#
+            // The seq published: durable, unlike one the writer is still committing.
+            let seq = publishedSeq[store.name] ?? store.lastSeq
+            return #"{"name":"\#(store.name)","seq":\#(seq),"epoch":"\#(store.epoch)","#
                 + #""domainVersion":\#(store.domainVersion),"eventsPerSecond":\#(String(format: "%.1f", rate))}"#
         }
         // Only the file sizes: journal.stats() counts every event, which takes tens of ms on a long history

@@ -208,24 +208,37 @@ public struct DaemonProcessError: Error, CustomStringConvertible {
 
 /// The CPU time (user + system) the thread named `name` of process `pid` has used, from
 /// `/proc/PID/task/*/stat`; `nil` when no thread has that name (Linux keeps the first 15 bytes of a name). The
-/// bench reads the daemon's `lockstepd loop` with it, so per-action CPU shows without a profiler.
+/// bench reads the daemon's `lockstepd loop` and `lockstepd journal` with it, so per-action CPU shows without a
+/// profiler.
 public func cpuTime(ofThreadNamed name: String, in pid: Int32) -> Duration? {
     let tasks = "/proc/\(pid)/task"
     guard let threads = try? FileManager.default.contentsOfDirectory(atPath: tasks) else { return nil }
     let wanted = String(name.utf8.prefix(15))!
     for thread in threads {
         guard let comm = try? String(contentsOfFile: "\(tasks)/\(thread)/comm", encoding: .utf8),
-            comm.trimmingCharacters(in: .newlines) == wanted,
-            let stat = try? String(contentsOfFile: "\(tasks)/\(thread)/stat", encoding: .utf8),
-            let end = stat.lastIndex(of: ")")
+            comm.trimmingCharacters(in: .newlines) == wanted
         else { continue }
-        // Fields after the name, which may hold spaces: state is field 3, utime 14 and stime 15.
-        let fields = stat[stat.index(after: end)...].split(separator: " ")
-        guard fields.count > 12, let user = Int64(fields[11]), let system = Int64(fields[12]) else { return nil }
-        let ticks = Int64(sysconf(Int32(_SC_CLK_TCK)))
-        return .nanoseconds((user + system) * 1_000_000_000 / max(1, ticks))
+        return cpuTime(statFile: "\(tasks)/\(thread)/stat")
     }
     return nil
+}
+
+/// The CPU time (user + system, every thread) process `pid` has used, from `/proc/PID/stat`; `nil` when it is
+/// gone.
+public func cpuTime(ofProcess pid: Int32) -> Duration? {
+    cpuTime(statFile: "/proc/\(pid)/stat")
+}
+
+/// utime + stime of a `/proc` stat file, in the kernel's ticks (10 ms here).
+private func cpuTime(statFile path: String) -> Duration? {
+    guard let stat = try? String(contentsOfFile: path, encoding: .utf8), let end = stat.lastIndex(of: ")") else {
+        return nil
+    }
+    // Fields after the name, which may hold spaces: state is field 3, utime 14 and stime 15.
+    let fields = stat[stat.index(after: end)...].split(separator: " ")
+    guard fields.count > 12, let user = Int64(fields[11]), let system = Int64(fields[12]) else { return nil }
+    let ticks = Int64(sysconf(Int32(_SC_CLK_TCK)))
+    return .nanoseconds((user + system) * 1_000_000_000 / max(1, ticks))
 }
 
 /// The CPU time (user + system, every thread) this process has used.

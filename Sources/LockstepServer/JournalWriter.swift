@@ -1,0 +1,89 @@
+import Dispatch
+import Foundation
+import Lockstep
+import LockstepJournal
+import ZeroMQ
+
+/// The journal's own thread. The loop hands it one piece of work at a time — a commit, fsync included — and
+/// goes on sequencing the next requests meanwhile; the writer wakes the loop when the work is done or failed.
+/// The loop only hands it work while it is idle, so there is at most one commit in flight.
+final class JournalWriter: Sendable {
+    typealias Work = @Sendable () throws(JournalError) -> Void
+
+    private struct Slot {
+        var work: Work?
+        var result: Result<Void, JournalError>?
+        var stopping = false
+    }
+
+    private let slot = LockedValue(Slot())
+    private let ready = DispatchSemaphore(value: 0)
+    private let finished = DispatchSemaphore(value: 0)
+    private let wakeup: Wakeup
+
+    /// Starts the thread (`lockstepd journal`); each result is announced on `wakeup`.
+    init(wakeup: Wakeup) {
+        self.wakeup = wakeup
+        let thread = Thread { [self] in
+            nameCurrentThread("lockstepd journal")
+            run()
+        }
+        thread.name = "lockstepd journal"
+        thread.start()
+    }
+
+    /// Hands over `work`; the writer must be idle (its last result taken).
+    func submit(_ work: @escaping Work) {
+        slot.withLockedValue { slot in
+            precondition(slot.work == nil && slot.result == nil, "the journal writer is busy")
+            slot.work = work
+        }
+        ready.signal()
+    }
+
+    /// The result of the work handed over, once it is done; `nil` while it runs.
+    func takeResult() -> Result<Void, JournalError>? {
+        slot.withLockedValue { slot in
+            defer { slot.result = nil }
+            return slot.result
+        }
+    }
+
+    /// Blocks until the work handed over is done, and returns its result.
+    func waitForResult() -> Result<Void, JournalError> {
+        while true {
+            if let result = takeResult() { return result }
+            Thread.sleep(forTimeInterval: 0.000_2)
+        }
+    }
+
+    /// Ends the thread once the work in hand is done; returns when it has ended.
+    func stop() {
+        slot.withLockedValue { $0.stopping = true }
+        ready.signal()
+        finished.wait()
+    }
+
+    private func run() {
+        while true {
+            ready.wait()
+            let (work, stopping) = slot.withLockedValue { slot in (slot.work, slot.stopping) }
+            if let work {
+                let result: Result<Void, JournalError>
+                do throws(JournalError) {
+                    try work()
+                    result = .success(())
+                } catch {
+                    result = .failure(error)
+                }
+                slot.withLockedValue { slot in
+                    slot.work = nil
+                    slot.result = result
+                }
+                wakeup.signal()
+            }
+            if stopping { break }
+        }
+        finished.signal()
+    }
+}

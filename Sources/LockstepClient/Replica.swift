@@ -229,7 +229,7 @@ public final class Replica<D: Domain>: Service, Sendable {
         defer { finish() }
         let context = try Context()
         defer { context.shutdown() }
-        var link = try Link(context: context, configuration: configuration, topic: Event.topic(for: store))
+        var link = try Link(context: context, configuration: configuration, topic: Event.runTopic(for: store))
         defer { link.close() }
         var engine = Engine(replica: self, sync: ReplicaSync(settings: configuration.sync, now: .now))
         let start = engine.sync.start(now: .now)
@@ -552,20 +552,27 @@ private struct Engine<D: Domain> {
             guard let frames = try link.events.receive(wait: false) else { return }
             let now = ContinuousClock.now
             disconnected = false
-            switch try? Event.decode(frames) {
-            case let .event(name, epoch, seq, action) where name == store:
-                perform(sync.event(epoch: epoch, seq: seq, action: action, now: now), on: &link)
-            case let .heartbeat(name, epoch, lastSeq) where name == store:
-                perform(sync.heartbeat(epoch: epoch, lastSeq: lastSeq, now: now), on: &link)
-            case let .digest(name, epoch, seq, digest) where name == store:
-                perform(sync.digest(epoch: epoch, seq: seq, digest: digest, now: now), on: &link)
-            case nil:
+            let event: Event
+            do {
+                event = try Event.decode(frames)
+            } catch {
+                // A daemon of a later protocol would be refused here, by name, not followed blindly.
                 replica.logger.warning(
                     "ignored an unreadable message on the events socket",
-                    metadata: ["frames": "\(frames.count)"]
+                    metadata: ["frames": "\(frames.count)", "error": "\(error)"]
                 )
-            default:
-                break
+                continue
+            }
+            guard event.store == store else { continue }
+            switch event {
+            case let .events(_, epoch, firstSeq, actions):
+                perform(sync.events(epoch: epoch, firstSeq: firstSeq, actions: actions, now: now), on: &link)
+            case let .event(_, epoch, seq, action):
+                perform(sync.event(epoch: epoch, seq: seq, action: action, now: now), on: &link)
+            case let .heartbeat(_, epoch, lastSeq):
+                perform(sync.heartbeat(epoch: epoch, lastSeq: lastSeq, now: now), on: &link)
+            case let .digest(_, epoch, seq, digest):
+                perform(sync.digest(epoch: epoch, seq: seq, digest: digest, now: now), on: &link)
             }
         }
     }

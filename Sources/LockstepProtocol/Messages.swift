@@ -50,6 +50,7 @@ enum MessageType: UInt8, Sendable {
     case event = 0x41
     case heartbeat = 0x42
     case digest = 0x43
+    case events = 0x44
 
     /// Which decoder reads a type: requests and replies share the command socket but never a direction.
     enum Family: String, Sendable {
@@ -66,7 +67,7 @@ enum MessageType: UInt8, Sendable {
             case .request: "0x01 DISPATCH, 0x02 SNAPSHOT, 0x03 RANGE or 0x04 STATUS"
             case .reply:
                 "0x81 ACCEPTED, 0x82 REJECTED, 0x83 SNAPSHOT, 0x84 RANGE, 0x85 COMPACTED, 0x86 STATUS or 0x8f ERROR"
-            case .event: "0x41 EVENT, 0x42 HEARTBEAT or 0x43 DIGEST"
+            case .event: "0x41 EVENT, 0x42 HEARTBEAT, 0x43 DIGEST or 0x44 EVENTS"
             }
         }
     }
@@ -75,7 +76,7 @@ enum MessageType: UInt8, Sendable {
         switch self {
         case .dispatch, .snapshotRequest, .rangeRequest, .statusRequest: .request
         case .accepted, .rejected, .snapshotReply, .rangeReply, .compacted, .statusReply, .error: .reply
-        case .event, .heartbeat, .digest: .event
+        case .event, .heartbeat, .digest, .events: .event
         }
     }
 
@@ -93,6 +94,7 @@ enum MessageType: UInt8, Sendable {
         case .event: "EVENT"
         case .heartbeat: "HEARTBEAT"
         case .digest: "DIGEST"
+        case .events: "EVENTS"
         }
     }
 
@@ -105,7 +107,7 @@ enum MessageType: UInt8, Sendable {
         case .snapshotRequest, .statusRequest, .statusReply: 12
         case .error: 14
         case .rejected: 16
-        case .event, .heartbeat: 20
+        case .event, .heartbeat, .events: 20
         case .rangeRequest, .rangeReply, .compacted: 28
         case .dispatch, .accepted: 32
         case .digest: 52

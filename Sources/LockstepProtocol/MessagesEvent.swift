@@ -1,9 +1,15 @@
 import Lockstep
 
 /// A message the daemon publishes on the events socket: frame 0 is the store's topic, frame 1 the header.
+///
+/// Each store has two streams, one topic each: *one by one* (``topic(for:)``: an EVENT per action) and *in runs*
+/// (``runTopic(for:)``: one EVENTS per store per commit, up to ``maximumRun`` actions). Both carry the HEARTBEATs
+/// and DIGESTs. The daemon publishes a stream only while someone subscribes to it.
 public enum Event: Hashable, Sendable {
-    /// The action that got `seq`.
+    /// The action that got `seq` (the one-by-one stream).
     case event(store: StoreName, epoch: Epoch, seq: SequenceNumber, action: Frame)
+    /// Actions that got seqs `firstSeq`, `firstSeq + 1`, … in one commit (the stream in runs); never empty.
+    case events(store: StoreName, epoch: Epoch, firstSeq: SequenceNumber, actions: [Frame])
     /// The store is idle and stands at `lastSeq`; a replica behind it has lost events.
     case heartbeat(store: StoreName, epoch: Epoch, lastSeq: SequenceNumber)
     /// The digest of the daemon's canonical state at `seq`, for replicas to compare with their own.
@@ -12,9 +18,14 @@ public enum Event: Hashable, Sendable {
     /// The store the message is about.
     public var store: StoreName {
         switch self {
-        case let .event(store, _, _, _), let .heartbeat(store, _, _), let .digest(store, _, _, _): store
+        case let .event(store, _, _, _), let .heartbeat(store, _, _), let .digest(store, _, _, _),
+            let .events(store, _, _, _):
+            store
         }
     }
+
+    /// The most actions one EVENTS carries; a longer commit is published as several.
+    public static let maximumRun = 1_000
 
     /// The topic frame of `store`'s messages, and the exact subscription for them: the name, then one 0x00.
     ///
@@ -22,6 +33,20 @@ public enum Event: Hashable, Sendable {
     /// receiving `todos`.
     public static func topic(for store: StoreName) -> Frame {
         Array(store.rawValue.utf8) + [0]
+    }
+
+    /// The topic of `store`'s stream in runs (EVENTS, HEARTBEAT, DIGEST): the name, then one 0x01. Neither topic
+    /// of a store is a prefix of the other's, nor of another store's.
+    public static func runTopic(for store: StoreName) -> Frame {
+        Array(store.rawValue.utf8) + [1]
+    }
+
+    /// The frames of this message with `store`'s topic of the stream in runs instead of the one-by-one stream's
+    /// (an EVENTS has no other).
+    public func encodeForRuns() -> [Frame] {
+        var frames = encode()
+        frames[0] = Self.runTopic(for: store)
+        return frames
     }
 
     /// The frames of this message, topic first.
@@ -32,6 +57,11 @@ public enum Event: Hashable, Sendable {
             header.write(epoch.rawValue)
             header.write(seq)
             return [Self.topic(for: store), header.bytes, action]
+        case let .events(store, epoch, firstSeq, actions):
+            var header = ByteWriter(.events)
+            header.write(epoch.rawValue)
+            header.write(firstSeq)
+            return [Self.runTopic(for: store), header.bytes] + actions
         case let .heartbeat(store, epoch, lastSeq):
             var header = ByteWriter(.heartbeat)
             header.write(epoch.rawValue)
@@ -58,10 +88,35 @@ public enum Event: Hashable, Sendable {
         // The header first: a message of another version must fail as such, whatever its topic looks like.
         let type = try Wire.messageType(of: frames[1], frameIndex: 1, family: .event)
         var header = try Wire.headerReader(frames[1], type: type, frameIndex: 1)
-        let store = try topicStore(frames[0])
+        let (store, inRuns) = try topicStore(frames[0])
         let epoch = Epoch(rawValue: try header.read(UInt64.self, field: "epoch"))
-        let seq = try header.read(UInt64.self, field: type == .heartbeat ? "last seq" : "seq")
+        let seq = try header.read(UInt64.self, field: type == .heartbeat ? "last seq" : type == .events ? "first seq" : "seq")
+        if type == .event || type == .events, inRuns != (type == .events) {
+            throw ProtocolError(
+                code: .malformed,
+                "\(type.name) on the topic of the \(inRuns ? "stream in runs" : "one-by-one stream") (frame 0 ends with "
+                    + "\(Wire.hex(frames[0].last ?? 0))); expected \(type == .events ? "0x01" : "0x00")"
+            )
+        }
         switch type {
+        case .events:
+            guard (3...Self.maximumRun + 2).contains(frames.count) else {
+                throw ProtocolError(
+                    code: frames.count > Self.maximumRun + 2 ? .tooLarge : .malformed,
+                    "EVENTS has \(Wire.frames(frames.count)); expected 3 to \(Self.maximumRun + 2) (topic, header, "
+                        + "1 to \(Self.maximumRun) actions)"
+                )
+            }
+            try Wire.positiveSeq(seq, field: "first seq", type: type)
+            try Wire.requireSeqRun(first: seq, count: UInt64(frames.count - 2), field: "first seq", type: type)
+            var actions: [Frame] = []
+            actions.reserveCapacity(frames.count - 2)
+            for index in 2..<frames.count {
+                actions.append(
+                    try Wire.action(frames[index], field: "action \(index - 2) (frame \(index))", limits: limits)
+                )
+            }
+            return .events(store: store, epoch: epoch, firstSeq: seq, actions: actions)
         case .event:
             try Wire.requireFrames(frames, exactly: 3, type: type, layout: "topic, header, action")
             try Wire.positiveSeq(seq, field: "seq", type: type)
@@ -83,15 +138,16 @@ public enum Event: Hashable, Sendable {
         }
     }
 
-    /// The store a topic frame names: a valid name followed by exactly one 0x00.
-    private static func topicStore(_ topic: Frame) throws(ProtocolError) -> StoreName {
-        guard topic.last == 0 else {
+    /// The store a topic frame names — a valid name followed by exactly one 0x00 (one by one) or 0x01 (in
+    /// runs) — and whether it is the stream in runs.
+    private static func topicStore(_ topic: Frame) throws(ProtocolError) -> (StoreName, inRuns: Bool) {
+        guard let last = topic.last, last <= 1 else {
             let last = topic.last.map { "ends with \(Wire.hex($0))" } ?? "is empty"
             throw ProtocolError(
                 code: .malformed,
-                "topic (frame 0) \(last); expected the store name followed by one 0x00 byte"
+                "topic (frame 0) \(last); expected the store name followed by one 0x00 or 0x01 byte"
             )
         }
-        return try Wire.storeName(Array(topic.dropLast()), field: "store name in topic (frame 0)")
+        return (try Wire.storeName(Array(topic.dropLast()), field: "store name in topic (frame 0)"), last == 1)
     }
 }

@@ -187,6 +187,31 @@ public struct ReplicaSync: Sendable {
         }
     }
 
+    /// A run of events published together (EVENTS): the same as each of them in turn, with the actions that apply
+    /// at once coming out as one ``Output/apply(_:)``, so the owner applies the run in one step.
+    public mutating func events(
+        epoch eventEpoch: Epoch,
+        firstSeq: SequenceNumber,
+        actions: [Frame],
+        now: ContinuousClock.Instant
+    ) -> [Output] {
+        var outputs: [Output] = []
+        var run: [SequencedAction] = []
+        for (offset, action) in actions.enumerated() {
+            for output in event(epoch: eventEpoch, seq: firstSeq + UInt64(offset), action: action, now: now) {
+                if case let .apply(applied) = output {
+                    run += applied
+                } else {
+                    if !run.isEmpty { outputs.append(.apply(run)) }
+                    run = []
+                    outputs.append(output)
+                }
+            }
+        }
+        if !run.isEmpty { outputs.append(.apply(run)) }
+        return outputs
+    }
+
     /// A heartbeat: the daemon is alive and its store is at `lastSeq`.
     public mutating func heartbeat(
         epoch beatEpoch: Epoch,

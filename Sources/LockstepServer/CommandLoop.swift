@@ -156,6 +156,10 @@ private struct LoopState {
     let limits: Limits
     let startedAt = ContinuousClock.now
     var lastPublished: [StoreName: ContinuousClock.Instant] = [:]
+    /// The topics someone subscribes to, as the XPUB tells them.
+    var subscriptions: Set<Frame> = []
+    /// Which of each store's streams (one by one, in runs) someone follows.
+    var streams: [StoreName: (oneByOne: Bool, runs: Bool)] = [:]
     /// Each store's last seq published: durable, and what heartbeats announce.
     var publishedSeq: [StoreName: SequenceNumber] = [:]
     /// Commits the journal on its own thread while the loop sequences the next group.
@@ -197,7 +201,7 @@ private struct LoopState {
             zap = nil
         }
         router = try Socket(context, type: .router)
-        publisher = try Socket(context, type: .publisher)
+        publisher = try Socket(context, type: .extendedPublisher)
         writer = JournalWriter(wakeup: loop.wakeup)
         let now = ContinuousClock.now
         for (name, store) in sequencer.stores {
@@ -672,36 +676,83 @@ private struct LoopState {
         return due
     }
 
-    /// Events, then the digests taken when the group was handed over.
+    /// Events — an EVENT each on the one-by-one stream, one EVENTS per store on the stream in runs — then the
+    /// digests taken when the group was handed over.
     mutating func publish(_ done: Committing) {
+        readSubscriptions()
         let now = ContinuousClock.now
+        var runs: [(store: StoreName, epoch: Epoch, firstSeq: SequenceNumber, actions: [Frame])] = []
         for commit in done.group.commits {
-            for event in commit.events {
-                send(Event.event(store: commit.store, epoch: commit.epoch, seq: event.seq, action: event.action))
+            let streams = streams[commit.store] ?? (false, false)
+            if streams.oneByOne {
+                for event in commit.events {
+                    publish(Event.event(store: commit.store, epoch: commit.epoch, seq: event.seq, action: event.action).encode())
+                }
+            }
+            if streams.runs, let first = commit.events.first {
+                // The group's commits of one store are consecutive seqs: one run, unless it is over the limit.
+                if let last = runs.indices.last(where: { runs[$0].store == commit.store }),
+                    runs[last].actions.count + commit.events.count <= Event.maximumRun
+                {
+                    runs[last].actions += commit.events.map(\.action)
+                } else {
+                    runs.append((commit.store, commit.epoch, first.seq, commit.events.map(\.action)))
+                }
             }
             lastPublished[commit.store] = now
             publishedSeq[commit.store] = commit.events.last?.seq ?? publishedSeq[commit.store]
             committedEvents[commit.store, default: 0] += UInt64(commit.events.count)
         }
+        for run in runs {
+            publish(Event.events(store: run.store, epoch: run.epoch, firstSeq: run.firstSeq, actions: run.actions).encode())
+        }
         for digest in done.digests {
-            send(Event.digest(store: digest.store, epoch: digest.epoch, seq: digest.seq, digest.digest))
+            announce(Event.digest(store: digest.store, epoch: digest.epoch, seq: digest.seq, digest.digest))
+        }
+    }
+
+    /// Reads what the XPUB says of subscriptions and works out which streams of each store someone follows: a
+    /// subscription to a prefix of a stream's topic (even the empty one) follows it.
+    mutating func readSubscriptions() {
+        var changed = false
+        while let frames = try? publisher.receive(wait: false), let message = frames.first, let kind = message.first {
+            let topic = Array(message.dropFirst())
+            if kind == 1 {
+                subscriptions.insert(topic)
+            } else if kind == 0 {
+                subscriptions.remove(topic)
+            }
+            changed = true
+        }
+        guard changed else { return }
+        func followed(_ topic: Frame) -> Bool { subscriptions.contains { topic.starts(with: $0) } }
+        for name in sequencer.stores.keys {
+            streams[name] = (followed(Event.topic(for: name)), followed(Event.runTopic(for: name)))
         }
     }
 
     /// A heartbeat for each store silent for the interval, announcing the last seq published (not the last
     /// sequenced: a replica that hears of a seq asks for it).
     mutating func publishHeartbeats() {
+        readSubscriptions()
         let now = ContinuousClock.now
         for (name, store) in sequencer.stores
         where now - (lastPublished[name] ?? now) >= configuration.heartbeatInterval {
-            send(Event.heartbeat(store: name, epoch: store.epoch, lastSeq: publishedSeq[name] ?? store.lastSeq))
+            announce(Event.heartbeat(store: name, epoch: store.epoch, lastSeq: publishedSeq[name] ?? store.lastSeq))
             lastPublished[name] = now
         }
     }
 
-    func send(_ event: Event) {
+    /// Publishes a HEARTBEAT or DIGEST on each stream of its store that someone follows.
+    func announce(_ event: Event) {
+        let streams = streams[event.store] ?? (false, false)
+        if streams.oneByOne { publish(event.encode()) }
+        if streams.runs { publish(event.encodeForRuns()) }
+    }
+
+    func publish(_ frames: [Frame]) {
         // PUB never blocks: a subscriber past its high-water mark loses messages and repairs by range.
-        _ = try? publisher.send(event.encode(), wait: false)
+        _ = try? publisher.send(frames, wait: false)
     }
 
     static func snapshot(requestID: UInt64, store: any SequencedStore) -> Reply {

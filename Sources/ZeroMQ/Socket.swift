@@ -8,6 +8,10 @@ public struct SocketType: Hashable, Sendable, CustomStringConvertible {
     public static let pair = SocketType(rawValue: ZMQ_PAIR)
     /// PUB: the daemon's events socket, which sends each event to every subscriber of its topic.
     public static let publisher = SocketType(rawValue: ZMQ_PUB)
+    /// XPUB: a PUB that also reads its subscribers' subscriptions (`0x01` + topic when the first subscriber of a
+    /// topic comes, `0x00` + topic when the last one goes); the daemon's events socket, so it publishes a stream
+    /// only while someone follows it.
+    public static let extendedPublisher = SocketType(rawValue: ZMQ_XPUB)
     /// SUB: a replica's events socket, subscribed to its store's topic.
     public static let subscriber = SocketType(rawValue: ZMQ_SUB)
     /// REQ: one request, then its reply; the socket of `CommandClient` (LockstepClient).
@@ -24,6 +28,7 @@ public struct SocketType: Hashable, Sendable, CustomStringConvertible {
         switch rawValue {
         case ZMQ_PAIR: "PAIR"
         case ZMQ_PUB: "PUB"
+        case ZMQ_XPUB: "XPUB"
         case ZMQ_SUB: "SUB"
         case ZMQ_REQ: "REQ"
         case ZMQ_REP: "REP"

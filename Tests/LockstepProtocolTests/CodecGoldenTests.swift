@@ -49,6 +49,18 @@ enum GoldenVectors {
         incrementJSON,
     ]
 
+    /// EVENTS: seqs 42 and 43 of `counter`, both `{"increment":{}}`, on the topic of the stream in runs.
+    static let events: [Frame] = [
+        counterName + [0x01],
+        [
+            0x4C, 0x53, 0x01, 0x44,
+            0x01, 0x23, 0x45, 0x67, 0x89, 0xAB, 0xCD, 0xEF,
+            0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x2A,
+        ],
+        incrementJSON,
+        incrementJSON,
+    ]
+
     /// The ERROR that answers the DISPATCH above sent with protocol version 2.
     static let versionError: [Frame] = [
         [
@@ -90,6 +102,17 @@ enum GoldenVectors {
         )
         #expect(event.encode() == GoldenVectors.event)
         #expect(try Event.decode(GoldenVectors.event) == event)
+    }
+
+    @Test func eventsMatchTheDocument() throws {
+        let events = Event.events(
+            store: CodecSamples.counter,
+            epoch: CodecSamples.epoch,
+            firstSeq: 42,
+            actions: [GoldenVectors.incrementJSON, GoldenVectors.incrementJSON]
+        )
+        #expect(events.encode() == GoldenVectors.events)
+        #expect(try Event.decode(GoldenVectors.events) == events)
     }
 
     /// The daemon's path for a request of another version: the decoder's error, addressed by the request id.

@@ -295,6 +295,12 @@ private let replyMalformations: [Malformation] = [
 ]
 
 private let event = GoldenVectors.event
+private let events = Event.events(
+    store: CodecSamples.counter,
+    epoch: epoch,
+    firstSeq: 42,
+    actions: [GoldenVectors.event[2], GoldenVectors.event[2]]
+).encode()
 private let heartbeat = Event.heartbeat(store: CodecSamples.counter, epoch: epoch, lastSeq: 42).encode()
 private let digest = Event.digest(store: CodecSamples.counter, epoch: epoch, seq: 9, StateDigest(of: [0x39])).encode()
 
@@ -338,7 +344,39 @@ private let eventMalformations: [Malformation] = [
         replacing(setting(event, frame: 1, byte: 2, to: 2), frame: 0, with: []),
         .unsupportedVersion
     ),
-    Malformation("type 0x44", setting(event, frame: 1, byte: 3, to: 0x44), .unknownMessageType, "0x44"),
+    Malformation("type 0x45", setting(event, frame: 1, byte: 3, to: 0x45), .unknownMessageType, "0x45"),
+    Malformation(
+        "EVENTS on the one-by-one topic",
+        setting(event, frame: 1, byte: 3, to: 0x44),
+        .malformed,
+        "EVENTS on the topic of the one-by-one stream",
+        "expected 0x01"
+    ),
+    Malformation(
+        "EVENT on the topic in runs",
+        replacing(event, frame: 0, with: Array(event[0].dropLast()) + [1]),
+        .malformed,
+        "EVENT on the topic of the stream in runs"
+    ),
+    Malformation(
+        "EVENTS without actions",
+        replacing(Array(events.prefix(2)), frame: 0, with: events[0]),
+        .malformed,
+        "2 frames",
+        "expected 3 to 1002"
+    ),
+    Malformation(
+        "EVENTS past the last seq",
+        replacing(events, frame: 1, with: Array(events[1].prefix(12)) + Array(repeating: 0xFF, count: 8)),
+        .malformed,
+        "passes the largest seq"
+    ),
+    Malformation(
+        "EVENTS over the run limit",
+        events + Array(repeating: events[2], count: Event.maximumRun),
+        .tooLarge,
+        "1004 frames"
+    ),
     Malformation("request type", setting(event, frame: 1, byte: 3, to: 0x01), .unknownMessageType, "DISPATCH"),
     Malformation("reply type", setting(event, frame: 1, byte: 3, to: 0x8F), .unknownMessageType, "ERROR"),
     Malformation(

@@ -162,6 +162,8 @@ enum CodecSamples {
         Sample("HEARTBEAT", .heartbeat(store: counter, epoch: epoch, lastSeq: 42)),
         Sample("HEARTBEAT empty store", .heartbeat(store: counter, epoch: epoch, lastSeq: 0)),
         Sample("DIGEST", .digest(store: counter, epoch: epoch, seq: 1000, StateDigest(of: json(#"{"count":7}"#)))),
+        Sample("EVENTS", .events(store: counter, epoch: epoch, firstSeq: 42, actions: [increment, increment])),
+        Sample("EVENTS one", .events(store: store("x"), epoch: Epoch(rawValue: 0), firstSeq: .max, actions: [json("1")])),
     ]
 
     // MARK: - Random valid messages, for the fuzz test's corpus
@@ -296,10 +298,14 @@ enum CodecSamples {
     static func randomEvent(limits: Limits, using random: inout SplitMix64) -> Event {
         let store = randomStore(using: &random)
         let epoch = Epoch(rawValue: randomUInt64(using: &random))
-        switch random.next() % 3 {
+        switch random.next() % 4 {
         case 0:
             let action = randomActions(1...1, limits: limits, using: &random)[0]
             return .event(store: store, epoch: epoch, seq: randomSeq(using: &random), action: action)
+        case 3:
+            let actions = randomActions(1...4, limits: limits, using: &random)
+            let first = min(randomSeq(using: &random), .max - UInt64(actions.count - 1))
+            return .events(store: store, epoch: epoch, firstSeq: first, actions: actions)
         case 1:
             return .heartbeat(store: store, epoch: epoch, lastSeq: randomUInt64(using: &random))
         default:

@@ -101,11 +101,12 @@ extension ReplicaClient {
         }
         try #require(live?.store("counter")?.seq == 1, "the watcher never saw the first event")
         watcher.child.signal(SIGSTOP)
-        // 40,000 events while it sleeps: far more than the queues and the socket buffers hold.
-        let batch = Array(repeating: #"{"increment":{}}"#, count: 1_000)
+        // 40,000 events in 2,000 commits (so 2,000 EVENTS messages) while it sleeps: far more than the queues and
+        // the socket buffers hold.
+        let batch = Array(repeating: #"{"increment":{}}"#, count: 20)
         let burst = try runProduct(
             "lockstep",
-            ["dispatch", "counter"] + batch + ["--repeat", "40", "--command-endpoint", daemon.command],
+            ["dispatch", "counter"] + batch + ["--repeat", "2000", "--command-endpoint", daemon.command],
             timeout: .seconds(120)
         )
         watcher.child.signal(SIGCONT)

@@ -145,4 +145,59 @@ import ZeroMQ
         }
         #expect(events.map { String(decoding: $0.action, as: UTF8.self) } == [#"{"add":{"number":5}}"#])
     }
+
+    /// Each store has two streams: one by one (EVENT per action, what the first protocol had) and in runs (one
+    /// EVENTS per commit). A subscriber of either gets every action, in order, with the heartbeats; a daemon only
+    /// publishes the streams someone follows.
+    @Test func aCommitIsOneEventsOnTheStreamInRunsAndAnEventEachOnTheOther() throws {
+        let directory = try temporaryDirectory("streams").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let daemon = try DaemonProcess(directory: directory, arguments: ["--domain", "counter"])
+        let context = try Context()
+        let client = try Client(context, endpoint: daemon.command)
+        let counter = try StoreName("counter")
+        var subscribers: [Socket] = []
+        for topic in [Event.topic(for: counter), Event.runTopic(for: counter)] {
+            let subscriber = try Socket(context, type: .subscriber)
+            try subscriber.set(.receiveTimeout, 5_000)
+            try subscriber.subscribe(topic)
+            try subscriber.connect(daemon.events)
+            var live = false
+            while !live, let frames = try subscriber.receive() {
+                if case .heartbeat = try Event.decode(frames) { live = true }
+            }
+            try #require(live, "a subscriber of \(topic) saw no heartbeat; log:\n\(daemon.output)")
+            subscribers.append(subscriber)
+        }
+        let increment = #"{"increment":{}}"#
+        guard case .accepted = try client.dispatch("counter", [increment, increment, increment], number: 1) else {
+            Issue.record("expected ACCEPTED")
+            return
+        }
+
+        var oneByOne: [SequenceNumber] = []
+        while oneByOne.count < 3, let frames = try subscribers[0].receive() {
+            #expect(frames[0] == Event.topic(for: counter))
+            switch try Event.decode(frames) {
+            case let .event(_, _, seq, action):
+                oneByOne.append(seq)
+                #expect(action == Array(increment.utf8))
+            case .heartbeat, .digest: continue
+            case .events: Issue.record("EVENTS on the one-by-one stream")
+            }
+        }
+        #expect(oneByOne == [1, 2, 3])
+        var run: (SequenceNumber, [Frame])?
+        while run == nil, let frames = try subscribers[1].receive() {
+            #expect(frames[0] == Event.runTopic(for: counter))
+            switch try Event.decode(frames) {
+            case let .events(_, _, firstSeq, actions): run = (firstSeq, actions)
+            case .heartbeat, .digest: continue
+            case .event: Issue.record("EVENT on the stream in runs")
+            }
+        }
+        #expect(run?.0 == 1)
+        #expect(run?.1 == Array(repeating: Array(increment.utf8), count: 3))
+        #expect(daemon.stop() == 0)
+    }
 }

@@ -20,7 +20,7 @@ public final class PostgresJournal: EngineJournal {
     /// - Parameters:
     ///   - connection: A libpq connection string: `host=/run/postgresql dbname=lockstep` or
     ///     `postgresql://lockstep@db.example/lockstep`. A password is better kept in `~/.pgpass` or `PGPASSFILE`
-    ///     than here; it is never shown in errors or ``location``.
+    ///     than here; it is never shown in errors or ``Journal/location``.
     ///   - policy: When snapshots are due and how much history is kept.
     ///   - readOnly: Open for reading only (the CLI's `verify`, `dump`, `stats` and `state`): nothing is created,
     ///     commits are refused, and a store not yet in the journal cannot be recovered.

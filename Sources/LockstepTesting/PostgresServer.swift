@@ -8,7 +8,7 @@ import Glibc
 
 /// A throwaway PostgreSQL server for tests: `initdb` into a fresh temporary folder, `postgres` started on a Unix
 /// socket in that folder (no TCP port at all), and the folder removed when the server stops — the way the journal
-/// tests run ``PostgresJournal`` against a real server.
+/// tests run `PostgresJournal` against a real server.
 ///
 /// ```swift
 /// let server = try PostgresServer.start()

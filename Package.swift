@@ -34,13 +34,19 @@ let package = Package(
             providers: [.apt(["libzmq3-dev"])]
         ),
         .target(name: "ZeroMQ", dependencies: ["CZeroMQ"]),
+        // libpq through pkg-config; imported only by LockstepJournal (the PostgreSQL journal).
+        .systemLibrary(
+            name: "CLibPQ",
+            pkgConfig: "libpq",
+            providers: [.apt(["libpq-dev"])]
+        ),
         .target(name: "Lockstep", dependencies: [.product(name: "Crypto", package: "swift-crypto")]),
         .target(name: "LockstepProtocol", dependencies: ["Lockstep"]),
         // GRDBSQLite: the commit path binds and steps its statements through SQLite's C API.
         .target(
             name: "LockstepJournal",
             dependencies: [
-                "Lockstep", .product(name: "GRDB", package: "GRDB.swift"),
+                "Lockstep", "CLibPQ", .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
             ]
         ),

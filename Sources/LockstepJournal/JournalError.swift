@@ -1,6 +1,6 @@
 /// Why the journal refused or failed an operation: a stable ``Code`` for programs and the context a person
-/// needs — the file, the operation, the store and seq when one is involved, and SQLite's own words when
-/// SQLite reported the failure.
+/// needs — the file or database, the operation, the store and seq when one is involved, and SQLite's or
+/// PostgreSQL's own words when the database reported the failure.
 ///
 /// After any error from ``Journal/commit(_:)`` nothing of the batch counts, and the journal stays usable.
 public struct JournalError: Error, Hashable, Sendable, CustomStringConvertible {
@@ -26,6 +26,8 @@ public struct JournalError: Error, Hashable, Sendable, CustomStringConvertible {
             case undecodableState = "undecodable_state"
             case undecodableAction = "undecodable_action"
             case inUse = "in_use"
+            case postgres
+            case unreachable
         }
 
         private let base: Base
@@ -47,6 +49,11 @@ public struct JournalError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let notAJournal = Code(.notAJournal)
         /// Another process (or another journal in this one) has the journal open for writing.
         public static let inUse = Code(.inUse)
+        /// Any other PostgreSQL failure; ``JournalError/postgresState`` and ``JournalError/postgresMessage`` say
+        /// which.
+        public static let postgres = Code(.postgres)
+        /// The PostgreSQL server cannot be reached, or the connection to it was lost.
+        public static let unreachable = Code(.unreachable)
         /// The journal was written in a format this build does not read.
         public static let formatVersionMismatch = Code(.formatVersionMismatch)
         /// The store was written by another version of its domain.
@@ -74,7 +81,8 @@ public struct JournalError: Error, Hashable, Sendable, CustomStringConvertible {
 
     /// What kind of failure this is.
     public var code: Code
-    /// The journal's file, or `memory` for ``InMemoryJournal``.
+    /// The journal's file, `memory` for ``InMemoryJournal``, or the database (never its password) for
+    /// ``PostgresJournal``.
     public var file: String
     /// What the journal was doing: `open`, `recover`, `commit`, `range`, `verify`, …
     public var operation: String
@@ -86,6 +94,10 @@ public struct JournalError: Error, Hashable, Sendable, CustomStringConvertible {
     public var sqliteCode: Int32?
     /// SQLite's message, when SQLite reported the failure.
     public var sqliteMessage: String?
+    /// PostgreSQL's SQLSTATE (e.g. `23505`), when the server reported the failure.
+    public var postgresState: String?
+    /// PostgreSQL's or libpq's message, when PostgreSQL reported the failure.
+    public var postgresMessage: String?
     /// What failed, with which value, and what to do.
     public var message: String
 
@@ -98,6 +110,8 @@ public struct JournalError: Error, Hashable, Sendable, CustomStringConvertible {
         seq: UInt64? = nil,
         sqliteCode: Int32? = nil,
         sqliteMessage: String? = nil,
+        postgresState: String? = nil,
+        postgresMessage: String? = nil,
         message: String
     ) {
         self.code = code
@@ -107,11 +121,13 @@ public struct JournalError: Error, Hashable, Sendable, CustomStringConvertible {
         self.seq = seq
         self.sqliteCode = sqliteCode
         self.sqliteMessage = sqliteMessage
+        self.postgresState = postgresState
+        self.postgresMessage = postgresMessage
         self.message = message
     }
 
-    /// The file, the operation, the store and seq when known, the message, SQLite's code and words when it reported the
-    /// failure, and the code: the line a log or the command-line tool shows.
+    /// The file, the operation, the store and seq when known, the message, SQLite's or PostgreSQL's code and words
+    /// when it reported the failure, and the code: the line a log or the command-line tool shows.
     public var description: String {
         var text = "journal \(file): \(operation)"
         if let store { text += ", store \(store)" }
@@ -119,6 +135,9 @@ public struct JournalError: Error, Hashable, Sendable, CustomStringConvertible {
         text += ": \(message)"
         if let sqliteCode {
             text += " (SQLite error \(sqliteCode)" + (sqliteMessage.map { ": \($0)" } ?? "") + ")"
+        }
+        if let postgresMessage {
+            text += " (PostgreSQL" + (postgresState.map { " SQLSTATE \($0)" } ?? "") + ": \(postgresMessage))"
         }
         return text + " [\(code)]"
     }

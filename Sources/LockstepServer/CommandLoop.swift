@@ -121,6 +121,15 @@ final class CommandLoop: Sendable {
         switch configuration.journal {
         case .memory:
             return InMemoryJournal(policy: configuration.snapshots)
+        case .postgres:
+            do {
+                return try PostgresJournal(
+                    connection: configuration.postgresConnection ?? "",
+                    policy: configuration.snapshots
+                )
+            } catch {
+                throw ServerError(code: .journal, "cannot open the PostgreSQL journal: \(error)")
+            }
         case .sqlite:
             do {
                 if failpoint?.point == .noSync {
@@ -833,7 +842,7 @@ private struct LoopState {
         }
         // Only the file sizes: journal.stats() counts every event, which takes tens of ms on a long history
         // and would hold the loop.
-        let journalBytes = configuration.journal == .memory ? "null" : "\(Self.fileBytes(journal.location))"
+        let journalBytes = configuration.journal == .sqlite ? "\(Self.fileBytes(journal.location))" : "null"
         let refused = refusals.sorted { $0.key < $1.key }.map { #""\#($0.key)":\#($0.value)"# }
         let json =
             #"{"uptimeSeconds":\#(uptime.components.seconds),"journal":\#(Self.jsonString(journal.location)),"#

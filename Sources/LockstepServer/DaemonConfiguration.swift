@@ -21,6 +21,8 @@ public struct DaemonConfiguration: Hashable, Sendable {
         case sqlite
         /// Nothing on disk: a restart starts every store afresh with a new epoch. For tests and demos.
         case memory
+        /// A PostgreSQL database, reached with ``DaemonConfiguration/postgresConnection``.
+        case postgres
     }
 
     /// Where the journal lives (`journal.sqlite` and its lock): `$STATE_DIRECTORY`, else `.lockstep/data`; set by
@@ -40,6 +42,9 @@ public struct DaemonConfiguration: Hashable, Sendable {
     public var durability = Durability.fsync
     /// Which journal keeps the history; `sqlite` unless set.
     public var journal = JournalKind.sqlite
+    /// The libpq connection string of the `postgres` journal's database (`postgres` in the file, `--postgres`);
+    /// required for that journal and refused with any other. Keep a password out of it: libpq reads `~/.pgpass`.
+    public var postgresConnection: String?
     /// A heartbeat per idle store this often.
     public var heartbeatInterval = Duration.seconds(1)
     /// A digest per store every this many events (and on every snapshot).
@@ -100,6 +105,7 @@ public struct DaemonConfiguration: Hashable, Sendable {
         try reader.strings("", "domains") { domains = $0 }
         try reader.choice("", "durability") { durability = $0 }
         try reader.choice("", "journal") { journal = $0 }
+        try reader.string("", "postgres") { postgresConnection = $0 }
         try reader.integer("intervals", "heartbeat_ms", 10...3_600_000) { heartbeatInterval = .milliseconds($0) }
         try reader.integer("intervals", "digest_every_events", 1...Int64(Int32.max)) { digestEveryEvents = Int($0) }
         try reader.integer("snapshots", "every_events", 1...Int64(Int32.max)) {
@@ -132,11 +138,30 @@ public struct DaemonConfiguration: Hashable, Sendable {
 
     /// Checks what a flag or file could have got wrong; the error names the setting and the value.
     public func validate(knownDomains: [String]) throws(ConfigurationError) {
-        if durability == .relaxed, journal == .memory {
+        if durability == .relaxed, journal != .sqlite {
             throw ConfigurationError(
                 file: nil,
                 key: "durability",
-                "'relaxed' means nothing for a memory journal; use the sqlite journal"
+                journal == .memory
+                    ? "'relaxed' means nothing for a memory journal; use the sqlite journal"
+                    : "'relaxed' is for the sqlite journal; a postgres journal's commit is durable when PostgreSQL "
+                        + "acknowledges it (synchronous_commit = on)"
+            )
+        }
+        if journal == .postgres, postgresConnection?.isEmpty != false {
+            throw ConfigurationError(
+                file: nil,
+                key: "postgres",
+                "journal is 'postgres' but no connection string is given; set postgres = \"host=... dbname=...\" in "
+                    + "the file or --postgres CONNINFO"
+            )
+        }
+        if journal != .postgres, postgresConnection != nil {
+            throw ConfigurationError(
+                file: nil,
+                key: "postgres",
+                "a PostgreSQL connection string is given, but the journal is '\(journal.rawValue)'; set journal = "
+                    + "\"postgres\" (--journal postgres) to use it, or remove it"
             )
         }
         guard !domains.isEmpty else {

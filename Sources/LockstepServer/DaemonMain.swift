@@ -68,9 +68,13 @@ public struct DaemonFlags: ParsableArguments, Sendable {
     @Option(help: "fsync (every action durable before its ack) or relaxed.")
     public var durability: String?
 
-    /// `--journal sqlite|memory`.
-    @Option(help: "sqlite or memory.")
+    /// `--journal sqlite|memory|postgres`.
+    @Option(help: "sqlite, memory or postgres (with --postgres).")
     public var journal: String?
+
+    /// `--postgres CONNINFO`: the libpq connection string of the `postgres` journal's database.
+    @Option(help: "The postgres journal's libpq connection string, e.g. 'host=/run/postgresql dbname=lockstep'.")
+    public var postgres: String?
 
     /// `--log-level LEVEL`, one of swift-log's levels.
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
@@ -120,10 +124,15 @@ public struct DaemonFlags: ParsableArguments, Sendable {
         }
         if let journal {
             guard let value = DaemonConfiguration.JournalKind(rawValue: journal) else {
-                throw ConfigurationError(file: nil, key: "--journal", "must be sqlite or memory, got '\(journal)'")
+                throw ConfigurationError(
+                    file: nil,
+                    key: "--journal",
+                    "must be sqlite, memory or postgres, got '\(journal)'"
+                )
             }
             settings.journal = value
         }
+        if let postgres { settings.postgresConnection = postgres }
         try settings.validate(knownDomains: known)
         return settings
     }

@@ -10,8 +10,9 @@ package struct JournalCommand: ParsableCommand {
             commandName: "journal",
             abstract: "Check, dump and describe a daemon's journal; rebuild a store's state at any seq.",
             discussion: """
-                DIR is the daemon's data directory; the journal is DIR/\(SQLiteJournal.fileName). verify, dump, \
-                stats and state open it read-only and may run while the daemon runs. See docs/operations.md, "The journal".
+                DIR is the daemon's data directory; the journal is DIR/\(SQLiteJournal.fileName). verify, dump \
+                and stats take --postgres CONNINFO instead of DIR for a PostgreSQL journal. verify, dump, stats and \
+                state open it read-only and may run while the daemon runs. See docs/operations.md, "The journal".
                 """,
             subcommands: [
                 JournalVerifyCommand.self, JournalDumpCommand.self, JournalStatsCommand.self, JournalStateCommand.self,
@@ -26,14 +27,17 @@ package struct JournalCommand: ParsableCommand {
     package static let damaged = ExitCode(5)
 }
 
-/// Opens `directory`'s journal, turning a failure into a message and an exit code.
+/// Opens `directory`'s journal, or the PostgreSQL journal at `postgres` when given, turning a failure into a
+/// message and an exit code.
 package func openJournal(
     _ directory: String,
+    postgres: String? = nil,
     command: String,
     readOnly: Bool,
     policy: JournalPolicy = JournalPolicy()
-) throws -> SQLiteJournal {
+) throws -> any Journal {
     do {
+        if let postgres { return try PostgresJournal(connection: postgres, policy: policy, readOnly: readOnly) }
         return try SQLiteJournal(directory: directory, policy: policy, readOnly: readOnly)
     } catch {
         printError("\(Tool.commandName) journal \(command): \(error)")
@@ -42,6 +46,25 @@ package func openJournal(
         case .corrupt, .notAJournal, .formatVersionMismatch: throw JournalCommand.damaged
         default: throw ExitCode.failure
         }
+    }
+}
+
+/// Where a read-only command finds the journal: a data directory, or a PostgreSQL database.
+struct JournalLocation: ParsableArguments {
+    @Argument(help: "The data directory (not with --postgres).")
+    var directory: String?
+
+    @Option(name: .long, help: "A PostgreSQL journal's libpq connection string, instead of DIR.")
+    var postgres: String?
+
+    func validate() throws {
+        guard (directory == nil) != (postgres == nil) else {
+            throw ValidationError("give the data directory DIR or --postgres CONNINFO (one of them)")
+        }
+    }
+
+    func open(command: String) throws -> any Journal {
+        try openJournal(directory ?? "", postgres: postgres, command: command, readOnly: true)
     }
 }
 
@@ -82,8 +105,7 @@ struct JournalVerifyCommand: ParsableCommand {
             """
     )
 
-    @Argument(help: "The data directory.")
-    var directory: String
+    @OptionGroup var location: JournalLocation
 
     @Flag(
         name: .long,
@@ -92,7 +114,7 @@ struct JournalVerifyCommand: ParsableCommand {
     var json = false
 
     func run() throws {
-        let journal = try openJournal(directory, command: "verify", readOnly: true)
+        let journal = try location.open(command: "verify")
         defer { try? journal.close() }
         var problems: [JournalProblem]
         var stores: [JournalStoreStats] = []
@@ -137,7 +159,7 @@ struct JournalVerifyCommand: ParsableCommand {
         if !problems.isEmpty { throw JournalCommand.damaged }
     }
 
-    private func recoverStore<D: Domain>(_: D.Type, from journal: SQLiteJournal) throws(JournalError) -> UInt64 {
+    private func recoverStore<D: Domain>(_: D.Type, from journal: any Journal) throws(JournalError) -> UInt64 {
         try journal.recover(D.self).lastSeq
     }
 }
@@ -153,8 +175,7 @@ struct JournalDumpCommand: ParsableCommand {
             """
     )
 
-    @Argument(help: "The data directory.")
-    var directory: String
+    @OptionGroup var location: JournalLocation
 
     @Option(name: .long, help: "Only this store.")
     var store: String?
@@ -166,7 +187,7 @@ struct JournalDumpCommand: ParsableCommand {
     var to: UInt64?
 
     func run() throws {
-        let journal = try openJournal(directory, command: "dump", readOnly: true)
+        let journal = try location.open(command: "dump")
         defer { try? journal.close() }
         var output = OutputBuffer()
         defer { output.flush() }
@@ -224,14 +245,13 @@ struct JournalStatsCommand: ParsableCommand {
         abstract: "Per store: epoch, domain version, first and last seq, events and snapshots kept; file size."
     )
 
-    @Argument(help: "The data directory.")
-    var directory: String
+    @OptionGroup var location: JournalLocation
 
     @Flag(name: .long, help: "Print the figures as one JSON object.")
     var json = false
 
     func run() throws {
-        let journal = try openJournal(directory, command: "stats", readOnly: true)
+        let journal = try location.open(command: "stats")
         defer { try? journal.close() }
         let stats: JournalStats
         do {
@@ -302,7 +322,7 @@ struct JournalStateCommand: ParsableCommand {
         try print(domain, journal)
     }
 
-    private func print<D: Domain>(_: D.Type, _ journal: SQLiteJournal) throws {
+    private func print<D: Domain>(_: D.Type, _ journal: any Journal) throws {
         let state: D.State
         let at: UInt64
         do {

@@ -15,12 +15,16 @@ struct JournalAppendLoadCommand: ParsableCommand {
             Recovers the example counter store from DIR (creating the journal if needed), then commits batches \
             of --batch-size {"increment":{}} events, each with its idempotency entries (request number = seq) \
             and, when due, a snapshot. The last seq of a batch is printed, and flushed, only after its commit \
-            returned: every printed seq is durable. The crash test kills this process at random points.
+            returned: every printed seq is durable. The crash test kills this process at random points. \
+            --postgres CONNINFO commits to a PostgreSQL journal instead of DIR.
             """
     )
 
-    @Argument(help: "The data directory.")
-    var directory: String
+    @Argument(help: "The data directory (not with --postgres).")
+    var directory: String?
+
+    @Option(name: .long, help: "A PostgreSQL journal's libpq connection string, instead of DIR.")
+    var postgres: String?
 
     @Option(name: .long, help: "Events per commit.")
     var batchSize = 100
@@ -38,6 +42,9 @@ struct JournalAppendLoadCommand: ParsableCommand {
     var idempotencyKept = 100_000
 
     func validate() throws {
+        guard (directory == nil) != (postgres == nil) else {
+            throw ValidationError("give the data directory DIR or --postgres CONNINFO (one of them)")
+        }
         guard (1...1_000_000).contains(batchSize) else {
             throw ValidationError("--batch-size must be 1...1000000, got \(batchSize)")
         }
@@ -51,7 +58,13 @@ struct JournalAppendLoadCommand: ParsableCommand {
             idempotencyEntriesKept: idempotencyKept
         )
         do {
-            try appendLoad(directory: directory, policy: policy, batchSize: batchSize, batches: batches) { lastSeq in
+            try appendLoad(
+                directory: directory ?? "",
+                postgres: postgres,
+                policy: policy,
+                batchSize: batchSize,
+                batches: batches
+            ) { lastSeq in
                 FileHandle.standardOutput.write(Data("\(lastSeq)\n".utf8))
             }
         } catch let error as JournalError {

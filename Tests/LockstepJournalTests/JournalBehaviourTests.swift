@@ -5,7 +5,7 @@ import LockstepExamples
 import LockstepJournal
 import Testing
 
-/// What both journals must do alike: every test runs against SQLite and against memory.
+/// What every journal must do alike: every test runs against SQLite, memory and PostgreSQL.
 @Suite struct JournalBehaviourTests {
     @Test(arguments: JournalKind.allCases)
     func aNewStoreStartsEmptyWithAnEpoch(kind: JournalKind) throws {
@@ -333,8 +333,9 @@ import Testing
 
     /// A full disk (SQLite's max_page_count, or the in-memory journal's capacity) fails the commit with a
     /// typed error; the journal stays valid; once there is room, commits work and nothing of the failed
-    /// batch is there.
-    @Test(arguments: JournalKind.allCases)
+    /// batch is there. (A PostgreSQL server's disk cannot be filled from a test this cheaply; its commit's
+    /// all-or-nothing is PostgresJournalTests'.)
+    @Test(arguments: [JournalKind.sqlite, .memory])
     func aFullDiskFailsTheCommitCleanly(kind: JournalKind) throws {
         let fixture = try JournalFixture(kind)
         let journal = try fixture.open()

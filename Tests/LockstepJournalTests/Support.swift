@@ -3,6 +3,7 @@ import GRDB
 import Lockstep
 import LockstepExamples
 import LockstepJournal
+import LockstepTesting
 import TestSupport
 import Testing
 
@@ -12,29 +13,49 @@ import Glibc
 import Darwin
 #endif
 
-/// The two journals every behavioural test runs against.
+/// The three journals every behavioural test runs against.
 enum JournalKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
     case sqlite
     case memory
+    case postgres
 
     var testDescription: String { rawValue }
 }
 
-/// A journal of one kind in a fresh temporary directory, which it removes when dropped.
+/// One PostgreSQL server for the whole test run, started by the first test that needs it and stopped when the
+/// test process exits; each fixture has a database of its own on it.
+enum SharedPostgres {
+    static let server: Result<PostgresServer, any Error> = {
+        let result = Result { try PostgresServer.start() }
+        atexit { if case let .success(server) = SharedPostgres.server { server.stop() } }
+        return result
+    }()
+}
+
+/// A journal of one kind in a fresh temporary directory (for PostgreSQL, a fresh database), which it removes when
+/// dropped.
 final class JournalFixture {
     let kind: JournalKind
     let policy: JournalPolicy
     let directory: URL
     private var memory: InMemoryJournal?
+    /// The PostgreSQL database's connection string.
+    let connection: String?
 
     init(_ kind: JournalKind, policy: JournalPolicy = JournalPolicy()) throws {
         self.kind = kind
         self.policy = policy
         directory = try temporaryDirectory("journal-\(kind.rawValue)")
+        connection = kind == .postgres ? try SharedPostgres.server.get().createDatabase() : nil
     }
 
     deinit {
         try? FileManager.default.removeItem(at: directory)
+        if let connection, case let .success(server) = SharedPostgres.server,
+            let name = connection.split(separator: "=").last
+        {
+            try? server.dropDatabase(String(name))
+        }
     }
 
     /// The data directory (absent until a SQLite journal is first opened).
@@ -50,6 +71,17 @@ final class JournalFixture {
             let journal = memory?.reopened() ?? InMemoryJournal(policy: policy)
             memory = journal
             return journal
+        case .postgres:
+            return try PostgresJournal(connection: connection!, policy: policy)
+        }
+    }
+
+    /// Changes the journal's database behind its back: `sql` on SQLite's file or on the PostgreSQL database.
+    func tamper(_ sql: String) throws {
+        switch kind {
+        case .sqlite: try LockstepJournalTests.tamper(self) { try $0.execute(sql: sql) }
+        case .postgres: _ = try PostgresJournal.execute(sql, connection: connection!)
+        case .memory: Issue.record("an in-memory journal cannot be changed behind its back")
         }
     }
 }

@@ -28,10 +28,34 @@ import Testing
         #expect(try DaemonFlags.parse([]).configuration(environment: [:], domains: domains).domains == domains)
     }
 
+    /// `journal = "postgres"` with its connection string, from the file or the flags.
+    @Test func aPostgresJournalTakesItsConnectionStringFromTheFileOrTheFlag() throws {
+        let directory = try temporaryDirectory("flags-postgres")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let file = directory.appendingPathComponent("daemon.toml").path
+        try #"""
+        journal = "postgres"
+        postgres = "host=/run/postgresql dbname=lockstep"
+        """#.write(toFile: file, atomically: true, encoding: .utf8)
+        let fromFile = try DaemonFlags.parse(["--config", file]).configuration(environment: [:], domains: domains)
+        #expect(fromFile.journal == .postgres)
+        #expect(fromFile.postgresConnection == "host=/run/postgresql dbname=lockstep")
+        let fromFlags = try DaemonFlags.parse(["--journal", "postgres", "--postgres", "dbname=other"])
+            .configuration(environment: [:], domains: domains)
+        #expect(fromFlags.journal == .postgres)
+        #expect(fromFlags.postgresConnection == "dbname=other")
+    }
+
     @Test(
         arguments: [
             (["--durability", "sometimes"], "--durability: must be fsync or relaxed, got 'sometimes'"),
-            (["--journal", "paper"], "--journal: must be sqlite or memory, got 'paper'"),
+            (["--journal", "paper"], "--journal: must be sqlite, memory or postgres, got 'paper'"),
+            (["--journal", "postgres"], "postgres: journal is 'postgres' but no connection string is given"),
+            (["--postgres", "dbname=x"], "a PostgreSQL connection string is given, but the journal is 'sqlite'"),
+            (
+                ["--journal", "postgres", "--postgres", "dbname=x", "--durability", "relaxed"],
+                "'relaxed' is for the sqlite journal",
+            ),
             (["--domain", "cart"], "no domain named 'cart' is linked into this daemon; it has board, settings"),
             (["--config", "/nonexistent/daemon.toml"], "/nonexistent/daemon.toml: --config: cannot read the file"),
         ]

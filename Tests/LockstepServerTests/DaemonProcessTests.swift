@@ -213,6 +213,48 @@ struct ClientTimeout: Error {}
         #expect(daemon.stop() == 0)
     }
 
+    /// `--journal postgres`: what a daemon acknowledged is in the database, whichever folder the next daemon runs
+    /// in; a second daemon on the same database while the first runs stops with `in_use`.
+    @Test func aPostgresJournalKeepsWhatItAcknowledgedAndTakesOneDaemon() throws {
+        let server = try PostgresServer.start()
+        defer { server.stop() }
+        let connection = try server.createDatabase()
+        let first = try temporaryDirectory()
+        let second = try temporaryDirectory()
+        defer {
+            try? FileManager.default.removeItem(atPath: first)
+            try? FileManager.default.removeItem(atPath: second)
+        }
+        let context = try Context()
+        let arguments = ["--domain", "counter", "--journal", "postgres", "--postgres", connection]
+        var daemon = try DaemonProcess(directory: first, arguments: arguments)
+        let client = try Client(context, endpoint: daemon.command)
+        for number: UInt64 in 1...20 {
+            guard case .accepted = try client.dispatch("counter", [#"{"increment":{}}"#], number: number) else {
+                Issue.record("dispatch \(number) was not accepted; log:\n\(daemon.output)")
+                return
+            }
+        }
+        let rival = try DaemonProcess(directory: second, arguments: arguments)
+        #expect(rival.waitForExit(within: .seconds(20)) == 1)
+        #expect(rival.output.contains("in_use"), "\(rival.output)")
+        #expect(daemon.stop() == 0)
+
+        daemon = try DaemonProcess(directory: second, arguments: arguments)
+        let again = try Client(context, endpoint: daemon.command)
+        guard
+            case let .snapshot(_, snapshot) = try again.call(
+                Request.snapshot(requestID: 1, store: try StoreName("counter")).encode()
+            )
+        else {
+            Issue.record("expected SNAPSHOT; log:\n\(daemon.output)")
+            return
+        }
+        #expect(snapshot.seq == 20)
+        #expect(String(decoding: snapshot.state, as: UTF8.self) == #"{"count":20}"#)
+        #expect(daemon.stop() == 0)
+    }
+
     @Test func fourClientProcessesAndThreeSubscribersAgreeOnOneGapFreeSequence() throws {
         let directory = try temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }

@@ -74,7 +74,7 @@ import Testing
         )
         let bad = try runProduct("lockstepd", ["--journal", "paper"])
         #expect(bad.status == 78)
-        #expect(bad.standardError.contains("--journal: must be sqlite or memory, got 'paper'"))
+        #expect(bad.standardError.contains("--journal: must be sqlite, memory or postgres, got 'paper'"))
     }
 
     @Test func whatCanBeCheckedHereIsCheckedBeforeAnythingIsSent() throws {

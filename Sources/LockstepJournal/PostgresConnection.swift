@@ -1,0 +1,291 @@
+import CLibPQ
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// A value sent to PostgreSQL as a binary parameter, of the one type each column of the journal has.
+enum PostgresValue {
+    case int64(Int64)
+    case bytes([UInt8])
+    case text(String)
+
+    /// The parameter's type: `bigint`, `bytea` or `text`.
+    var oid: Oid {
+        switch self {
+        case .int64: 20
+        case .bytes: 17
+        case .text: 25
+        }
+    }
+
+    /// The binary wire form: 8 bytes big-endian for `bigint`, the bytes as they are for `bytea` and `text`.
+    func append(to buffer: inout [UInt8]) {
+        switch self {
+        case let .int64(number): withUnsafeBytes(of: number.bigEndian) { buffer += $0 }
+        case let .bytes(bytes): buffer += bytes
+        case let .text(text): buffer += text.utf8
+        }
+    }
+}
+
+/// What a failed libpq call said: the SQLSTATE (`nil` when libpq failed before the server answered) and the
+/// server's or libpq's message.
+struct PostgresFailure: Error {
+    var sqlState: String?
+    var message: String
+
+    /// SQLSTATE class 08 (connection exception) or 57P0x (the server is shutting down), or no SQLSTATE at all
+    /// on a connection libpq reports as broken: the server is gone, not the statement wrong.
+    var isConnectionLost: Bool
+}
+
+/// The rows of one statement's result, in binary format; freed when released.
+final class PostgresRows {
+    private let result: OpaquePointer
+
+    init(_ result: OpaquePointer) { self.result = result }
+    deinit { PQclear(result) }
+
+    var count: Int { Int(PQntuples(result)) }
+
+    func isNull(_ row: Int, _ column: Int) -> Bool { PQgetisnull(result, Int32(row), Int32(column)) == 1 }
+
+    /// The column's bytes (a `bytea` or `text` value as stored, a `bigint` as 8 bytes big-endian); `nil` for NULL.
+    func bytes(_ row: Int, _ column: Int) -> [UInt8]? {
+        guard !isNull(row, column) else { return nil }
+        let length = Int(PQgetlength(result, Int32(row), Int32(column)))
+        guard length > 0, let value = PQgetvalue(result, Int32(row), Int32(column)) else { return [] }
+        return value.withMemoryRebound(to: UInt8.self, capacity: length) {
+            Array(UnsafeBufferPointer(start: $0, count: length))
+        }
+    }
+
+    /// A `bigint` column; `nil` for NULL or a value that is not 8 bytes wide.
+    func int64(_ row: Int, _ column: Int) -> Int64? {
+        guard let bytes = bytes(row, column), bytes.count == 8 else { return nil }
+        return bytes.reduce(0) { $0 << 8 | Int64($1) }
+    }
+
+    /// A `text` column; `nil` for NULL.
+    func text(_ row: Int, _ column: Int) -> String? {
+        bytes(row, column).map { String(decoding: $0, as: UTF8.self) }
+    }
+
+    /// A `boolean` column: one byte.
+    func bool(_ row: Int, _ column: Int) -> Bool? {
+        bytes(row, column).flatMap { $0.count == 1 ? $0[0] != 0 : nil }
+    }
+}
+
+/// One libpq connection: the one place the journal calls libpq, and where every result is checked. A failure
+/// throws a ``PostgresFailure`` with the SQLSTATE and message, which ``PostgresStorage`` turns into a
+/// ``JournalError`` naming the operation.
+///
+/// Not thread-safe, as libpq's connections are not: `@unchecked Sendable` because each one is used by one thread
+/// at a time — the writer's under ``PostgresStorage``'s writer lock, a reader's while it is taken out of the pool.
+final class PostgresConnection: @unchecked Sendable {
+    private var handle: OpaquePointer?
+    /// Statements prepared on this session, by name; prepared again after a reset.
+    private var prepared: [String: (sql: String, types: [Oid])] = [:]
+
+    /// Connects with `conninfo` (key=value pairs or a `postgresql://` URI). A `connect_timeout` of 10 s and the
+    /// application name `lockstep` apply unless the string gives its own.
+    init(conninfo: String) throws(PostgresFailure) {
+        let keywords = ["connect_timeout", "fallback_application_name", "dbname"]
+        let values = ["10", "lockstep", conninfo]
+        // Entries before the expanded `dbname` are defaults the connection string may override.
+        handle = withCStrings(keywords) { keys in
+            withCStrings(values) { PQconnectdbParams(keys, $0, 1) }
+        }
+        guard let handle, PQstatus(handle) == CONNECTION_OK else {
+            let message = handle.map { Self.trimmed(PQerrorMessage($0)) } ?? "libpq could not allocate a connection"
+            close()
+            throw PostgresFailure(sqlState: nil, message: message, isConnectionLost: true)
+        }
+        // Notices (e.g. "relation already exists, skipping") would go to standard error.
+        PQsetNoticeProcessor(handle, { _, _ in }, nil)
+    }
+
+    deinit { close() }
+
+    /// Closes the connection (the server drops its session and any session lock); harmless twice.
+    func close() {
+        if let handle { PQfinish(handle) }
+        handle = nil
+    }
+
+    /// Whether libpq still considers the connection usable.
+    var isUsable: Bool { handle.map { PQstatus($0) == CONNECTION_OK } ?? false }
+
+    /// Whether a transaction is open (or failed and not yet rolled back) on the session.
+    var inTransaction: Bool {
+        guard let handle else { return false }
+        let status = PQtransactionStatus(handle)
+        return status == PQTRANS_INTRANS || status == PQTRANS_INERROR || status == PQTRANS_ACTIVE
+    }
+
+    /// The server process serving this session, for `pg_terminate_backend` in tests.
+    var backendPID: Int32 { handle.map { PQbackendPID($0) } ?? 0 }
+
+    /// Reconnects with the same parameters and prepares the session's statements again.
+    func reset() throws(PostgresFailure) {
+        guard let handle else {
+            throw PostgresFailure(sqlState: nil, message: "the connection was closed", isConnectionLost: true)
+        }
+        PQreset(handle)
+        guard PQstatus(handle) == CONNECTION_OK else {
+            throw PostgresFailure(sqlState: nil, message: Self.trimmed(PQerrorMessage(handle)), isConnectionLost: true)
+        }
+        for (name, statement) in prepared { try prepareOnServer(name, statement.sql, statement.types) }
+    }
+
+    /// Runs `sql` with `parameters` ($1, $2, …) and returns its rows (none for a command).
+    @discardableResult
+    func execute(_ sql: String, _ parameters: [PostgresValue] = []) throws(PostgresFailure) -> PostgresRows {
+        let handle = try liveHandle()
+        return try check(
+            withParameters(parameters) { types, values, lengths, formats in
+                PQexecParams(handle, sql, Int32(parameters.count), types, values, lengths, formats, 1)
+            }
+        )
+    }
+
+    /// Runs several statements without parameters in one call (the simple query protocol): a schema.
+    func executeScript(_ sql: String) throws(PostgresFailure) {
+        let handle = try liveHandle()
+        _ = try check(PQexec(handle, sql))
+    }
+
+    /// Prepares `sql` once as `name`, with parameters of the types `example` has.
+    func prepare(_ name: String, _ sql: String, _ example: [PostgresValue]) throws(PostgresFailure) {
+        let types = example.map(\.oid)
+        try prepareOnServer(name, sql, types)
+        prepared[name] = (sql, types)
+    }
+
+    /// Runs the statement prepared as `name`.
+    @discardableResult
+    func execute(prepared name: String, _ parameters: [PostgresValue]) throws(PostgresFailure) -> PostgresRows {
+        let handle = try liveHandle()
+        return try check(
+            withParameters(parameters) { _, values, lengths, formats in
+                PQexecPrepared(handle, name, Int32(parameters.count), values, lengths, formats, 1)
+            }
+        )
+    }
+
+    private func prepareOnServer(_ name: String, _ sql: String, _ types: [Oid]) throws(PostgresFailure) {
+        let handle = try liveHandle()
+        _ = try check(PQprepare(handle, name, sql, Int32(types.count), types))
+    }
+
+    private func liveHandle() throws(PostgresFailure) -> OpaquePointer {
+        guard let handle else {
+            throw PostgresFailure(sqlState: nil, message: "the connection was closed", isConnectionLost: true)
+        }
+        return handle
+    }
+
+    /// The result if the statement succeeded; else the failure, with its SQLSTATE and message.
+    private func check(_ result: OpaquePointer?) throws(PostgresFailure) -> PostgresRows {
+        guard let result else {
+            // Out of memory, or the connection is gone before a result could be made.
+            throw PostgresFailure(
+                sqlState: nil,
+                message: handle.map { Self.trimmed(PQerrorMessage($0)) } ?? "no connection",
+                isConnectionLost: !isUsable
+            )
+        }
+        let rows = PostgresRows(result)
+        let status = PQresultStatus(result)
+        guard status != PGRES_COMMAND_OK, status != PGRES_TUPLES_OK else { return rows }
+        let state = PQresultErrorField(result, Int32(UInt8(ascii: "C"))).map { String(cString: $0) }
+        var message = PQresultErrorField(result, Int32(UInt8(ascii: "M"))).map { String(cString: $0) }
+        if message == nil { message = Self.trimmed(PQresultErrorMessage(result)) }
+        if message?.isEmpty != false, let handle { message = Self.trimmed(PQerrorMessage(handle)) }
+        let lost =
+            state.map { $0.hasPrefix("08") || $0.hasPrefix("57P0") } ?? (handle.map { PQstatus($0) } != CONNECTION_OK)
+        throw PostgresFailure(sqlState: state, message: message ?? "unknown failure", isConnectionLost: lost)
+    }
+
+    /// libpq's parameter arrays for `parameters`, all binary, valid for the duration of `body`.
+    private func withParameters(
+        _ parameters: [PostgresValue],
+        _ body: (
+            UnsafePointer<Oid>?, UnsafePointer<UnsafePointer<CChar>?>?, UnsafePointer<Int32>?, UnsafePointer<Int32>?
+        ) -> OpaquePointer?
+    ) -> OpaquePointer? {
+        var buffer: [UInt8] = []
+        var offsets: [Int] = []
+        var lengths: [Int32] = []
+        for parameter in parameters {
+            offsets.append(buffer.count)
+            parameter.append(to: &buffer)
+            lengths.append(Int32(buffer.count - offsets.last!))
+        }
+        buffer.append(0)  // a non-null address for an empty last value: a null pointer would mean SQL NULL
+        let types = parameters.map(\.oid)
+        let formats = [Int32](repeating: 1, count: parameters.count)
+        return buffer.withUnsafeBufferPointer { bytes in
+            let base = UnsafeRawPointer(bytes.baseAddress!).assumingMemoryBound(to: CChar.self)
+            let values: [UnsafePointer<CChar>?] = offsets.map { base + $0 }
+            return body(types, values, lengths, formats)
+        }
+    }
+
+    private static func trimmed(_ text: UnsafePointer<CChar>?) -> String {
+        text.map { String(cString: $0) }?.trimmingTrailingWhitespace() ?? ""
+    }
+}
+
+/// The information in a connection string that is safe to print: host, port, database and user, never the
+/// password. `nil` when libpq cannot parse the string.
+func redactedConnectionString(_ conninfo: String) -> String? {
+    var error: UnsafeMutablePointer<CChar>?
+    guard let options = PQconninfoParse(conninfo, &error) else {
+        if let error { PQfreemem(error) }
+        return nil
+    }
+    defer { PQconninfoFree(options) }
+    var shown: [String: String] = [:]
+    var index = 0
+    while let keyword = options[index].keyword {
+        if let value = options[index].val {
+            shown[String(cString: keyword)] = String(cString: value)
+        }
+        index += 1
+    }
+    return ["host", "hostaddr", "port", "dbname", "user"].compactMap { key in
+        shown[key].map { "\(key)=\($0)" }
+    }.joined(separator: " ")
+}
+
+/// Whether a PostgreSQL server answers at `conninfo` (libpq's `PQping`): it accepts connections, whether or not
+/// this user may log in.
+func postgresAnswers(_ conninfo: String) -> Bool {
+    PQping(conninfo) == PQPING_OK
+}
+
+/// C strings for `strings`, with a terminating null pointer, valid for the duration of `body`.
+private func withCStrings<Result>(
+    _ strings: [String],
+    _ body: (UnsafePointer<UnsafePointer<CChar>?>) -> Result
+) -> Result {
+    let copies = strings.map { strdup($0) }
+    defer { for copy in copies { free(copy) } }
+    let pointers: [UnsafePointer<CChar>?] = copies.map { $0.map { UnsafePointer($0) } } + [nil]
+    return pointers.withUnsafeBufferPointer { body($0.baseAddress!) }
+}
+
+extension String {
+    fileprivate func trimmingTrailingWhitespace() -> String {
+        var text = Substring(self)
+        while let last = text.last, last.isWhitespace { text.removeLast() }
+        return String(text)
+    }
+}

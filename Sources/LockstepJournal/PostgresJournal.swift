@@ -1,0 +1,917 @@
+import Lockstep
+
+/// The journal in a PostgreSQL database, through libpq: the same records, rules and answers as ``SQLiteJournal``,
+/// kept by a server. A commit is one transaction with `synchronous_commit = on`, so it returns only once PostgreSQL
+/// has made it durable. Its schema and durability are described in docs/operations.md, "PostgreSQL journal".
+///
+/// One connection writes (commits are serialized by the journal) and holds a session advisory lock, so a second
+/// writer on the same database is refused with ``JournalError/Code/inUse``. Reads go through a small pool of
+/// read-only connections of their own, so range reads from other threads never wait for a commit.
+public final class PostgresJournal: EngineJournal {
+    /// The format this build writes and reads. A database of another format is refused when opened.
+    public static let formatVersion = 1
+
+    let engine: JournalEngine<PostgresStorage>
+    private var storage: PostgresStorage { engine.storage }
+
+    /// Connects to the database at `connection` and opens the journal in it, creating its tables in the first
+    /// schema of the session's `search_path` (normally `public`) when the database has none of them.
+    ///
+    /// - Parameters:
+    ///   - connection: A libpq connection string: `host=/run/postgresql dbname=lockstep` or
+    ///     `postgresql://lockstep@db.example/lockstep`. A password is better kept in `~/.pgpass` or `PGPASSFILE`
+    ///     than here; it is never shown in errors or ``Journal/location``.
+    ///   - policy: When snapshots are due and how much history is kept.
+    ///   - readOnly: Open for reading only (the CLI's `verify`, `dump`, `stats` and `state`): nothing is created,
+    ///     commits are refused, and a store not yet in the journal cannot be recovered.
+    /// - Throws: ``JournalError`` with ``JournalError/Code/unreachable`` when the server cannot be reached,
+    ///   ``JournalError/Code/inUse`` when another process writes to the database,
+    ///   ``JournalError/Code/formatVersionMismatch`` when the database holds a journal of another format,
+    ///   ``JournalError/Code/notAJournal`` when it holds tables of the same names that are no journal, and
+    ///   ``JournalError/Code/notFound`` when a read-only open finds no journal.
+    public init(
+        connection: String,
+        policy: JournalPolicy = JournalPolicy(),
+        readOnly: Bool = false
+    ) throws(JournalError) {
+        engine = JournalEngine(storage: try PostgresStorage(conninfo: connection, readOnly: readOnly), policy: policy)
+    }
+
+    /// Closes every connection; the server releases the writer's lock with its session. Later calls fail; closing
+    /// twice is harmless.
+    public func close() throws(JournalError) {
+        try storage.close()
+    }
+
+    /// A commit is durable when it returns (`synchronous_commit = on`): nothing to do.
+    public func sync() throws(JournalError) {}
+
+    /// The server process of the writer's session, for tests that end it with `pg_terminate_backend`.
+    package var writerBackendPID: Int32 { storage.writerBackendPID }
+
+    /// Runs `sql` on a connection of its own to `connection` and returns the first column of its rows as text:
+    /// for tests and `PostgresServer`, which must reach under the journal (create a database, damage a row).
+    package static func execute(_ sql: String, connection: String) throws(JournalError) -> [String?] {
+        let location = PostgresStorage.location(of: connection)
+        do {
+            let session = try PostgresConnection(conninfo: connection)
+            defer { session.close() }
+            let rows = try session.execute(sql)
+            return (0..<rows.count).map { rows.text($0, 0) }
+        } catch {
+            throw PostgresStorage.map(error, location: location, operation: "execute")
+        }
+    }
+
+    /// Whether a PostgreSQL server accepts connections at `connection` (libpq's `PQping`).
+    package static func serverAnswers(_ connection: String) -> Bool {
+        postgresAnswers(connection)
+    }
+}
+
+/// The PostgreSQL tables behind ``PostgresJournal``. Integers are `bigint`: a `UInt64` (epoch, request number) is
+/// kept as its `Int64` bit pattern, as ``SQLiteStorage`` does; binary values are `bytea`. Every statement sends
+/// and receives binary values.
+final class PostgresStorage: JournalStorage {
+    let location: String
+    let isReadOnly: Bool
+    let formatVersion: Int
+    private let conninfo: String
+    /// `nil` when read-only. Held for the whole of a write, so statements of two commits never interleave.
+    private let writer: LockedValue<PostgresConnection>?
+    /// Idle read-only connections; a read takes one (or opens one) and gives it back.
+    private let readers = LockedValue<[PostgresConnection]>([])
+    private let closed = LockedValue(false)
+    /// More idle readers than this are closed when given back: the daemon reads from a few threads at most.
+    private static let idleReadersKept = 4
+
+    /// The session advisory lock the writer holds: "LKSP".
+    static let writerLockKey: Int64 = 0x4C4B_5350
+
+    static let tableNames = ["journal_format", "stores", "events", "snapshots", "idempotency", "store_versions"]
+
+    static let schema = """
+        CREATE TABLE journal_format (
+            version bigint NOT NULL
+        );
+        CREATE TABLE stores (
+            name text PRIMARY KEY,
+            domain_version bigint NOT NULL,
+            epoch bigint NOT NULL
+        );
+        CREATE TABLE events (
+            store text NOT NULL REFERENCES stores (name),
+            seq bigint NOT NULL,
+            action bytea NOT NULL,
+            client_id bytea NOT NULL,
+            request_number bigint NOT NULL,
+            checksum bigint NOT NULL,
+            PRIMARY KEY (store, seq)
+        );
+        CREATE TABLE snapshots (
+            store text NOT NULL REFERENCES stores (name),
+            seq bigint NOT NULL,
+            state bytea NOT NULL,
+            digest bytea NOT NULL,
+            PRIMARY KEY (store, seq)
+        );
+        CREATE TABLE idempotency (
+            position bigint PRIMARY KEY,
+            client_id bytea NOT NULL,
+            request_number bigint NOT NULL,
+            fingerprint bytea NOT NULL,
+            reply bytea NOT NULL,
+            UNIQUE (request_number, client_id)
+        );
+        CREATE TABLE store_versions (
+            store text NOT NULL REFERENCES stores (name),
+            version bigint NOT NULL,
+            since_seq bigint NOT NULL,
+            PRIMARY KEY (store, version)
+        );
+        """
+
+    /// The statements of the commit path, prepared once per writer session.
+    enum Statement {
+        static let insertEvent = (
+            "insert_event",
+            """
+            INSERT INTO events (store, seq, action, client_id, request_number, checksum)
+            VALUES ($1, $2, $3, $4, $5, $6)
+            """
+        )
+        /// Positions are max + 1, never a sequence: a sequence skips the numbers of rolled-back transactions, and
+        /// the trim below keeps exactly the newest N only while positions are contiguous. One writer, so no race.
+        static let upsertIdempotency = (
+            "upsert_idempotency",
+            """
+            INSERT INTO idempotency (position, client_id, request_number, fingerprint, reply)
+            SELECT coalesce(max(position), 0) + 1, $1, $2, $3, $4 FROM idempotency
+            ON CONFLICT (request_number, client_id)
+            DO UPDATE SET fingerprint = excluded.fingerprint, reply = excluded.reply
+            """
+        )
+        static let trimIdempotency = (
+            "trim_idempotency",
+            "DELETE FROM idempotency WHERE position <= (SELECT max(position) FROM idempotency) - $1"
+        )
+        static let insertSnapshot = (
+            "insert_snapshot", "INSERT INTO snapshots (store, seq, state, digest) VALUES ($1, $2, $3, $4)"
+        )
+        static let compactSnapshots = ("compact_snapshots", "DELETE FROM snapshots WHERE store = $1 AND seq < $2")
+        static let compactEvents = ("compact_events", "DELETE FROM events WHERE store = $1 AND seq <= $2")
+    }
+
+    /// `postgres host=… port=… dbname=… user=…`: where the journal is, without the password.
+    static func location(of conninfo: String) -> String {
+        "postgres " + (redactedConnectionString(conninfo) ?? "(a connection string libpq cannot parse)")
+    }
+
+    init(conninfo: String, readOnly: Bool) throws(JournalError) {
+        let location = Self.location(of: conninfo)
+        self.location = location
+        self.conninfo = conninfo
+        isReadOnly = readOnly
+        let fail = { (code: JournalError.Code, message: String) in
+            JournalError(code: code, file: location, operation: "open", message: message)
+        }
+        guard redactedConnectionString(conninfo) != nil else {
+            throw fail(
+                .invalidArgument,
+                "the PostgreSQL connection string cannot be parsed; give key=value pairs "
+                    + "('host=/run/postgresql dbname=lockstep') or a postgresql:// URI"
+            )
+        }
+        let session: PostgresConnection
+        do {
+            session = try Self.connect(conninfo, writer: !readOnly, location: location)
+        } catch {
+            throw Self.map(error, location: location, operation: "open")
+        }
+        var found: Int?
+        do {
+            if !readOnly { try Self.takeWriterLock(session, location: location) }
+            try session.execute("BEGIN")
+            let names = try session.execute(
+                """
+                SELECT table_name::text FROM information_schema.tables
+                WHERE table_schema = current_schema() AND table_name::text = ANY (string_to_array($1, ','))
+                """,
+                [.text(Self.tableNames.joined(separator: ","))]
+            )
+            let tables = Set((0..<names.count).compactMap { names.text($0, 0) })
+            if tables.contains("journal_format") {
+                let rows = try session.execute("SELECT version FROM journal_format")
+                found = rows.count == 1 ? rows.int64(0, 0).map(Int.init) : -1
+            } else if tables.isEmpty, !readOnly {
+                try session.executeScript(Self.schema)
+                try session.execute(
+                    "INSERT INTO journal_format (version) VALUES ($1)",
+                    [.int64(Int64(PostgresJournal.formatVersion))]
+                )
+                found = PostgresJournal.formatVersion
+            } else if tables.isEmpty {
+                let schema = try session.execute("SELECT coalesce(current_schema(), '(none)')").text(0, 0) ?? "?"
+                throw fail(
+                    .notFound,
+                    "the database has no Lockstep journal (no journal_format table in schema \(schema)); check the "
+                        + "connection string, or start the daemon on it once to create the journal"
+                )
+            } else {
+                throw fail(
+                    .notAJournal,
+                    "the database has tables named like the journal's (\(tables.sorted().joined(separator: ", "))) "
+                        + "but no journal_format table: it is not a Lockstep journal; give the journal a database "
+                        + "(or a schema, by search_path) of its own"
+                )
+            }
+            try session.execute("COMMIT")
+        } catch let error as JournalError {
+            session.close()
+            throw error
+        } catch {
+            session.close()
+            throw Self.map(error, location: location, operation: "open")
+        }
+        guard found == PostgresJournal.formatVersion else {
+            session.close()
+            throw fail(
+                .formatVersionMismatch,
+                "the journal has format version \(found.map(String.init) ?? "?"), but this build reads format "
+                    + "version \(PostgresJournal.formatVersion); run the Lockstep release that wrote it, or give the "
+                    + "daemon another database to start afresh"
+            )
+        }
+        formatVersion = PostgresJournal.formatVersion
+        if readOnly {
+            writer = nil
+            readers.withLockedValue { $0.append(session) }
+        } else {
+            do {
+                try Self.prepareCommitStatements(session)
+            } catch {
+                session.close()
+                throw Self.map(error, location: location, operation: "open")
+            }
+            writer = LockedValue(session)
+        }
+    }
+
+    /// A session set up for its role: the writer commits synchronously (checked, not assumed); readers are
+    /// read-only, so a mistake in a read can never write.
+    private static func connect(
+        _ conninfo: String,
+        writer: Bool,
+        location: String
+    ) throws(PostgresFailure) -> PostgresConnection {
+        let session = try PostgresConnection(conninfo: conninfo)
+        if writer {
+            try session.execute("SET synchronous_commit = on")
+            let setting = try session.execute("SHOW synchronous_commit").text(0, 0)
+            guard setting == "on" else {
+                throw PostgresFailure(
+                    sqlState: nil,
+                    message: "synchronous_commit is '\(setting ?? "?")' after SET synchronous_commit = on",
+                    isConnectionLost: false
+                )
+            }
+        } else {
+            try session.execute("SET default_transaction_read_only = on")
+        }
+        return session
+    }
+
+    /// Takes the writer's session advisory lock, or throws ``JournalError/Code/inUse`` naming the holder.
+    private static func takeWriterLock(_ session: PostgresConnection, location: String) throws(JournalError) {
+        do {
+            // Tried for up to a second: the session of a writer that just went away (closed without unlocking, or
+            // killed) may still be ending on the server.
+            let deadline = ContinuousClock.now + .seconds(1)
+            while true {
+                let taken = try session.execute("SELECT pg_try_advisory_lock($1)", [.int64(writerLockKey)]).bool(0, 0)
+                if taken == true { return }
+                guard ContinuousClock.now < deadline else { break }
+                try session.execute("SELECT pg_sleep(0.01)")
+            }
+            let holder = try session.execute(
+                """
+                SELECT a.pid::text || coalesce(' (' || nullif(a.application_name, '') || ')', '')
+                    || coalesce(' from ' || host(a.client_addr), '')
+                FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+                WHERE l.locktype = 'advisory' AND l.granted AND l.database = (
+                    SELECT oid FROM pg_database WHERE datname = current_database()
+                ) AND l.classid = 0 AND l.objid::bigint = $1 AND l.objsubid = 1
+                """,
+                [.int64(writerLockKey)]
+            )
+            let who = holder.count > 0 ? holder.text(0, 0).map { "server process \($0)" } : nil
+            session.close()
+            throw JournalError(
+                code: .inUse,
+                file: location,
+                operation: "open",
+                message: "another process has this journal open for writing (\(who ?? "a session") holds its "
+                    + "advisory lock \(writerLockKey)): one daemon per journal database; stop the other one, or open "
+                    + "the journal read-only (journal verify, dump, stats and state do)"
+            )
+        } catch let error as JournalError {
+            throw error
+        } catch {
+            throw map(error, location: location, operation: "open")
+        }
+    }
+
+    private static func prepareCommitStatements(_ session: PostgresConnection) throws(PostgresFailure) {
+        let store = PostgresValue.text("")
+        let number = PostgresValue.int64(0)
+        let bytes = PostgresValue.bytes([])
+        try session.prepare(
+            Statement.insertEvent.0,
+            Statement.insertEvent.1,
+            [store, number, bytes, bytes, number, number]
+        )
+        try session.prepare(
+            Statement.upsertIdempotency.0,
+            Statement.upsertIdempotency.1,
+            [bytes, number, bytes, bytes]
+        )
+        try session.prepare(Statement.trimIdempotency.0, Statement.trimIdempotency.1, [number])
+        try session.prepare(Statement.insertSnapshot.0, Statement.insertSnapshot.1, [store, number, bytes, bytes])
+        try session.prepare(Statement.compactSnapshots.0, Statement.compactSnapshots.1, [store, number])
+        try session.prepare(Statement.compactEvents.0, Statement.compactEvents.1, [store, number])
+    }
+
+    var writerBackendPID: Int32 { writer?.withLockedValue { $0.backendPID } ?? 0 }
+
+    func close() throws(JournalError) {
+        closed.withLockedValue { $0 = true }
+        writer?.withLockedValue { session in
+            // Unlocked before the session ends, so the next writer finds the lock free as soon as this returns:
+            // a closed session releases it only once the server has ended it, a moment later.
+            if session.isUsable {
+                _ = try? session.execute("SELECT pg_advisory_unlock($1)", [.int64(Self.writerLockKey)])
+            }
+            session.close()
+        }
+        let idle = readers.withLockedValue { readers in
+            defer { readers = [] }
+            return readers
+        }
+        for reader in idle { reader.close() }
+    }
+
+    // MARK: Errors
+
+    static func map(_ error: any Error, location: String, operation: String, store: String? = nil) -> JournalError {
+        if let error = error as? JournalError { return error }
+        guard let failure = error as? PostgresFailure else {
+            return JournalError(
+                code: .postgres,
+                file: location,
+                operation: operation,
+                store: store,
+                message: "\(error)"
+            )
+        }
+        let code: JournalError.Code
+        let advice: String
+        switch failure.sqlState {
+        case _ where failure.isConnectionLost:
+            code = .unreachable
+            advice =
+                operation == "open"
+                ? "could not connect to PostgreSQL at '\(location.dropFirst("postgres ".count))'; is the server "
+                    + "running, and does the connection string name it and a database this user may use?"
+                : "the connection to PostgreSQL was lost; nothing of the operation was kept unless PostgreSQL had "
+                    + "committed it — the journal reconnects at its next call; check the server"
+        case "53100":
+            code = .storageFull
+            advice =
+                "the PostgreSQL server's disk is full; free space on it, then retry — nothing of the failed "
+                + "operation was kept"
+        case "25006", "42501":
+            code = .readOnly
+            advice =
+                "PostgreSQL refused the write (a read-only transaction or server, or a role without the "
+                + "privilege); check the role's grants and that the server is a primary"
+        case "XX001", "XX002":
+            code = .corrupt
+            advice = "PostgreSQL found its data damaged; restore the database from a backup"
+        case let state? where state.hasPrefix("58"):
+            code = .ioError
+            advice = "the PostgreSQL server reported an I/O error; check its disk and its log"
+        default:
+            code = .postgres
+            advice = "PostgreSQL refused the statement"
+        }
+        return JournalError(
+            code: code,
+            file: location,
+            operation: operation,
+            store: store,
+            postgresState: failure.sqlState,
+            postgresMessage: failure.message,
+            message: advice
+        )
+    }
+
+    private func corrupt(_ operation: String, store: String?, _ message: String) -> JournalError {
+        JournalError(code: .corrupt, file: location, operation: operation, store: store, message: message)
+    }
+
+    // MARK: Connections
+
+    /// Runs `body` on the writer's session, reconnecting first when the last call lost it.
+    private func withWriter(
+        _ operation: String,
+        store: String? = nil,
+        _ body: (PostgresConnection) throws -> Void
+    ) throws(JournalError) {
+        guard let writer, !closed.withLockedValue({ $0 }) else {
+            throw JournalError(
+                code: closed.withLockedValue { $0 } ? .invalidArgument : .readOnly,
+                file: location,
+                operation: operation,
+                message: writer == nil ? "the journal is open read-only" : "the journal is closed"
+            )
+        }
+        let location = location
+        do {
+            try writer.withLockedValue { (session: inout PostgresConnection) throws in
+                if !session.isUsable {
+                    try session.reset()
+                    try session.execute("SET synchronous_commit = on")
+                    // The lock went with the old session: another writer may have taken the database meanwhile.
+                    try Self.takeWriterLock(session, location: location)
+                }
+                try body(session)
+            }
+        } catch {
+            throw Self.map(error, location: location, operation: operation, store: store)
+        }
+    }
+
+    /// Runs `body` on a read-only connection taken from the pool (or a new one), and gives it back unless it broke.
+    private func withReader<T>(
+        _ operation: String,
+        store: String? = nil,
+        _ body: (PostgresConnection) throws -> T
+    ) throws(JournalError) -> T {
+        guard !closed.withLockedValue({ $0 }) else {
+            throw JournalError(
+                code: .invalidArgument,
+                file: location,
+                operation: operation,
+                message: "the journal is closed"
+            )
+        }
+        let idle = readers.withLockedValue { $0.popLast() }
+        let session: PostgresConnection
+        do {
+            session = try idle ?? Self.connect(conninfo, writer: false, location: location)
+        } catch {
+            throw Self.map(error, location: location, operation: operation, store: store)
+        }
+        do {
+            let result = try body(session)
+            giveBack(session)
+            return result
+        } catch {
+            if session.inTransaction { _ = try? session.execute("ROLLBACK") }
+            giveBack(session)
+            throw Self.map(error, location: location, operation: operation, store: store)
+        }
+    }
+
+    private func giveBack(_ session: PostgresConnection) {
+        guard session.isUsable, !session.inTransaction, !closed.withLockedValue({ $0 }) else { return session.close() }
+        let kept = readers.withLockedValue { readers -> Bool in
+            guard readers.count < Self.idleReadersKept else { return false }
+            readers.append(session)
+            return true
+        }
+        if !kept { session.close() }
+    }
+
+    /// `body` in one read-only transaction that sees one snapshot of the database throughout (REPEATABLE READ), so
+    /// that a compaction committed meanwhile cannot slip between two of its statements.
+    private func withSnapshot<T>(
+        _ operation: String,
+        store: String? = nil,
+        _ body: (PostgresConnection) throws -> T
+    ) throws(JournalError) -> T {
+        try withReader(operation, store: store) { session in
+            try session.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            let result = try body(session)
+            try session.execute("COMMIT")
+            return result
+        }
+    }
+
+    // MARK: Values
+
+    private func int64(
+        _ rows: PostgresRows,
+        _ row: Int,
+        _ column: Int,
+        _ operation: String,
+        _ store: String?
+    ) throws(JournalError) -> Int64 {
+        guard let value = rows.int64(row, column) else {
+            throw corrupt(operation, store: store, "column \(column) is NULL or not a bigint")
+        }
+        return value
+    }
+
+    private func bytes(
+        _ rows: PostgresRows,
+        _ row: Int,
+        _ column: Int,
+        _ operation: String,
+        _ store: String?
+    ) throws(JournalError) -> [UInt8] {
+        guard let value = rows.bytes(row, column) else {
+            throw corrupt(operation, store: store, "column \(column) is NULL where bytes belong")
+        }
+        return value
+    }
+
+    private func seq(_ number: Int64, _ operation: String, _ store: String?) throws(JournalError) -> UInt64 {
+        guard number >= 0 else { throw corrupt(operation, store: store, "a seq is negative (\(number))") }
+        return UInt64(number)
+    }
+
+    /// A seq bound for a query: seqs are below 2⁶³.
+    private static func bound(_ seq: UInt64) -> PostgresValue { .int64(Int64(min(seq, UInt64(Int64.max)))) }
+
+    // MARK: Stores
+
+    private func records(_ rows: PostgresRows, _ operation: String) throws(JournalError) -> [StoreRecord] {
+        var records: [StoreRecord] = []
+        for row in 0..<rows.count {
+            guard let name = rows.text(row, 0) else { throw corrupt(operation, store: nil, "a store name is NULL") }
+            let version = try int64(rows, row, 1, operation, name)
+            guard let domainVersion = UInt32(exactly: version) else {
+                throw corrupt(operation, store: name, "the domain version \(version) is out of range")
+            }
+            let epoch = UInt64(bitPattern: try int64(rows, row, 2, operation, name))
+            records.append(StoreRecord(name: name, domainVersion: domainVersion, epoch: epoch))
+        }
+        return records
+    }
+
+    func storeRecord(named name: String) throws(JournalError) -> StoreRecord? {
+        let rows = try withReader("recover", store: name) {
+            try $0.execute("SELECT name, domain_version, epoch FROM stores WHERE name = $1", [.text(name)])
+        }
+        return try records(rows, "recover").first
+    }
+
+    func storeRecords() throws(JournalError) -> [StoreRecord] {
+        let rows = try withReader("read stores") {
+            try $0.execute("SELECT name, domain_version, epoch FROM stores ORDER BY name")
+        }
+        return try records(rows, "read stores")
+    }
+
+    func register(_ record: StoreRecord) throws(JournalError) {
+        try withWriter("register store", store: record.name) { session in
+            try transaction(session) {
+                try session.execute(
+                    "INSERT INTO stores (name, domain_version, epoch) VALUES ($1, $2, $3)",
+                    [.text(record.name), .int64(Int64(record.domainVersion)), .int64(Int64(bitPattern: record.epoch))]
+                )
+                try session.execute(
+                    "INSERT INTO store_versions (store, version, since_seq) VALUES ($1, $2, 0)",
+                    [.text(record.name), .int64(Int64(record.domainVersion))]
+                )
+            }
+        }
+    }
+
+    func versionHistory(store: String) throws(JournalError) -> [JournalDomainVersion] {
+        let operation = "read versions"
+        let rows = try withReader(operation, store: store) {
+            try $0.execute(
+                "SELECT version, since_seq FROM store_versions WHERE store = $1 ORDER BY version",
+                [.text(store)]
+            )
+        }
+        var versions: [JournalDomainVersion] = []
+        for row in 0..<rows.count {
+            let version = try int64(rows, row, 0, operation, store)
+            let since = try int64(rows, row, 1, operation, store)
+            guard let version = UInt32(exactly: version), let since = UInt64(exactly: since) else {
+                throw corrupt(operation, store: store, "a version row (\(version), \(since)) is out of range")
+            }
+            versions.append(JournalDomainVersion(store: store, version: version, sinceSeq: since))
+        }
+        return versions
+    }
+
+    // MARK: Snapshots and events
+
+    func snapshotSeqs(store: String) throws(JournalError) -> [UInt64] {
+        let operation = "read snapshots"
+        let rows = try withReader(operation, store: store) {
+            try $0.execute("SELECT seq FROM snapshots WHERE store = $1 ORDER BY seq", [.text(store)])
+        }
+        var seqs: [UInt64] = []
+        for row in 0..<rows.count { seqs.append(try seq(try int64(rows, row, 0, operation, store), operation, store)) }
+        return seqs
+    }
+
+    func snapshot(store: String, seq snapshotSeq: UInt64) throws(JournalError) -> JournalSnapshot? {
+        let operation = "read snapshot"
+        let rows = try withReader(operation, store: store) {
+            try $0.execute(
+                "SELECT state, digest FROM snapshots WHERE store = $1 AND seq = $2",
+                [.text(store), Self.bound(snapshotSeq)]
+            )
+        }
+        guard rows.count > 0 else { return nil }
+        let digestBytes = try bytes(rows, 0, 1, operation, store)
+        guard let digest = StateDigest(bytes: digestBytes) else {
+            throw JournalError(
+                code: .digestMismatch,
+                file: location,
+                operation: operation,
+                store: store,
+                seq: snapshotSeq,
+                message: "the stored digest has \(digestBytes.count) bytes, not 32; the snapshot is damaged"
+            )
+        }
+        let state = try bytes(rows, 0, 0, operation, store)
+        return JournalSnapshot(store: store, seq: snapshotSeq, state: state, digest: digest)
+    }
+
+    private static let eventColumns = "SELECT seq, action, client_id, request_number, checksum FROM events"
+
+    private func event(
+        _ rows: PostgresRows,
+        _ row: Int,
+        store: String,
+        _ operation: String
+    ) throws(JournalError)
+        -> StoredEvent
+    {
+        StoredEvent(
+            event: JournalEvent(
+                store: store,
+                seq: try seq(try int64(rows, row, 0, operation, store), operation, store),
+                action: try bytes(rows, row, 1, operation, store),
+                clientID: try bytes(rows, row, 2, operation, store),
+                requestNumber: UInt64(bitPattern: try int64(rows, row, 3, operation, store))
+            ),
+            storedChecksum: try int64(rows, row, 4, operation, store)
+        )
+    }
+
+    /// Rows are fetched a page at a time by seq (keyset paging on the primary key) in one snapshot, so a long
+    /// history is never held in memory at once.
+    func forEachEvent(
+        store: String,
+        from: UInt64,
+        through: UInt64,
+        _ body: (StoredEvent) throws(JournalError) -> Void
+    ) throws(JournalError) {
+        let operation = "read events"
+        let page = 1_000
+        try withSnapshot(operation, store: store) { session in
+            var next = from
+            while next <= min(through, UInt64(Int64.max)) {
+                let rows = try session.execute(
+                    Self.eventColumns + " WHERE store = $1 AND seq >= $2 AND seq <= $3 ORDER BY seq LIMIT $4",
+                    [.text(store), Self.bound(next), Self.bound(through), .int64(Int64(page))]
+                )
+                for row in 0..<rows.count {
+                    let stored = try event(rows, row, store: store, operation)
+                    try body(stored)
+                    next = stored.event.seq + 1
+                }
+                if rows.count < page { break }
+            }
+        }
+    }
+
+    func eventSummary(store: String) throws(JournalError) -> (first: UInt64, last: UInt64, count: Int)? {
+        let operation = "read events"
+        let rows = try withReader(operation, store: store) {
+            try $0.execute("SELECT min(seq), max(seq), count(*) FROM events WHERE store = $1", [.text(store)])
+        }
+        guard let first = rows.int64(0, 0), let last = rows.int64(0, 1) else { return nil }
+        return (
+            try seq(first, operation, store), try seq(last, operation, store),
+            Int(try int64(rows, 0, 2, operation, store))
+        )
+    }
+
+    func readRange(
+        store: String,
+        from: UInt64,
+        to: UInt64,
+        limit: Int,
+        maximumBytes: Int
+    ) throws(JournalError) -> StoredRange {
+        let operation = "range"
+        // One snapshot, so a compaction cannot slip between the bounds and the events; pages of 64 rows, so a
+        // reply of large actions stops at the byte budget instead of reading all of them.
+        return try withSnapshot(operation, store: store) { session in
+            let bounds = try session.execute(
+                """
+                SELECT (SELECT min(seq) FROM events WHERE store = $1), (SELECT max(seq) FROM events WHERE store = $1),
+                       (SELECT max(seq) FROM snapshots WHERE store = $1)
+                """,
+                [.text(store)]
+            )
+            var events: [StoredEvent] = []
+            var budget = ByteBudget(maximumBytes)
+            var next = from
+            reading: while events.count < limit, next <= to {
+                let page = min(64, limit - events.count)
+                let rows = try session.execute(
+                    Self.eventColumns + " WHERE store = $1 AND seq >= $2 AND seq <= $3 ORDER BY seq LIMIT $4",
+                    [.text(store), Self.bound(next), Self.bound(to), .int64(Int64(page))]
+                )
+                for row in 0..<rows.count {
+                    let stored = try event(rows, row, store: store, operation)
+                    guard budget.admit(stored.event.action.count) else { break reading }
+                    events.append(stored)
+                    next = stored.event.seq + 1
+                }
+                if rows.count < page { break }
+            }
+            let snapshotSeq = UInt64(max(bounds.int64(0, 2) ?? 0, 0))
+            let first = bounds.int64(0, 0).map { UInt64(max($0, 0)) } ?? snapshotSeq + 1
+            let last = max(UInt64(max(bounds.int64(0, 1) ?? 0, 0)), snapshotSeq)
+            return StoredRange(firstAvailable: first, lastSeq: last, events: events, stoppedAtBytes: budget.exhausted)
+        }
+    }
+
+    // MARK: Commit
+
+    /// `body` between BEGIN and COMMIT; rolled back when it throws.
+    private func transaction(_ session: PostgresConnection, _ body: () throws -> Void) throws {
+        try session.execute("BEGIN")
+        do {
+            try body()
+            try session.execute("COMMIT")
+        } catch {
+            if session.inTransaction { _ = try? session.execute("ROLLBACK") }
+            throw error
+        }
+    }
+
+    /// One transaction for the whole plan, committed with `synchronous_commit = on`: when this returns, PostgreSQL
+    /// has made it durable (its WAL flushed). The hot statements are prepared once per session.
+    func write(_ plan: CommitPlan) throws(JournalError) {
+        var committing = false
+        do {
+            try withWriter("commit") { session in
+                // A leader's fence (step 2 of issue #21) goes here: the first statement of the transaction.
+                try session.execute("BEGIN")
+                do {
+                    try write(plan, on: session)
+                    committing = true
+                    try session.execute("COMMIT")
+                } catch {
+                    if session.inTransaction { _ = try? session.execute("ROLLBACK") }
+                    throw error
+                }
+            }
+        } catch let error where committing && error.code == .unreachable {
+            var unknown = error
+            unknown.message =
+                "the connection to PostgreSQL was lost while it committed the batch, so whether the "
+                + "batch was kept is not known: recover the stores again before going on (the daemon does)"
+            throw unknown
+        }
+    }
+
+    private func write(_ plan: CommitPlan, on session: PostgresConnection) throws {
+        for event in plan.batch.events {
+            try session.execute(
+                prepared: Statement.insertEvent.0,
+                [
+                    .text(event.store), .int64(Int64(event.seq)), .bytes(event.action), .bytes(event.clientID),
+                    .int64(Int64(bitPattern: event.requestNumber)), .int64(Int64(event.checksum)),
+                ]
+            )
+        }
+        for snapshot in plan.batch.snapshots {
+            let values: [PostgresValue] = [
+                .text(snapshot.store), .int64(Int64(snapshot.seq)), .bytes(snapshot.state),
+                .bytes(snapshot.digest.bytes),
+            ]
+            if plan.upgrades.isEmpty {
+                try session.execute(prepared: Statement.insertSnapshot.0, values)
+            } else {
+                // Only an upgrade replaces a snapshot: the older version's at the same seq. Any other must be new,
+                // and the primary key says so if it is not.
+                try session.execute(
+                    Statement.insertSnapshot.1
+                        + " ON CONFLICT (store, seq) DO UPDATE SET state = excluded.state, digest = excluded.digest",
+                    values
+                )
+            }
+        }
+        for compaction in plan.compactions {
+            let values: [PostgresValue] = [.text(compaction.store), .int64(Int64(compaction.throughSeq))]
+            try session.execute(prepared: Statement.compactSnapshots.0, values)
+            try session.execute(prepared: Statement.compactEvents.0, values)
+        }
+        for upgrade in plan.upgrades {
+            try session.execute(
+                "UPDATE stores SET domain_version = $1 WHERE name = $2",
+                [.int64(Int64(upgrade.version)), .text(upgrade.store)]
+            )
+            try session.execute(
+                "INSERT INTO store_versions (store, version, since_seq) VALUES ($1, $2, $3)",
+                [.text(upgrade.store), .int64(Int64(upgrade.version)), .int64(Int64(upgrade.sinceSeq))]
+            )
+        }
+        guard !plan.batch.idempotency.isEmpty else { return }
+        for record in plan.batch.idempotency {
+            try session.execute(
+                prepared: Statement.upsertIdempotency.0,
+                [
+                    .bytes(record.key.clientID), .int64(Int64(bitPattern: record.key.requestNumber)),
+                    .bytes(record.fingerprint), .bytes(record.reply),
+                ]
+            )
+        }
+        try session.execute(prepared: Statement.trimIdempotency.0, [.int64(Int64(plan.idempotencyKept))])
+    }
+
+    // MARK: Idempotency
+
+    private func idempotency(
+        _ rows: PostgresRows,
+        _ row: Int,
+        _ operation: String
+    ) throws(JournalError)
+        -> IdempotencyRecord
+    {
+        IdempotencyRecord(
+            key: IdempotencyKey(
+                clientID: try bytes(rows, row, 0, operation, nil),
+                requestNumber: UInt64(bitPattern: try int64(rows, row, 1, operation, nil))
+            ),
+            fingerprint: try bytes(rows, row, 2, operation, nil),
+            reply: try bytes(rows, row, 3, operation, nil)
+        )
+    }
+
+    func idempotencyRecord(for key: IdempotencyKey) throws(JournalError) -> IdempotencyRecord? {
+        let operation = "read idempotency"
+        let rows = try withReader(operation) {
+            try $0.execute(
+                """
+                SELECT client_id, request_number, fingerprint, reply FROM idempotency
+                WHERE client_id = $1 AND request_number = $2
+                """,
+                [.bytes(key.clientID), .int64(Int64(bitPattern: key.requestNumber))]
+            )
+        }
+        guard rows.count > 0 else { return nil }
+        return try idempotency(rows, 0, operation)
+    }
+
+    func forEachIdempotencyRecord(
+        _ body: (IdempotencyRecord) throws(JournalError) -> Void
+    ) throws(JournalError) {
+        let operation = "read idempotency"
+        let page = 1_000
+        try withSnapshot(operation) { session in
+            var after = Int64.min
+            while true {
+                let rows = try session.execute(
+                    """
+                    SELECT client_id, request_number, fingerprint, reply, position FROM idempotency
+                    WHERE position > $1 ORDER BY position LIMIT $2
+                    """,
+                    [.int64(after), .int64(Int64(page))]
+                )
+                for row in 0..<rows.count {
+                    try body(try idempotency(rows, row, operation))
+                    after = try int64(rows, row, 4, operation, nil)
+                }
+                if rows.count < page { break }
+            }
+        }
+    }
+
+    func idempotencyCount() throws(JournalError) -> Int {
+        let rows = try withReader("read idempotency") { try $0.execute("SELECT count(*) FROM idempotency") }
+        return Int(try int64(rows, 0, 0, "read idempotency", nil))
+    }
+
+    /// The database's size on the server's disk.
+    func fileBytes() -> Int64? {
+        try? withReader("stats") { try $0.execute("SELECT pg_database_size(current_database())").int64(0, 0) }
+    }
+
+    /// PostgreSQL checks its own pages (and data checksums when the cluster has them on); the journal's checks
+    /// are the engine's.
+    func integrityProblems() throws(JournalError) -> [String] { [] }
+}

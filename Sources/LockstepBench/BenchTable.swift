@@ -46,7 +46,12 @@ package struct BenchTable {
                     "\(count(p2.actionsPerS))/s  p50 \(p2.p50Us)  p99 \(p2.p99Us)",
                     "\(times(p2.ratioToRouter8Req))\(redis)",
                     "target ≥ 0.6×" + lost
-                        + (p2.loopCpuPerActionUs.map { String(format: "  loop CPU %.1f µs/action", $0) } ?? "")
+                        + cpu(
+                            ("loop", p2.loopCpuPerActionUs),
+                            ("journal", p2.journalCpuPerActionUs),
+                            ("daemon", p2.daemonCpuPerActionUs),
+                            ("clients", p2.clientCpuPerActionUs)
+                        )
                 )
             )
         }
@@ -109,6 +114,12 @@ package struct BenchTable {
             + "  " + ratio.padding(toLength: max(ratio.count, 16), withPad: " ", startingAt: 0) + "  " + note
         return line.trimmingCharacters(in: .whitespaces).isEmpty
             ? "" : String(line.reversed().drop { $0 == " " }.reversed())
+    }
+
+    /// "  CPU µs/action: loop 35.6, journal 37.2, …" for the figures that were read; empty when none was.
+    private func cpu(_ figures: (String, Double?)...) -> String {
+        let read = figures.compactMap { name, value in value.map { String(format: "\(name) %.1f", $0) } }
+        return read.isEmpty ? "" : "  CPU µs/action: " + read.joined(separator: ", ")
     }
 
     private func times(_ ratio: Double?) -> String {

@@ -99,8 +99,9 @@ package func journalBatch<D: Domain>(
 }
 
 /// `lockstep journal append-load`: commits `batchSize` counter increments per commit to the journal in
-/// `directory` (or the PostgreSQL journal at `postgres`; recovered first), `batches` times or until killed, calling `committed` with the last seq after
-/// each commit. The crash tests kill it at random points and check that no committed batch was lost.
+/// `directory` (or the PostgreSQL journal at `postgres`; recovered first), `batches` times or until killed,
+/// calling `committed` with the last seq after each commit. The crash tests kill it at random points and check
+/// that no committed batch was lost.
 package func appendLoad(
     directory: String,
     postgres: String? = nil,
@@ -109,7 +110,13 @@ package func appendLoad(
     batches: Int?,
     committed: (UInt64) -> Void
 ) throws {
-    let journal = try openJournal(directory, postgres: postgres, command: "append-load", readOnly: false, policy: policy)
+    let journal = try openJournal(
+        directory,
+        postgres: postgres,
+        command: "append-load",
+        readOnly: false,
+        policy: policy
+    )
     defer { try? journal.close() }
     let recovered = try journal.recover(Counter.self)
     var state = recovered.state

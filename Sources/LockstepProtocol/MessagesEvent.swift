@@ -90,12 +90,16 @@ public enum Event: Hashable, Sendable {
         var header = try Wire.headerReader(frames[1], type: type, frameIndex: 1)
         let (store, inRuns) = try topicStore(frames[0])
         let epoch = Epoch(rawValue: try header.read(UInt64.self, field: "epoch"))
-        let seq = try header.read(UInt64.self, field: type == .heartbeat ? "last seq" : type == .events ? "first seq" : "seq")
+        let seq = try header.read(
+            UInt64.self,
+            field: type == .heartbeat ? "last seq" : type == .events ? "first seq" : "seq"
+        )
         if type == .event || type == .events, inRuns != (type == .events) {
             throw ProtocolError(
                 code: .malformed,
-                "\(type.name) on the topic of the \(inRuns ? "stream in runs" : "one-by-one stream") (frame 0 ends with "
-                    + "\(Wire.hex(frames[0].last ?? 0))); expected \(type == .events ? "0x01" : "0x00")"
+                "\(type.name) on the topic of the \(inRuns ? "stream in runs" : "one-by-one stream") "
+                    + "(frame 0 ends with \(Wire.hex(frames[0].last ?? 0))); "
+                    + "expected \(type == .events ? "0x01" : "0x00")"
             )
         }
         switch type {

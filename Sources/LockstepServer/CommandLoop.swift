@@ -275,7 +275,8 @@ private struct LoopState {
                         + "\(record.fingerprint.count), reply of \(record.reply.count)): a retry of that request "
                         + "could be applied twice; restore the data directory from a backup, or, accepting that risk "
                         + "for this one request, delete the entry: sqlite3 \(journal.location) \"DELETE FROM "
-                        + "idempotency WHERE client_id = x'\(client)' AND request_number = \(record.key.requestNumber)\""
+                        + "idempotency WHERE client_id = x'\(client)' AND request_number = "
+                        + "\(record.key.requestNumber)\""
                 )
             }
             sequencer.remember(
@@ -695,7 +696,10 @@ private struct LoopState {
             let streams = streams[commit.store] ?? (false, false)
             if streams.oneByOne {
                 for event in commit.events {
-                    publish(Event.event(store: commit.store, epoch: commit.epoch, seq: event.seq, action: event.action).encode())
+                    publish(
+                        Event.event(store: commit.store, epoch: commit.epoch, seq: event.seq, action: event.action)
+                            .encode()
+                    )
                 }
             }
             if streams.runs, let first = commit.events.first {
@@ -713,7 +717,9 @@ private struct LoopState {
             committedEvents[commit.store, default: 0] += UInt64(commit.events.count)
         }
         for run in runs {
-            publish(Event.events(store: run.store, epoch: run.epoch, firstSeq: run.firstSeq, actions: run.actions).encode())
+            publish(
+                Event.events(store: run.store, epoch: run.epoch, firstSeq: run.firstSeq, actions: run.actions).encode()
+            )
         }
         for digest in done.digests {
             announce(Event.digest(store: digest.store, epoch: digest.epoch, seq: digest.seq, digest.digest))

@@ -207,8 +207,8 @@ struct JournalDumpCommand: ParsableCommand {
                     case let .compacted(firstAvailable):
                         output.flush()
                         printError(
-                            "\(Tool.commandName) journal dump: store \(info.name) is compacted below seq \(firstAvailable); "
-                                + "use --from \(firstAvailable) or later"
+                            "\(Tool.commandName) journal dump: store \(info.name) is compacted below seq "
+                                + "\(firstAvailable); use --from \(firstAvailable) or later"
                         )
                         throw ExitCode.failure
                     case let .events(events):

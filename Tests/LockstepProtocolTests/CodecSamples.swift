@@ -163,7 +163,10 @@ enum CodecSamples {
         Sample("HEARTBEAT empty store", .heartbeat(store: counter, epoch: epoch, lastSeq: 0)),
         Sample("DIGEST", .digest(store: counter, epoch: epoch, seq: 1000, StateDigest(of: json(#"{"count":7}"#)))),
         Sample("EVENTS", .events(store: counter, epoch: epoch, firstSeq: 42, actions: [increment, increment])),
-        Sample("EVENTS one", .events(store: store("x"), epoch: Epoch(rawValue: 0), firstSeq: .max, actions: [json("1")])),
+        Sample(
+            "EVENTS one",
+            .events(store: store("x"), epoch: Epoch(rawValue: 0), firstSeq: .max, actions: [json("1")])
+        ),
     ]
 
     // MARK: - Random valid messages, for the fuzz test's corpus

@@ -247,6 +247,25 @@ enum Wire {
         }
     }
 
+    /// The actions in `frames[start...]`, the k-th of which has seq `firstSeq + k` (RANGE reply, EVENTS): the
+    /// first seq is at least 1 and the run does not pass the largest seq; each action is checked.
+    static func actionRun(
+        _ frames: [Frame],
+        from start: Int,
+        firstSeq: SequenceNumber,
+        type: MessageType,
+        limits: Limits
+    ) throws(ProtocolError) -> [Frame] {
+        try positiveSeq(firstSeq, field: "first seq", type: type)
+        try requireSeqRun(first: firstSeq, count: UInt64(frames.count - start), field: "first seq", type: type)
+        var actions: [Frame] = []
+        actions.reserveCapacity(frames.count - start)
+        for index in start..<frames.count {
+            actions.append(try action(frames[index], field: "action \(index - start) (frame \(index))", limits: limits))
+        }
+        return actions
+    }
+
     /// A reason: valid UTF-8 of at most ``WireFormat/maximumReasonBytes`` bytes.
     static func reason(_ frame: Frame, field: String) throws(ProtocolError) -> String {
         guard frame.count <= WireFormat.maximumReasonBytes else {

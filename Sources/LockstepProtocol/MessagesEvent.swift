@@ -111,15 +111,7 @@ public enum Event: Hashable, Sendable {
                         + "1 to \(Self.maximumRun) actions)"
                 )
             }
-            try Wire.positiveSeq(seq, field: "first seq", type: type)
-            try Wire.requireSeqRun(first: seq, count: UInt64(frames.count - 2), field: "first seq", type: type)
-            var actions: [Frame] = []
-            actions.reserveCapacity(frames.count - 2)
-            for index in 2..<frames.count {
-                actions.append(
-                    try Wire.action(frames[index], field: "action \(index - 2) (frame \(index))", limits: limits)
-                )
-            }
+            let actions = try Wire.actionRun(frames, from: 2, firstSeq: seq, type: type, limits: limits)
             return .events(store: store, epoch: epoch, firstSeq: seq, actions: actions)
         case .event:
             try Wire.requireFrames(frames, exactly: 3, type: type, layout: "topic, header, action")

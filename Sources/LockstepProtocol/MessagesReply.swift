@@ -127,15 +127,7 @@ public enum Reply: Hashable, Sendable {
                 )
             }
             let store = try Wire.storeName(body[1], field: "store name (frame 1)")
-            try Wire.positiveSeq(firstSeq, field: "first seq", type: type)
-            try Wire.requireSeqRun(first: firstSeq, count: UInt64(body.count - 2), field: "first seq", type: type)
-            var actions: [Frame] = []
-            actions.reserveCapacity(body.count - 2)
-            for index in 2..<body.count {
-                actions.append(
-                    try Wire.action(body[index], field: "action \(index - 2) (frame \(index))", limits: limits)
-                )
-            }
+            let actions = try Wire.actionRun(body, from: 2, firstSeq: firstSeq, type: type, limits: limits)
             return .range(requestID: requestID, store: store, epoch: epoch, firstSeq: firstSeq, actions: actions)
         case .compacted:
             let epoch = Epoch(rawValue: try header.read(UInt64.self, field: "epoch"))

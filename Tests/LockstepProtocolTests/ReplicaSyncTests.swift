@@ -37,6 +37,27 @@ import Testing
         #expect(sync.epoch == epoch)
     }
 
+    /// An EVENTS is its EVENTs in turn, with what applies at once as one run: duplicates dropped, a gap repaired.
+    @Test func aRunOfEventsAppliesInOneStepAndIsReadAsItsEvents() {
+        var sync = live(at: 4)
+        let run = (3...7).map(action)
+        #expect(sync.events(epoch: epoch, firstSeq: 3, actions: run, now: t0) == [.apply(sequenced(5...7))])
+        #expect(sync.lastSeq == 7)
+        // A run past a gap is kept and the gap asked for; the repair then applies everything in order.
+        #expect(
+            sync.events(epoch: epoch, firstSeq: 10, actions: (10...11).map(action), now: t0)
+                == [.requestRange(from: 8, to: 9)]
+        )
+        #expect(
+            sync.range(epoch: epoch, firstSeq: 8, actions: (8...9).map(action), now: t0)
+                == [.apply(sequenced(8...9)), .apply(sequenced(10...11))]
+        )
+        #expect(sync.phase == .live)
+        // A run of another epoch resyncs, as an EVENT of it would.
+        let outputs = sync.events(epoch: newEpoch, firstSeq: 1, actions: [action(1)], now: t0)
+        #expect(outputs.first == .resync(.newEpoch(old: epoch, new: newEpoch)))
+    }
+
     @Test func snapshotAheadOfEverythingKeptDropsItAll() {
         var sync = ReplicaSync(now: t0)
         _ = sync.start(now: t0)

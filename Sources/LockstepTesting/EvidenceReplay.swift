@@ -13,11 +13,11 @@ extension DivergenceEvidence {
     /// Replays the evidence's actions from the state both sides agreed on through this build's `D`, the way
     /// ``ReplayHarness`` replays any log, and returns the divergence to report:
     ///
-    /// - the harness's own, when replicas here part ways or miss the daemon's digest at ``divergentSeq``
+    /// - the harness's own, when replicas here part ways or miss the daemon's digest at `divergentSeq`
     ///   (the reducer is nondeterministic here too, or this build's reducer is not the daemon's);
     /// - otherwise the replica's state against a replay here that reaches the daemon's digest, marked not
     ///   reproduced: the same actions from the same state give the daemon's state here, so the replica's process
-    ///   reached another through its own history or global state (or it ran another build: see ``build``).
+    ///   reached another through its own history or global state (or it ran another build: see `build`).
     public func replay<D: Domain>(
         _: D.Type,
         settings: ReplaySettings = ReplaySettings(),

@@ -164,10 +164,11 @@ final class Faults {
             }
             let repairsBefore = watcher.store("counter")?.repairs ?? 0
             watcher.child.signal(SIGSTOP)
-            // 40,000 events while it sleeps: far more than both queues and the socket buffers hold.
-            for _ in 0..<40 {
+            // 40,000 events in 2,000 commits (2,000 EVENTS messages) while it sleeps: far more than both queues and
+            // the socket buffers hold.
+            for _ in 0..<2_000 {
                 number += 1
-                try client.mustAccept("counter", #"{"increment":{}}"#, count: 1_000, number: number, clientID: clientID)
+                try client.mustAccept("counter", #"{"increment":{}}"#, count: 20, number: number, clientID: clientID)
             }
             watcher.child.signal(SIGCONT)
             result.injected += 1

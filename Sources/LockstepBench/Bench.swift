@@ -71,6 +71,7 @@ package final class Bench {
         say("lockstep bench: \(transport), \(results.cores) cores, \(seconds) s per measurement, in \(folder.path)")
         if parts.contains("baselines") { try measureBaselines() }
         if !parts.isDisjoint(with: ["p1", "p2"]) { try measureDispatch() }
+        if parts.contains("postgres") { try measurePostgres() }
         if parts.contains("redis") { try measureRedis() }
         if parts.contains("p3") { try measureFanOut() }
         if parts.contains("p4") { try measureLateJoin(histories: histories) }
@@ -181,8 +182,45 @@ package final class Bench {
 
     private func measureDispatch() throws {
         let daemon = try startDaemon("dispatch", domains: [Counter.name])
+        (results.p1, results.p2) = try dispatchRows(daemon, journal: "")
+        results.p6.daemonPeakBytes = max(results.p6.daemonPeakBytes, daemon.memory().peakKiB * 1_024)
+    }
+
+    /// P1 and P2 again with the journal in PostgreSQL (a throwaway server of Debian's `postgresql`, its data in
+    /// the bench's folder's disk, `synchronous_commit = on`), beside SQLite's in the same run.
+    private func measurePostgres() throws {
+        let server: PostgresServer
+        do {
+            server = try PostgresServer.start()
+        } catch {
+            say("PostgreSQL: \(error); skipped (apt-get install postgresql)")
+            return
+        }
+        defer { server.stop() }
+        let connection = try server.createDatabase(named: "bench")
+        let daemon = try startDaemon(
+            "dispatch-postgres",
+            domains: [Counter.name],
+            extra: "journal = \"postgres\"\npostgres = \"\(connection)\"\n"
+        )
+        let (p1, p2) = try dispatchRows(daemon, journal: " (PostgreSQL journal)")
+        let version = (try? PostgresJournal.execute("SHOW server_version", connection: connection).first) ?? nil
+        results.postgres = .init(version: version ?? "unknown", p1: p1, p2: p2)
+        results.p6.daemonPeakBytes = max(results.p6.daemonPeakBytes, daemon.memory().peakKiB * 1_024)
+    }
+
+    /// P1 and P2 against `daemon`: 1, 8 and 32 dispatching processes.
+    private func dispatchRows(
+        _ daemon: DaemonProcess,
+        journal: String
+    ) throws -> (BenchResults.P1, [BenchResults.P2]) {
+        var p1 = BenchResults.P1()
+        var p2: [BenchResults.P2] = []
         for clients in [1, 8, 32] {
-            say("P\(clients == 1 ? "1, P2" : "2"): \(clients) dispatching \(clients == 1 ? "process" : "processes")")
+            say(
+                "P\(clients == 1 ? "1, P2" : "2"): \(clients) dispatching \(clients == 1 ? "process" : "processes")"
+                    + journal
+            )
             let before = try seq(of: daemon)
             let cpuBefore = DaemonCPU(daemon)
             let reports = try runClients(
@@ -195,7 +233,7 @@ package final class Bench {
             let cpu = DaemonCPU(daemon).perAction(since: cpuBefore, actions: committed)
             let latencies = Latencies(reports.flatMap(\.latencies))
             let acknowledged = reports.reduce(0) { $0 + $1.count }
-            results.p2.append(
+            p2.append(
                 .init(
                     clients: clients,
                     actionsPerS: rate(reports),
@@ -213,7 +251,7 @@ package final class Bench {
             )
             if clients == 1 {
                 let baseline = results.baselines.reqRepP50Us + results.baselines.fsyncP50Us
-                results.p1 = .init(
+                p1 = .init(
                     dispatches: acknowledged,
                     p50Us: latencies.p50,
                     p99Us: latencies.p99,
@@ -223,7 +261,7 @@ package final class Bench {
                 )
             }
         }
-        results.p6.daemonPeakBytes = max(results.p6.daemonPeakBytes, daemon.memory().peakKiB * 1_024)
+        return (p1, p2)
     }
 
     // MARK: - Redis Streams
@@ -542,7 +580,7 @@ package final class Bench {
     }
 
     /// A lockstepd serving `domains` from the folder `name` (its journal, config and log), answering.
-    private func startDaemon(_ name: String, domains: [String]) throws -> DaemonProcess {
+    private func startDaemon(_ name: String, domains: [String], extra: String = "") throws -> DaemonProcess {
         let directory = folder.appendingPathComponent(name)
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let command = endpoint("\(name)-command")
@@ -552,7 +590,7 @@ package final class Bench {
             command_endpoint = "\(command)"
             events_endpoint = "\(events)"
             domains = [\(domains.map { "\"\($0)\"" }.joined(separator: ", "))]
-
+            \(extra)
             """
         var clientCurve: ClientCurve?
         if let curve {

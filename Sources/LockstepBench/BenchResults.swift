@@ -14,6 +14,8 @@ package struct BenchResults: Codable {
     var p6 = P6()
     /// Redis Streams from 1, 8 and 32 clients, when `redis-server` is installed; else `null`.
     var redis: RedisStreams?
+    /// P1 and P2 with the PostgreSQL journal, when PostgreSQL is installed; else `null`.
+    var postgres: PostgresJournalFigures?
     var totalSeconds = 0.0
 
     struct Baselines: Codable {
@@ -111,6 +113,13 @@ package struct BenchResults: Codable {
         /// 64 MiB + 3 × state bytes.
         var budgetBytes = 0
         var withinBudget = false
+    }
+
+    struct PostgresJournalFigures: Codable {
+        /// The server's version, e.g. `15.18`.
+        var version: String
+        var p1: P1
+        var p2: [P2]
     }
 
     struct RedisStreams: Codable {

@@ -37,8 +37,24 @@ import Testing
             #expect(row["acknowledged"] as? Int == row["committed"] as? Int, "\(row)")
             #expect(row["failures"] as? Int == 0, "\(row)")
             #expect((row["actions_per_s"] as? Double ?? 0) > 0)
-            // The daemon's loop thread was found by its name and used some CPU per action.
-            #expect((row["loop_cpu_per_action_us"] as? Double ?? 0) > 0, "\(row)")
+            // The daemon's threads were found by their names and, with the clients, used some CPU per action.
+            for key in [
+                "loop_cpu_per_action_us", "journal_cpu_per_action_us", "daemon_cpu_per_action_us",
+                "client_cpu_per_action_us",
+            ] {
+                #expect((row[key] as? Double ?? 0) > 0, "\(key): \(row)")
+            }
+        }
+        #expect((baselines["router8_req_client_cpu_per_round_trip_us"] ?? 0) > 0)
+        // P1 and P2 again on a PostgreSQL journal, beside SQLite's (make deps installs PostgreSQL).
+        if FileManager.default.fileExists(atPath: "/usr/lib/postgresql") {
+            let postgres = try #require(json["postgres"] as? [String: Any], "no PostgreSQL rows")
+            let rows = try #require(postgres["p2"] as? [[String: Any]])
+            #expect(rows.compactMap { $0["clients"] as? Int } == [1, 8, 32])
+            for row in rows {
+                #expect(row["acknowledged"] as? Int == row["committed"] as? Int, "\(row)")
+                #expect(row["failures"] as? Int == 0, "\(row)")
+            }
         }
         let p3 = try #require(json["p3"] as? [[String: Any]])
         #expect(p3.compactMap { $0["replicas"] as? Int } == [4, 16])

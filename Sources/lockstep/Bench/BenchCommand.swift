@@ -33,7 +33,7 @@ struct BenchCommand: ParsableCommand {
     var histories = "10000,100000,1000000"
 
     @Option(
-        help: "Run only these parts, comma-separated: baselines, p1, p2, redis, p3, p4, p5 (p6 comes with the others)."
+        help: "Run only these parts, comma-separated: baselines, p1, p2, postgres, redis, p3, p4, p5 (p6 comes with the others)."
     )
     var only: String?
 
@@ -49,7 +49,7 @@ struct BenchCommand: ParsableCommand {
         _ = try parts()
     }
 
-    static let allParts = ["baselines", "p1", "p2", "redis", "p3", "p4", "p5"]
+    static let allParts = ["baselines", "p1", "p2", "postgres", "redis", "p3", "p4", "p5"]
 
     private func parts() throws -> Set<String> {
         guard let only else { return Set(Self.allParts) }

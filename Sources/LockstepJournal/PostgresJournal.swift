@@ -133,24 +133,49 @@ final class PostgresStorage: JournalStorage {
 
     /// The statements of the commit path, prepared once per writer session.
     enum Statement {
-        static let insertEvent = (
-            "insert_event",
-            """
-            INSERT INTO events (store, seq, action, client_id, request_number, checksum)
-            VALUES ($1, $2, $3, $4, $5, $6)
-            """
-        )
-        /// Positions are max + 1, never a sequence: a sequence skips the numbers of rolled-back transactions, and
-        /// the trim below keeps exactly the newest N only while positions are contiguous. One writer, so no race.
-        static let upsertIdempotency = (
-            "upsert_idempotency",
-            """
-            INSERT INTO idempotency (position, client_id, request_number, fingerprint, reply)
-            SELECT coalesce(max(position), 0) + 1, $1, $2, $3, $4 FROM idempotency
-            ON CONFLICT (request_number, client_id)
-            DO UPDATE SET fingerprint = excluded.fingerprint, reply = excluded.reply
-            """
-        )
+        /// Rows one multi-row statement writes at most: a commit is one round trip per table per 1,000 rows, not
+        /// one per row, and 6 parameters a row stay far below PostgreSQL's 65,535.
+        static let rowsPerStatement = 1_000
+
+        /// `rows` events in one INSERT: parameters store, seq, action, client id, request number, checksum each.
+        static func insertEvents(rows: Int) -> String {
+            "INSERT INTO events (store, seq, action, client_id, request_number, checksum) VALUES "
+                + placeholders(rows: rows, columns: 6)
+        }
+
+        /// `rows` idempotency entries (keys distinct) in one statement: parameters client id, request number,
+        /// fingerprint, reply each. An entry whose key is kept replaces it in place; the others get positions
+        /// max + 1, max + 2, … in batch order. Positions are never a sequence: a sequence skips the numbers of
+        /// rolled-back transactions, and the trim below keeps exactly the newest N only while positions are
+        /// contiguous. One writer, so no race.
+        static func upsertIdempotency(rows: Int) -> String {
+            let values = (0..<rows).map { row in
+                "(\(row), $\(4 * row + 1), $\(4 * row + 2), $\(4 * row + 3), $\(4 * row + 4))"
+            }
+            return """
+                WITH entries (k, client_id, request_number, fingerprint, reply) AS (
+                    VALUES \(values.joined(separator: ", "))
+                ),
+                replaced AS (
+                    UPDATE idempotency AS kept SET fingerprint = entries.fingerprint, reply = entries.reply
+                    FROM entries
+                    WHERE kept.client_id = entries.client_id AND kept.request_number = entries.request_number
+                    RETURNING entries.k
+                )
+                INSERT INTO idempotency (position, client_id, request_number, fingerprint, reply)
+                SELECT (SELECT coalesce(max(position), 0) FROM idempotency) + row_number() OVER (ORDER BY k),
+                    client_id, request_number, fingerprint, reply
+                FROM entries WHERE k NOT IN (SELECT k FROM replaced)
+                """
+        }
+
+        /// `($1, $2, …), ($n+1, …)`: `rows` rows of `columns` parameters.
+        private static func placeholders(rows: Int, columns: Int) -> String {
+            (0..<rows).map { row in
+                "(" + (1...columns).map { "$\(row * columns + $0)" }.joined(separator: ", ") + ")"
+            }.joined(separator: ", ")
+        }
+
         static let trimIdempotency = (
             "trim_idempotency",
             "DELETE FROM idempotency WHERE position <= (SELECT max(position) FROM idempotency) - $1"
@@ -325,16 +350,6 @@ final class PostgresStorage: JournalStorage {
         let store = PostgresValue.text("")
         let number = PostgresValue.int64(0)
         let bytes = PostgresValue.bytes([])
-        try session.prepare(
-            Statement.insertEvent.0,
-            Statement.insertEvent.1,
-            [store, number, bytes, bytes, number, number]
-        )
-        try session.prepare(
-            Statement.upsertIdempotency.0,
-            Statement.upsertIdempotency.1,
-            [bytes, number, bytes, bytes]
-        )
         try session.prepare(Statement.trimIdempotency.0, Statement.trimIdempotency.1, [number])
         try session.prepare(Statement.insertSnapshot.0, Statement.insertSnapshot.1, [store, number, bytes, bytes])
         try session.prepare(Statement.compactSnapshots.0, Statement.compactSnapshots.1, [store, number])
@@ -789,14 +804,18 @@ final class PostgresStorage: JournalStorage {
     }
 
     private func write(_ plan: CommitPlan, on session: PostgresConnection) throws {
-        for event in plan.batch.events {
-            try session.execute(
-                prepared: Statement.insertEvent.0,
-                [
+        let events = plan.batch.events
+        for start in stride(from: 0, to: events.count, by: Statement.rowsPerStatement) {
+            let rows = events[start..<min(start + Statement.rowsPerStatement, events.count)]
+            var values: [PostgresValue] = []
+            values.reserveCapacity(rows.count * 6)
+            for event in rows {
+                values += [
                     .text(event.store), .int64(Int64(event.seq)), .bytes(event.action), .bytes(event.clientID),
                     .int64(Int64(bitPattern: event.requestNumber)), .int64(Int64(event.checksum)),
                 ]
-            )
+            }
+            try session.execute(Statement.insertEvents(rows: rows.count), values)
         }
         for snapshot in plan.batch.snapshots {
             let values: [PostgresValue] = [
@@ -831,14 +850,28 @@ final class PostgresStorage: JournalStorage {
             )
         }
         guard !plan.batch.idempotency.isEmpty else { return }
+        // A key twice in one batch is one entry, the later one, in the first one's place.
+        var entries: [IdempotencyRecord] = []
+        var index: [IdempotencyKey: Int] = [:]
         for record in plan.batch.idempotency {
-            try session.execute(
-                prepared: Statement.upsertIdempotency.0,
-                [
+            if let at = index[record.key] {
+                entries[at] = record
+            } else {
+                index[record.key] = entries.count
+                entries.append(record)
+            }
+        }
+        for start in stride(from: 0, to: entries.count, by: Statement.rowsPerStatement) {
+            let rows = entries[start..<min(start + Statement.rowsPerStatement, entries.count)]
+            var values: [PostgresValue] = []
+            values.reserveCapacity(rows.count * 4)
+            for record in rows {
+                values += [
                     .bytes(record.key.clientID), .int64(Int64(bitPattern: record.key.requestNumber)),
                     .bytes(record.fingerprint), .bytes(record.reply),
                 ]
-            )
+            }
+            try session.execute(Statement.upsertIdempotency(rows: rows.count), values)
         }
         try session.execute(prepared: Statement.trimIdempotency.0, [.int64(Int64(plan.idempotencyKept))])
     }

@@ -308,6 +308,21 @@ import Testing
         )
         try reopened.commit(JournalBatch(idempotency: [sixth]))
         #expect(try reopened.idempotencyRecords() == [rejected, fifth, sixth])
+
+        // One batch of several: a kept key replaced in place, a new key twice (the later entry, in the first one's
+        // place), another new key; then the newest 3 are kept.
+        func entry(_ number: UInt64, _ reply: UInt8) -> IdempotencyRecord {
+            IdempotencyRecord(
+                key: IdempotencyKey(clientID: clientB, requestNumber: number),
+                fingerprint: [1],
+                reply: [reply]
+            )
+        }
+        let (fifthAgain, seventh, seventhAgain, eighth) = (entry(10, 5), entry(12, 6), entry(12, 7), entry(13, 8))
+        try reopened.commit(JournalBatch(idempotency: [seventh, fifthAgain, seventhAgain, eighth]))
+        #expect(try reopened.idempotencyRecords() == [sixth, seventhAgain, eighth])
+        #expect(try reopened.idempotencyRecord(for: fifth.key) == nil)
+        #expect(try reopened.stats().idempotencyEntries == 3)
     }
 
     @Test(arguments: JournalKind.allCases)

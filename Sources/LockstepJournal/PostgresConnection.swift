@@ -53,6 +53,9 @@ final class PostgresRows {
 
     var count: Int { Int(PQntuples(result)) }
 
+    /// The command tag: `COMMIT`, or `ROLLBACK` for a COMMIT that ended a failed transaction.
+    var commandTag: String { String(cString: PQcmdStatus(result)) }
+
     func isNull(_ row: Int, _ column: Int) -> Bool { PQgetisnull(result, Int32(row), Int32(column)) == 1 }
 
     /// The column's bytes (a `bytea` or `text` value as stored, a `bigint` as 8 bytes big-endian); `nil` for NULL.
@@ -93,11 +96,23 @@ final class PostgresConnection: @unchecked Sendable {
     /// Statements prepared on this session, by name; prepared again after a reset.
     private var prepared: [String: (sql: String, types: [Oid])] = [:]
 
-    /// Connects with `conninfo` (key=value pairs or a `postgresql://` URI). A `connect_timeout` of 10 s and the
-    /// application name `lockstep` apply unless the string gives its own.
+    private let conninfo: String
+
+    /// Connects with `conninfo` (key=value pairs or a `postgresql://` URI). A `connect_timeout` of 10 s, TCP
+    /// keepalives that find a dead peer in ~25 s (and a `tcp_user_timeout` of 30 s for unacknowledged data: no
+    /// commit waits hours on a half-open connection), UTF-8 and the application name `lockstep` apply unless the
+    /// string gives its own.
     init(conninfo: String) throws(PostgresFailure) {
-        let keywords = ["connect_timeout", "fallback_application_name", "dbname"]
-        let values = ["10", "lockstep", conninfo]
+        self.conninfo = conninfo
+        try connect()
+    }
+
+    private func connect() throws(PostgresFailure) {
+        let keywords = [
+            "connect_timeout", "keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout",
+            "client_encoding", "fallback_application_name", "dbname",
+        ]
+        let values = ["10", "10", "5", "3", "30000", "UTF8", "lockstep", conninfo]
         // Entries before the expanded `dbname` are defaults the connection string may override.
         handle = withCStrings(keywords) { keys in
             withCStrings(values) { PQconnectdbParams(keys, $0, 1) }
@@ -132,10 +147,13 @@ final class PostgresConnection: @unchecked Sendable {
     /// The server process serving this session, for `pg_terminate_backend` in tests.
     var backendPID: Int32 { handle.map { PQbackendPID($0) } ?? 0 }
 
-    /// Reconnects with the same parameters and prepares the session's statements again.
+    /// Reconnects with the same parameters (connects anew after ``close()``) and prepares the session's statements
+    /// again.
     func reset() throws(PostgresFailure) {
         guard let handle else {
-            throw PostgresFailure(sqlState: nil, message: "the connection was closed", isConnectionLost: true)
+            try connect()
+            for (name, statement) in prepared { try prepareOnServer(name, statement.sql, statement.types) }
+            return
         }
         PQreset(handle)
         guard PQstatus(handle) == CONNECTION_OK else {

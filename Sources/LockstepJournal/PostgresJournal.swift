@@ -85,7 +85,8 @@ final class PostgresStorage: JournalStorage {
     /// More idle readers than this are closed when given back: the daemon reads from a few threads at most.
     private static let idleReadersKept = 4
 
-    /// The session advisory lock the writer holds: "LKSP".
+    /// The session advisory lock the writer holds: "LKSP", with the hash of the journal's schema as the second
+    /// key, so journals in several schemas of one database each have their own writer.
     static let writerLockKey: Int64 = 0x4C4B_5350
 
     static let tableNames = ["journal_format", "stores", "events", "snapshots", "idempotency", "store_versions"]
@@ -291,19 +292,24 @@ final class PostgresStorage: JournalStorage {
     ) throws(PostgresFailure) -> PostgresConnection {
         let session = try PostgresConnection(conninfo: conninfo)
         if writer {
-            try session.execute("SET synchronous_commit = on")
-            let setting = try session.execute("SHOW synchronous_commit").text(0, 0)
-            guard setting == "on" else {
-                throw PostgresFailure(
-                    sqlState: nil,
-                    message: "synchronous_commit is '\(setting ?? "?")' after SET synchronous_commit = on",
-                    isConnectionLost: false
-                )
-            }
+            try requireSynchronousCommit(session)
         } else {
             try session.execute("SET default_transaction_read_only = on")
         }
         return session
+    }
+
+    /// Sets `synchronous_commit = on` and checks that it took: a commit returns once PostgreSQL made it durable.
+    private static func requireSynchronousCommit(_ session: PostgresConnection) throws(PostgresFailure) {
+        try session.execute("SET synchronous_commit = on")
+        let setting = try session.execute("SHOW synchronous_commit").text(0, 0)
+        guard setting == "on" else {
+            throw PostgresFailure(
+                sqlState: nil,
+                message: "synchronous_commit is '\(setting ?? "?")' after SET synchronous_commit = on",
+                isConnectionLost: false
+            )
+        }
     }
 
     /// Takes the writer's session advisory lock, or throws ``JournalError/Code/inUse`` naming the holder.
@@ -313,7 +319,10 @@ final class PostgresStorage: JournalStorage {
             // killed) may still be ending on the server.
             let deadline = ContinuousClock.now + .seconds(1)
             while true {
-                let taken = try session.execute("SELECT pg_try_advisory_lock($1)", [.int64(writerLockKey)]).bool(0, 0)
+                let taken = try session.execute(
+                    "SELECT pg_try_advisory_lock($1::integer, hashtext(current_schema()))",
+                    [.int64(writerLockKey)]
+                ).bool(0, 0)
                 if taken == true { return }
                 guard ContinuousClock.now < deadline else { break }
                 try session.execute("SELECT pg_sleep(0.01)")
@@ -325,7 +334,7 @@ final class PostgresStorage: JournalStorage {
                 FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
                 WHERE l.locktype = 'advisory' AND l.granted AND l.database = (
                     SELECT oid FROM pg_database WHERE datname = current_database()
-                ) AND l.classid = 0 AND l.objid::bigint = $1 AND l.objsubid = 1
+                ) AND l.classid::bigint = $1 AND l.objid = hashtext(current_schema())::oid AND l.objsubid = 2
                 """,
                 [.int64(writerLockKey)]
             )
@@ -336,7 +345,7 @@ final class PostgresStorage: JournalStorage {
                 file: location,
                 operation: "open",
                 message: "another process has this journal open for writing (\(who ?? "a session") holds its "
-                    + "advisory lock \(writerLockKey)): one daemon per journal database; stop the other one, or open "
+                    + "advisory lock \(writerLockKey)): one daemon per journal; stop the other one, or open "
                     + "the journal read-only (journal verify, dump, stats and state do)"
             )
         } catch let error as JournalError {
@@ -364,7 +373,10 @@ final class PostgresStorage: JournalStorage {
             // Unlocked before the session ends, so the next writer finds the lock free as soon as this returns:
             // a closed session releases it only once the server has ended it, a moment later.
             if session.isUsable {
-                _ = try? session.execute("SELECT pg_advisory_unlock($1)", [.int64(Self.writerLockKey)])
+                _ = try? session.execute(
+                    "SELECT pg_advisory_unlock($1::integer, hashtext(current_schema()))",
+                    [.int64(Self.writerLockKey)]
+                )
             }
             session.close()
         }
@@ -454,10 +466,16 @@ final class PostgresStorage: JournalStorage {
         do {
             try writer.withLockedValue { (session: inout PostgresConnection) throws in
                 if !session.isUsable {
-                    try session.reset()
-                    try session.execute("SET synchronous_commit = on")
-                    // The lock went with the old session: another writer may have taken the database meanwhile.
-                    try Self.takeWriterLock(session, location: location)
+                    do {
+                        try session.reset()
+                        try Self.requireSynchronousCommit(session)
+                        // The lock went with the old session: another writer may have taken the journal meanwhile.
+                        try Self.takeWriterLock(session, location: location)
+                    } catch {
+                        // Half set up is not set up: the next call connects and sets up from scratch.
+                        session.close()
+                        throw error
+                    }
                 }
                 try body(session)
             }
@@ -788,7 +806,15 @@ final class PostgresStorage: JournalStorage {
                 do {
                     try write(plan, on: session)
                     committing = true
-                    try session.execute("COMMIT")
+                    // A COMMIT of a transaction that failed is answered ROLLBACK, without an error.
+                    let tag = try session.execute("COMMIT").commandTag
+                    guard tag == "COMMIT" else {
+                        throw PostgresFailure(
+                            sqlState: nil,
+                            message: "COMMIT ended the transaction with \(tag): nothing of the batch was kept",
+                            isConnectionLost: false
+                        )
+                    }
                 } catch {
                     if session.inTransaction { _ = try? session.execute("ROLLBACK") }
                     throw error

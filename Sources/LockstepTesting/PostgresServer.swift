@@ -60,7 +60,13 @@ public final class PostgresServer: Sendable {
         let log = folder.appendingPathComponent("log")
         let asUser = try Self.unprivilegedUser()
         do {
-            try FileManager.default.createDirectory(atPath: socketDirectory, withIntermediateDirectories: true)
+            // Only this user (and root) may reach the server: it trusts every connection as its superuser.
+            try FileManager.default.createDirectory(
+                atPath: socketDirectory,
+                withIntermediateDirectories: true,
+                attributes: [.posixPermissions: 0o700]
+            )
+            try FileManager.default.setAttributes([.posixPermissions: 0o700], ofItemAtPath: folder.path)
             if let asUser { try Self.giveFolder(folder, to: asUser) }
             let initdb = try ChildProcess(
                 executable: asUser == nil
@@ -75,7 +81,7 @@ public final class PostgresServer: Sendable {
             }
             var options = [
                 "listen_addresses": "", "unix_socket_directories": socketDirectory, "port": "\(port)",
-                "max_connections": "200", "logging_collector": "off",
+                "max_connections": "200", "logging_collector": "off", "unix_socket_permissions": "0700",
             ]
             options.merge(settings) { $1 }
             let arguments =

@@ -115,13 +115,19 @@ import Testing
         )
     }
 
-    /// One writer per database, held by a session advisory lock; readers are welcome beside it.
-    @Test func oneWriterPerDatabase() throws {
+    /// One writer per journal, held by a session advisory lock on the journal's schema; readers are welcome beside
+    /// it, and so is the writer of a journal in another schema of the same database.
+    @Test func oneWriterPerJournal() throws {
         let fixture = try journal(withIncrements: 2)
         let writer = try fixture.open()
         let second = journalError { _ = try fixture.open() }
         #expect(second?.code == .inUse)
-        #expect(second?.message.contains("one daemon per journal database") == true, "\(second?.message ?? "")")
+        #expect(second?.message.contains("one daemon per journal;") == true, "\(second?.message ?? "")")
+        #expect(second?.message.contains("server process") == true, "the holder is named: \(second?.message ?? "")")
+        try fixture.tamper("CREATE SCHEMA other")
+        let elsewhere = try PostgresJournal(connection: fixture.connection! + " options='-c search_path=other'")
+        #expect(try elsewhere.recover(Counter.self).lastSeq == 0)
+        try elsewhere.close()
         let reader = try PostgresJournal(connection: fixture.connection!, readOnly: true)
         #expect(try reader.stats().stores.first?.lastSeq == 2)
         #expect(try reader.recover(Counter.self).state.count == 2)

@@ -186,6 +186,9 @@ final class PostgresConnection: @unchecked Sendable {
         prepared[name] = (sql, types)
     }
 
+    /// Whether a statement is prepared as `name` on this session.
+    func isPrepared(_ name: String) -> Bool { prepared[name] != nil }
+
     /// Runs the statement prepared as `name`.
     @discardableResult
     func execute(prepared name: String, _ parameters: [PostgresValue]) throws(PostgresFailure) -> PostgresRows {

@@ -841,7 +841,7 @@ final class PostgresStorage: JournalStorage {
                     .int64(Int64(bitPattern: event.requestNumber)), .int64(Int64(event.checksum)),
                 ]
             }
-            try session.execute(Statement.insertEvents(rows: rows.count), values)
+            try execute(session, "insert_events", rows: rows.count, { Statement.insertEvents(rows: $0) }, values)
         }
         for snapshot in plan.batch.snapshots {
             let values: [PostgresValue] = [
@@ -897,9 +897,33 @@ final class PostgresStorage: JournalStorage {
                     .bytes(record.fingerprint), .bytes(record.reply),
                 ]
             }
-            try session.execute(Statement.upsertIdempotency(rows: rows.count), values)
+            try execute(
+                session,
+                "upsert_idempotency",
+                rows: rows.count,
+                { Statement.upsertIdempotency(rows: $0) },
+                values
+            )
         }
         try session.execute(prepared: Statement.trimIdempotency.0, [.int64(Int64(plan.idempotencyKept))])
+    }
+
+    /// Runs the statement `sql` makes for `rows` rows: prepared once per session (`NAME_ROWS`) for up to 64 rows,
+    /// so a commit of a few requests — the common one — skips the planner; unprepared beyond.
+    private func execute(
+        _ session: PostgresConnection,
+        _ name: String,
+        rows: Int,
+        _ sql: (Int) -> String,
+        _ values: [PostgresValue]
+    ) throws {
+        guard rows <= 64 else {
+            try session.execute(sql(rows), values)
+            return
+        }
+        let statement = "\(name)_\(rows)"
+        if !session.isPrepared(statement) { try session.prepare(statement, sql(rows), values) }
+        try session.execute(prepared: statement, values)
     }
 
     // MARK: Idempotency

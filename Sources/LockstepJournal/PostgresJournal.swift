@@ -830,18 +830,11 @@ final class PostgresStorage: JournalStorage {
     }
 
     private func write(_ plan: CommitPlan, on session: PostgresConnection) throws {
-        let events = plan.batch.events
-        for start in stride(from: 0, to: events.count, by: Statement.rowsPerStatement) {
-            let rows = events[start..<min(start + Statement.rowsPerStatement, events.count)]
-            var values: [PostgresValue] = []
-            values.reserveCapacity(rows.count * 6)
-            for event in rows {
-                values += [
-                    .text(event.store), .int64(Int64(event.seq)), .bytes(event.action), .bytes(event.clientID),
-                    .int64(Int64(bitPattern: event.requestNumber)), .int64(Int64(event.checksum)),
-                ]
-            }
-            try execute(session, "insert_events", rows: rows.count, { Statement.insertEvents(rows: $0) }, values)
+        try write(plan.batch.events, on: session, "insert_events", Statement.insertEvents) { event in
+            [
+                .text(event.store), .int64(Int64(event.seq)), .bytes(event.action), .bytes(event.clientID),
+                .int64(Int64(bitPattern: event.requestNumber)), .int64(Int64(event.checksum)),
+            ]
         }
         for snapshot in plan.batch.snapshots {
             let values: [PostgresValue] = [
@@ -887,25 +880,28 @@ final class PostgresStorage: JournalStorage {
                 entries.append(record)
             }
         }
-        for start in stride(from: 0, to: entries.count, by: Statement.rowsPerStatement) {
-            let rows = entries[start..<min(start + Statement.rowsPerStatement, entries.count)]
-            var values: [PostgresValue] = []
-            values.reserveCapacity(rows.count * 4)
-            for record in rows {
-                values += [
-                    .bytes(record.key.clientID), .int64(Int64(bitPattern: record.key.requestNumber)),
-                    .bytes(record.fingerprint), .bytes(record.reply),
-                ]
-            }
-            try execute(
-                session,
-                "upsert_idempotency",
-                rows: rows.count,
-                { Statement.upsertIdempotency(rows: $0) },
-                values
-            )
+        try write(entries, on: session, "upsert_idempotency", Statement.upsertIdempotency) { record in
+            [
+                .bytes(record.key.clientID), .int64(Int64(bitPattern: record.key.requestNumber)),
+                .bytes(record.fingerprint), .bytes(record.reply),
+            ]
         }
         try session.execute(prepared: Statement.trimIdempotency.0, [.int64(Int64(plan.idempotencyKept))])
+    }
+
+    /// Writes `rows`, ``Statement/rowsPerStatement`` at a time, with the statement `sql` makes for a chunk of that
+    /// many; `parameters` gives a row's values.
+    private func write<Row>(
+        _ rows: [Row],
+        on session: PostgresConnection,
+        _ name: String,
+        _ sql: (Int) -> String,
+        _ parameters: (Row) -> [PostgresValue]
+    ) throws {
+        for start in stride(from: 0, to: rows.count, by: Statement.rowsPerStatement) {
+            let chunk = rows[start..<min(start + Statement.rowsPerStatement, rows.count)]
+            try execute(session, name, rows: chunk.count, sql, chunk.flatMap(parameters))
+        }
     }
 
     /// Runs the statement `sql` makes for `rows` rows: prepared once per session (`NAME_ROWS`) for up to 64 rows,

@@ -185,31 +185,43 @@ struct ClientTimeout: Error {}
         #expect(sawStopping)
     }
 
+    /// Dispatches 20 increments of the counter, numbered 1…20; false, with an issue recorded, if one was not accepted.
+    func twentyIncrements(_ daemon: DaemonProcess, _ context: Context) throws -> Bool {
+        let client = try Client(context, endpoint: daemon.command)
+        for number: UInt64 in 1...20 {
+            guard case .accepted = try client.dispatch("counter", [#"{"increment":{}}"#], number: number) else {
+                Issue.record("dispatch \(number) was not accepted; log:\n\(daemon.output)")
+                return false
+            }
+        }
+        return true
+    }
+
+    /// The counter store's SNAPSHOT reply, or `nil` with an issue recorded.
+    func counterSnapshot(_ daemon: DaemonProcess, _ context: Context) throws -> SnapshotReply? {
+        let client = try Client(context, endpoint: daemon.command)
+        guard
+            case let .snapshot(_, snapshot) = try client.call(
+                Request.snapshot(requestID: 1, store: try StoreName("counter")).encode()
+            )
+        else {
+            Issue.record("expected SNAPSHOT; log:\n\(daemon.output)")
+            return nil
+        }
+        return snapshot
+    }
+
     @Test func relaxedDurabilityServesAndKeepsWhatItAcknowledgedAcrossARestart() throws {
         let directory = try temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let context = try Context()
         let arguments = ["--domain", "counter", "--durability", "relaxed"]
         var daemon = try DaemonProcess(directory: directory, arguments: arguments)
-        let client = try Client(context, endpoint: daemon.command)
-        for number: UInt64 in 1...20 {
-            guard case .accepted = try client.dispatch("counter", [#"{"increment":{}}"#], number: number) else {
-                Issue.record("dispatch \(number) was not accepted; log:\n\(daemon.output)")
-                return
-            }
-        }
+        guard try twentyIncrements(daemon, context) else { return }
         #expect(daemon.stop() == 0)
         daemon = try DaemonProcess(directory: directory, arguments: arguments)
-        let again = try Client(context, endpoint: daemon.command)
-        guard
-            case let .snapshot(_, snapshot) = try again.call(
-                Request.snapshot(requestID: 1, store: try StoreName("counter")).encode()
-            )
-        else {
-            Issue.record("expected SNAPSHOT; log:\n\(daemon.output)")
-            return
-        }
-        #expect(snapshot.seq == 20)
+        let snapshot = try counterSnapshot(daemon, context)
+        #expect(snapshot?.seq == 20)
         #expect(daemon.stop() == 0)
     }
 
@@ -228,30 +240,16 @@ struct ClientTimeout: Error {}
         let context = try Context()
         let arguments = ["--domain", "counter", "--journal", "postgres", "--postgres", connection]
         var daemon = try DaemonProcess(directory: first, arguments: arguments)
-        let client = try Client(context, endpoint: daemon.command)
-        for number: UInt64 in 1...20 {
-            guard case .accepted = try client.dispatch("counter", [#"{"increment":{}}"#], number: number) else {
-                Issue.record("dispatch \(number) was not accepted; log:\n\(daemon.output)")
-                return
-            }
-        }
+        guard try twentyIncrements(daemon, context) else { return }
         let rival = try DaemonProcess(directory: second, arguments: arguments)
         #expect(rival.waitForExit(within: .seconds(20)) == 1)
         #expect(rival.output.contains("in_use"), "\(rival.output)")
         #expect(daemon.stop() == 0)
 
         daemon = try DaemonProcess(directory: second, arguments: arguments)
-        let again = try Client(context, endpoint: daemon.command)
-        guard
-            case let .snapshot(_, snapshot) = try again.call(
-                Request.snapshot(requestID: 1, store: try StoreName("counter")).encode()
-            )
-        else {
-            Issue.record("expected SNAPSHOT; log:\n\(daemon.output)")
-            return
-        }
-        #expect(snapshot.seq == 20)
-        #expect(String(decoding: snapshot.state, as: UTF8.self) == #"{"count":20}"#)
+        let snapshot = try counterSnapshot(daemon, context)
+        #expect(snapshot?.seq == 20)
+        #expect(snapshot.map { String(decoding: $0.state, as: UTF8.self) } == #"{"count":20}"#)
         #expect(daemon.stop() == 0)
     }
 

@@ -185,7 +185,7 @@ struct ClientTimeout: Error {}
         #expect(sawStopping)
     }
 
-    /// Dispatches 20 increments of the counter, numbered 1…20; false, with an issue recorded, if one was not accepted.
+    /// Dispatches 20 increments of the counter, numbered 1…20; false, with an issue recorded, if one was refused.
     func twentyIncrements(_ daemon: DaemonProcess, _ context: Context) throws -> Bool {
         let client = try Client(context, endpoint: daemon.command)
         for number: UInt64 in 1...20 {

@@ -33,7 +33,10 @@ struct BenchCommand: ParsableCommand {
     var histories = "10000,100000,1000000"
 
     @Option(
-        help: "Run only these parts, comma-separated: baselines, p1, p2, postgres, redis, p3, p4, p5 (p6 comes with the others)."
+        help: """
+            Run only these parts, comma-separated: baselines, p1, p2, postgres, redis, p3, p4, p5 (p6 comes with \
+            the others).
+            """
     )
     var only: String?
 

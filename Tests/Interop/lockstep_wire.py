@@ -36,10 +36,11 @@ ERROR = 0x8F
 EVENT = 0x41
 HEARTBEAT = 0x42
 DIGEST = 0x43
+EVENTS = 0x44
 
 REQUEST_TYPES = {DISPATCH, SNAPSHOT_REQUEST, RANGE_REQUEST, STATUS_REQUEST}
 REPLY_TYPES = {ACCEPTED, REJECTED, SNAPSHOT_REPLY, RANGE_REPLY, COMPACTED, STATUS_REPLY, ERROR}
-EVENT_TYPES = {EVENT, HEARTBEAT, DIGEST}
+EVENT_TYPES = {EVENT, HEARTBEAT, DIGEST, EVENTS}
 
 # The exact header frame length of each type.
 HEADER_SIZE = {
@@ -56,6 +57,7 @@ HEADER_SIZE = {
     ERROR: 14,
     EVENT: 20,
     HEARTBEAT: 20,
+    EVENTS: 20,
     DIGEST: 52,
 }
 
@@ -143,8 +145,13 @@ def store_bytes(store: Union[str, bytes]) -> bytes:
 
 
 def topic(store: Union[str, bytes]) -> bytes:
-    """The events-socket topic of a store: its name and one 0x00 byte."""
+    """The topic of a store's one-by-one stream (an EVENT per action): its name and one 0x00 byte."""
     return store_bytes(store) + b"\x00"
+
+
+def run_topic(store: Union[str, bytes]) -> bytes:
+    """The topic of a store's stream in runs (an EVENTS per commit): its name and one 0x01 byte."""
+    return store_bytes(store) + b"\x01"
 
 
 def check_action(action: bytes, field_name: str, limits: Limits) -> bytes:
@@ -320,6 +327,14 @@ class Event:
 
 
 @dataclass(frozen=True)
+class Events:
+    store: str
+    epoch: int
+    first_seq: int
+    actions: List[bytes]
+
+
+@dataclass(frozen=True)
 class Heartbeat:
     store: str
     epoch: int
@@ -336,7 +351,7 @@ class Digest:
 
 Request = Union[Dispatch, SnapshotRequest, RangeRequest, StatusRequest]
 Reply = Union[Accepted, Rejected, Snapshot, Range, Compacted, Status, Error]
-Published = Union[Event, Heartbeat, Digest]
+Published = Union[Event, Events, Heartbeat, Digest]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -416,6 +431,7 @@ _NAMES = {
     EVENT: "EVENT",
     HEARTBEAT: "HEARTBEAT",
     DIGEST: "DIGEST",
+    EVENTS: "EVENTS",
 }
 
 
@@ -564,7 +580,7 @@ def decode_reply(
 
 
 def decode_event(frames: Sequence[bytes], limits: Limits = DEFAULT_LIMITS) -> Published:
-    """Reads an events-socket message [topic, header(, action)]."""
+    """Reads an events-socket message [topic, header(, action…)] of either stream."""
     if len(frames) < 2:
         raise WireError(MALFORMED, f"event message has {len(frames)} frames; expected a topic and a header")
     head = bytes(frames[1])
@@ -573,10 +589,20 @@ def decode_event(frames: Sequence[bytes], limits: Limits = DEFAULT_LIMITS) -> Pu
         raise WireError(TOO_LARGE, f"{_NAMES[kind]} has {len(frames)} frames")
     _exact_header(head, kind, 1)
     raw_topic = bytes(frames[0])
-    if not raw_topic.endswith(b"\x00"):
-        raise WireError(MALFORMED, "topic (frame 0) does not end in 0x00")
+    if not raw_topic or raw_topic[-1] > 1:
+        raise WireError(MALFORMED, "topic (frame 0) does not end in 0x00 or 0x01")
     store = check_store_name(raw_topic[:-1], "store name in topic (frame 0)")
+    in_runs = raw_topic[-1] == 1
+    if kind in (EVENT, EVENTS) and in_runs != (kind == EVENTS):
+        raise WireError(MALFORMED, f"{_NAMES[kind]} on the topic of the other stream")
     epoch, seq = struct.unpack(">QQ", head[4:20])
+    if kind == EVENTS:
+        if len(frames) < 3:
+            raise WireError(MALFORMED, f"EVENTS has {len(frames)} frames; expected at least 3")
+        _positive(seq, "first seq", kind)
+        _seq_run(seq, len(frames) - 2, kind)
+        actions = [check_action(bytes(f), f"action {i} (frame {i + 2})", limits) for i, f in enumerate(frames[2:])]
+        return Events(store, epoch, seq, actions)
     if kind == EVENT:
         _frames(frames, 3, kind)
         _positive(seq, "seq", kind)

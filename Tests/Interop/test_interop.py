@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import threading
@@ -465,6 +466,48 @@ class EventsSocketTest(DaemonTest):
             self.assertEqual((beat.epoch, beat.last_seq), (epoch, 24))
         finally:
             sub.close(linger=0)
+
+
+class StreamInRunsTest(DaemonTest):
+    def test_a_commit_is_one_events_on_the_stream_in_runs(self):
+        """A SUB of `counter` + 0x01: one EVENTS per commit, with its first seq and every action, then the
+        HEARTBEATs and DIGESTs of the store, as on the one-by-one stream."""
+        sub = self.context.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, wire.run_topic("counter"))
+        sub.connect(self.daemon.events)
+        try:
+            def receive(predicate, timeout=5.0):
+                deadline = time.monotonic() + timeout
+                while time.monotonic() < deadline:
+                    if sub.poll(50):
+                        frames = sub.recv_multipart()
+                        self.assertEqual(frames[0], wire.run_topic("counter"))
+                        message = wire.decode_event(frames)
+                        if predicate(message):
+                            return message
+                raise AssertionError(f"not received within {timeout} s")
+
+            epoch = receive(lambda m: isinstance(m, wire.Heartbeat)).epoch
+            with self.dispatcher() as client:
+                client.dispatch("counter", [INCREMENT] * 3)
+                client.dispatch("counter", [INCREMENT] * 7)
+            first = receive(lambda m: isinstance(m, wire.Events))
+            self.assertEqual((first.epoch, first.first_seq, first.actions), (epoch, 1, [INCREMENT] * 3))
+            second = receive(lambda m: isinstance(m, wire.Events))
+            self.assertEqual((second.first_seq, len(second.actions)), (4, 7))
+            digest = receive(lambda m: isinstance(m, wire.Digest))
+            self.assertEqual((digest.seq, digest.digest), (10, hashlib.sha256(b'{"count":10}').digest()))
+            # The codec refuses a run on the one-by-one topic.
+            frames = [wire.topic("counter"), wire_header(wire.EVENTS, epoch, 1), INCREMENT]
+            with self.assertRaises(wire.WireError):
+                wire.decode_event(frames)
+        finally:
+            sub.close(linger=0)
+
+
+def wire_header(kind, epoch, seq):
+    return b"LS\x01" + bytes([kind]) + struct.pack(">QQ", epoch, seq)
 
 
 class CompactedGapTest(DaemonTest):

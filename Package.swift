@@ -34,12 +34,8 @@ let package = Package(
             providers: [.apt(["libzmq3-dev"])]
         ),
         .target(name: "ZeroMQ", dependencies: ["CZeroMQ"]),
-        // libpq through pkg-config; imported only by LockstepJournal (the PostgreSQL journal).
-        .systemLibrary(
-            name: "CLibPQ",
-            pkgConfig: "libpq",
-            providers: [.apt(["libpq-dev"])]
-        ),
+        // libpq, opened with dlopen when a PostgreSQL journal is; imported only by LockstepJournal.
+        .target(name: "CLibPQ"),
         .target(name: "Lockstep", dependencies: [.product(name: "Crypto", package: "swift-crypto")]),
         .target(name: "LockstepProtocol", dependencies: ["Lockstep"]),
         // GRDBSQLite: the commit path binds and steps its statements through SQLite's C API.

@@ -49,20 +49,20 @@ final class PostgresRows {
     private let result: OpaquePointer
 
     init(_ result: OpaquePointer) { self.result = result }
-    deinit { PQclear(result) }
+    deinit { lockstep_PQclear(result) }
 
-    var count: Int { Int(PQntuples(result)) }
+    var count: Int { Int(lockstep_PQntuples(result)) }
 
     /// The command tag: `COMMIT`, or `ROLLBACK` for a COMMIT that ended a failed transaction.
-    var commandTag: String { String(cString: PQcmdStatus(result)) }
+    var commandTag: String { String(cString: lockstep_PQcmdStatus(result)) }
 
-    func isNull(_ row: Int, _ column: Int) -> Bool { PQgetisnull(result, Int32(row), Int32(column)) == 1 }
+    func isNull(_ row: Int, _ column: Int) -> Bool { lockstep_PQgetisnull(result, Int32(row), Int32(column)) == 1 }
 
     /// The column's bytes (a `bytea` or `text` value as stored, a `bigint` as 8 bytes big-endian); `nil` for NULL.
     func bytes(_ row: Int, _ column: Int) -> [UInt8]? {
         guard !isNull(row, column) else { return nil }
-        let length = Int(PQgetlength(result, Int32(row), Int32(column)))
-        guard length > 0, let value = PQgetvalue(result, Int32(row), Int32(column)) else { return [] }
+        let length = Int(lockstep_PQgetlength(result, Int32(row), Int32(column)))
+        guard length > 0, let value = lockstep_PQgetvalue(result, Int32(row), Int32(column)) else { return [] }
         return value.withMemoryRebound(to: UInt8.self, capacity: length) {
             Array(UnsafeBufferPointer(start: $0, count: length))
         }
@@ -108,6 +108,7 @@ final class PostgresConnection: @unchecked Sendable {
     }
 
     private func connect() throws(PostgresFailure) {
+        try loadLibPQ()
         let keywords = [
             "connect_timeout", "keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout",
             "client_encoding", "fallback_application_name", "dbname",
@@ -115,37 +116,37 @@ final class PostgresConnection: @unchecked Sendable {
         let values = ["10", "10", "5", "3", "30000", "UTF8", "lockstep", conninfo]
         // Entries before the expanded `dbname` are defaults the connection string may override.
         handle = withCStrings(keywords) { keys in
-            withCStrings(values) { PQconnectdbParams(keys, $0, 1) }
+            withCStrings(values) { lockstep_PQconnectdbParams(keys, $0, 1) }
         }
-        guard let handle, PQstatus(handle) == CONNECTION_OK else {
-            let message = handle.map { Self.trimmed(PQerrorMessage($0)) } ?? "libpq could not allocate a connection"
+        guard let handle, lockstep_PQstatus(handle) == CONNECTION_OK else {
+            let message = handle.map { Self.trimmed(lockstep_PQerrorMessage($0)) } ?? "libpq could not allocate a connection"
             close()
             throw PostgresFailure(sqlState: nil, message: message, isConnectionLost: true)
         }
         // Notices (e.g. "relation already exists, skipping") would go to standard error.
-        PQsetNoticeProcessor(handle, { _, _ in }, nil)
+        lockstep_PQsetNoticeProcessor(handle, { _, _ in }, nil)
     }
 
     deinit { close() }
 
     /// Closes the connection (the server drops its session and any session lock); harmless twice.
     func close() {
-        if let handle { PQfinish(handle) }
+        if let handle { lockstep_PQfinish(handle) }
         handle = nil
     }
 
     /// Whether libpq still considers the connection usable.
-    var isUsable: Bool { handle.map { PQstatus($0) == CONNECTION_OK } ?? false }
+    var isUsable: Bool { handle.map { lockstep_PQstatus($0) == CONNECTION_OK } ?? false }
 
     /// Whether a transaction is open (or failed and not yet rolled back) on the session.
     var inTransaction: Bool {
         guard let handle else { return false }
-        let status = PQtransactionStatus(handle)
+        let status = lockstep_PQtransactionStatus(handle)
         return status == PQTRANS_INTRANS || status == PQTRANS_INERROR || status == PQTRANS_ACTIVE
     }
 
     /// The server process serving this session, for `pg_terminate_backend` in tests.
-    var backendPID: Int32 { handle.map { PQbackendPID($0) } ?? 0 }
+    var backendPID: Int32 { handle.map { lockstep_PQbackendPID($0) } ?? 0 }
 
     /// Reconnects with the same parameters (connects anew after ``close()``) and prepares the session's statements
     /// again.
@@ -155,9 +156,9 @@ final class PostgresConnection: @unchecked Sendable {
             for (name, statement) in prepared { try prepareOnServer(name, statement.sql, statement.types) }
             return
         }
-        PQreset(handle)
-        guard PQstatus(handle) == CONNECTION_OK else {
-            throw PostgresFailure(sqlState: nil, message: Self.trimmed(PQerrorMessage(handle)), isConnectionLost: true)
+        lockstep_PQreset(handle)
+        guard lockstep_PQstatus(handle) == CONNECTION_OK else {
+            throw PostgresFailure(sqlState: nil, message: Self.trimmed(lockstep_PQerrorMessage(handle)), isConnectionLost: true)
         }
         for (name, statement) in prepared { try prepareOnServer(name, statement.sql, statement.types) }
     }
@@ -168,7 +169,7 @@ final class PostgresConnection: @unchecked Sendable {
         let handle = try liveHandle()
         return try check(
             withParameters(parameters) { types, values, lengths, formats in
-                PQexecParams(handle, sql, Int32(parameters.count), types, values, lengths, formats, 1)
+                lockstep_PQexecParams(handle, sql, Int32(parameters.count), types, values, lengths, formats, 1)
             }
         )
     }
@@ -176,7 +177,7 @@ final class PostgresConnection: @unchecked Sendable {
     /// Runs several statements without parameters in one call (the simple query protocol): a schema.
     func executeScript(_ sql: String) throws(PostgresFailure) {
         let handle = try liveHandle()
-        _ = try check(PQexec(handle, sql))
+        _ = try check(lockstep_PQexec(handle, sql))
     }
 
     /// Prepares `sql` once as `name`, with parameters of the types `example` has.
@@ -195,14 +196,14 @@ final class PostgresConnection: @unchecked Sendable {
         let handle = try liveHandle()
         return try check(
             withParameters(parameters) { _, values, lengths, formats in
-                PQexecPrepared(handle, name, Int32(parameters.count), values, lengths, formats, 1)
+                lockstep_PQexecPrepared(handle, name, Int32(parameters.count), values, lengths, formats, 1)
             }
         )
     }
 
     private func prepareOnServer(_ name: String, _ sql: String, _ types: [Oid]) throws(PostgresFailure) {
         let handle = try liveHandle()
-        _ = try check(PQprepare(handle, name, sql, Int32(types.count), types))
+        _ = try check(lockstep_PQprepare(handle, name, sql, Int32(types.count), types))
     }
 
     private func liveHandle() throws(PostgresFailure) -> OpaquePointer {
@@ -218,19 +219,19 @@ final class PostgresConnection: @unchecked Sendable {
             // Out of memory, or the connection is gone before a result could be made.
             throw PostgresFailure(
                 sqlState: nil,
-                message: handle.map { Self.trimmed(PQerrorMessage($0)) } ?? "no connection",
+                message: handle.map { Self.trimmed(lockstep_PQerrorMessage($0)) } ?? "no connection",
                 isConnectionLost: !isUsable
             )
         }
         let rows = PostgresRows(result)
-        let status = PQresultStatus(result)
+        let status = lockstep_PQresultStatus(result)
         guard status != PGRES_COMMAND_OK, status != PGRES_TUPLES_OK else { return rows }
-        let state = PQresultErrorField(result, Int32(UInt8(ascii: "C"))).map { String(cString: $0) }
-        var message = PQresultErrorField(result, Int32(UInt8(ascii: "M"))).map { String(cString: $0) }
-        if message == nil { message = Self.trimmed(PQresultErrorMessage(result)) }
-        if message?.isEmpty != false, let handle { message = Self.trimmed(PQerrorMessage(handle)) }
+        let state = lockstep_PQresultErrorField(result, Int32(UInt8(ascii: "C"))).map { String(cString: $0) }
+        var message = lockstep_PQresultErrorField(result, Int32(UInt8(ascii: "M"))).map { String(cString: $0) }
+        if message == nil { message = Self.trimmed(lockstep_PQresultErrorMessage(result)) }
+        if message?.isEmpty != false, let handle { message = Self.trimmed(lockstep_PQerrorMessage(handle)) }
         let lost =
-            state.map { $0.hasPrefix("08") || $0.hasPrefix("57P0") } ?? (handle.map { PQstatus($0) } != CONNECTION_OK)
+            state.map { $0.hasPrefix("08") || $0.hasPrefix("57P0") } ?? (handle.map { lockstep_PQstatus($0) } != CONNECTION_OK)
         throw PostgresFailure(sqlState: state, message: message ?? "unknown failure", isConnectionLost: lost)
     }
 
@@ -267,12 +268,13 @@ final class PostgresConnection: @unchecked Sendable {
 /// The information in a connection string that is safe to print: host, port, database and user, never the
 /// password. `nil` when libpq cannot parse the string.
 func redactedConnectionString(_ conninfo: String) -> String? {
+    guard (try? loadLibPQ()) != nil else { return nil }
     var error: UnsafeMutablePointer<CChar>?
-    guard let options = PQconninfoParse(conninfo, &error) else {
-        if let error { PQfreemem(error) }
+    guard let options = lockstep_PQconninfoParse(conninfo, &error) else {
+        if let error { lockstep_PQfreemem(error) }
         return nil
     }
-    defer { PQconninfoFree(options) }
+    defer { lockstep_PQconninfoFree(options) }
     var shown: [String: String] = [:]
     var index = 0
     while let keyword = options[index].keyword {
@@ -289,7 +291,20 @@ func redactedConnectionString(_ conninfo: String) -> String? {
 /// Whether a PostgreSQL server answers at `conninfo` (libpq's `PQping`): it accepts connections, whether or not
 /// this user may log in.
 func postgresAnswers(_ conninfo: String) -> Bool {
-    PQping(conninfo) == PQPING_OK
+    guard (try? loadLibPQ()) != nil else { return false }
+    return lockstep_PQping(conninfo) == PQPING_OK
+}
+
+/// Opens libpq (`libpq.so.5`) the first time a PostgreSQL journal needs it; a daemon on SQLite never maps it.
+func loadLibPQ() throws(PostgresFailure) {
+    if let failure = lockstep_libpq_load() {
+        throw PostgresFailure(
+            sqlState: nil,
+            message: "cannot load libpq, PostgreSQL's client library (\(String(cString: failure))); install it "
+                + "(Debian: apt-get install libpq5)",
+            isConnectionLost: false
+        )
+    }
 }
 
 /// C strings for `strings`, with a terminating null pointer, valid for the duration of `body`.

@@ -97,6 +97,8 @@ final class PostgresConnection: @unchecked Sendable {
     private var prepared: [String: (sql: String, types: [Oid])] = [:]
 
     private let conninfo: String
+    /// When the last statement on this session ended.
+    private var lastUsed = ContinuousClock.now
 
     /// Connects with `conninfo` (key=value pairs or a `postgresql://` URI). A `connect_timeout` of 10 s, TCP
     /// keepalives that find a dead peer in ~25 s (and a `tcp_user_timeout` of 30 s for unacknowledged data: no
@@ -137,6 +139,15 @@ final class PostgresConnection: @unchecked Sendable {
 
     /// Whether libpq still considers the connection usable.
     var isUsable: Bool { handle.map { lockstep_PQstatus($0) == CONNECTION_OK } ?? false }
+
+    /// Whether the session still answers — asked with `SELECT 1` only after it was idle for longer than `idle`: a
+    /// server restart leaves idle sessions that libpq calls usable until a statement on them fails, and a
+    /// statement that fails halfway through a read or a commit is worse than a round trip now.
+    func answers(ifIdleFor idle: Duration) -> Bool {
+        guard isUsable else { return false }
+        guard ContinuousClock.now - lastUsed > idle else { return true }
+        return (try? execute("SELECT 1")) != nil
+    }
 
     /// Whether a transaction is open (or failed and not yet rolled back) on the session.
     var inTransaction: Bool {
@@ -215,6 +226,7 @@ final class PostgresConnection: @unchecked Sendable {
 
     /// The result if the statement succeeded; else the failure, with its SQLSTATE and message.
     private func check(_ result: OpaquePointer?) throws(PostgresFailure) -> PostgresRows {
+        lastUsed = .now
         guard let result else {
             // Out of memory, or the connection is gone before a result could be made.
             throw PostgresFailure(

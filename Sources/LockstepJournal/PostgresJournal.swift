@@ -465,7 +465,7 @@ final class PostgresStorage: JournalStorage {
         let location = location
         do {
             try writer.withLockedValue { (session: inout PostgresConnection) throws in
-                if !session.isUsable {
+                if !session.answers(ifIdleFor: .seconds(1)) {
                     do {
                         try session.reset()
                         try Self.requireSynchronousCommit(session)
@@ -498,7 +498,15 @@ final class PostgresStorage: JournalStorage {
                 message: "the journal is closed"
             )
         }
-        let idle = readers.withLockedValue { $0.popLast() }
+        var idle = readers.withLockedValue { $0.popLast() }
+        if let stale = idle, !stale.answers(ifIdleFor: .seconds(1)) {
+            // The server went away since (a restart, a failover): the other idle readers are as stale.
+            stale.close()
+            for reader in readers.withLockedValue({ readers in defer { readers = [] }; return readers }) {
+                reader.close()
+            }
+            idle = nil
+        }
         let session: PostgresConnection
         do {
             session = try idle ?? Self.connect(conninfo, writer: false, location: location)

@@ -53,6 +53,32 @@ import Testing
         try reopened.close()
     }
 
+    /// The server ends every session of the journal while it is idle (as a restart would): the next read and the
+    /// next commit find out before they start, reconnect, and succeed.
+    @Test func sessionsTheServerEndedWhileIdleAreReplacedBeforeTheyAreUsed() throws {
+        let fixture = try journal(withIncrements: 2)
+        let opened = try fixture.open()
+        let journal = try #require(opened as? PostgresJournal)
+        _ = try journal.recover(Counter.self)
+        #expect(try journal.events(store: Counter.name, from: 1, to: 2, limit: 10) != .events([]))
+        let pid = journal.writerBackendPID
+        Thread.sleep(forTimeInterval: 1.2)
+        _ = try PostgresJournal.execute(
+            """
+            SELECT count(pg_terminate_backend(pid))::text FROM pg_stat_activity
+            WHERE datname = current_database() AND pid <> pg_backend_pid()
+            """,
+            connection: fixture.connection!
+        )
+        let expected = events(Counter.name, from: 1, count: 2) { _ in Counter.Action.increment }
+        #expect(try journal.events(store: Counter.name, from: 1, to: 2, limit: 10) == .events(expected))
+        let batch = events(Counter.name, from: 3, count: 1) { _ in Counter.Action.increment }
+        try journal.commit(JournalBatch(events: batch))
+        #expect(journal.writerBackendPID != pid)
+        #expect(try journal.events(store: Counter.name, from: 1, to: 10, limit: 10) == .events(expected + batch))
+        try journal.close()
+    }
+
     /// The server ends the writer's session (as a restart or a failover would): the next commit fails with
     /// `unreachable` and keeps nothing, and the journal reconnects for the one after it.
     @Test func aLostConnectionFailsOneCommitClearlyAndTheJournalReconnects() throws {

@@ -313,9 +313,12 @@ reap() {
     bg_pids=(${kept[@]+"${kept[@]}"})
 }
 
-# systemctl cannot connect until systemd has made its private socket; after that, --wait waits out the boot.
+# systemctl cannot connect until systemd has made its private socket, and says 'offline' while the container's
+# PID 1 is not yet systemd's manager; after that, --wait waits out the boot.
 deadline=$((SECONDS + 60))
-while waited=$(limit=60 ct systemctl is-system-running --wait 2>&1) || true; [[ $waited == *"Failed to connect"* ]]; do
+while waited=$(limit=60 ct systemctl is-system-running --wait 2>&1) || true
+    [[ $waited == *"Failed to connect"* || $waited == offline ]]
+do
     ((SECONDS < deadline)) || break
     sleep 0.1
 done

@@ -121,7 +121,8 @@ final class PostgresConnection: @unchecked Sendable {
             withCStrings(values) { lockstep_PQconnectdbParams(keys, $0, 1) }
         }
         guard let handle, lockstep_PQstatus(handle) == CONNECTION_OK else {
-            let message = handle.map { Self.trimmed(lockstep_PQerrorMessage($0)) } ?? "libpq could not allocate a connection"
+            let message =
+                handle.map { Self.trimmed(lockstep_PQerrorMessage($0)) } ?? "libpq could not allocate a connection"
             close()
             throw PostgresFailure(sqlState: nil, message: message, isConnectionLost: true)
         }
@@ -169,7 +170,11 @@ final class PostgresConnection: @unchecked Sendable {
         }
         lockstep_PQreset(handle)
         guard lockstep_PQstatus(handle) == CONNECTION_OK else {
-            throw PostgresFailure(sqlState: nil, message: Self.trimmed(lockstep_PQerrorMessage(handle)), isConnectionLost: true)
+            throw PostgresFailure(
+                sqlState: nil,
+                message: Self.trimmed(lockstep_PQerrorMessage(handle)),
+                isConnectionLost: true
+            )
         }
         for (name, statement) in prepared { try prepareOnServer(name, statement.sql, statement.types) }
     }
@@ -243,7 +248,8 @@ final class PostgresConnection: @unchecked Sendable {
         if message == nil { message = Self.trimmed(lockstep_PQresultErrorMessage(result)) }
         if message?.isEmpty != false, let handle { message = Self.trimmed(lockstep_PQerrorMessage(handle)) }
         let lost =
-            state.map { $0.hasPrefix("08") || $0.hasPrefix("57P0") } ?? (handle.map { lockstep_PQstatus($0) } != CONNECTION_OK)
+            state.map { $0.hasPrefix("08") || $0.hasPrefix("57P0") }
+            ?? (handle.map { lockstep_PQstatus($0) } != CONNECTION_OK)
         throw PostgresFailure(sqlState: state, message: message ?? "unknown failure", isConnectionLost: lost)
     }
 

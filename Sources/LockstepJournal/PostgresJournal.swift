@@ -502,7 +502,10 @@ final class PostgresStorage: JournalStorage {
         if let stale = idle, !stale.answers(ifIdleFor: .seconds(1)) {
             // The server went away since (a restart, a failover): the other idle readers are as stale.
             stale.close()
-            for reader in readers.withLockedValue({ readers in defer { readers = [] }; return readers }) {
+            for reader in readers.withLockedValue({ readers in
+                defer { readers = [] }
+                return readers
+            }) {
                 reader.close()
             }
             idle = nil

@@ -18,6 +18,8 @@ final class JournalWriter: Sendable {
 
     private let slot = LockedValue(Slot())
     private let ready = DispatchSemaphore(value: 0)
+    /// Signalled once per result, and taken once per result taken: what ``waitForResult()`` blocks on.
+    private let done = DispatchSemaphore(value: 0)
     private let finished = DispatchSemaphore(value: 0)
     private let wakeup: Wakeup
 
@@ -43,18 +45,20 @@ final class JournalWriter: Sendable {
 
     /// The result of the work handed over, once it is done; `nil` while it runs.
     func takeResult() -> Result<Void, JournalError>? {
-        slot.withLockedValue { slot in
+        let result = slot.withLockedValue { slot in
             defer { slot.result = nil }
             return slot.result
         }
+        if result != nil { done.wait() }  // signalled already: keeps one signal per result not yet taken
+        return result
     }
 
-    /// Blocks until the work handed over is done, and returns its result.
+    /// Blocks until the work handed over is done — as long as the journal takes: a daemon stopping waits for its
+    /// last commit — and returns its result.
     func waitForResult() -> Result<Void, JournalError> {
-        while true {
-            if let result = takeResult() { return result }
-            Thread.sleep(forTimeInterval: 0.000_2)
-        }
+        done.wait()
+        done.signal()  // takeResult consumes it
+        return takeResult()!
     }
 
     /// Ends the thread once the work in hand is done; returns when it has ended.
@@ -80,6 +84,7 @@ final class JournalWriter: Sendable {
                     slot.work = nil
                     slot.result = result
                 }
+                done.signal()
                 wakeup.signal()
             }
             if stopping { break }

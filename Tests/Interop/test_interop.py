@@ -432,15 +432,8 @@ class EventsSocketTest(DaemonTest):
         sub.connect(self.daemon.events)
         messages = []
 
-        def receive_until(predicate, timeout=5.0):
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                if sub.poll(50):
-                    message = wire.decode_event(sub.recv_multipart())
-                    messages.append(message)
-                    if predicate(message):
-                        return message
-            raise AssertionError(f"not received within {timeout} s; got {messages[-5:]}")
+        def receive_until(predicate):
+            return receive_event(sub, predicate, messages)
 
         try:
             epoch = receive_until(lambda m: isinstance(m, wire.Heartbeat) and m.store == "counter").epoch
@@ -476,17 +469,10 @@ class StreamInRunsTest(DaemonTest):
         sub.setsockopt(zmq.LINGER, 0)
         sub.setsockopt(zmq.SUBSCRIBE, wire.run_topic("counter"))
         sub.connect(self.daemon.events)
+        messages = []
         try:
-            def receive(predicate, timeout=5.0):
-                deadline = time.monotonic() + timeout
-                while time.monotonic() < deadline:
-                    if sub.poll(50):
-                        frames = sub.recv_multipart()
-                        self.assertEqual(frames[0], wire.run_topic("counter"))
-                        message = wire.decode_event(frames)
-                        if predicate(message):
-                            return message
-                raise AssertionError(f"not received within {timeout} s")
+            def receive(predicate):
+                return receive_event(sub, predicate, messages)
 
             epoch = receive(lambda m: isinstance(m, wire.Heartbeat)).epoch
             with self.dispatcher() as client:
@@ -498,12 +484,26 @@ class StreamInRunsTest(DaemonTest):
             self.assertEqual((second.first_seq, len(second.actions)), (4, 7))
             digest = receive(lambda m: isinstance(m, wire.Digest))
             self.assertEqual((digest.seq, digest.digest), (10, hashlib.sha256(b'{"count":10}').digest()))
+            self.assertTrue(all(m.store == "counter" for m in messages))  # decode_event checked each topic
             # The codec refuses a run on the one-by-one topic.
             frames = [wire.topic("counter"), wire_header(wire.EVENTS, epoch, 1), INCREMENT]
             with self.assertRaises(wire.WireError):
                 wire.decode_event(frames)
         finally:
             sub.close(linger=0)
+
+
+def receive_event(sub, predicate, seen, timeout=5.0):
+    """The first events-socket message on `sub` that `predicate` accepts, within `timeout` seconds; every message
+    read is decoded (so checked) and appended to `seen`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sub.poll(50):
+            message = wire.decode_event(sub.recv_multipart())
+            seen.append(message)
+            if predicate(message):
+                return message
+    raise AssertionError(f"not received within {timeout} s; got {seen[-5:]}")
 
 
 def wire_header(kind, epoch, seq):

@@ -53,13 +53,18 @@ import Testing
         try reopened.close()
     }
 
+    /// The fixture's journal opened for writing, its counter store recovered.
+    func recoveredCounter(_ fixture: JournalFixture) throws -> PostgresJournal {
+        let journal = try #require(try fixture.open() as? PostgresJournal)
+        _ = try journal.recover(Counter.self)
+        return journal
+    }
+
     /// The server ends every session of the journal while it is idle (as a restart would): the next read and the
     /// next commit find out before they start, reconnect, and succeed.
     @Test func sessionsTheServerEndedWhileIdleAreReplacedBeforeTheyAreUsed() throws {
         let fixture = try journal(withIncrements: 2)
-        let opened = try fixture.open()
-        let journal = try #require(opened as? PostgresJournal)
-        _ = try journal.recover(Counter.self)
+        let journal = try recoveredCounter(fixture)
         #expect(try journal.events(store: Counter.name, from: 1, to: 2, limit: 10) != .events([]))
         let pid = journal.writerBackendPID
         Thread.sleep(forTimeInterval: 1.2)
@@ -83,9 +88,7 @@ import Testing
     /// `unreachable` and keeps nothing, and the journal reconnects for the one after it.
     @Test func aLostConnectionFailsOneCommitClearlyAndTheJournalReconnects() throws {
         let fixture = try journal(withIncrements: 2)
-        let opened = try fixture.open()
-        let journal = try #require(opened as? PostgresJournal)
-        _ = try journal.recover(Counter.self)
+        let journal = try recoveredCounter(fixture)
         let pid = journal.writerBackendPID
         #expect(pid > 0)
         _ = try PostgresJournal.execute("SELECT pg_terminate_backend(\(pid))::text", connection: fixture.connection!)

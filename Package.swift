@@ -112,7 +112,7 @@ let package = Package(
             name: "LockstepTests",
             dependencies: ["Lockstep", "LockstepExamples", "LockstepTesting", "TestSupport"]
         ),
-        .testTarget(name: "ZeroMQTests", dependencies: ["ZeroMQ"]),
+        .testTarget(name: "ZeroMQTests", dependencies: ["ZeroMQ", "TestSupport"]),
         .testTarget(
             name: "LockstepBenchTests",
             dependencies: [

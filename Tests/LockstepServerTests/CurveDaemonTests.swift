@@ -125,9 +125,8 @@ import Glibc
             directory: directory,
             arguments: ["--config", "\(directory)/lockstepd.toml", "--journal", "memory"]
         )
-        let deadline = ContinuousClock.now + .seconds(10)
-        while daemon.isRunning, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
-        try #require(!daemon.isRunning, "lockstepd kept running with a readable key file")
+        let exited = try await eventually(within: .seconds(10)) { !daemon.isRunning }
+        try #require(exited, "lockstepd kept running with a readable key file")
         #expect(daemon.waitForExit(within: .zero) != 0)
         #expect(daemon.output.contains("must be 0600"), "\(daemon.output)")
     }

@@ -29,22 +29,14 @@ import Testing
             finished.store(true, ordering: .releasing)
         }
 
-        // Serving: its command socket is bound (bounded wait).
+        // Serving: its command socket is bound.
         let socket = directory.appendingPathComponent("command").path
-        var deadline = ContinuousClock.now + .seconds(30)
-        while !FileManager.default.fileExists(atPath: socket), ContinuousClock.now < deadline {
-            try await Task.sleep(for: .milliseconds(20))
-        }
-        #expect(FileManager.default.fileExists(atPath: socket))
+        #expect(try await eventually(within: .seconds(30)) { FileManager.default.fileExists(atPath: socket) })
         let stoppedEarly = finished.load(ordering: .acquiring)
         #expect(!stoppedEarly)
 
         running.cancel()
-        deadline = ContinuousClock.now + .seconds(30)
-        while !finished.load(ordering: .acquiring), ContinuousClock.now < deadline {
-            try await Task.sleep(for: .milliseconds(20))
-        }
-        let stopped = finished.load(ordering: .acquiring)
+        let stopped = try await eventually(within: .seconds(30)) { finished.load(ordering: .acquiring) }
         try #require(stopped, "the daemon did not stop within 30 s of its cancellation")
         try await running.value  // returned, not thrown
         let journal = try SQLiteJournal(directory: configuration.dataDirectory)

@@ -334,14 +334,14 @@ struct ClientTimeout: Error {}
         )
         // The subscription needs a moment to reach the daemon; dispatch until tail has seen two events.
         var number = 0
-        let deadline = ContinuousClock.now + .seconds(30)
-        while tail.process.isRunning, ContinuousClock.now < deadline {
+        _ = try await eventually(within: .seconds(30), every: .milliseconds(50)) {
+            guard tail.process.isRunning else { return true }
             number += 1
             let sent = try run([
                 "dispatch", "todos", #"{"add":{"text":"item \#(number)"}}"#, "--command-endpoint", daemon.command,
             ])
             #expect(sent.status == 0)
-            try await Task.sleep(for: .milliseconds(50))
+            return false
         }
         #expect(!tail.process.isRunning, "tail saw fewer than 2 of \(number) events; daemon log:\n\(daemon.output)")
         let lines = try tail.finish(within: .seconds(5)).standardOutput.split(separator: "\n")

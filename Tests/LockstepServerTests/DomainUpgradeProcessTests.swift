@@ -20,9 +20,7 @@ import Testing
 
     /// Waits (at most 30 s) for a daemon that must refuse to start, and returns its exit status.
     func refusal(_ daemon: DaemonProcess) async throws -> Int32? {
-        let deadline = ContinuousClock.now + .seconds(30)
-        while daemon.isRunning, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
-        #expect(!daemon.isRunning)
+        #expect(try await eventually(within: .seconds(30)) { !daemon.isRunning })
         return await daemon.stop()
     }
 
@@ -84,10 +82,7 @@ import Testing
                 return nil
             }
             group.addTask {
-                let deadline = ContinuousClock.now + .seconds(30)
-                while ContinuousClock.now < deadline, old.status.divergences == 0 {
-                    try await Task.sleep(for: .milliseconds(50))
-                }
+                _ = try await eventually(within: .seconds(30)) { old.status.divergences > 0 }
                 do {
                     _ = try await old.dispatch(.add(name: "quills"))
                     return "accepted"

@@ -114,11 +114,7 @@ import Testing
         let evidence = URL(fileURLWithPath: directory).appendingPathComponent("evidence")
         try await withReplica(DoubleCounter.self, daemon, evidenceDirectory: evidence.path) { replica in
             for _ in 0..<3 { _ = try await replica.dispatch(.increment) }
-            let deadline = ContinuousClock.now + .seconds(10)
-            while replica.status.divergences == 0, ContinuousClock.now < deadline {
-                try await Task.sleep(for: .milliseconds(10))
-            }
-            #expect(replica.status.divergences >= 1)
+            #expect(try await eventually(within: .seconds(10)) { replica.status.divergences >= 1 })
         }
         #expect(await daemon.stop() == 0)
         let files = try FileManager.default.contentsOfDirectory(atPath: evidence.path).filter { $0.hasSuffix(".json") }
@@ -169,10 +165,7 @@ import Testing
             #expect(detail.contains("the daemon's digest is"), "\(detail)")
             #expect("\(resynced)".contains("digest differed from the daemon's at seq 1"))
             // After the resync it holds the daemon's state, from the snapshot.
-            let deadline = ContinuousClock.now + .seconds(10)
-            while replica.status.phase != .live || replica.state.count != 1, ContinuousClock.now < deadline {
-                try await Task.sleep(for: .milliseconds(10))
-            }
+            _ = try await eventually(within: .seconds(10)) { replica.status.phase == .live && replica.state.count == 1 }
             #expect(replica.state.count == 1)
             #expect(replica.status.divergences >= 1)
             #expect(replica.status.resyncs >= 1)
@@ -181,7 +174,8 @@ import Testing
     }
 }
 
-/// What `stream` yields until `enough` holds, or until `timeout` passes: never a wait without end.
+/// What `stream` yields until `enough` holds, or until `timeout` passes (counted as ``eventually(within:every:_:)``
+/// counts it): never a wait without end.
 func collect<Element: Sendable>(
     _ stream: AsyncStream<Element>,
     within timeout: Duration,
@@ -197,7 +191,7 @@ func collect<Element: Sendable>(
             return seen
         }
         group.addTask {
-            try? await Task.sleep(for: timeout)
+            _ = try? await eventually(within: timeout) { Task.isCancelled }
             return nil
         }
         // The first to finish ends the other; the collector returns what it has when cancelled.

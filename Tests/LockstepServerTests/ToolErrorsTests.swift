@@ -110,8 +110,7 @@ import Testing
         try journal.close()
 
         let daemon = try DaemonProcess(directory: directory.path)
-        let deadline = ContinuousClock.now + .seconds(30)
-        while daemon.isRunning, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(20)) }
+        _ = try await eventually(within: .seconds(30)) { !daemon.isRunning }
         #expect(await daemon.stop() == 1)
         let output = daemon.output
         #expect(output.contains("the idempotency entry of client \(String(repeating: "ab", count: 16)) request 7"))

@@ -1,4 +1,5 @@
 import Foundation
+import TestSupport
 import Testing
 import ZeroMQ
 
@@ -108,13 +109,12 @@ struct IPCDirectory: ~Copyable {
         try subscriber.subscribe(Array("counter\0".utf8))
         try subscriber.connect(endpoint)
         // A subscription reaches the publisher asynchronously: publish until the first message arrives.
-        let deadline = ContinuousClock.now + .seconds(5)
         var first: [[UInt8]]?
-        while first == nil, ContinuousClock.now < deadline {
+        _ = try await eventually(within: .seconds(5), every: .milliseconds(10)) {
             try publisher.send([Array("counter2\0".utf8), [9]])
             try publisher.send([Array("counter\0".utf8), [1]])
             first = try subscriber.receive(wait: false)
-            if first == nil { try await Task.sleep(for: .milliseconds(10)) }
+            return first != nil
         }
         #expect(first == [Array("counter\0".utf8), [1]])
         try subscriber.set(.receiveTimeout, 100)
@@ -179,8 +179,7 @@ struct IPCDirectory: ~Copyable {
         let open = try Socket(context, type: .pair)
         try open.connect(endpoint)
         context.shutdown()
-        let deadline = ContinuousClock.now + .seconds(5)
-        while outcome.value == nil, ContinuousClock.now < deadline { try await Task.sleep(for: .milliseconds(5)) }
+        _ = try await eventually(within: .seconds(5), every: .milliseconds(5)) { outcome.value != nil }
         #expect(outcome.value == "terminated")
         let error = #expect(throws: ZeroMQError.self) { try open.send([[1]]) }
         #expect(error?.isContextTerminated == true)

@@ -18,6 +18,7 @@ public struct ClientError: Error, Hashable, Sendable, CustomStringConvertible {
             case badRequest = "bad_request"
             case notApplied = "not_applied"
             case stopped = "stopped"
+            case tooManyPending = "too_many_pending"
         }
 
         private let base: Base
@@ -33,10 +34,13 @@ public struct ClientError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let refused = Code(.refused)
         /// The request could not be made: an empty batch, an action that cannot be encoded.
         public static let badRequest = Code(.badRequest)
-        /// The daemon committed the action, but this replica did not apply it in time.
+        /// The daemon committed the action, but this replica did not apply it in time, or the daemon's journal was
+        /// lost after it accepted the action.
         public static let notApplied = Code(.notApplied)
         /// The replica is not running, or stopped before the answer came.
         public static let stopped = Code(.stopped)
+        /// The replica holds as many optimistic actions the daemon has not confirmed as its configuration allows.
+        public static let tooManyPending = Code(.tooManyPending)
 
         /// The code's stable name, e.g. `unavailable`.
         public var description: String { base.rawValue }

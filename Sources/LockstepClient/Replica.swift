@@ -34,6 +34,8 @@ public final class Replica<D: Domain>: Service, Sendable {
     public let clientID: ClientID
     fileprivate let logger: Logger
     fileprivate let local: Store<Replicated<D.State>, Change>
+    /// The optimistic view: the confirmed state and this replica's pending optimistic dispatches on top.
+    fileprivate let optimistic: Store<Projection<D>, Projection<D>.Change>
     fileprivate let shared = LockedValue(Shared())
     private let wakeup: Wakeup
 
@@ -73,36 +75,102 @@ public final class Replica<D: Domain>: Service, Sendable {
             },
             observers: ActionObservers()
         )
+        optimistic = Store(
+            name: D.name,
+            initialState: Projection(base: Replicated(epoch: nil, seq: 0, state: D.initialState)),
+            reducer: Projection<D>.reducer,
+            observers: ActionObservers()
+        )
     }
 
     // MARK: - Observation
 
-    /// The state with its epoch and seq, read at once.
+    /// The confirmed state with its epoch and seq, read at once.
     public var current: Replicated<D.State> { local.state }
 
-    /// The replica's state.
-    public var state: D.State { local.state.state }
+    /// The optimistic state: the confirmed one with this replica's pending optimistic dispatches on top (equal to
+    /// ``confirmedState`` when none is pending). See ``ReplicaView``.
+    public var state: D.State { optimistic.state.view.state }
 
-    /// The seq of the replica's state.
+    /// The confirmed state: the daemon's, after exactly the actions up to ``seq``.
+    public var confirmedState: D.State { local.state.state }
+
+    /// The seq of the confirmed state.
     public var seq: SequenceNumber { local.state.seq }
+
+    /// The optimistic dispatches the confirmed state does not hold yet, oldest first.
+    public var pending: [PendingAction] {
+        shared.withLockedValue { shared in
+            shared.pending.keys.sorted().map { number in
+                let record = shared.pending[number]!
+                let status: PendingAction.Status =
+                    if let (epoch, seqs) = record.accepted {
+                        .accepted(epoch: epoch, seqs: seqs)
+                    } else if record.tries > 0 {
+                        .sent(tries: record.tries)
+                    } else {
+                        .queued
+                    }
+                return PendingAction(
+                    requestNumber: number,
+                    actions: record.actions.map { String(decoding: $0, as: UTF8.self) },
+                    dispatchedAt: record.dispatchedAt,
+                    status: status
+                )
+            }
+        }
+    }
 
     /// Where the replica stands.
     public var status: ReplicaStatus { shared.withLockedValue { $0.status } }
 
-    /// Calls `onChange` with the selected part of the state now, and once each time it changes.
+    /// Calls `onChange` with the selected part of the state now, and once each time it changes: of the optimistic
+    /// state unless `view` says `.confirmed`.
     @discardableResult
     public func subscribe<Value: Equatable & Sendable>(
         _ select: @escaping @Sendable (D.State) -> Value,
+        view: ReplicaView = .optimistic,
         onChange: @escaping @Sendable (Value) -> Void
     ) -> Cancellation {
-        local.subscribe({ select($0.state) }, onChange: onChange)
+        switch view {
+        case .confirmed: local.subscribe({ select($0.state) }, onChange: onChange)
+        case .optimistic: optimistic.subscribe({ select($0.view.state) }, onChange: onChange)
+        }
     }
 
-    /// Every (epoch, seq, state) the replica reaches from now on, starting with the current one.
+    /// Every (epoch, seq, state) the replica reaches from now on, starting with the current one. In the optimistic
+    /// view (the default) the epoch and seq are the confirmed state's that the optimistic one is built on.
     public func states(
+        view: ReplicaView = .optimistic,
         bufferingPolicy: AsyncStream<Replicated<D.State>>.Continuation.BufferingPolicy = .unbounded
     ) -> AsyncStream<Replicated<D.State>> {
-        local.states(bufferingPolicy: bufferingPolicy)
+        switch view {
+        case .confirmed:
+            return local.states(bufferingPolicy: bufferingPolicy)
+        case .optimistic:
+            let (stream, continuation) = AsyncStream.makeStream(
+                of: Replicated<D.State>.self,
+                bufferingPolicy: bufferingPolicy
+            )
+            let subscription = optimistic.subscribe({ $0.view }, onChange: { continuation.yield($0) })
+            continuation.onTermination = { _ in subscription.cancel() }
+            return stream
+        }
+    }
+
+    /// The optimistic dispatches rolled back from now on: rejected by the daemon, or lost. Each also fails its
+    /// dispatch's handle.
+    public func rollbacks() -> AsyncStream<OptimisticRollback> {
+        let (stream, continuation) = AsyncStream.makeStream(of: OptimisticRollback.self)
+        let id = shared.withLockedValue { shared in
+            shared.nextListener += 1
+            shared.rollbackListeners[shared.nextListener] = continuation
+            return shared.nextListener
+        }
+        continuation.onTermination = { [shared] _ in
+            _ = shared.withLockedValue { $0.rollbackListeners.removeValue(forKey: id) }
+        }
+        return stream
     }
 
     /// Resyncs and divergences from now on. Each is also logged and counted in ``status``.
@@ -155,8 +223,78 @@ public final class Replica<D: Domain>: Service, Sendable {
     /// replica has applied them. A rejection names the action's index in the batch.
     @discardableResult
     public func dispatch(batch actions: [D.Action]) async throws -> ClosedRange<SequenceNumber> {
+        let frames = try Self.encode(actions, "dispatch(batch:)")
+        let outcome = DispatchOutcome()
+        let queued = shared.withLockedValue { shared in
+            guard !shared.stopped else { return false }
+            shared.lastRequestID += 1
+            shared.outbox.append(Outgoing(number: shared.lastRequestID, actions: frames, outcome: outcome))
+            return true
+        }
+        guard queued else { throw ClientError(code: .stopped, "the replica of '\(store)' has stopped") }
+        wakeup.signal()
+        return try await outcome.value
+    }
+
+    /// Applies `action` to the optimistic state at once and sends it to the daemon; returns at once with a handle
+    /// to the seq it gets. See ``dispatchOptimistically(batch:)``.
+    @discardableResult
+    public func dispatchOptimistically(_ action: D.Action) async throws -> OptimisticDispatch {
+        try await dispatchOptimistically(batch: [action])
+    }
+
+    /// Validates `actions` against the optimistic state and applies them to it at once, then sends them to the
+    /// daemon as one batch; returns without waiting for the daemon, with a handle to the seqs they get.
+    ///
+    /// Throws at once, sending nothing, when the domain's validator refuses them here (its `Rejection`), when they
+    /// cannot be encoded (`badRequest`), when the replica has stopped (`stopped`), or when it already holds
+    /// ``ReplicaConfiguration/maximumPending`` actions the daemon has not confirmed (`tooManyPending`).
+    ///
+    /// Until the confirmed state holds them they stay pending: applied again on top of each new confirmed state,
+    /// sent again with the same idempotency key after a silence or a daemon restart for as long as the replica
+    /// runs, so the daemon applies them at most once. When the daemon rejects them, they leave the optimistic
+    /// state, the handle throws the rejection and ``rollbacks()`` tells. docs/optimistic.md has the whole model.
+    public func dispatchOptimistically(batch actions: [D.Action]) async throws -> OptimisticDispatch {
+        let frames = try Self.encode(actions, "dispatchOptimistically(batch:)")
+        let number = try shared.withLockedValue { shared throws(ClientError) in
+            guard !shared.stopped else { throw ClientError(code: .stopped, "the replica of '\(store)' has stopped") }
+            guard shared.pendingActions + actions.count <= configuration.maximumPending else {
+                throw ClientError(
+                    code: .tooManyPending,
+                    "the replica of '\(store)' holds \(shared.pendingActions) optimistic actions the daemon has not "
+                        + "confirmed, and \(actions.count) more would pass the bound of \(configuration.maximumPending) "
+                        + "(ReplicaConfiguration.maximumPending); wait for some to be confirmed"
+                )
+            }
+            shared.lastRequestID += 1
+            shared.pendingActions += actions.count
+            shared.pending[shared.lastRequestID] = PendingRecord(actions: frames, dispatchedAt: .now)
+            return shared.lastRequestID
+        }
+        do {
+            try await optimistic.dispatch(.add(Projection.Entry(requestNumber: number, actions: actions)))
+        } catch {
+            shared.withLockedValue { $0.forget(number) }
+            throw error
+        }
+        let outcome = DispatchOutcome()
+        let queued = shared.withLockedValue { shared in
+            guard !shared.stopped else { return false }
+            shared.outbox.append(Outgoing(number: number, actions: frames, outcome: outcome, optimistic: true))
+            return true
+        }
+        if queued {
+            wakeup.signal()
+        } else {
+            outcome.fail(ClientError(code: .stopped, "the replica of '\(store)' has stopped"))
+        }
+        return OptimisticDispatch(requestNumber: number, outcome: outcome)
+    }
+
+    /// The actions in canonical JSON, or a `badRequest` naming the one that cannot be encoded.
+    private static func encode(_ actions: [D.Action], _ function: String) throws(ClientError) -> [Frame] {
         guard !actions.isEmpty else {
-            throw ClientError(code: .badRequest, "dispatch(batch:) needs at least one action; it got none")
+            throw ClientError(code: .badRequest, "\(function) needs at least one action; it got none")
         }
         var frames: [Frame] = []
         frames.reserveCapacity(actions.count)
@@ -170,18 +308,7 @@ public final class Replica<D: Domain>: Service, Sendable {
                 )
             }
         }
-        return try await withCheckedThrowingContinuation { continuation in
-            let queued = shared.withLockedValue { shared in
-                guard !shared.stopped else { return false }
-                shared.outbox.append(Outgoing(actions: frames, continuation: continuation))
-                return true
-            }
-            if queued {
-                wakeup.signal()
-            } else {
-                continuation.resume(throwing: ClientError(code: .stopped, "the replica of '\(store)' has stopped"))
-            }
-        }
+        return frames
     }
 
     // MARK: - Life
@@ -273,43 +400,131 @@ public final class Replica<D: Domain>: Service, Sendable {
 
     /// After the loop: nothing more will be answered.
     private func finish() {
-        let (outbox, waiters, listeners) = shared.withLockedValue { shared in
+        let (outbox, waiters, listeners, rollbackListeners, pending) = shared.withLockedValue { shared in
             shared.stopped = true
             shared.status.phase = .stopped
             defer {
                 shared.outbox.removeAll()
                 shared.waiters.removeAll()
                 shared.listeners.removeAll()
+                shared.rollbackListeners.removeAll()
+                shared.pending.removeAll()
+                shared.pendingActions = 0
             }
-            return (shared.outbox, shared.waiters, shared.listeners)
+            return (
+                shared.outbox, shared.waiters, shared.listeners, shared.rollbackListeners, Set(shared.pending.keys)
+            )
         }
         let error = ClientError(code: .stopped, "the replica of '\(store)' stopped before the action was applied here")
-        for outgoing in outbox { outgoing.continuation.resume(throwing: error) }
-        for waiter in waiters { waiter.continuation.resume(throwing: error) }
+        for outgoing in outbox { outgoing.outcome.fail(error) }
+        for waiter in waiters { waiter.outcome.fail(error) }
         for listener in listeners.values { listener.finish() }
+        for listener in rollbackListeners.values { listener.finish() }
+        // What was never confirmed leaves the optimistic state: it shows the daemon's last word.
+        if !pending.isEmpty { optimistic.send(.remove(pending)) }
     }
 
-    /// The local store reached `seq` of `epoch`: wake the dispatches waiting for it. Runs on whichever thread
-    /// applied the change.
+    /// The local store reached `seq` of `epoch`: wake the dispatches waiting for it, and fail those accepted in
+    /// an epoch the replica has now left, whose history the daemon lost. Runs on whichever thread applied the change.
     fileprivate func applied(epoch: Epoch, seq: SequenceNumber) {
-        let ready = shared.withLockedValue { shared in
+        let (ready, lost) = shared.withLockedValue { shared in
             var ready: [Waiter] = []
+            var lost: [Waiter] = []
+            for index in shared.waiters.indices where shared.waiters[index].epoch == epoch {
+                shared.waiters[index].epochSeen = true
+            }
             shared.waiters.removeAll { waiter in
-                guard waiter.epoch == epoch, waiter.seqs.upperBound <= seq else { return false }
-                ready.append(waiter)
+                if waiter.epoch != epoch {
+                    guard waiter.epochSeen else { return false }
+                    lost.append(waiter)
+                } else if waiter.seqs.upperBound <= seq {
+                    ready.append(waiter)
+                } else {
+                    return false
+                }
                 return true
             }
-            return ready
+            return (ready, lost)
         }
-        for waiter in ready { waiter.continuation.resume(returning: waiter.seqs) }
+        for waiter in ready { waiter.outcome.resolve(.success(waiter.seqs)) }
+        for waiter in lost {
+            let error = ClientError(
+                code: .notApplied,
+                "the daemon accepted the action at seqs \(waiter.seqs) of epoch \(waiter.epoch), then started a new "
+                    + "history (epoch \(epoch)): its journal was lost or replaced, and the new one does not hold the "
+                    + "action; dispatch it again if it still applies"
+            )
+            waiter.outcome.fail(error)
+            if let number = waiter.optimistic { rolledBack(number, error) }
+        }
     }
 
     fileprivate func notify(_ notice: ReplicaNotice) {
         for listener in shared.withLockedValue({ Array($0.listeners.values) }) { listener.yield(notice) }
     }
 
-    fileprivate func apply(_ change: Change, epoch: Epoch, seq: SequenceNumber) {
-        local.send(change) { [self] _ in applied(epoch: epoch, seq: seq) }
+    /// Hands `change` (the confirmed change `number`) to the local store; once applied, the dispatches waiting for
+    /// it are answered and the optimistic state is rebuilt on it.
+    fileprivate func apply(_ change: Change, number: UInt64, epoch: Epoch, seq: SequenceNumber) {
+        local.send(change) { [self] _ in
+            applied(epoch: epoch, seq: seq)
+            // Still on the thread that applied the change, before the store takes its next one: this is its state.
+            let base = local.state
+            shared.withLockedValue { $0.lastConfirmed = (number, base) }
+            rebase()
+        }
+    }
+
+    /// Rebuilds the optimistic state on the newest confirmed state: the optimistic dispatches it holds (or that a
+    /// new epoch lost) leave the pending list, the others are applied again on top.
+    ///
+    /// Not while an optimistic dispatch sent before that confirmed change arrived is still unanswered: the change
+    /// may hold it, and the replica cannot tell until the answer names its seqs (events do not say who sent them).
+    /// Rebuilding then would show the action twice; the optimistic state waits, on the older base, for the answer
+    /// (a round trip). A dispatch sent after the change arrived cannot be in it and never holds a rebase up.
+    fileprivate func rebase() {
+        let rebase = shared.withLockedValue { shared -> (Replicated<D.State>, UInt64, Set<UInt64>)? in
+            guard let (number, base) = shared.lastConfirmed, number > shared.rebasedThrough else { return nil }
+            let unsure = shared.pending.values.contains { record in
+                guard record.accepted == nil, let heard = record.heardAtSend else { return false }
+                return heard < number
+            }
+            guard !unsure else { return nil }
+            shared.rebasedThrough = number
+            var settled = Set<UInt64>()
+            for (requestNumber, record) in shared.pending {
+                guard let (epoch, seqs) = record.accepted, epoch == base.epoch, seqs.upperBound <= base.seq else {
+                    continue
+                }
+                settled.insert(requestNumber)
+            }
+            for requestNumber in settled { shared.forget(requestNumber) }
+            return (base, number, settled)
+        }
+        guard let (base, number, settled) = rebase else { return }
+        optimistic.send(.rebase(base, number: number, settled: settled))
+    }
+
+    /// Optimistic dispatch `number` will not be confirmed: it leaves the pending list and the optimistic state, and
+    /// ``rollbacks()`` tells. A rebase it held up may go on.
+    fileprivate func rolledBack(_ number: UInt64, _ error: any Error) {
+        let (actions, listeners) = shared.withLockedValue { shared in
+            let actions = shared.pending[number]?.actions ?? []
+            shared.forget(number)
+            return (actions, Array(shared.rollbackListeners.values))
+        }
+        optimistic.send(.remove([number]))
+        let rollback = OptimisticRollback(
+            requestNumber: number,
+            actions: actions.map { String(decoding: $0, as: UTF8.self) },
+            error: error
+        )
+        logger.notice(
+            "rolled back an optimistic dispatch",
+            metadata: ["request": "\(number)", "error": "\(error)"]
+        )
+        for listener in listeners { listener.yield(rollback) }
+        rebase()
     }
 
     fileprivate func nextRequestID() -> UInt64 {
@@ -322,15 +537,34 @@ public final class Replica<D: Domain>: Service, Sendable {
     // MARK: - Shared between the loop and callers
 
     fileprivate struct Outgoing: Sendable {
+        /// The request number of its idempotency key.
+        var number: UInt64
         var actions: [Frame]
-        var continuation: CheckedContinuation<ClosedRange<SequenceNumber>, any Error>
+        var outcome: DispatchOutcome
+        var optimistic = false
     }
 
+    /// An accepted dispatch waiting for this replica to apply its seqs.
     fileprivate struct Waiter: Sendable {
         var epoch: Epoch
         var seqs: ClosedRange<SequenceNumber>
+        /// When it fails `notApplied`, not applied here in time.
         var deadline: ContinuousClock.Instant
-        var continuation: CheckedContinuation<ClosedRange<SequenceNumber>, any Error>
+        /// Whether the replica's state was of `epoch` since: leaving that epoch then loses the dispatch.
+        var epochSeen: Bool
+        var outcome: DispatchOutcome
+        /// The request number of an optimistic dispatch.
+        var optimistic: UInt64?
+    }
+
+    /// An optimistic dispatch the confirmed state does not hold yet.
+    fileprivate struct PendingRecord: Sendable {
+        var actions: [Frame]
+        var dispatchedAt: ContinuousClock.Instant
+        /// How many confirmed changes the replica had handed to its store when it first sent the dispatch.
+        var heardAtSend: UInt64?
+        var tries = 0
+        var accepted: (epoch: Epoch, seqs: ClosedRange<SequenceNumber>)?
     }
 
     fileprivate struct Shared: Sendable {
@@ -343,6 +577,17 @@ public final class Replica<D: Domain>: Service, Sendable {
         var status = ReplicaStatus()
         var nextListener: UInt64 = 0
         var listeners: [UInt64: AsyncStream<ReplicaNotice>.Continuation] = [:]
+        var rollbackListeners: [UInt64: AsyncStream<OptimisticRollback>.Continuation] = [:]
+        /// The optimistic dispatches not confirmed yet, by request number, and how many actions they hold.
+        var pending: [UInt64: PendingRecord] = [:]
+        var pendingActions = 0
+        /// The newest confirmed state and its change's number; the number the optimistic state is built on.
+        var lastConfirmed: (number: UInt64, base: Replicated<D.State>)?
+        var rebasedThrough: UInt64 = 0
+
+        mutating func forget(_ number: UInt64) {
+            if let record = pending.removeValue(forKey: number) { pendingActions -= record.actions.count }
+        }
     }
 }
 
@@ -409,11 +654,19 @@ private struct Engine<D: Domain> {
     let decoder = JSONDecoder()
     /// With ``ReplicaConfiguration/evidenceDirectory``: what a divergence's evidence file is made of.
     var evidence: EvidenceRecorder?
+    /// How many confirmed changes were handed to the local store: the number of the next one, less one.
+    var handed: UInt64 = 0
+    /// The optimistic dispatches waiting for a reply, by request number.
+    var optimisticInFlight: Set<UInt64> = []
+    /// Optimistic dispatches the daemon could not take for now (`unavailable`), sent again at their time.
+    var retryLater: [(at: ContinuousClock.Instant, request: Request, dispatch: Dispatch)] = []
 
-    /// What a dispatch in flight waits with: how many actions it sent, and who to answer.
+    /// What a dispatch in flight waits with: how many actions it sent, who to answer, and whether it is optimistic
+    /// (its request number then).
     struct Dispatch {
         var count: Int
-        var continuation: CheckedContinuation<ClosedRange<SequenceNumber>, any Error>
+        var outcome: DispatchOutcome
+        var optimistic: UInt64?
     }
 
     init(replica: Replica<D>, sync: ReplicaSync) {
@@ -453,8 +706,8 @@ private struct Engine<D: Domain> {
     }
 
     func nextDeadline(after now: ContinuousClock.Instant) -> ContinuousClock.Instant {
-        // A closure, not a key path: in this generic context a key path is built at run time on every call.
-        inFlight.nextDeadline ?? now + .seconds(1)
+        let next = inFlight.nextDeadline ?? now + .seconds(1)
+        return retryLater.reduce(next) { min($0, $1.at) }
     }
 
     // MARK: Dispatches
@@ -464,29 +717,39 @@ private struct Engine<D: Domain> {
         for outgoing in outbox {
             let request = Request.dispatch(
                 DispatchRequest(
-                    requestID: replica.nextRequestID(),
+                    requestID: outgoing.number,
                     domainVersion: D.version,
                     clientID: replica.clientID,
                     store: store,
                     actions: outgoing.actions
                 )
             )
-            let dispatch = Dispatch(count: outgoing.actions.count, continuation: outgoing.continuation)
+            let dispatch = Dispatch(
+                count: outgoing.actions.count,
+                outcome: outgoing.outcome,
+                optimistic: outgoing.optimistic ? outgoing.number : nil
+            )
+            if outgoing.optimistic { optimisticInFlight.insert(outgoing.number) }
             try perform(inFlight.submit(request, dispatch, now: now), on: &link)
         }
     }
 
     /// Carries out what the Lazy Pirate machine asks for.
     mutating func perform(_ outputs: [LazyPirate<Dispatch>.Output], on link: inout Link) throws {
+        var again: [(Request, Dispatch)] = []
         for output in outputs {
             switch output {
             case let .send(request):
                 link.send(request)
+                if optimisticInFlight.contains(request.requestID) { sentOptimistic(request.requestID) }
             case .renewSocket:
                 try link.renewCommandSocket()
+            case let .gaveUp(request, dispatch, _) where dispatch.optimistic != nil:
+                // An optimistic dispatch stays pending as long as the replica runs: sent again, with its key.
+                again.append((request, dispatch))
             case let .gaveUp(_, dispatch, tries):
-                dispatch.continuation.resume(
-                    throwing: ClientError(
+                dispatch.outcome.fail(
+                    ClientError(
                         code: .unavailable,
                         "no reply from the daemon at \(configuration.commandEndpoint) after \(tries) tries of "
                             + "\(configuration.requestTimeout) each; is the daemon running, and is the endpoint right?"
@@ -494,50 +757,74 @@ private struct Engine<D: Domain> {
                 )
             }
         }
+        // After the outputs above, so on the renewed socket.
+        let now = ContinuousClock.now
+        for (request, dispatch) in again { try perform(inFlight.submit(request, dispatch, now: now), on: &link) }
+    }
+
+    /// Optimistic dispatch `number` went out (again): counted, and the first time, when.
+    func sentOptimistic(_ number: UInt64) {
+        replica.shared.withLockedValue { [handed] shared in
+            shared.pending[number]?.tries += 1
+            if shared.pending[number]?.heardAtSend == nil { shared.pending[number]?.heardAtSend = handed }
+        }
     }
 
     mutating func failAll(_ outbox: [Replica<D>.Outgoing], _ error: ClientError) {
-        for outgoing in outbox { outgoing.continuation.resume(throwing: error) }
-        for (_, dispatch) in inFlight.removeAll() { dispatch.continuation.resume(throwing: error) }
+        for outgoing in outbox { outgoing.outcome.fail(error) }
+        for (_, dispatch) in inFlight.removeAll() { dispatch.outcome.fail(error) }
+        for (_, _, dispatch) in retryLater { dispatch.outcome.fail(error) }
+        retryLater.removeAll()
+        optimisticInFlight.removeAll()
     }
 
-    /// Answers a dispatch: a rejection or refusal at once, an acceptance once this replica applied it.
-    mutating func complete(_ flight: Dispatch, with reply: Reply) {
+    /// Answers a dispatch: a rejection or refusal at once (an optimistic one rolled back), an acceptance once this
+    /// replica applied it.
+    mutating func complete(_ request: Request, _ flight: Dispatch, with reply: Reply) {
+        if let number = flight.optimistic { optimisticInFlight.remove(number) }
+        let error: any Error
         switch reply {
         case let .accepted(_, epoch, firstSeq, count) where count == flight.count && count > 0:
             let seqs = firstSeq...(firstSeq + SequenceNumber(count) - 1)
+            let current = replica.local.state
             let waiter = Replica<D>.Waiter(
                 epoch: epoch,
                 seqs: seqs,
                 deadline: .now + configuration.readYourWritesTimeout,
-                continuation: flight.continuation
+                epochSeen: current.epoch == epoch,
+                outcome: flight.outcome,
+                optimistic: flight.optimistic
             )
-            replica.shared.withLockedValue { $0.waiters.append(waiter) }
+            replica.shared.withLockedValue { shared in
+                shared.waiters.append(waiter)
+                if let number = flight.optimistic { shared.pending[number]?.accepted = (epoch, seqs) }
+            }
             // It may have been applied already (the event can overtake the reply).
-            let current = replica.local.state
             if let applied = current.epoch, applied == epoch, current.seq >= seqs.upperBound {
                 replica.applied(epoch: applied, seq: current.seq)
             }
+            // Answered: a rebase that waited for this answer can go on.
+            if flight.optimistic != nil { replica.rebase() }
+            return
         case let .rejected(_, index, rejection):
-            flight.continuation.resume(
-                throwing: flight.count == 1
-                    ? rejection
-                    : Rejection(code: rejection.code, "action \(index) of the batch: \(rejection.reason)")
-            )
-        case let .error(_, error) where error.code == .unavailable:
-            // Nothing was applied and a retry with the same key is safe: the caller may try again later.
-            flight.continuation.resume(
-                throwing: ClientError(code: .unavailable, "the daemon could not take the dispatch now: \(error)")
-            )
-        case let .error(_, error):
-            flight.continuation.resume(
-                throwing: ClientError(code: .refused, "the daemon refused the dispatch to '\(store)': \(error)")
-            )
+            error =
+                flight.count == 1
+                ? rejection : Rejection(code: rejection.code, "action \(index) of the batch: \(rejection.reason)")
+        case let .error(_, refusal) where refusal.code == .unavailable:
+            // Nothing was applied and a retry with the same key is safe: an optimistic dispatch is sent again after
+            // a request's timeout; the caller of another may try again later.
+            if flight.optimistic != nil {
+                retryLater.append((.now + configuration.requestTimeout, request, flight))
+                return
+            }
+            error = ClientError(code: .unavailable, "the daemon could not take the dispatch now: \(refusal)")
+        case let .error(_, refusal):
+            error = ClientError(code: .refused, "the daemon refused the dispatch to '\(store)': \(refusal)")
         default:
-            flight.continuation.resume(
-                throwing: ClientError(code: .protocolViolation, "the daemon answered a dispatch with \(reply)")
-            )
+            error = ClientError(code: .protocolViolation, "the daemon answered a dispatch with \(reply)")
         }
+        flight.outcome.fail(error)
+        if let number = flight.optimistic { replica.rolledBack(number, error) }
     }
 
     // MARK: Inputs
@@ -592,8 +879,8 @@ private struct Engine<D: Domain> {
                 )
                 continue
             }
-            if let (_, dispatch) = inFlight.answered(reply.requestID) {
-                complete(dispatch, with: reply)
+            if let (request, dispatch) = inFlight.answered(reply.requestID) {
+                complete(request, dispatch, with: reply)
                 continue
             }
             switch reply {
@@ -633,6 +920,14 @@ private struct Engine<D: Domain> {
     mutating func tick(on link: inout Link) throws {
         let now = ContinuousClock.now
         try perform(inFlight.tick(now: now), on: &link)
+        if retryLater.contains(where: { $0.at <= now }) {
+            let due = retryLater.filter { $0.at <= now }
+            retryLater.removeAll { $0.at <= now }
+            for (_, request, dispatch) in due {
+                if let number = dispatch.optimistic { optimisticInFlight.insert(number) }
+                try perform(inFlight.submit(request, dispatch, now: now), on: &link)
+            }
+        }
         let late = replica.shared.withLockedValue { shared in
             var late: [Replica<D>.Waiter] = []
             shared.waiters.removeAll { waiter in
@@ -643,13 +938,13 @@ private struct Engine<D: Domain> {
             return late
         }
         for waiter in late {
-            waiter.continuation.resume(
-                throwing: ClientError(
-                    code: .notApplied,
-                    "the daemon committed seqs \(waiter.seqs), but this replica has not applied them within "
-                        + "\(configuration.readYourWritesTimeout) (it is \(status.phase) at seq \(sync.lastSeq))"
-                )
+            let error = ClientError(
+                code: .notApplied,
+                "the daemon committed seqs \(waiter.seqs), but this replica has not applied them within "
+                    + "\(configuration.readYourWritesTimeout) (it is \(status.phase) at seq \(sync.lastSeq))"
             )
+            waiter.outcome.fail(error)
+            if let number = waiter.optimistic { replica.rolledBack(number, error) }
         }
         perform(sync.tick(now: now), on: &link)
     }
@@ -678,7 +973,13 @@ private struct Engine<D: Domain> {
                     let reason = CanonicalEncoding.describe(error)
                     return mismatch(seq, "the snapshot is not a \(D.name) v\(D.version) state: \(reason)", on: &link)
                 }
-                replica.apply(.install(Replicated(epoch: epoch, seq: seq, state: state)), epoch: epoch, seq: seq)
+                handed += 1
+                replica.apply(
+                    .install(Replicated(epoch: epoch, seq: seq, state: state)),
+                    number: handed,
+                    epoch: epoch,
+                    seq: seq
+                )
                 evidence?.agree(epoch: epoch, seq: seq, state: bytes)
             case let .apply(events):
                 guard let epoch = sync.epoch, let first = events.first, let last = events.last else { continue }
@@ -761,7 +1062,13 @@ private struct Engine<D: Domain> {
     mutating func handOver() {
         guard let pending = unapplied else { return }
         unapplied = nil
-        replica.apply(.apply(firstSeq: pending.firstSeq, pending.actions), epoch: pending.epoch, seq: pending.lastSeq)
+        handed += 1
+        replica.apply(
+            .apply(firstSeq: pending.firstSeq, pending.actions),
+            number: handed,
+            epoch: pending.epoch,
+            seq: pending.lastSeq
+        )
     }
 
     private mutating func mismatch(_ seq: SequenceNumber, _ detail: String, on link: inout Link) {

@@ -32,8 +32,13 @@ public struct ReplicaConfiguration: Sendable {
     public var requestTimeout = Duration.seconds(2)
     /// How many times a dispatch is sent again, on a fresh socket, after a silence.
     public var retries = 3
-    /// How long an accepted dispatch waits for this replica to apply it before `dispatch` gives up.
+    /// How long an accepted dispatch waits for this replica to apply it before `dispatch` gives up (an optimistic
+    /// one is then rolled back).
     public var readYourWritesTimeout = Duration.seconds(10)
+    /// The most optimistic actions the daemon has not confirmed yet that the replica holds; past it,
+    /// `dispatchOptimistically` throws `tooManyPending`. Each is applied again on every confirmed change, so this
+    /// also bounds that work.
+    public var maximumPending = 1_000
     /// Join, repair and silence settings.
     public var sync = ReplicaSync.Settings()
     /// Events queued on this side before the newest are dropped (the ZeroMQ high-water mark); a gap is

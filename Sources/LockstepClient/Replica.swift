@@ -262,8 +262,9 @@ public final class Replica<D: Domain>: Service, Sendable {
                 throw ClientError(
                     code: .tooManyPending,
                     "the replica of '\(store)' holds \(shared.pendingActions) optimistic actions the daemon has not "
-                        + "confirmed, and \(actions.count) more would pass the bound of \(configuration.maximumPending) "
-                        + "(ReplicaConfiguration.maximumPending); wait for some to be confirmed"
+                        + "confirmed, and \(actions.count) more would pass the bound of "
+                        + "\(configuration.maximumPending) (ReplicaConfiguration.maximumPending); wait for some to be "
+                        + "confirmed"
                 )
             }
             shared.lastRequestID += 1
@@ -463,15 +464,16 @@ public final class Replica<D: Domain>: Service, Sendable {
         for listener in shared.withLockedValue({ Array($0.listeners.values) }) { listener.yield(notice) }
     }
 
-    /// Hands `change` (the confirmed change `number`) to the local store; once applied, the dispatches waiting for
-    /// it are answered and the optimistic state is rebuilt on it.
+    /// Hands `change` (the confirmed change `number`) to the local store; once applied, the optimistic state is
+    /// rebuilt on it and the dispatches waiting for it are answered.
     fileprivate func apply(_ change: Change, number: UInt64, epoch: Epoch, seq: SequenceNumber) {
         local.send(change) { [self] _ in
-            applied(epoch: epoch, seq: seq)
             // Still on the thread that applied the change, before the store takes its next one: this is its state.
+            // The optimistic state is rebuilt on it before the dispatches it confirms are answered.
             let base = local.state
             shared.withLockedValue { $0.lastConfirmed = (number, base) }
             rebase()
+            applied(epoch: epoch, seq: seq)
         }
     }
 

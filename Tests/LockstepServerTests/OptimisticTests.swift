@@ -1,0 +1,278 @@
+import Foundation
+import Lockstep
+import LockstepClient
+import LockstepExamples
+import LockstepProtocol
+import LockstepTesting
+import Synchronization
+import TestSupport
+import Testing
+import ZeroMQ
+
+/// Optimistic dispatch: a replica in this process against a real `lockstepd` (and, where said, other processes
+/// writing to it).
+@Suite struct OptimisticTests {
+    /// A daemon in a new directory, serving.
+    func startDaemon(_ label: String) async throws -> (DaemonProcess, String) {
+        let directory = try TestSupport.temporaryDirectory(label).path
+        let daemon = try DaemonProcess(directory: directory)
+        try await daemon.waitUntilServing()
+        return (daemon, directory)
+    }
+
+    /// Runs `body` with a replica of `D` that is running against `daemon` (its configuration changed by `adjust`),
+    /// and stops it afterwards.
+    func withReplica<D: Domain, T>(
+        _ domain: D.Type,
+        _ daemon: DaemonProcess,
+        _ adjust: (inout ReplicaConfiguration) -> Void = { _ in },
+        _ body: (Replica<D>) async throws -> T
+    ) async throws -> T {
+        var configuration = ReplicaConfiguration(commandEndpoint: daemon.command, eventsEndpoint: daemon.events)
+        configuration.requestTimeout = .milliseconds(500)
+        adjust(&configuration)
+        let replica = try Replica(D.self, configuration: configuration)
+        return try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await replica.run() }
+            try await replica.waitUntilLive(timeout: .seconds(60))
+            let result = try await body(replica)
+            group.cancelAll()
+            try await group.waitForAll()
+            return result
+        }
+    }
+
+    /// The daemon's (seq, digest) of `store`.
+    func daemonDigest(_ daemon: DaemonProcess, _ store: String) throws -> (seq: SequenceNumber, digest: StateDigest)? {
+        let client = CommandClient(context: try Context(), endpoint: daemon.command, timeout: .seconds(1), retries: 10)
+        guard case let .snapshot(_, snapshot) = try client.call(.snapshot(requestID: 1, store: try StoreName(store)))
+        else { return nil }
+        return (snapshot.seq, snapshot.digest)
+    }
+
+    /// Whether the replica's confirmed state is the daemon's, digest for digest.
+    func agrees<D: Domain>(_ replica: Replica<D>, with daemon: DaemonProcess) async throws -> Bool {
+        try await eventually(within: .seconds(30)) {
+            guard let (seq, digest) = try daemonDigest(daemon, D.name) else { return false }
+            let current = replica.current
+            let mine = StateDigest(of: Array(try CanonicalEncoding.encode(current.state)))
+            return current.seq == seq && mine == digest
+        }
+    }
+
+    @Test func aLocalRejectionThrowsAtOnceAndTheQueueIsBounded() async throws {
+        // No daemon and not running: what dispatchOptimistically decides, it decides here.
+        var configuration = ReplicaConfiguration(commandEndpoint: "ipc:///nonexistent", eventsEndpoint: "ipc:///no")
+        configuration.maximumPending = 2
+        let replica = try Replica(Numbers.self, configuration: configuration)
+        let refused = await #expect(throws: Rejection.self) {
+            try await replica.dispatchOptimistically(.delete(index: 0))
+        }
+        #expect(refused?.code == "out_of_range", "\(String(describing: refused))")
+        #expect(replica.pending.isEmpty)
+        #expect(replica.state == Numbers.initialState)
+
+        try await replica.dispatchOptimistically(.add(number: 7))
+        try await replica.dispatchOptimistically(.delete(index: 0))
+        #expect(replica.state.numbers == [])
+        #expect(replica.confirmedState == Numbers.initialState)
+        #expect(replica.pending.map(\.actions) == [[#"{"add":{"number":7}}"#], [#"{"delete":{"index":0}}"#]])
+        #expect(replica.pending.allSatisfy { $0.status == .queued })
+        let full = await #expect(throws: ClientError.self) { try await replica.dispatchOptimistically(.add(number: 8)) }
+        #expect(full?.code == .tooManyPending)
+        #expect(full?.reason.contains("bound of 2") == true, "\(String(describing: full))")
+        #expect(replica.pending.count == 2)
+    }
+
+    @Test func theOptimisticStateShowsTheActionBeforeTheDaemonAnswers() async throws {
+        let (daemon, directory) = try await startDaemon("optimistic-first")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        try await withReplica(Counter.self, daemon) { replica in
+            // What the optimistic view showed first, and the confirmed state at that moment.
+            let seen = Mutex<[(optimistic: Int, confirmed: Int)]>([])
+            let subscription = replica.subscribe({ $0.count }) { count in
+                seen.withLock { $0.append((count, replica.confirmedState.count)) }
+            }
+            defer { subscription.cancel() }
+            let handle = try await replica.dispatchOptimistically(.increment)
+            // The subscriber ran while the action was applied here, before it was even handed to the replica's
+            // thread to send: the confirmed state cannot hold it then.
+            let first = seen.withLock { $0.first { $0.optimistic == 1 } }
+            #expect(first?.confirmed == 0)
+            #expect(replica.state.count == 1)
+            #expect(try await handle.seq == 1)
+            #expect(replica.confirmedState.count == 1)
+            #expect(try await eventually(within: .seconds(10)) { replica.pending.isEmpty })
+            #expect(replica.state == replica.confirmedState)
+        }
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func aRejectionByTheDaemonRollsBack() async throws {
+        let (daemon, directory) = try await startDaemon("optimistic-rejected")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        func lockstep(_ arguments: [String]) throws {
+            let result = try runProduct("lockstep", arguments + ["--command-endpoint", daemon.command])
+            #expect(result.status == 0, "lockstep \(arguments): \(result.standardError)")
+        }
+        try lockstep(["dispatch", "numbers", #"{"add":{"number":1}}"#])
+        try lockstep(["dispatch", "numbers", #"{"add":{"number":2}}"#])
+        // This replica hears no events: after joining it keeps [1, 2] while another process deletes the 2.
+        try await withReplica(
+            Numbers.self,
+            daemon,
+            {
+                $0.eventsEndpoint = "ipc://\(directory)/no-events-here"
+                $0.sync.silenceLimit = .seconds(120)
+            }
+        ) { replica in
+            #expect(replica.state.numbers == [1, 2])
+            let rollbacks = replica.rollbacks()
+            let seen = Mutex<[[Int]]>([])
+            let subscription = replica.subscribe({ $0.numbers }) { numbers in seen.withLock { $0.append(numbers) } }
+            defer { subscription.cancel() }
+            try lockstep(["dispatch", "numbers", #"{"delete":{"index":1}}"#])
+            let handle = try await replica.dispatchOptimistically(.delete(index: 1))
+            let rejection = await #expect(throws: Rejection.self) { try await handle.seq }
+            #expect(rejection?.code == "out_of_range", "\(String(describing: rejection))")
+            // Shown at once, then rolled back: the optimistic state is the confirmed one again, and it was told.
+            #expect(try await eventually(within: .seconds(10)) { seen.withLock { $0 } == [[1, 2], [1], [1, 2]] })
+            #expect(replica.state.numbers == [1, 2])
+            #expect(replica.pending.isEmpty)
+            let told = await collect(rollbacks, within: .seconds(10)) { !$0.isEmpty }
+            #expect(told.first?.requestNumber == handle.requestNumber)
+            #expect(told.first?.actions == [#"{"delete":{"index":1}}"#])
+            #expect(told.first?.error is Rejection)
+        }
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func rebasingUnderAnotherWritingProcessCountsNothingTwice() async throws {
+        let (daemon, directory) = try await startDaemon("optimistic-rebase")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let other = try ReplicaClient(daemon, stores: ["todos"], actions: 400)
+        let mine = 150
+        try await withReplica(Todos.self, daemon) { replica in
+            // Every optimistic state: none of this replica's todos twice (the other process's texts may repeat),
+            // and none once shown then gone (nothing of it is rejected: one that left would be a rebase losing it).
+            let problems = Mutex<[String]>([])
+            let shown = Mutex<Set<String>>([])
+            let subscription = replica.subscribe({ $0.list.items.map(\.text).filter { $0.hasPrefix("mine ") } }) {
+                texts in
+                let own = Set(texts)
+                if own.count != texts.count {
+                    problems.withLock { $0.append("one of mine twice: \(texts.sorted().suffix(5))") }
+                }
+                shown.withLock { shown in
+                    if !shown.isSubset(of: own) {
+                        problems.withLock { $0.append("gone: \(shown.subtracting(own).sorted())") }
+                    }
+                    shown = own
+                }
+            }
+            defer { subscription.cancel() }
+            var handles: [OptimisticDispatch] = []
+            for index in 0..<mine {
+                handles.append(try await replica.dispatchOptimistically(.add(text: "mine \(index)")))
+                if index % 10 == 0 { try await Task.sleep(for: .milliseconds(5)) }
+            }
+            var seqs: [SequenceNumber] = []
+            for handle in handles { seqs.append(try await handle.seq) }
+            #expect(Set(seqs).count == mine)
+            let written = other.wait(within: .seconds(60)) { $0.done }
+            #expect(written?.done == true && written?.failed == 0, "\(String(describing: written))")
+            #expect(try await agrees(replica, with: daemon))
+            #expect(try await eventually(within: .seconds(10)) { replica.pending.isEmpty })
+            #expect(replica.state == replica.confirmedState)
+            let texts = replica.confirmedState.list.items.map(\.text)
+            #expect(texts.filter { $0.hasPrefix("mine ") }.count == mine)
+            #expect(problems.withLock { $0 }.isEmpty, "\(problems.withLock { $0.prefix(2) })")
+        }
+        _ = try other.stop()
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func aDaemonKilledWithActionsPendingAppliesEachOnceAfterItsRestart() async throws {
+        let directory = try TestSupport.temporaryDirectory("optimistic-kill").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var daemon = try DaemonProcess(directory: directory)
+        try await daemon.waitUntilServing()
+        let total = 300
+        let restarted = try await withReplica(Todos.self, daemon) { replica in
+            var handles: [OptimisticDispatch] = []
+            var restarted: DaemonProcess?
+            for index in 0..<total {
+                handles.append(try await replica.dispatchOptimistically(.add(text: "item \(index)")))
+                if index == 100 {
+                    // Some of the first hundred are committed, some answered, some not even read: kill -9.
+                    daemon.kill()
+                }
+                if index == 200 {
+                    let again = try DaemonProcess(directory: directory)
+                    try await again.waitUntilServing()
+                    restarted = again
+                }
+                if index % 20 == 0 { try await Task.sleep(for: .milliseconds(2)) }
+            }
+            // Every one is confirmed once: resent with its key, the daemon answers what it had from its journal.
+            var seqs: [SequenceNumber] = []
+            for handle in handles { seqs.append(try await handle.seq) }
+            #expect(Set(seqs).count == total)
+            let texts = replica.confirmedState.list.items.map(\.text)
+            #expect(texts.count == total)
+            #expect(Set(texts) == Set((0..<total).map { "item \($0)" }))
+            #expect(
+                try await eventually(within: .seconds(10)) { replica.pending.isEmpty },
+                "\(replica.pending.prefix(3))"
+            )
+            let same = try await eventually(within: .seconds(10)) { replica.state == replica.confirmedState }
+            let counts = (replica.state.list.items.count, replica.confirmedState.list.items.count)
+            #expect(same, "optimistic \(counts.0) todos, confirmed \(counts.1)")
+            if let restarted { #expect(try await agrees(replica, with: restarted)) }
+            return restarted
+        }
+        daemon = try #require(restarted)
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func aNewEpochLosesWhatWasAcceptedAndTakesWhatWasNeverAnswered() async throws {
+        let directory = try TestSupport.temporaryDirectory("optimistic-epoch").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let first = try DaemonProcess(directory: directory)
+        try await first.waitUntilServing()
+        let second = try await withReplica(
+            Todos.self,
+            first,
+            {
+                // No events: the replica learns the daemon's state from snapshots only, after each silence.
+                $0.eventsEndpoint = "ipc://\(directory)/no-events-here"
+                $0.sync.silenceLimit = .seconds(2)
+            }
+        ) { replica in
+            let rollbacks = replica.rollbacks()
+            let accepted = try await replica.dispatchOptimistically(.add(text: "accepted, then lost"))
+            let answered = try await eventually(within: .seconds(10), every: .milliseconds(2)) {
+                if case .accepted = replica.pending.first?.status { true } else { false }
+            }
+            try #require(answered, "\(replica.pending)")
+            // The journal is lost: kill -9, the data removed, a new daemon with a new epoch.
+            first.kill()
+            try FileManager.default.removeItem(atPath: "\(directory)/.lockstep/data")
+            let unanswered = try await replica.dispatchOptimistically(.add(text: "never answered"))
+            #expect(replica.state.list.items.map(\.text) == ["accepted, then lost", "never answered"])
+            let second = try DaemonProcess(directory: directory)
+            try await second.waitUntilServing()
+
+            let lost = await #expect(throws: ClientError.self) { try await accepted.seq }
+            #expect(lost?.code == .notApplied)
+            #expect(lost?.reason.contains("new history") == true, "\(String(describing: lost))")
+            #expect(try await unanswered.seq == 1)
+            #expect(replica.confirmedState.list.items.map(\.text) == ["never answered"])
+            #expect(try await eventually(within: .seconds(10)) { replica.state == replica.confirmedState })
+            let told = await collect(rollbacks, within: .seconds(10)) { !$0.isEmpty }
+            #expect(told.map(\.requestNumber) == [accepted.requestNumber])
+            return second
+        }
+        #expect(await second.stop() == 0)
+    }
+}

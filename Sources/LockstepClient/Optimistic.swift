@@ -135,9 +135,12 @@ struct Projection<D: Domain>: Equatable, Sendable {
         var actions: [D.Action]
     }
 
-    /// The confirmed state it is built on, and the number of the confirmed change that made it.
+    /// The confirmed state it is built on.
     var base: Replicated<D.State>
-    var baseNumber: UInt64 = 0
+    /// Rebases applied; one that arrives before the one due waits in `early`, so they apply in the order the
+    /// replica worked them out even when two threads send them.
+    var rebases: UInt64 = 0
+    var early: [UInt64: (base: Replicated<D.State>, settled: Set<UInt64>)] = [:]
     var pending: [Entry] = []
     /// `base` with `pending` applied: what the optimistic view shows, with the base's epoch and seq.
     var view: Replicated<D.State>
@@ -148,17 +151,16 @@ struct Projection<D: Domain>: Equatable, Sendable {
     }
 
     static func == (left: Self, right: Self) -> Bool {
-        left.view == right.view && left.baseNumber == right.baseNumber
+        left.view == right.view && left.rebases == right.rebases
             && left.pending.map(\.requestNumber) == right.pending.map(\.requestNumber)
     }
 
     enum Change: Encodable, Sendable {
         /// A new optimistic dispatch, validated against the optimistic state and applied to it.
         case add(Entry)
-        /// The confirmed state moved to `base` (the confirmed change `number`): `settled` (confirmed in it, or lost)
-        /// leave the pending list and the rest are applied again on top. A base older than the one held is ignored;
-        /// its settled entries still leave.
-        case rebase(Replicated<D.State>, number: UInt64, settled: Set<UInt64>)
+        /// The confirmed state moved to `base`: `settled` (confirmed in it, or lost) leave the pending list and the
+        /// rest are applied again on top. Rebase `sequence` applies after rebase `sequence - 1`.
+        case rebase(Replicated<D.State>, sequence: UInt64, settled: Set<UInt64>)
         /// Rolled back: rejected by the daemon, refused, lost.
         case remove(Set<UInt64>)
 
@@ -166,8 +168,8 @@ struct Projection<D: Domain>: Equatable, Sendable {
             var container = encoder.singleValueContainer()
             switch self {
             case let .add(entry): try container.encode("add #\(entry.requestNumber)")
-            case let .rebase(base, number, settled):
-                try container.encode("rebase on seq \(base.seq) (\(number)), \(settled.sorted()) settled")
+            case let .rebase(base, sequence, settled):
+                try container.encode("rebase \(sequence) on seq \(base.seq), \(settled.sorted()) settled")
             case let .remove(numbers): try container.encode("remove \(numbers.sorted())")
             }
         }
@@ -184,11 +186,12 @@ struct Projection<D: Domain>: Equatable, Sendable {
                 case let .add(entry):
                     projection.pending.append(entry)
                     for action in entry.actions { D.reduce(into: &projection.view.state, action) }
-                case let .rebase(base, number, settled):
-                    projection.pending.removeAll { settled.contains($0.requestNumber) }
-                    if number > projection.baseNumber {
+                case let .rebase(base, sequence, settled):
+                    projection.early[sequence] = (base, settled)
+                    while let (base, settled) = projection.early.removeValue(forKey: projection.rebases + 1) {
+                        projection.rebases += 1
                         projection.base = base
-                        projection.baseNumber = number
+                        projection.pending.removeAll { settled.contains($0.requestNumber) }
                     }
                     projection.replay()
                 case let .remove(numbers):

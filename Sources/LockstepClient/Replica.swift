@@ -256,6 +256,15 @@ public final class Replica<D: Domain>: Service, Sendable {
     /// state, the handle throws the rejection and ``rollbacks()`` tells. docs/optimistic.md has the whole model.
     public func dispatchOptimistically(batch actions: [D.Action]) async throws -> OptimisticDispatch {
         let frames = try Self.encode(actions, "dispatchOptimistically(batch:)")
+        // Validated against the optimistic state, which means nothing before the first confirmed state is here.
+        guard optimistic.state.base.epoch != nil else {
+            throw ClientError(
+                code: .unavailable,
+                "the replica of '\(store)' has not joined the daemon yet, so it cannot validate an action against its "
+                    + "state; wait for waitUntilLive() first"
+            )
+        }
+        let outcome = DispatchOutcome()
         let number = try shared.withLockedValue { shared throws(ClientError) in
             guard !shared.stopped else { throw ClientError(code: .stopped, "the replica of '\(store)' has stopped") }
             guard shared.pendingActions + actions.count <= configuration.maximumPending else {
@@ -269,7 +278,11 @@ public final class Replica<D: Domain>: Service, Sendable {
             }
             shared.lastRequestID += 1
             shared.pendingActions += actions.count
-            shared.pending[shared.lastRequestID] = PendingRecord(actions: frames, dispatchedAt: .now)
+            shared.pending[shared.lastRequestID] = PendingRecord(
+                actions: frames,
+                dispatchedAt: .now,
+                outcome: outcome
+            )
             return shared.lastRequestID
         }
         do {
@@ -278,7 +291,6 @@ public final class Replica<D: Domain>: Service, Sendable {
             shared.withLockedValue { $0.forget(number) }
             throw error
         }
-        let outcome = DispatchOutcome()
         let queued = shared.withLockedValue { shared in
             guard !shared.stopped else { return false }
             shared.outbox.append(Outgoing(number: number, actions: frames, outcome: outcome, optimistic: true))
@@ -287,6 +299,8 @@ public final class Replica<D: Domain>: Service, Sendable {
         if queued {
             wakeup.signal()
         } else {
+            // Stopped meanwhile: the stop may have taken the dispatch out before it was in the optimistic state.
+            optimistic.send(.remove([number]))
             outcome.fail(ClientError(code: .stopped, "the replica of '\(store)' has stopped"))
         }
         return OptimisticDispatch(requestNumber: number, outcome: outcome)
@@ -412,80 +426,64 @@ public final class Replica<D: Domain>: Service, Sendable {
                 shared.pending.removeAll()
                 shared.pendingActions = 0
             }
-            return (
-                shared.outbox, shared.waiters, shared.listeners, shared.rollbackListeners, Set(shared.pending.keys)
-            )
+            return (shared.outbox, shared.waiters, shared.listeners, shared.rollbackListeners, shared.pending)
         }
         let error = ClientError(code: .stopped, "the replica of '\(store)' stopped before the action was applied here")
         for outgoing in outbox { outgoing.outcome.fail(error) }
         for waiter in waiters { waiter.outcome.fail(error) }
+        for record in pending.values { record.outcome.fail(error) }
         for listener in listeners.values { listener.finish() }
         for listener in rollbackListeners.values { listener.finish() }
         // What was never confirmed leaves the optimistic state: it shows the daemon's last word.
-        if !pending.isEmpty { optimistic.send(.remove(pending)) }
+        if !pending.isEmpty { optimistic.send(.remove(Set(pending.keys))) }
     }
 
-    /// The local store reached `seq` of `epoch`: wake the dispatches waiting for it, and fail those accepted in
-    /// an epoch the replica has now left, whose history the daemon lost. Runs on whichever thread applied the change.
+    /// The local store reached `seq` of `epoch`: wake the dispatches waiting for it. Runs on whichever thread
+    /// applied the change.
     fileprivate func applied(epoch: Epoch, seq: SequenceNumber) {
-        let (ready, lost) = shared.withLockedValue { shared in
+        let ready = shared.withLockedValue { shared in
             var ready: [Waiter] = []
-            var lost: [Waiter] = []
-            for index in shared.waiters.indices where shared.waiters[index].epoch == epoch {
-                shared.waiters[index].epochSeen = true
-            }
             shared.waiters.removeAll { waiter in
-                if waiter.epoch != epoch {
-                    guard waiter.epochSeen else { return false }
-                    lost.append(waiter)
-                } else if waiter.seqs.upperBound <= seq {
-                    ready.append(waiter)
-                } else {
-                    return false
-                }
+                guard waiter.epoch == epoch, waiter.seqs.upperBound <= seq else { return false }
+                ready.append(waiter)
                 return true
             }
-            return (ready, lost)
+            return ready
         }
         for waiter in ready { waiter.outcome.resolve(.success(waiter.seqs)) }
-        for waiter in lost {
-            let error = ClientError(
-                code: .notApplied,
-                "the daemon accepted the action at seqs \(waiter.seqs) of epoch \(waiter.epoch), then started a new "
-                    + "history (epoch \(epoch)): its journal was lost or replaced, and the new one does not hold the "
-                    + "action; dispatch it again if it still applies"
-            )
-            waiter.outcome.fail(error)
-            if let number = waiter.optimistic { rolledBack(number, error) }
-        }
     }
 
     fileprivate func notify(_ notice: ReplicaNotice) {
         for listener in shared.withLockedValue({ Array($0.listeners.values) }) { listener.yield(notice) }
     }
 
-    /// Hands `change` (the confirmed change `number`) to the local store; once applied, the optimistic state is
-    /// rebuilt on it and the dispatches waiting for it are answered.
+    /// Hands `change` (the confirmed change `number`) to the local store; once applied, the dispatches waiting for
+    /// it are answered and the optimistic state is rebuilt on it.
     fileprivate func apply(_ change: Change, number: UInt64, epoch: Epoch, seq: SequenceNumber) {
         local.send(change) { [self] _ in
-            // Still on the thread that applied the change, before the store takes its next one: this is its state.
-            // The optimistic state is rebuilt on it before the dispatches it confirms are answered.
-            let base = local.state
-            shared.withLockedValue { $0.lastConfirmed = (number, base) }
-            rebase()
             applied(epoch: epoch, seq: seq)
+            // Still on the thread that applied the change, before the store takes its next one: this is its state.
+            let base = local.state
+            shared.withLockedValue { shared in
+                shared.lastConfirmed = (number, base)
+                for (requestNumber, record) in shared.pending where record.accepted?.epoch == base.epoch {
+                    shared.pending[requestNumber]?.epochSeen = true
+                }
+            }
+            rebase()
         }
     }
 
-    /// Rebuilds the optimistic state on the newest confirmed state: the optimistic dispatches it holds (or that a
-    /// new epoch lost) leave the pending list, the others are applied again on top.
+    /// Rebuilds the optimistic state on the newest confirmed state: the optimistic dispatches it holds leave the
+    /// pending list and their handles resolve; those accepted in an epoch the replica has since left (the daemon
+    /// lost that history) are rolled back, `notApplied`; the others are applied again on top.
     ///
     /// Not while an optimistic dispatch sent before that confirmed change arrived is still unanswered: the change
     /// may hold it, and the replica cannot tell until the answer names its seqs (events do not say who sent them).
-    /// Rebuilding then would show the action twice; the optimistic state waits, on the older base, for the answer
-    /// (a round trip). A dispatch sent after the change arrived cannot be in it and never holds a rebase up.
+    /// Rebuilding then would show the action twice; the optimistic state waits, on the older base, for the answer.
+    /// A dispatch sent after the change arrived cannot be in it and never holds a rebase up.
     fileprivate func rebase() {
-        let rebase = shared.withLockedValue { shared -> (Replicated<D.State>, UInt64, Set<UInt64>)? in
+        let rebase = shared.withLockedValue { shared -> Rebase? in
             guard let (number, base) = shared.lastConfirmed, number > shared.rebasedThrough else { return nil }
             let unsure = shared.pending.values.contains { record in
                 guard record.accepted == nil, let heard = record.heardAtSend else { return false }
@@ -493,40 +491,62 @@ public final class Replica<D: Domain>: Service, Sendable {
             }
             guard !unsure else { return nil }
             shared.rebasedThrough = number
-            var settled = Set<UInt64>()
+            shared.rebases += 1
+            var rebase = Rebase(base: base, sequence: shared.rebases)
             for (requestNumber, record) in shared.pending {
-                guard let (epoch, seqs) = record.accepted, epoch == base.epoch, seqs.upperBound <= base.seq else {
-                    continue
+                guard let (epoch, seqs) = record.accepted else { continue }
+                if epoch == base.epoch {
+                    if seqs.upperBound <= base.seq { rebase.settled.append((requestNumber, seqs, record.outcome)) }
+                } else if record.epochSeen {
+                    rebase.lost.append((requestNumber, record))
                 }
-                settled.insert(requestNumber)
             }
-            for requestNumber in settled { shared.forget(requestNumber) }
-            return (base, number, settled)
+            for (requestNumber, _, _) in rebase.settled { shared.forget(requestNumber) }
+            for (requestNumber, _) in rebase.lost { shared.forget(requestNumber) }
+            return rebase
         }
-        guard let (base, number, settled) = rebase else { return }
-        optimistic.send(.rebase(base, number: number, settled: settled))
+        guard let rebase else { return }
+        let leaving = Set(rebase.settled.map(\.0) + rebase.lost.map(\.0))
+        optimistic.send(.rebase(rebase.base, sequence: rebase.sequence, settled: leaving))
+        for (_, seqs, outcome) in rebase.settled { outcome.resolve(.success(seqs)) }
+        for (requestNumber, record) in rebase.lost {
+            guard let (epoch, seqs) = record.accepted else { continue }
+            let error = ClientError(
+                code: .notApplied,
+                "the daemon accepted the action at seqs \(seqs) of epoch \(epoch), then started a new history "
+                    + "(epoch \(rebase.base.epoch.map { "\($0)" } ?? "none")): its journal was lost or replaced, and "
+                    + "the new one does not hold the action; dispatch it again if it still applies"
+            )
+            record.outcome.fail(error)
+            tell(OptimisticRollback(requestNumber: requestNumber, actions: record.texts, error: error))
+        }
     }
 
-    /// Optimistic dispatch `number` will not be confirmed: it leaves the pending list and the optimistic state, and
-    /// ``rollbacks()`` tells. A rebase it held up may go on.
+    /// What one rebase does, worked out under the lock and carried out after it.
+    private struct Rebase {
+        var base: Replicated<D.State>
+        var sequence: UInt64
+        var settled: [(UInt64, ClosedRange<SequenceNumber>, DispatchOutcome)] = []
+        var lost: [(UInt64, PendingRecord)] = []
+    }
+
+    /// Optimistic dispatch `number` will not be confirmed: its handle throws `error`, it leaves the pending list and
+    /// the optimistic state, and ``rollbacks()`` tells. A rebase it held up may go on.
     fileprivate func rolledBack(_ number: UInt64, _ error: any Error) {
-        let (actions, listeners) = shared.withLockedValue { shared in
-            let actions = shared.pending[number]?.actions ?? []
-            shared.forget(number)
-            return (actions, Array(shared.rollbackListeners.values))
-        }
+        guard let record = shared.withLockedValue({ $0.forget(number) }) else { return }
         optimistic.send(.remove([number]))
-        let rollback = OptimisticRollback(
-            requestNumber: number,
-            actions: actions.map { String(decoding: $0, as: UTF8.self) },
-            error: error
-        )
+        record.outcome.fail(error)
+        tell(OptimisticRollback(requestNumber: number, actions: record.texts, error: error))
+        rebase()
+    }
+
+    /// Logs a rollback and hands it to every ``rollbacks()`` stream.
+    private func tell(_ rollback: OptimisticRollback) {
         logger.notice(
             "rolled back an optimistic dispatch",
-            metadata: ["request": "\(number)", "error": "\(error)"]
+            metadata: ["request": "\(rollback.requestNumber)", "error": "\(rollback.error)"]
         )
-        for listener in listeners { listener.yield(rollback) }
-        rebase()
+        for listener in shared.withLockedValue({ Array($0.rollbackListeners.values) }) { listener.yield(rollback) }
     }
 
     fileprivate func nextRequestID() -> UInt64 {
@@ -550,23 +570,26 @@ public final class Replica<D: Domain>: Service, Sendable {
     fileprivate struct Waiter: Sendable {
         var epoch: Epoch
         var seqs: ClosedRange<SequenceNumber>
-        /// When it fails `notApplied`, not applied here in time.
         var deadline: ContinuousClock.Instant
-        /// Whether the replica's state was of `epoch` since: leaving that epoch then loses the dispatch.
-        var epochSeen: Bool
         var outcome: DispatchOutcome
-        /// The request number of an optimistic dispatch.
-        var optimistic: UInt64?
     }
 
     /// An optimistic dispatch the confirmed state does not hold yet.
     fileprivate struct PendingRecord: Sendable {
         var actions: [Frame]
         var dispatchedAt: ContinuousClock.Instant
-        /// How many confirmed changes the replica had handed to its store when it first sent the dispatch.
+        var outcome: DispatchOutcome
+        /// How many confirmed changes the replica had handed to its store when it last sent the dispatch after a
+        /// time it could not be in the daemon's history (its first send, or a send after `unavailable`).
         var heardAtSend: UInt64?
         var tries = 0
         var accepted: (epoch: Epoch, seqs: ClosedRange<SequenceNumber>)?
+        /// When it is rolled back `notApplied` if the confirmed state does not hold it by then.
+        var confirmBy: ContinuousClock.Instant?
+        /// Whether the confirmed state was of the epoch it was accepted in since: leaving it then loses it.
+        var epochSeen = false
+
+        var texts: [String] { actions.map { String(decoding: $0, as: UTF8.self) } }
     }
 
     fileprivate struct Shared: Sendable {
@@ -586,9 +609,14 @@ public final class Replica<D: Domain>: Service, Sendable {
         /// The newest confirmed state and its change's number; the number the optimistic state is built on.
         var lastConfirmed: (number: UInt64, base: Replicated<D.State>)?
         var rebasedThrough: UInt64 = 0
+        /// Rebases sent to the optimistic store, which applies them in this order.
+        var rebases: UInt64 = 0
 
-        mutating func forget(_ number: UInt64) {
-            if let record = pending.removeValue(forKey: number) { pendingActions -= record.actions.count }
+        @discardableResult
+        mutating func forget(_ number: UInt64) -> PendingRecord? {
+            guard let record = pending.removeValue(forKey: number) else { return nil }
+            pendingActions -= record.actions.count
+            return record
         }
     }
 }
@@ -669,6 +697,8 @@ private struct Engine<D: Domain> {
         var count: Int
         var outcome: DispatchOutcome
         var optimistic: UInt64?
+        /// When it was first sent: an optimistic dispatch is sent again until ``ReplicaConfiguration/pendingTimeout``.
+        var firstSent: ContinuousClock.Instant
     }
 
     init(replica: Replica<D>, sync: ReplicaSync) {
@@ -729,7 +759,8 @@ private struct Engine<D: Domain> {
             let dispatch = Dispatch(
                 count: outgoing.actions.count,
                 outcome: outgoing.outcome,
-                optimistic: outgoing.optimistic ? outgoing.number : nil
+                optimistic: outgoing.optimistic ? outgoing.number : nil,
+                firstSent: now
             )
             if outgoing.optimistic { optimisticInFlight.insert(outgoing.number) }
             try perform(inFlight.submit(request, dispatch, now: now), on: &link)
@@ -746,15 +777,31 @@ private struct Engine<D: Domain> {
                 if optimisticInFlight.contains(request.requestID) { sentOptimistic(request.requestID) }
             case .renewSocket:
                 try link.renewCommandSocket()
-            case let .gaveUp(request, dispatch, _) where dispatch.optimistic != nil:
-                // An optimistic dispatch stays pending as long as the replica runs: sent again, with its key.
+            case let .gaveUp(request, dispatch, _)
+            where dispatch.optimistic != nil && .now - dispatch.firstSent < configuration.pendingTimeout:
+                // An optimistic dispatch stays pending through a daemon restart: sent again, with its key.
                 again.append((request, dispatch))
             case let .gaveUp(_, dispatch, tries):
-                dispatch.outcome.fail(
+                guard let number = dispatch.optimistic else {
+                    dispatch.outcome.fail(
+                        ClientError(
+                            code: .unavailable,
+                            "no reply from the daemon at \(configuration.commandEndpoint) after \(tries) tries of "
+                                + "\(configuration.requestTimeout) each; is the daemon running, and is the endpoint "
+                                + "right?"
+                        )
+                    )
+                    continue
+                }
+                optimisticInFlight.remove(number)
+                replica.rolledBack(
+                    number,
                     ClientError(
                         code: .unavailable,
-                        "no reply from the daemon at \(configuration.commandEndpoint) after \(tries) tries of "
-                            + "\(configuration.requestTimeout) each; is the daemon running, and is the endpoint right?"
+                        "no reply from the daemon at \(configuration.commandEndpoint) for "
+                            + "\(configuration.pendingTimeout) (ReplicaConfiguration.pendingTimeout): given up, its "
+                            + "outcome unknown (the confirmed state holds it if the daemon applied it); is the daemon "
+                            + "running?"
                     )
                 )
             }
@@ -788,25 +835,25 @@ private struct Engine<D: Domain> {
         switch reply {
         case let .accepted(_, epoch, firstSeq, count) where count == flight.count && count > 0:
             let seqs = firstSeq...(firstSeq + SequenceNumber(count) - 1)
-            let current = replica.local.state
-            let waiter = Replica<D>.Waiter(
-                epoch: epoch,
-                seqs: seqs,
-                deadline: .now + configuration.readYourWritesTimeout,
-                epochSeen: current.epoch == epoch,
-                outcome: flight.outcome,
-                optimistic: flight.optimistic
-            )
-            replica.shared.withLockedValue { shared in
-                shared.waiters.append(waiter)
-                if let number = flight.optimistic { shared.pending[number]?.accepted = (epoch, seqs) }
+            let deadline = ContinuousClock.now + configuration.readYourWritesTimeout
+            if let number = flight.optimistic {
+                // Confirmed by the rebase onto a confirmed state that holds its seqs; that may be the one this
+                // answer held up.
+                replica.shared.withLockedValue { shared in
+                    shared.pending[number]?.accepted = (epoch, seqs)
+                    shared.pending[number]?.confirmBy = deadline
+                    shared.pending[number]?.epochSeen = shared.lastConfirmed?.base.epoch == epoch
+                }
+                replica.rebase()
+                return
             }
+            let waiter = Replica<D>.Waiter(epoch: epoch, seqs: seqs, deadline: deadline, outcome: flight.outcome)
+            replica.shared.withLockedValue { $0.waiters.append(waiter) }
             // It may have been applied already (the event can overtake the reply).
+            let current = replica.local.state
             if let applied = current.epoch, applied == epoch, current.seq >= seqs.upperBound {
                 replica.applied(epoch: applied, seq: current.seq)
             }
-            // Answered: a rebase that waited for this answer can go on.
-            if flight.optimistic != nil { replica.rebase() }
             return
         case let .rejected(_, index, rejection):
             error =
@@ -815,8 +862,11 @@ private struct Engine<D: Domain> {
         case let .error(_, refusal) where refusal.code == .unavailable:
             // Nothing was applied and a retry with the same key is safe: an optimistic dispatch is sent again after
             // a request's timeout; the caller of another may try again later.
-            if flight.optimistic != nil {
+            if let number = flight.optimistic {
                 retryLater.append((.now + configuration.requestTimeout, request, flight))
+                // Not in any history until it is sent again: it holds no rebase up meanwhile.
+                replica.shared.withLockedValue { $0.pending[number]?.heardAtSend = nil }
+                replica.rebase()
                 return
             }
             error = ClientError(code: .unavailable, "the daemon could not take the dispatch now: \(refusal)")
@@ -825,8 +875,7 @@ private struct Engine<D: Domain> {
         default:
             error = ClientError(code: .protocolViolation, "the daemon answered a dispatch with \(reply)")
         }
-        flight.outcome.fail(error)
-        if let number = flight.optimistic { replica.rolledBack(number, error) }
+        if let number = flight.optimistic { replica.rolledBack(number, error) } else { flight.outcome.fail(error) }
     }
 
     // MARK: Inputs
@@ -939,15 +988,23 @@ private struct Engine<D: Domain> {
             }
             return late
         }
-        for waiter in late {
-            let error = ClientError(
+        let lateOptimistic = replica.shared.withLockedValue { shared in
+            shared.pending.compactMap { number, record -> (UInt64, ClosedRange<SequenceNumber>)? in
+                guard let confirmBy = record.confirmBy, confirmBy <= now, let (_, seqs) = record.accepted else {
+                    return nil
+                }
+                return (number, seqs)
+            }
+        }
+        func notApplied(_ seqs: ClosedRange<SequenceNumber>) -> ClientError {
+            ClientError(
                 code: .notApplied,
-                "the daemon committed seqs \(waiter.seqs), but this replica has not applied them within "
+                "the daemon committed seqs \(seqs), but this replica has not applied them within "
                     + "\(configuration.readYourWritesTimeout) (it is \(status.phase) at seq \(sync.lastSeq))"
             )
-            waiter.outcome.fail(error)
-            if let number = waiter.optimistic { replica.rolledBack(number, error) }
         }
+        for waiter in late { waiter.outcome.fail(notApplied(waiter.seqs)) }
+        for (number, seqs) in lateOptimistic { replica.rolledBack(number, notApplied(seqs)) }
         perform(sync.tick(now: now), on: &link)
     }
 

@@ -235,18 +235,6 @@ final class RedisConnection {
     }
 }
 
-/// Lines of this process's standard input, read on a thread of their own so no task blocks on them; the
-/// stream ends at end of input.
-func standardInputLines() -> AsyncStream<String> {
-    let (stream, continuation) = AsyncStream.makeStream(of: String.self)
-    let thread = Thread {
-        while let line = readLine() { continuation.yield(line) }
-        continuation.finish()
-    }
-    thread.start()
-    return stream
-}
-
 /// Why the bench could not finish; names the process or step and where its log is.
 package struct BenchFailure: Error, CustomStringConvertible {
     package var description: String

@@ -81,8 +81,12 @@ struct WorkerReport: Codable, Sendable {
     var count = 0
     /// Nanoseconds the measured window lasted.
     var elapsed: UInt64 = 0
-    /// One round-trip time per operation, in nanoseconds.
+    /// One round-trip time per operation, in nanoseconds (optimistic workers: dispatch → the optimistic state
+    /// showed it).
     var latencies: [UInt64] = []
+    /// Optimistic workers: dispatch → the handle resolved (the confirmed state held it), per dispatch, in
+    /// nanoseconds; `confirmed[i]` and `latencies[i]` are the same dispatch.
+    var confirmed: [UInt64] = []
     /// Dispatch workers with `--record-seqs`: the seq each dispatch got and when (monotonic ns) it was sent;
     /// `sent[i]` and `latencies[i]` are the same dispatch, so its acknowledgement came at `at + latencies[i]`.
     var sent: [Sample] = []

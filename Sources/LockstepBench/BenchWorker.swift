@@ -240,11 +240,12 @@ package struct BenchWorker: Sendable {
         let running = Task { try await replica.run() }
         defer { running.cancel() }
         try await replica.waitUntilLive(timeout: .seconds(30))
-        // Every dispatch is an increment and nothing is rejected, so the count is the seq: the subscriber
-        // learns on the replica's own thread, the moment a run of events is applied.
+        // Every dispatch is an increment and nothing is rejected, so the count is the seq: the subscriber to the
+        // confirmed state learns on the replica's own thread, the moment a run of events is applied (the optimistic
+        // view, the default, is rebuilt after it).
         let applied = LockedValue<[WorkerReport.Sample]>([])
         applied.withLockedValue { $0.reserveCapacity(1 << 16) }
-        let subscription = replica.subscribe({ $0.count }) { count in
+        let subscription = replica.subscribe({ $0.count }, view: .confirmed) { count in
             let at = monotonicNanos()
             applied.withLockedValue { $0.append(.init(seq: UInt64(count), at: at)) }
         }
@@ -346,8 +347,11 @@ package struct BenchWorker: Sendable {
             try await Task.sleep(for: .microseconds(200))
         }
         report.elapsed = monotonicNanos() - start
-        report.seq = replica.seq
-        report.stateBytes = (try? CanonicalEncoding.encode(replica.state).count) ?? 0
+        // The confirmed state and its seq, read together: `replica.state` is the optimistic view, rebuilt on a
+        // confirmed change only after the change is in, so read just after the seq it can still be the one before.
+        let current = replica.current
+        report.seq = current.seq
+        report.stateBytes = (try? CanonicalEncoding.encode(current.state).count) ?? 0
         report.resyncs = replica.status.resyncs
         report.repairs = replica.status.repairs
         return report

@@ -166,28 +166,26 @@ public final class Replica<D: Domain>: Service, Sendable {
     /// The optimistic dispatches rolled back from now on: rejected by the daemon, or lost. Each also fails its
     /// dispatch's handle.
     public func rollbacks() -> AsyncStream<OptimisticRollback> {
-        let (stream, continuation) = AsyncStream.makeStream(of: OptimisticRollback.self)
-        let id = shared.withLockedValue { shared in
-            shared.nextListener += 1
-            shared.rollbackListeners[shared.nextListener] = continuation
-            return shared.nextListener
-        }
-        continuation.onTermination = { [shared] _ in
-            _ = shared.withLockedValue { $0.rollbackListeners.removeValue(forKey: id) }
-        }
-        return stream
+        listen(\.rollbackListeners)
     }
 
     /// Resyncs and divergences from now on. Each is also logged and counted in ``status``.
     public func notices() -> AsyncStream<ReplicaNotice> {
-        let (stream, continuation) = AsyncStream.makeStream(of: ReplicaNotice.self)
+        listen(\.listeners)
+    }
+
+    /// A stream of what the replica hands to the listeners at `listeners`; ending it ends the listening.
+    private func listen<Element>(
+        _ listeners: WritableKeyPath<Shared, [UInt64: AsyncStream<Element>.Continuation]> & Sendable
+    ) -> AsyncStream<Element> {
+        let (stream, continuation) = AsyncStream.makeStream(of: Element.self)
         let id = shared.withLockedValue { shared in
             shared.nextListener += 1
-            shared.listeners[shared.nextListener] = continuation
+            shared[keyPath: listeners][shared.nextListener] = continuation
             return shared.nextListener
         }
         continuation.onTermination = { [shared] _ in
-            _ = shared.withLockedValue { $0.listeners.removeValue(forKey: id) }
+            _ = shared.withLockedValue { $0[keyPath: listeners].removeValue(forKey: id) }
         }
         return stream
     }

@@ -165,30 +165,26 @@ struct ConflictPlayer: Sendable {
 
     /// The rollback of `request` told on `stream`, or `nil` after ``patience``.
     private func first(of stream: AsyncStream<OptimisticRollback>, request: UInt64) async -> OptimisticRollback? {
-        await withTaskGroup(of: OptimisticRollback?.self) { group in
-            group.addTask {
-                for await rollback in stream where rollback.requestNumber == request { return rollback }
-                return nil
-            }
-            group.addTask {
-                try? await Task.sleep(for: Self.patience)
-                return nil
-            }
-            let first = await group.next() ?? nil
-            group.cancelAll()
-            return first
-        }
+        await Self.first(of: stream) { $0.requestNumber == request }
     }
 
     /// The optimistic view once it is built on a confirmed state past `seq`, or `nil` after ``patience``.
     private func optimisticView(past seq: SequenceNumber) async -> Replicated<Numbers.State>? {
-        await withTaskGroup(of: Replicated<Numbers.State>?.self) { group in
+        await Self.first(of: replica.states(view: .optimistic)) { $0.seq > seq }
+    }
+
+    /// The first element of `stream` that `matches`, or `nil` after ``patience``.
+    private static func first<Element: Sendable>(
+        of stream: AsyncStream<Element>,
+        where matches: @escaping @Sendable (Element) -> Bool
+    ) async -> Element? {
+        await withTaskGroup(of: Element?.self) { group in
             group.addTask {
-                for await view in replica.states(view: .optimistic) where view.seq > seq { return view }
+                for await element in stream where matches(element) { return element }
                 return nil
             }
             group.addTask {
-                try? await Task.sleep(for: Self.patience)
+                try? await Task.sleep(for: patience)
                 return nil
             }
             let first = await group.next() ?? nil

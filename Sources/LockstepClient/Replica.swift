@@ -127,7 +127,13 @@ public final class Replica<D: Domain>: Service, Sendable {
     }
 
     /// Where the replica stands.
-    public var status: ReplicaStatus { shared.withLockedValue { $0.status } }
+    public var status: ReplicaStatus {
+        shared.withLockedValue { shared in
+            var status = shared.status
+            status.pendingActions = shared.pendingActions
+            return status
+        }
+    }
 
     /// Calls `onChange` with the selected part of the state now, and once each time it changes: of the optimistic
     /// state unless `view` says `.confirmed`.

@@ -109,6 +109,8 @@ public struct ReplicaStatus: Hashable, Sendable {
     public var divergences = 0
     /// The daemon's last refusal to serve this store (an unknown store, say), until a snapshot arrives.
     public var problem: String?
+    /// Optimistic actions the confirmed state does not hold yet (``Replica/pending`` lists them).
+    public var pendingActions = 0
 
     /// How many actions the replica is behind the daemon's last word.
     public var lag: UInt64 { daemonSeq > lastSeq ? daemonSeq - lastSeq : 0 }

@@ -147,6 +147,7 @@ final class DemoReplicaOf<D: ActionGenerating>: DemoReplica {
     func report(withState: Bool) -> ReplicaReport.Store {
         let current = replica.current
         let status = replica.status
+        let pending = replica.pending
         // The digest costs an encoding of the state: only when the state moved.
         let hex = digest.withLockedValue { cached in
             if let cached, cached.seq == current.seq, cached.epoch == current.epoch { return cached.hex }
@@ -165,7 +166,8 @@ final class DemoReplicaOf<D: ActionGenerating>: DemoReplica {
             repairs: status.repairs,
             divergences: status.divergences,
             state: withState
-                ? (try? CanonicalEncoding.encode(current.state)).map { String(decoding: $0, as: UTF8.self) } : nil
+                ? (try? CanonicalEncoding.encode(current.state)).map { String(decoding: $0, as: UTF8.self) } : nil,
+            pending: pending.isEmpty ? nil : pending.map(\.description)
         )
     }
 }

@@ -30,6 +30,9 @@ public struct ReplicaReport: Codable, Sendable {
         public var divergences: Int
         /// The state's canonical JSON, in the final report when asked for.
         public var state: String?
+        /// Its optimistic dispatches the confirmed state does not hold yet, one line each (`PendingAction`'s
+        /// description: request number, actions, status, age); `nil` when there are none.
+        public var pending: [String]?
 
         /// A report of one replica, field by field.
         public init(
@@ -42,7 +45,8 @@ public struct ReplicaReport: Codable, Sendable {
             resyncs: Int,
             repairs: Int,
             divergences: Int,
-            state: String?
+            state: String?,
+            pending: [String]? = nil
         ) {
             self.store = store
             self.phase = phase
@@ -54,6 +58,7 @@ public struct ReplicaReport: Codable, Sendable {
             self.repairs = repairs
             self.divergences = divergences
             self.state = state
+            self.pending = pending
         }
     }
 

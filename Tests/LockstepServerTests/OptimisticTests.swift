@@ -104,6 +104,7 @@ import ZeroMQ
             #expect(full?.code == .tooManyPending)
             #expect(full?.reason.contains("bound of 2") == true, "\(String(describing: full))")
             #expect(replica.pending.count == 2)
+            #expect(replica.status.pendingActions == 2)
             #expect(try await eventually(within: .seconds(10)) { replica.pending.allSatisfy { $0.status != .queued } })
         }
         #expect(await daemon.stop() == 0)

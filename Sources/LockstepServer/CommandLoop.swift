@@ -17,6 +17,8 @@ final class CommandLoop: Sendable {
     let wakeup: Wakeup
     let failpoint: Failpoint?
     private let stopping = Atomic<Bool>(false)
+    /// When the daemon started: its uptime in STATUS, whatever its role.
+    let startedAt = ContinuousClock.now
     /// Replies finished by readers off the loop, waiting for the loop to send them.
     private let outbox = LockedValue<(replies: [(envelope: [Frame], reply: Reply)], inFlight: Int)>(([], 0))
     private let readers = DispatchQueue(label: "lockstepd.readers", attributes: .concurrent)
@@ -84,25 +86,110 @@ final class CommandLoop: Sendable {
         HangupSignal.install(wakeDescriptor: wakeup.writeDescriptor)
     }
 
+    /// Whether ``stop()`` was called.
+    var isStopping: Bool { stopping.load(ordering: .acquiring) }
+
     /// Recovers, binds, tells systemd it is ready, and serves until ``stop()``. Runs on its own thread.
+    ///
+    /// On a PostgreSQL journal it leads only while it holds the journal's lease: without it, it binds, tells systemd
+    /// it is ready as a standby, answers STATUS, refuses every other request `not_leader`, and tries to take the
+    /// lease every third of its duration (sooner when the holder's expires sooner). Once it holds the lease it
+    /// recovers every store and serves; a commit or renewal that another daemon's lease refused makes it stand by
+    /// again.
     func run() throws {
         let journal = try openJournal()
         defer { try? journal.close() }
-        var state = try LoopState(loop: self, journal: journal)
-        defer { state.writer.stop() }
-        try state.bind()
-        logger.info(
-            "daemon ready",
-            metadata: [
-                "command": "\(configuration.commandEndpoint)", "events": "\(configuration.eventsEndpoint)",
-                "stores": "\(state.storeSummary)",
-            ]
-        )
-        notifier.notify("READY=1\nSTATUS=serving \(domains.count) stores")
-        while !stopping.load(ordering: .acquiring) {
-            try state.turn()
+        let writer = JournalWriter(wakeup: wakeup)
+        defer { writer.stop() }
+        var sockets = try LoopSockets(loop: self)
+        defer { sockets.close() }
+        let leased = journal as? PostgresJournal
+        var takeover: Takeover?
+        if let leased {
+            switch try Standby.acquireAtStart(leased, logger: logger) {
+            case let .leading(term, previousHolder):
+                takeover = Takeover(term: term, previousHolder: previousHolder, since: .now)
+            case let .standingBy(leader):
+                try sockets.bind()
+                var standby = Standby(loop: self, journal: leased, writer: writer, leader: leader)
+                guard let next = try standby.wait(&sockets) else { return finishStandingBy() }
+                takeover = next
+            }
         }
-        try state.finish()
+        while true {
+            var state: LoopState
+            do {
+                state = try LoopState(
+                    loop: self,
+                    journal: journal,
+                    sockets: sockets,
+                    writer: writer,
+                    takeover: takeover
+                )
+                if !sockets.isBound { try state.sockets.bind() }
+            } catch let lost as LeadershipLost {
+                guard let leased, let next = try standBy(after: lost, leased, writer, &sockets) else {
+                    return finishStandingBy()
+                }
+                takeover = next
+                continue
+            }
+            sockets = state.sockets
+            state.announceReady()
+            do {
+                while !stopping.load(ordering: .acquiring) {
+                    try state.turn()
+                }
+                try state.finish()
+            } catch let lost as LeadershipLost {
+                sockets = state.sockets
+                guard let leased, let next = try standBy(after: lost, leased, writer, &sockets) else {
+                    return finishStandingBy()
+                }
+                takeover = next
+                continue
+            }
+            try stopServing(&state, journal: journal)
+            sockets = state.sockets
+            return
+        }
+    }
+
+    /// A lease, just taken: its term, who held the one before, and when the takeover began.
+    struct Takeover {
+        var term: UInt64
+        var previousHolder: String
+        var since: ContinuousClock.Instant
+    }
+
+    /// The leader lost its lease (or cannot tell whether it holds it): it has answered what it held `unavailable`
+    /// and stands by.
+    struct LeadershipLost: Error {
+        var reason: String
+    }
+
+    /// Logs why the leader steps down and stands by until it takes the lease again; `nil` once asked to stop.
+    private func standBy(
+        after lost: LeadershipLost,
+        _ journal: PostgresJournal,
+        _ writer: JournalWriter,
+        _ sockets: inout LoopSockets
+    ) throws -> Takeover? {
+        logger.error(
+            "no longer the leader: stopped serving, answered what was in flight 'unavailable', standing by",
+            metadata: ["reason": "\(lost.reason)", "name": "\(journal.lease.holder)"]
+        )
+        if !sockets.isBound { try sockets.bind() }
+        var standby = Standby(loop: self, journal: journal, writer: writer, leader: nil)
+        return try standby.wait(&sockets)
+    }
+
+    private func finishStandingBy() {
+        notifier.notify("STOPPING=1")
+        logger.info("daemon stopping (standing by, nothing to commit)")
+    }
+
+    private func stopServing(_ state: inout LoopState, journal: any Journal) throws {
         // Replies being made off the loop go out before the sockets close (bounded: a stuck reader is left).
         let deadline = ContinuousClock.now + .seconds(2)
         while ContinuousClock.now < deadline {
@@ -114,7 +201,6 @@ final class CommandLoop: Sendable {
         notifier.notify("STOPPING=1")
         try journal.sync()
         logger.info("daemon stopping: the last batch is committed, replied to and published")
-        state.close()
     }
 
     private func openJournal() throws -> any Journal {
@@ -125,7 +211,12 @@ final class CommandLoop: Sendable {
             do {
                 return try PostgresJournal(
                     connection: configuration.postgresConnection ?? "",
-                    policy: configuration.snapshots
+                    policy: configuration.snapshots,
+                    lease: PostgresLease(
+                        holder: configuration.leaseHolder ?? PostgresLease.defaultHolder(),
+                        duration: configuration.leaseDuration
+                    ),
+                    takeLease: false
                 )
             } catch {
                 throw ServerError(code: .journal, "cannot open the PostgreSQL journal: \(error)")
@@ -155,15 +246,19 @@ final class CommandLoop: Sendable {
 private struct LoopState {
     let loop: CommandLoop
     let journal: any Journal
-    let context: Context
-    let router: Socket
-    let publisher: Socket
-    /// The ZAP handler's socket and the keys it checks, when CURVE is configured.
-    let zap: Socket?
-    var curve: CurveAuthority?
+    /// The sockets, which outlive this leadership.
+    var sockets: LoopSockets
+    var router: Socket { sockets.router }
+    var publisher: Socket { sockets.publisher }
     var sequencer: Sequencer
     let limits: Limits
-    let startedAt = ContinuousClock.now
+    let startedAt: ContinuousClock.Instant
+    /// The lease, on a PostgreSQL journal: its term, when the last fence that renewed it was sent, and when to
+    /// renew it next if nothing is committed before.
+    var lease:
+        (journal: PostgresJournal, term: UInt64, fencedAt: ContinuousClock.Instant, renewAt: ContinuousClock.Instant)?
+    /// How this leadership began, logged once the daemon serves.
+    let takeover: CommandLoop.Takeover?
     var lastPublished: [StoreName: ContinuousClock.Instant] = [:]
     /// The topics someone subscribes to, as the XPUB tells them.
     var subscriptions: Set<Frame> = []
@@ -179,8 +274,6 @@ private struct LoopState {
     var committing: Committing?
     var sinceDigest: [StoreName: Int] = [:]
     var committedEvents: [StoreName: UInt64] = [:]
-    /// ERROR replies sent since start, by code, for STATUS.
-    var refusals: [String: UInt64] = [:]
     var lastWatchdog = ContinuousClock.now
     /// With relaxed durability: when the commits made since the last sync must be synced.
     var syncDue: ContinuousClock.Instant?
@@ -190,28 +283,36 @@ private struct LoopState {
     var configuration: DaemonConfiguration { loop.configuration }
     var logger: Logger { loop.logger }
 
-    init(loop: CommandLoop, journal: any Journal) throws {
+    init(
+        loop: CommandLoop,
+        journal: any Journal,
+        sockets: LoopSockets,
+        writer: JournalWriter,
+        takeover: CommandLoop.Takeover?
+    ) throws {
         self.loop = loop
         self.journal = journal
+        self.sockets = sockets
+        self.writer = writer
+        self.takeover = takeover
+        startedAt = loop.startedAt
         failpoint = loop.failpoint
         limits = Limits(
             maximumBatch: loop.configuration.maximumBatch,
             maximumActionBytes: loop.configuration.maximumMessageBytes
         )
-        sequencer = try Self.recover(loop.domains, journal: journal, logger: loop.logger)
-        context = try Context()
-        if let settings = loop.configuration.curve {
-            curve = try CurveAuthority(settings)
-            // The ZAP handler must be bound before any CURVE socket accepts a connection.
-            let zap = try Socket(context, type: .reply)
-            try zap.bind("inproc://zeromq.zap.01")
-            self.zap = zap
-        } else {
-            zap = nil
+        if let leased = journal as? PostgresJournal, let takeover {
+            // Renewed before recovery: the fence waits for a commit of the previous leader still in flight (its
+            // row lock), so recovery reads everything that leader made durable.
+            let fencedAt = ContinuousClock.now
+            do {
+                try leased.renewLease()
+            } catch {
+                throw CommandLoop.LeadershipLost(reason: "the lease, just taken, could not be renewed: \(error)")
+            }
+            lease = (leased, takeover.term, fencedAt, fencedAt + leased.lease.duration / 3)
         }
-        router = try Socket(context, type: .router)
-        publisher = try Socket(context, type: .extendedPublisher)
-        writer = JournalWriter(wakeup: loop.wakeup)
+        sequencer = try Self.recover(loop.domains, journal: journal, logger: loop.logger)
         let now = ContinuousClock.now
         for (name, store) in sequencer.stores {
             lastPublished[name] = now
@@ -291,7 +392,92 @@ private struct LoopState {
         sequencer.stores.values.sorted { $0.name < $1.name }.map { "\($0.name)@\($0.lastSeq)" }.joined(separator: " ")
     }
 
-    func bind() throws {
+    /// Logs that the daemon serves (and how it took over, when it did) and tells systemd.
+    func announceReady() {
+        var metadata: Logger.Metadata = [
+            "command": "\(configuration.commandEndpoint)", "events": "\(configuration.eventsEndpoint)",
+            "stores": "\(storeSummary)",
+        ]
+        if let lease {
+            metadata["term"] = "\(lease.term)"
+            metadata["name"] = "\(lease.journal.lease.holder)"
+        }
+        if let takeover, let lease {
+            let recovery = ContinuousClock.now - takeover.since
+            metadata["previous"] = "\(takeover.previousHolder.isEmpty ? "(none)" : takeover.previousHolder)"
+            metadata["recoveryMs"] = "\(recovery / .milliseconds(1))"
+            logger.notice("took the journal's lease: leading", metadata: metadata)
+            let leader = "leader \(lease.journal.lease.holder) term \(lease.term)"
+            loop.notifier.notify("READY=1\nSTATUS=serving \(loop.domains.count) stores, \(leader)")
+        } else {
+            logger.info("daemon ready", metadata: metadata)
+            loop.notifier.notify("READY=1\nSTATUS=serving \(loop.domains.count) stores")
+        }
+    }
+}
+
+/// The sockets the loop owns whatever its role, the ZAP handler with them, and the ERROR replies sent since start.
+struct LoopSockets {
+    let loop: CommandLoop
+    let context: Context
+    let router: Socket
+    let publisher: Socket
+    /// The ZAP handler's socket and the keys it checks, when CURVE is configured.
+    let zap: Socket?
+    var curve: CurveAuthority?
+    /// ERROR replies sent since start, by code, for STATUS.
+    var refusals: [String: UInt64] = [:]
+    private(set) var isBound = false
+
+    var configuration: DaemonConfiguration { loop.configuration }
+
+    init(loop: CommandLoop) throws {
+        self.loop = loop
+        context = try Context()
+        if let settings = loop.configuration.curve {
+            curve = try CurveAuthority(settings)
+            // The ZAP handler must be bound before any CURVE socket accepts a connection.
+            let zap = try Socket(context, type: .reply)
+            try zap.bind("inproc://zeromq.zap.01")
+            self.zap = zap
+        } else {
+            zap = nil
+        }
+        router = try Socket(context, type: .router)
+        publisher = try Socket(context, type: .extendedPublisher)
+    }
+
+    /// Sends `reply` behind its `envelope`, counting an ERROR by its code for STATUS.
+    mutating func send(_ reply: Reply, to envelope: [Frame]) {
+        if case let .error(_, error) = reply { refusals[error.code.description, default: 0] += 1 }
+        _ = try? router.send(envelope + reply.encode(), wait: false)
+    }
+
+    /// Reloads the CURVE clients after SIGHUP and answers every waiting ZAP request.
+    mutating func serveAuthentication() throws {
+        if HangupSignal.take(), curve != nil {
+            if let error = curve?.reload() {
+                loop.logger.error("kept the old list of CURVE clients", metadata: ["error": "\(error)"])
+            } else {
+                loop.logger.notice(
+                    "reloaded the CURVE clients",
+                    metadata: ["clients": "\(curve?.allowedClients.count ?? 0)"]
+                )
+            }
+        }
+        if let zap, let curve {
+            while let request = try zap.receive(wait: false, maximumFrames: 16) {
+                let answer = curve.answer(request.frames)
+                if !answer.allowed {
+                    loop.logger.notice("refused a connection", metadata: ["client": "\(answer.client)"])
+                }
+                try zap.send(answer.reply)
+            }
+        }
+    }
+
+    mutating func bind() throws {
+        isBound = true
         for endpoint in [configuration.commandEndpoint, configuration.eventsEndpoint] where endpoint.hasPrefix("ipc://")
         {
             let directory = (String(endpoint.dropFirst("ipc://".count)) as NSString).deletingLastPathComponent
@@ -338,7 +524,9 @@ private struct LoopState {
         publisher.close()
         zap?.close()
     }
+}
 
+extension LoopState {
     /// One turn: wait for requests, the writer or the next heartbeat; answer and publish what the writer made
     /// durable; sequence every waiting request into the open group; hand the open group to the writer if it is
     /// idle. While the writer commits one group (fsync included), the loop sequences the next.
@@ -346,28 +534,12 @@ private struct LoopState {
         let accepting = open.entries.count < Self.maximumOpen
         var items: [Poller.Item] = [.fileDescriptor(loop.wakeup.descriptor, .readable)]
         if accepting { items.append(.socket(router, .readable)) }
-        if let zap { items.append(.socket(zap, .readable)) }
+        if let zap = sockets.zap { items.append(.socket(zap, .readable)) }
         let ready = try Poller(items).poll(timeout: nextDeadline() - ContinuousClock.now)
         if ready[0].contains(.readable) { loop.wakeup.drain() }
         if let result = writer.takeResult() { try complete(result) }
         sendReplies(loop.takeReplies().replies)
-        if HangupSignal.take(), curve != nil {
-            if let error = curve?.reload() {
-                logger.error("kept the old list of CURVE clients", metadata: ["error": "\(error)"])
-            } else {
-                logger.notice(
-                    "reloaded the CURVE clients",
-                    metadata: ["clients": "\(curve?.allowedClients.count ?? 0)"]
-                )
-            }
-        }
-        if let zap, let curve {
-            while let request = try zap.receive(wait: false, maximumFrames: 16) {
-                let answer = curve.answer(request.frames)
-                if !answer.allowed { logger.notice("refused a connection", metadata: ["client": "\(answer.client)"]) }
-                try zap.send(answer.reply)
-            }
-        }
+        try sockets.serveAuthentication()
         var received = 0
         while accepting, received < 1_024,
             let message = try router.receive(wait: false, maximumFrames: configuration.maximumBatch + 4)
@@ -404,12 +576,12 @@ private struct LoopState {
 
     /// Sends `reply` behind its `envelope`, counting an ERROR by its code for STATUS.
     mutating func send(_ reply: Reply, to envelope: [Frame]) {
-        if case let .error(_, error) = reply { refusals[error.code.description, default: 0] += 1 }
-        _ = try? router.send(envelope + reply.encode(), wait: false)
+        sockets.send(reply, to: envelope)
     }
 
     func nextDeadline() -> ContinuousClock.Instant {
         var deadline = (lastPublished.values.min() ?? ContinuousClock.now) + configuration.heartbeatInterval
+        if let lease, committing == nil { deadline = min(deadline, lease.renewAt) }
         if let interval = loop.notifier.watchdogInterval { deadline = min(deadline, lastWatchdog + interval) }
         if let syncDue, committing == nil { deadline = min(deadline, syncDue) }
         return max(deadline, ContinuousClock.now)
@@ -443,6 +615,10 @@ private struct LoopState {
         var digests: [(store: StoreName, epoch: Epoch, seq: SequenceNumber, digest: StateDigest)]
         /// The work synced the journal after the commit (relaxed durability's periodic sync).
         var synced: Bool
+        /// The work renewed the lease alone, its fence sent at this instant (an idle leader).
+        var renewal: ContinuousClock.Instant? = nil
+        /// When the work, a commit with its fence, was handed to the writer.
+        var submittedAt = ContinuousClock.now
     }
 
     /// Reads one request and sequences it into the open group.
@@ -504,6 +680,11 @@ private struct LoopState {
                 syncDue = nil
                 writer.submit { [journal] () throws(JournalError) in try journal.sync() }
                 committing = Committing(group: Group(), snapshots: [:], digests: [], synced: true)
+            } else if let lease, ContinuousClock.now >= lease.renewAt {
+                // Idle for a third of the lease: renewed on the writer's thread, never by the loop waiting for it.
+                let now = ContinuousClock.now
+                writer.submit { () throws(JournalError) in try lease.journal.renewLease() }
+                committing = Committing(group: Group(), snapshots: [:], digests: [], synced: false, renewal: now)
             }
             return
         }
@@ -537,8 +718,14 @@ private struct LoopState {
     mutating func complete(_ result: Result<Void, JournalError>) throws {
         guard let done = committing else { return }
         committing = nil
+        if let renewal = done.renewal { return try renewed(at: renewal, result) }
         switch result {
         case .success:
+            if let current = lease {
+                // The commit's fence renewed the lease when it was sent, at the latest.
+                lease?.fencedAt = done.submittedAt
+                lease?.renewAt = done.submittedAt + current.journal.lease.duration / 3
+            }
             guard !done.group.commits.isEmpty else { return }
             failpoint?.pass(.afterCommit)
             if configuration.durability == .relaxed, !done.synced, syncDue == nil {
@@ -552,6 +739,35 @@ private struct LoopState {
         }
     }
 
+    /// An idle leader's renewal is done: a lease another daemon took ends this leadership; a renewal that failed
+    /// otherwise is tried again soon, and ends it once the lease may have expired since the last one that worked.
+    mutating func renewed(at sent: ContinuousClock.Instant, _ result: Result<Void, JournalError>) throws {
+        guard let current = lease else { return }
+        let duration = current.journal.lease.duration
+        switch result {
+        case .success:
+            lease?.fencedAt = sent
+            lease?.renewAt = sent + duration / 3
+        case let .failure(error) where error.code == .fenced:
+            try stepDown(because: "\(error)")
+        case let .failure(error):
+            guard ContinuousClock.now - current.fencedAt < duration else {
+                try stepDown(because: "the lease could not be renewed for longer than it lasts: \(error)")
+                return
+            }
+            logger.warning("could not renew the lease; trying again", metadata: ["error": "\(error)"])
+            lease?.renewAt = ContinuousClock.now + duration / 10
+        }
+    }
+
+    /// Answers everything sequenced `unavailable` and ends this leadership.
+    mutating func stepDown(because reason: String) throws {
+        let later = open
+        open = Group()
+        release(later, committed: false)
+        throw CommandLoop.LeadershipLost(reason: reason)
+    }
+
     /// The group's commit failed: nothing of it was applied, and the groups sequenced after it stood on it.
     /// A write or fsync the disk failed stops the daemon — after a failed fsync the page cache no longer says what
     /// the disk holds (PostgreSQL's "fsyncgate") — any other failure starts the sequencer again from the journal.
@@ -561,6 +777,24 @@ private struct LoopState {
         let later = open
         open = Group()
         release(later, committed: false)
+        if let error = error as? JournalError, error.code == .fenced {
+            throw CommandLoop.LeadershipLost(reason: "\(error)")
+        }
+        if let lease {
+            // Renewed first: the fence waits for a commit whose outcome the lost connection left unknown (it holds
+            // the lease row's lock until it ends), so the recovery below finds it settled.
+            let failure = error
+            do {
+                let sent = ContinuousClock.now
+                try lease.journal.renewLease()
+                self.lease?.fencedAt = sent
+                sequencer = try Self.recover(loop.domains, journal: journal, logger: logger)
+            } catch {
+                throw CommandLoop.LeadershipLost(reason: "after a failed commit (\(failure)), cannot lead on: \(error)")
+            }
+            for (name, store) in sequencer.stores { publishedSeq[name] = store.lastSeq }
+            return
+        }
         if let error = error as? JournalError, error.code == .ioError {
             throw ServerError(
                 code: .journal,
@@ -849,9 +1083,14 @@ private struct LoopState {
         // Only the file sizes: journal.stats() counts every event, which takes tens of ms on a long history
         // and would hold the loop.
         let journalBytes = configuration.journal == .sqlite ? "\(Self.fileBytes(journal.location))" : "null"
-        let refused = refusals.sorted { $0.key < $1.key }.map { #""\#($0.key)":\#($0.value)"# }
+        let refused = sockets.refusals.sorted { $0.key < $1.key }.map { #""\#($0.key)":\#($0.value)"# }
+        var role = #""role":"leader","#
+        if let lease {
+            let name = Self.jsonString(lease.journal.lease.holder)
+            role += #""name":\#(name),"leader":{"name":\#(name),"term":\#(lease.term)},"#
+        }
         let json =
-            #"{"uptimeSeconds":\#(uptime.components.seconds),"journal":\#(Self.jsonString(journal.location)),"#
+            #"{"uptimeSeconds":\#(uptime.components.seconds),\#(role)"journal":\#(Self.jsonString(journal.location)),"#
             + #""journalBytes":\#(journalBytes),"stores":[\#(stores.joined(separator: ","))],"#
             + #""refused":{\#(refused.joined(separator: ","))},"#
             + #""heartbeatMs":\#(Int(configuration.heartbeatInterval / .milliseconds(1))),"#

@@ -1,0 +1,182 @@
+import Foundation
+import Lockstep
+import LockstepClient
+import LockstepJournal
+import LockstepProtocol
+import LockstepTesting
+import TestSupport
+import Testing
+import ZeroMQ
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Two lockstepd on one PostgreSQL journal, each in a folder of its own (so with ipc endpoints of its own): one
+/// leads, the other stands by and takes over when the leader is killed or paused; a paused leader woken again is
+/// fenced and stands by. The lease is the default (3 s).
+@Suite(.serialized) struct FailoverProcessTests {
+    /// A PostgreSQL server with a database, and two daemon folders; everything is stopped and removed at the end.
+    final class Pair {
+        let server: PostgresServer
+        let connection: String
+        let folders: [String]
+
+        init() throws {
+            server = try PostgresServer.start()
+            connection = try server.createDatabase()
+            folders = try (0..<2).map { _ in try TestSupport.temporaryDirectory("failover").path }
+        }
+
+        deinit {
+            for folder in folders { try? FileManager.default.removeItem(atPath: folder) }
+            server.stop()
+        }
+
+        /// Daemon `index` (`a` or `b`) on the journal.
+        func daemon(_ index: Int) throws -> DaemonProcess {
+            try DaemonProcess(
+                directory: folders[index],
+                arguments: [
+                    "--domain", "counter", "--journal", "postgres", "--postgres", connection, "--name",
+                    ["a", "b"][index],
+                ]
+            )
+        }
+
+        /// Every event of the counter store in the journal: (seq, client id, request number), read as a tool would.
+        func journalEvents() throws -> [(seq: UInt64, client: [UInt8], requestNumber: UInt64)] {
+            let journal = try PostgresJournal(connection: connection, readOnly: true)
+            defer { try? journal.close() }
+            guard case let .events(events) = try journal.events(store: "counter", from: 1, to: 10_000, limit: 10_000)
+            else { return [] }
+            return events.map { ($0.seq, $0.clientID, $0.requestNumber) }
+        }
+    }
+
+    /// The daemon's STATUS once its role is `role` and it knows who leads, polled for at most `timeout`; `nil` if it
+    /// never was.
+    func status(_ daemon: DaemonProcess, role: String, within timeout: Duration) async throws -> DaemonStatus? {
+        var found: DaemonStatus?
+        let seen = try await eventually(within: timeout, every: .milliseconds(50)) {
+            found = daemon.status()
+            return found?.role == role && found?.leader != nil
+        }
+        return seen ? found : nil
+    }
+
+    /// Dispatches an increment numbered `number` and returns its seq, or `nil` with an issue recorded.
+    func increment(_ client: Client, _ number: UInt64, _ daemon: DaemonProcess) throws -> UInt64? {
+        let reply = try client.dispatch("counter", [#"{"increment":{}}"#], number: number)
+        guard case let .accepted(_, _, firstSeq, _) = reply else {
+            Issue.record("dispatch \(number) was answered \(reply); log:\n\(daemon.output)")
+            return nil
+        }
+        return firstSeq
+    }
+
+    @Test func aStandbyRefusesThenTakesOverFromAKilledLeaderWithinFiveSeconds() async throws {
+        let pair = try Pair()
+        let context = try Context()
+        let a = try pair.daemon(0)
+        let leading = try await a.waitUntilServing()
+        #expect(leading.role == "leader" && leading.leader?.name == "a" && leading.leader?.term == 1)
+        let epoch = try #require(leading.stores.first?.epoch)
+        let b = try pair.daemon(1)
+        let standing = try await status(b, role: "standby", within: .seconds(20))
+        try #require(standing != nil, "b never stood by; log:\n\(b.output)")
+        #expect(standing?.leader?.name == "a" && standing?.leader?.term == 1)
+        #expect(standing?.stores.isEmpty == true)
+        let refused = try Client(context, endpoint: b.command).dispatch("counter", [#"{"increment":{}}"#], number: 1)
+        guard case let .error(_, error) = refused else {
+            Issue.record("a standby answered a dispatch with \(refused)")
+            return
+        }
+        #expect(error.code == .notLeader)
+        #expect(error.reason.contains("a leads the journal (term 1"), "\(error.reason)")
+        let stats = try runProduct("lockstep", ["stats", "--command-endpoint", b.command])
+        #expect(stats.standardOutput.contains("role     standby as b (leader a, term 1)"), "\(stats.standardOutput)")
+
+        let client = try Client(context, endpoint: a.command)
+        for number: UInt64 in 1...20 {
+            guard try increment(client, number, a) == number else { return }
+        }
+        a.kill()
+        let killed = ContinuousClock.now
+        let led = try await status(b, role: "leader", within: .seconds(5))
+        let takeover = ContinuousClock.now - killed
+        try #require(led != nil, "b did not lead within 5 s of the kill; log:\n\(b.output)")
+        print("failover after kill -9: b leads \(takeover) after the kill")
+        #expect(led?.leader?.term == 2)
+        #expect(led?.stores.first?.epoch == epoch, "the same epoch: the same journal")
+        #expect(led?.stores.first?.seq == 20)
+        #expect(b.output.contains("took the journal's lease"), "\(b.output)")
+        #expect(b.output.contains("previous=a"), "\(b.output)")
+
+        // The same client goes on at b: seq 21 is next, and a retry of an acknowledged key gets its first reply.
+        let moved = try Client(context, endpoint: b.command, clientID: client.clientID)
+        #expect(try increment(moved, 21, b) == 21)
+        #expect(try increment(moved, 20, b) == 20)
+        let kept = try pair.journalEvents()
+        #expect(kept.map(\.seq) == Array(1...21))
+        #expect(kept.map(\.requestNumber) == Array(1...21), "every acknowledged dispatch once, in order")
+        #expect(await b.stop() == 0)
+    }
+
+    @Test func aPausedLeaderIsTakenOverAndWhenWokenIsFencedAndStandsBy() async throws {
+        let pair = try Pair()
+        let context = try Context()
+        let a = try pair.daemon(0)
+        try await a.waitUntilServing()
+        let b = try pair.daemon(1)
+        try #require(try await status(b, role: "standby", within: .seconds(20)) != nil, "log:\n\(b.output)")
+        let client = try Client(context, endpoint: a.command)
+        for number: UInt64 in 1...10 {
+            guard try increment(client, number, a) == number else { return }
+        }
+
+        a.signal(SIGSTOP)
+        let paused = ContinuousClock.now
+        let led = try await status(b, role: "leader", within: .seconds(10))
+        try #require(led != nil, "b did not take over from a paused leader; log:\n\(b.output)")
+        print("failover after SIGSTOP: b leads \(ContinuousClock.now - paused) after the pause")
+        #expect(led?.stores.first?.seq == 10)
+        let atB = try Client(context, endpoint: b.command)
+        for number: UInt64 in 11...15 {
+            guard try increment(atB, number, b) == number else { return }
+        }
+
+        // A dispatch waiting for a when it wakes: a still believes it leads at seq 10, so it would give it seq 11.
+        try client.socket.send(
+            Request.dispatch(
+                DispatchRequest(
+                    requestID: 11,
+                    domainVersion: 1,
+                    clientID: client.clientID,
+                    store: try StoreName("counter"),
+                    actions: [Array(#"{"increment":{}}"#.utf8)]
+                )
+            ).encode()
+        )
+        a.signal(SIGCONT)
+        let frames = try #require(try client.socket.receive(), "a never answered; log:\n\(a.output)")
+        let answer = try Reply.decode(frames)
+        guard case let .error(_, error) = answer else {
+            Issue.record("a woken leader answered a dispatch with \(answer); log:\n\(a.output)")
+            return
+        }
+        #expect(error.code == .unavailable || error.code == .notLeader, "\(error)")
+        let standing = try await status(a, role: "standby", within: .seconds(10))
+        #expect(standing?.leader?.name == "b" && standing?.leader?.term == 2, "log:\n\(a.output)")
+        #expect(a.output.contains("no longer the leader"), "\(a.output)")
+        #expect(a.output.contains("fenced"), "\(a.output)")
+
+        let kept = try pair.journalEvents()
+        #expect(kept.map(\.seq) == Array(1...15))
+        #expect(kept.map(\.requestNumber) == Array(1...15))
+        #expect(kept.prefix(10).allSatisfy { $0.client == client.clientID.bytes })
+        #expect(kept.dropFirst(10).allSatisfy { $0.client == atB.clientID.bytes }, "nothing a answered woken is kept")
+        #expect(await a.stop() == 0)
+        #expect(await b.stop() == 0)
+    }
+}

@@ -70,7 +70,7 @@ package final class Bench {
         }
         say("lockstep bench: \(transport), \(results.cores) cores, \(seconds) s per measurement, in \(folder.path)")
         if parts.contains("baselines") { try measureBaselines() }
-        if !parts.isDisjoint(with: ["p1", "p2"]) { try measureDispatch() }
+        if !parts.isDisjoint(with: ["p1", "p2", "optimistic"]) { try measureDispatch(parts) }
         if parts.contains("postgres") { try measurePostgres() }
         if parts.contains("redis") { try measureRedis() }
         if parts.contains("p3") { try measureFanOut() }
@@ -180,10 +180,36 @@ package final class Bench {
 
     // MARK: - P1, P2
 
-    private func measureDispatch() throws {
+    /// P1 and P2, then optimistic dispatch, against one lockstepd with an SQLite journal.
+    private func measureDispatch(_ parts: Set<String>) throws {
         let daemon = try startDaemon("dispatch", domains: [Counter.name])
-        (results.p1, results.p2) = try dispatchRows(daemon, journal: "")
+        if !parts.isDisjoint(with: ["p1", "p2"]) { (results.p1, results.p2) = try dispatchRows(daemon, journal: "") }
+        if parts.contains("optimistic") { try measureOptimistic(daemon) }
         results.p6.daemonPeakBytes = max(results.p6.daemonPeakBytes, daemon.memory().peakKiB * 1_024)
+    }
+
+    /// One process dispatching optimistically through a `Replica<Counter>`, one at a time, against `daemon`: when
+    /// the replica's own optimistic state showed each increment, and when its handle resolved.
+    private func measureOptimistic(_ daemon: DaemonProcess) throws {
+        say("optimistic: a replica process dispatching optimistically, one at a time")
+        let reports = try runClients([
+            try worker(
+                "optimistic",
+                ["--endpoint", daemon.command, "--events-endpoint", daemon.events, "--seconds", "\(seconds)"]
+            )
+        ])
+        let optimistic = Latencies(reports.flatMap(\.latencies))
+        let confirmed = Latencies(reports.flatMap(\.confirmed))
+        results.optimistic = .init(
+            dispatches: reports.reduce(0) { $0 + $1.count },
+            optimisticP50Us: optimistic.p50,
+            optimisticP99Us: optimistic.p99,
+            confirmedP50Us: confirmed.p50,
+            confirmedP99Us: confirmed.p99,
+            failures: reports.reduce(0) { $0 + $1.failures },
+            resyncs: reports.reduce(0) { $0 + $1.resyncs }
+        )
+        results.p6.replicaPeakBytes = max(results.p6.replicaPeakBytes, reports.map(\.peakResident).max() ?? 0)
     }
 
     /// P1 and P2 again with the journal in PostgreSQL (a throwaway server of Debian's `postgresql`, its data in

@@ -8,6 +8,7 @@ package struct BenchResults: Codable {
     var baselines = Baselines()
     var p1 = P1()
     var p2: [P2] = []
+    var optimistic = Optimistic()
     var p3: [P3] = []
     var p4: [P4] = []
     var p5: [P5] = []
@@ -64,6 +65,22 @@ package struct BenchResults: Codable {
         var daemonCpuPerActionUs: Double?
         /// The dispatching processes' own CPU time per acknowledged action.
         var clientCpuPerActionUs: Double?
+    }
+
+    /// One process dispatching optimistically through a replica, one at a time.
+    struct Optimistic: Codable {
+        var dispatches = 0
+        /// From calling `dispatchOptimistically` to the replica's optimistic state showing the action (a subscriber
+        /// in the same process): no daemon in between.
+        var optimisticP50Us = Microseconds(0)
+        var optimisticP99Us = Microseconds(0)
+        /// From the same call to its handle's seq resolving: the daemon accepted the action and the replica's
+        /// confirmed state holds it.
+        var confirmedP50Us = Microseconds(0)
+        var confirmedP99Us = Microseconds(0)
+        /// Dispatches that failed or were rolled back; the replica's resyncs over the run.
+        var failures = 0
+        var resyncs = 0
     }
 
     struct P3: Codable {

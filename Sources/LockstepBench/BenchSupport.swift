@@ -81,8 +81,12 @@ struct WorkerReport: Codable, Sendable {
     var count = 0
     /// Nanoseconds the measured window lasted.
     var elapsed: UInt64 = 0
-    /// One round-trip time per operation, in nanoseconds.
+    /// One round-trip time per operation, in nanoseconds (optimistic workers: dispatch → the optimistic state
+    /// showed it).
     var latencies: [UInt64] = []
+    /// Optimistic workers: dispatch → the handle resolved (the confirmed state held it), per dispatch, in
+    /// nanoseconds; `confirmed[i]` and `latencies[i]` are the same dispatch.
+    var confirmed: [UInt64] = []
     /// Dispatch workers with `--record-seqs`: the seq each dispatch got and when (monotonic ns) it was sent;
     /// `sent[i]` and `latencies[i]` are the same dispatch, so its acknowledgement came at `at + latencies[i]`.
     var sent: [Sample] = []
@@ -233,18 +237,6 @@ final class RedisConnection {
         guard count > 0 else { throw Failure(description: "redis closed the connection") }
         buffer += chunk[..<count]
     }
-}
-
-/// Lines of this process's standard input, read on a thread of their own so no task blocks on them; the
-/// stream ends at end of input.
-func standardInputLines() -> AsyncStream<String> {
-    let (stream, continuation) = AsyncStream.makeStream(of: String.self)
-    let thread = Thread {
-        while let line = readLine() { continuation.yield(line) }
-        continuation.finish()
-    }
-    thread.start()
-    return stream
 }
 
 /// Why the bench could not finish; names the process or step and where its log is.

@@ -55,6 +55,18 @@ package struct BenchTable {
                 )
             )
         }
+        let o = r.optimistic
+        lines += [
+            "",
+            "Optimistic dispatch through a Replica<Counter>, one at a time (\(o.dispatches) dispatches)"
+                + (o.failures + o.resyncs == 0 ? "" : ": \(o.failures) failed, \(o.resyncs) resyncs"),
+            row("optimistic state shows it", "p50 \(o.optimisticP50Us)  p99 \(o.optimisticP99Us)"),
+            row(
+                "confirmed (handle resolved)",
+                "p50 \(o.confirmedP50Us)  p99 \(o.confirmedP99Us)",
+                "\(times(ratio(o.confirmedP50Us.value, r.p1.p50Us.value))) P1 p50"
+            ),
+        ]
         if let postgres = r.postgres {
             lines += ["", "P1, P2 with the PostgreSQL journal (PostgreSQL \(postgres.version), synchronous_commit on)"]
             lines.append(

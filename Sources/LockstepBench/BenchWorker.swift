@@ -8,9 +8,9 @@ import LockstepTool
 import Logging
 import ZeroMQ
 
-/// One process of `lockstep bench`: a raw libzmq echo server or client, a Lockstep dispatcher, a replica, a
-/// Redis client. Clients print `ready`, wait for `go` on standard input, work for `seconds`, then print one
-/// JSON ``WorkerReport`` line and exit.
+/// One process of `lockstep bench`: a raw libzmq echo server or client, a Lockstep dispatcher, a replica (following,
+/// or dispatching optimistically), a Redis client. Clients print `ready`, wait for `go` on standard input, work
+/// for `seconds`, then print one JSON ``WorkerReport`` line and exit.
 package struct BenchWorker: Sendable {
     package enum Role: String, CaseIterable, Sendable {
         /// Raw libzmq: a REP or ROUTER that sends every message back; runs until killed.
@@ -24,6 +24,9 @@ package struct BenchWorker: Sendable {
         case dispatch
         /// Lockstep: a `Replica<Counter>` that records when it reached each seq.
         case replica
+        /// Lockstep: a `Replica<Counter>` dispatching increments optimistically, one at a time, timing when its
+        /// own optimistic state showed each and when each was confirmed.
+        case optimistic
         /// Lockstep: a replica of `--store` that joins and reports how long it took to reach seq `--count`.
         case join
         /// Redis Streams: XADD of the counter action's bytes, one at a time.
@@ -74,6 +77,7 @@ package struct BenchWorker: Sendable {
         case .sub: report = try subscribe(context)
         case .dispatch: report = try await dispatch(context)
         case .replica: report = try await replica()
+        case .optimistic: report = try await optimistic()
         case .join:
             report = store == Posts.name ? try await join(Posts.self) : try await join(Counter.self)
         case .redis: report = try await redis()
@@ -236,11 +240,12 @@ package struct BenchWorker: Sendable {
         let running = Task { try await replica.run() }
         defer { running.cancel() }
         try await replica.waitUntilLive(timeout: .seconds(30))
-        // Every dispatch is an increment and nothing is rejected, so the count is the seq: the subscriber
-        // learns on the replica's own thread, the moment a run of events is applied.
+        // Every dispatch is an increment and nothing is rejected, so the count is the seq: the subscriber to the
+        // confirmed state learns on the replica's own thread, the moment a run of events is applied (the optimistic
+        // view, the default, is rebuilt after it).
         let applied = LockedValue<[WorkerReport.Sample]>([])
         applied.withLockedValue { $0.reserveCapacity(1 << 16) }
-        let subscription = replica.subscribe({ $0.count }) { count in
+        let subscription = replica.subscribe({ $0.count }, view: .confirmed) { count in
             let at = monotonicNanos()
             applied.withLockedValue { $0.append(.init(seq: UInt64(count), at: at)) }
         }
@@ -273,6 +278,64 @@ package struct BenchWorker: Sendable {
         return report
     }
 
+    /// Dispatches `.increment` optimistically through a replica, one at a time: each is confirmed before the next
+    /// goes. `latencies` holds dispatch → the replica's optimistic state showing the increment (a subscriber in this
+    /// process, told on the thread that applied it), `confirmed` dispatch → the handle's seq resolving (the
+    /// replica's confirmed state holds it).
+    private func optimistic() async throws -> WorkerReport {
+        let replica = try Replica(Counter.self, configuration: try replicaConfiguration(), logger: quietLogger())
+        let running = Task { try await replica.run() }
+        defer { running.cancel() }
+        try await replica.waitUntilLive(timeout: .seconds(30))
+        // The optimistic count and when the subscriber saw it: nothing else dispatches to the store meanwhile, so
+        // each dispatch moves it up by one, and a rebase on the confirmed state that holds it leaves it there.
+        let shown = LockedValue<(count: Int, at: UInt64)>((replica.state.count, 0))
+        let subscription = replica.subscribe({ $0.count }) { count in
+            let at = monotonicNanos()
+            shown.withLockedValue { $0 = (count, at) }
+        }
+        defer { subscription.cancel() }
+        func dispatchOne() async throws -> (optimistic: UInt64, confirmed: UInt64) {
+            let expected = replica.state.count + 1
+            let start = monotonicNanos()
+            let handle = try await replica.dispatchOptimistically(.increment)
+            let (count, at) = shown.withLockedValue { $0 }
+            _ = try await handle.seq
+            let confirmed = monotonicNanos()
+            guard count == expected, at >= start else {
+                throw CommandFailure("the optimistic count was \(count) once the dispatch returned, not \(expected)")
+            }
+            return (at - start, confirmed - start)
+        }
+        _ = try await dispatchOne()
+        try await ready()
+        var report = WorkerReport()
+        report.latencies.reserveCapacity(100_000)
+        report.confirmed.reserveCapacity(100_000)
+        let cpuStart = processCPUTime()
+        let start = monotonicNanos()
+        let end = start + UInt64(seconds * 1e9)
+        var now = start
+        while now < end {
+            do {
+                let (optimistic, confirmed) = try await dispatchOne()
+                report.latencies.append(optimistic)
+                report.confirmed.append(confirmed)
+                report.count += 1
+            } catch {
+                report.failures += 1
+                report.firstFailure = report.firstFailure ?? "\(error)"
+            }
+            now = monotonicNanos()
+        }
+        report.elapsed = now - start
+        report.cpuNanos = UInt64((processCPUTime() - cpuStart) / .nanoseconds(1))
+        report.seq = replica.seq
+        report.resyncs = replica.status.resyncs
+        report.repairs = replica.status.repairs
+        return report
+    }
+
     private func join<D: Domain>(_ domain: D.Type) async throws -> WorkerReport {
         let start = monotonicNanos()
         let replica = try Replica(D.self, configuration: try replicaConfiguration(), logger: quietLogger())
@@ -284,8 +347,11 @@ package struct BenchWorker: Sendable {
             try await Task.sleep(for: .microseconds(200))
         }
         report.elapsed = monotonicNanos() - start
-        report.seq = replica.seq
-        report.stateBytes = (try? CanonicalEncoding.encode(replica.state).count) ?? 0
+        // The confirmed state and its seq, read together: `replica.state` is the optimistic view, rebuilt on a
+        // confirmed change only after the change is in, so read just after the seq it can still be the one before.
+        let current = replica.current
+        report.seq = current.seq
+        report.stateBytes = (try? CanonicalEncoding.encode(current.state).count) ?? 0
         report.resyncs = replica.status.resyncs
         report.repairs = replica.status.repairs
         return report

@@ -90,7 +90,12 @@ public final class Replica<D: Domain>: Service, Sendable {
 
     /// The optimistic state: the confirmed one with this replica's pending optimistic dispatches on top (equal to
     /// ``confirmedState`` when none is pending). See ``ReplicaView``.
-    public var state: D.State { optimistic.state.view.state }
+    public var state: D.State {
+        // With nothing pending the optimistic state is the confirmed one; read it there, so a `dispatch` that
+        // returned is in `state` (read-your-writes) even before the optimistic view has taken the change.
+        let projection = optimistic.state
+        return projection.pending.isEmpty ? local.state.state : projection.view.state
+    }
 
     /// The confirmed state: the daemon's, after exactly the actions up to ``seq``.
     public var confirmedState: D.State { local.state.state }
@@ -288,7 +293,7 @@ public final class Replica<D: Domain>: Service, Sendable {
         do {
             try await optimistic.dispatch(.add(Projection.Entry(requestNumber: number, actions: actions)))
         } catch {
-            shared.withLockedValue { $0.forget(number) }
+            _ = shared.withLockedValue { $0.forget(number) }
             throw error
         }
         let queued = shared.withLockedValue { shared in
@@ -461,7 +466,6 @@ public final class Replica<D: Domain>: Service, Sendable {
     /// it are answered and the optimistic state is rebuilt on it.
     fileprivate func apply(_ change: Change, number: UInt64, epoch: Epoch, seq: SequenceNumber) {
         local.send(change) { [self] _ in
-            applied(epoch: epoch, seq: seq)
             // Still on the thread that applied the change, before the store takes its next one: this is its state.
             let base = local.state
             shared.withLockedValue { shared in
@@ -469,8 +473,15 @@ public final class Replica<D: Domain>: Service, Sendable {
                 for (requestNumber, record) in shared.pending where record.accepted?.epoch == base.epoch {
                     shared.pending[requestNumber]?.epochSeen = true
                 }
+                // A rebase onto this change waits for an answer: keep the change, so the rebase can go as far as it
+                // may before the next answers come (under a steady stream of dispatches, never all answered).
+                if shared.pending.values.contains(where: { $0.holdsUp(number) }) {
+                    shared.heldBases.append((number, base))
+                    if shared.heldBases.count > Shared.maximumHeldBases { shared.heldBases.removeFirst() }
+                }
             }
             rebase()
+            applied(epoch: epoch, seq: seq)
         }
     }
 
@@ -482,14 +493,18 @@ public final class Replica<D: Domain>: Service, Sendable {
     /// may hold it, and the replica cannot tell until the answer names its seqs (events do not say who sent them).
     /// Rebuilding then would show the action twice; the optimistic state waits, on the older base, for the answer.
     /// A dispatch sent after the change arrived cannot be in it and never holds a rebase up.
-    fileprivate func rebase() {
+    ///
+    /// `removing` (a rollback) leaves the optimistic state in the same change, or alone when no rebase can go.
+    fileprivate func rebase(removing removed: Set<UInt64> = []) {
         let rebase = shared.withLockedValue { shared -> Rebase? in
-            guard let (number, base) = shared.lastConfirmed, number > shared.rebasedThrough else { return nil }
-            let unsure = shared.pending.values.contains { record in
-                guard record.accepted == nil, let heard = record.heardAtSend else { return false }
-                return heard < number
+            // The newest confirmed change no unanswered dispatch holds up: the last one, or one kept meanwhile.
+            let limit = shared.pending.values.compactMap { $0.accepted == nil ? $0.heardAtSend : nil }.min()
+            var target = shared.lastConfirmed
+            if let limit, let last = target, last.number > limit {
+                target = shared.heldBases.last { $0.number <= limit }
             }
-            guard !unsure else { return nil }
+            guard let (number, base) = target, number > shared.rebasedThrough else { return nil }
+            shared.heldBases.removeAll { $0.number <= number }
             shared.rebasedThrough = number
             shared.rebases += 1
             var rebase = Rebase(base: base, sequence: shared.rebases)
@@ -505,8 +520,11 @@ public final class Replica<D: Domain>: Service, Sendable {
             for (requestNumber, _) in rebase.lost { shared.forget(requestNumber) }
             return rebase
         }
-        guard let rebase else { return }
-        let leaving = Set(rebase.settled.map(\.0) + rebase.lost.map(\.0))
+        guard let rebase else {
+            if !removed.isEmpty { optimistic.send(.remove(removed)) }
+            return
+        }
+        let leaving = Set(rebase.settled.map(\.0) + rebase.lost.map(\.0)).union(removed)
         optimistic.send(.rebase(rebase.base, sequence: rebase.sequence, settled: leaving))
         for (_, seqs, outcome) in rebase.settled { outcome.resolve(.success(seqs)) }
         for (requestNumber, record) in rebase.lost {
@@ -534,10 +552,10 @@ public final class Replica<D: Domain>: Service, Sendable {
     /// the optimistic state, and ``rollbacks()`` tells. A rebase it held up may go on.
     fileprivate func rolledBack(_ number: UInt64, _ error: any Error) {
         guard let record = shared.withLockedValue({ $0.forget(number) }) else { return }
-        optimistic.send(.remove([number]))
+        // Out of the optimistic state, on the newest base it may take, before the handle throws.
+        rebase(removing: [number])
         record.outcome.fail(error)
         tell(OptimisticRollback(requestNumber: number, actions: record.texts, error: error))
-        rebase()
     }
 
     /// Logs a rollback and hands it to every ``rollbacks()`` stream.
@@ -590,6 +608,13 @@ public final class Replica<D: Domain>: Service, Sendable {
         var epochSeen = false
 
         var texts: [String] { actions.map { String(decoding: $0, as: UTF8.self) } }
+
+        /// Whether it holds up a rebase onto confirmed change `number`: unanswered, and sent before that change
+        /// arrived, so the change may hold it.
+        func holdsUp(_ number: UInt64) -> Bool {
+            guard accepted == nil, let heard = heardAtSend else { return false }
+            return heard < number
+        }
     }
 
     fileprivate struct Shared: Sendable {
@@ -609,6 +634,10 @@ public final class Replica<D: Domain>: Service, Sendable {
         /// The newest confirmed state and its change's number; the number the optimistic state is built on.
         var lastConfirmed: (number: UInt64, base: Replicated<D.State>)?
         var rebasedThrough: UInt64 = 0
+        /// Confirmed changes that arrived while a rebase onto them waited, oldest first, at most
+        /// ``maximumHeldBases`` (each keeps a copy of the state alive).
+        var heldBases: [(number: UInt64, base: Replicated<D.State>)] = []
+        static var maximumHeldBases: Int { 64 }
         /// Rebases sent to the optimistic store, which applies them in this order.
         var rebases: UInt64 = 0
 

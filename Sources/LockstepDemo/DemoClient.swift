@@ -10,7 +10,8 @@ import ServiceLifecycle
 
 /// One client process of the demo: it holds a replica of each example store in `stores`, dispatches `actions`
 /// generated actions through them (`concurrency` at a time), and prints a JSON report line every `reportMs`
-/// until SIGTERM (then one final line).
+/// until SIGTERM (then one final line). With `conflictCommands`, once every dispatch is answered it plays its part
+/// of the demo's optimistic conflict on the commands its standard input brings (``ConflictPlayer``).
 package struct DemoClient: Sendable {
     package var stores: String
     package var actions: Int
@@ -24,6 +25,7 @@ package struct DemoClient: Sendable {
     package var commandEndpoint: String
     package var eventsEndpoint: String
     package var printState: Bool
+    package var conflictCommands: Bool
 
     package init(
         stores: String,
@@ -37,7 +39,8 @@ package struct DemoClient: Sendable {
         retries: Int,
         commandEndpoint: String,
         eventsEndpoint: String,
-        printState: Bool
+        printState: Bool,
+        conflictCommands: Bool = false
     ) {
         self.stores = stores
         self.actions = actions
@@ -51,6 +54,7 @@ package struct DemoClient: Sendable {
         self.commandEndpoint = commandEndpoint
         self.eventsEndpoint = eventsEndpoint
         self.printState = printState
+        self.conflictCommands = conflictCommands
     }
 
     package func run() async throws {
@@ -68,6 +72,13 @@ package struct DemoClient: Sendable {
             }
             replicas.append(try makeReplica(domain, configuration: configuration, logger: logger))
         }
+        var conflict: ConflictPlayer?
+        if conflictCommands {
+            guard let numbers = replicas.lazy.compactMap({ ($0 as? DemoReplicaOf<Numbers>)?.replica }).first else {
+                throw CommandFailure("--conflict-commands needs a replica of numbers in --stores")
+            }
+            conflict = ConflictPlayer(replica: numbers)
+        }
         let workload = DemoWorkload(
             replicas: replicas,
             actions: actions,
@@ -75,7 +86,8 @@ package struct DemoClient: Sendable {
             seed: seed,
             tag: tag,
             reportInterval: .milliseconds(reportMs),
-            printState: printState
+            printState: printState,
+            conflict: conflict
         )
         let group = ServiceGroup(
             configuration: .init(
@@ -158,7 +170,8 @@ final class DemoReplicaOf<D: ActionGenerating>: DemoReplica {
     }
 }
 
-/// Dispatches the client's actions from `concurrency` tasks and reports until the group shuts down.
+/// Dispatches the client's actions from `concurrency` tasks, then plays the conflict's commands if any, and reports
+/// until the group shuts down.
 struct DemoWorkload: Service {
     let replicas: [any DemoReplica]
     let actions: Int
@@ -167,6 +180,7 @@ struct DemoWorkload: Service {
     let tag: String?
     let reportInterval: Duration
     let printState: Bool
+    let conflict: ConflictPlayer?
     private let counts = LockedValue(ReplicaReport(pid: ProcessInfo.processInfo.processIdentifier))
 
     init(
@@ -176,7 +190,8 @@ struct DemoWorkload: Service {
         seed: UInt64,
         tag: String?,
         reportInterval: Duration,
-        printState: Bool
+        printState: Bool,
+        conflict: ConflictPlayer? = nil
     ) {
         self.replicas = replicas
         self.actions = actions
@@ -185,11 +200,15 @@ struct DemoWorkload: Service {
         self.tag = tag
         self.reportInterval = reportInterval
         self.printState = printState
+        self.conflict = conflict
     }
 
     func run() async throws {
         await withTaskGroup(of: Void.self) { group in
-            group.addTask { await dispatchAll() }
+            group.addTask {
+                await dispatchAll()
+                await conflict?.serve()
+            }
             group.addTask {
                 while !Task.isCancelled {
                     report(final: false)

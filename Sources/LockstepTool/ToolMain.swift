@@ -124,6 +124,38 @@ package func readStandardInput() -> String {
     String(decoding: FileHandle.standardInput.readDataToEndOfFile(), as: UTF8.self)
 }
 
+/// Lines of this process's standard input, without their line ends, read on a thread of their own so no task
+/// blocks on them; the stream ends at end of input.
+///
+/// The thread reads with read(2), not `readLine()`: stdio holds stdin's lock while it waits for a line, and
+/// `fflush(nil)`, which writers of report lines call, takes every stream's lock, so it would wait for the next line
+/// of input.
+package func standardInputLines() -> AsyncStream<String> {
+    let (stream, continuation) = AsyncStream.makeStream(of: String.self)
+    let thread = Thread {
+        var pending: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 4_096)
+        func yield(_ bytes: ArraySlice<UInt8>) {
+            let line = bytes.last == UInt8(ascii: "\r") ? bytes.dropLast() : bytes
+            continuation.yield(String(decoding: line, as: UTF8.self))
+        }
+        while true {
+            let count = read(STDIN_FILENO, &buffer, buffer.count)
+            if count < 0 && errno == EINTR { continue }
+            guard count > 0 else { break }
+            pending += buffer[..<count]
+            while let end = pending.firstIndex(of: UInt8(ascii: "\n")) {
+                yield(pending[..<end])
+                pending.removeSubrange(...end)
+            }
+        }
+        if !pending.isEmpty { yield(pending[...]) }
+        continuation.finish()
+    }
+    thread.start()
+    return stream
+}
+
 /// The running executable, so child processes run the very same code.
 package func currentExecutable() -> URL {
     URL(fileURLWithPath: "/proc/self/exe").resolvingSymlinksInPath()

@@ -56,6 +56,9 @@ struct DemoClientCommand: AsyncParsableCommand {
     @Flag(help: "Put each store's state in the final report.")
     var printState = false
 
+    @Flag(help: "Once every dispatch is answered, play the demo's optimistic conflict on commands from standard input.")
+    var conflictCommands = false
+
     func validate() throws {
         guard actions >= 0 else { throw ValidationError("--actions must be 0 or more, got \(actions)") }
         guard (1...1_000).contains(concurrency) else { throw ValidationError("--concurrency must be 1...1000") }
@@ -75,7 +78,8 @@ struct DemoClientCommand: AsyncParsableCommand {
             retries: retries,
             commandEndpoint: commandEndpoint,
             eventsEndpoint: eventsEndpoint,
-            printState: printState
+            printState: printState,
+            conflictCommands: conflictCommands
         )
         try await client.run()
     }

@@ -13,8 +13,9 @@ import Glibc
 #endif
 
 /// The whole system on one machine: a daemon in a temporary folder, client processes that dispatch to the
-/// example stores while holding replicas, one daemon crash and one stalled replica on the way, and a check
-/// that every replica ends on the daemon's digest.
+/// example stores while holding replicas, one daemon crash and one stalled replica on the way, an optimistic
+/// conflict between two clients that one of them rolls back, and a check that every replica ends on the daemon's
+/// digest.
 struct DemoCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "demo",
@@ -23,8 +24,11 @@ struct DemoCommand: AsyncParsableCommand {
             Starts lockstepd (found next to this executable) on its defaults in a temporary folder, then \
             --clients processes, each holding a replica of every example store and dispatching --actions \
             generated actions. At 20% one client is stopped (SIGSTOP) until the daemon has dropped events for \
-            it, so its replicas must repair a gap; at 50% the daemon is killed (SIGKILL) and restarted. Exits 0 \
-            only if every replica of every client ends on the daemon's digest.
+            it, so its replicas must repair a gap; at 50% the daemon is killed (SIGKILL) and restarted. Then \
+            clients 1 and 2, holding the same numbers list, each delete its last number optimistically at one \
+            instant: the daemon accepts one delete and rejects the other, which its client rolls back. Exits 0 \
+            only if the rejected delete was rolled back and every replica of every client ends on the daemon's \
+            digest.
             """
     )
 

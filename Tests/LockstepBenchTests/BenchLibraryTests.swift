@@ -44,7 +44,7 @@ import Testing
         #expect(result.text.contains("events written   3500"))
     }
 
-    @Test func theDemoConvergesThroughAStoppedClientAndADaemonCrash() throws {
+    @Test func theDemoConvergesThroughAStoppedClientADaemonCrashAndAnOptimisticConflict() throws {
         let run = try DemoRun(
             lockstep: productURL("lockstep"),
             lockstepd: productURL("lockstepd"),
@@ -56,5 +56,27 @@ import Testing
         defer { try? FileManager.default.removeItem(at: run.folder) }
         let summary = try run.play()
         #expect(summary.converged, "see \(run.folder.path)")
+        // Then the optimistic conflict: both clients deleted the last number of the same list at one instant; the
+        // daemon accepted one delete and rejected the other, which its client rolled back; both ended on the daemon's
+        // digest at the accepted delete's seq.
+        let conflict = try #require(summary.conflict, "no optimistic conflict in\(summary.text)")
+        let last = conflict.numbers.count - 1
+        #expect(Set([conflict.accepted, conflict.rolledBack]) == [0, 1], "\(conflict)")
+        #expect(conflict.code == "out_of_range", "\(conflict.reason)")
+        #expect(conflict.reason.contains("delete index \(last) is out of range"), "\(conflict.reason)")
+        #expect(conflict.rollback.hasSuffix(#"{"delete":{"index":\#(last)}}"#), "\(conflict.rollback)")
+        #expect(conflict.acceptedSeq == conflict.seq + 1)
+        // The rolled-back client's optimistic list: its own delete at once, then the other's, confirmed.
+        #expect(conflict.before == Array(conflict.numbers.dropLast()))
+        #expect(conflict.after == Array(conflict.numbers.dropLast()))
+        #expect(conflict.afterSeq == conflict.acceptedSeq)
+        #expect(conflict.pendingAfter == 0)
+        #expect(conflict.finalSeq == conflict.acceptedSeq)
+        #expect(conflict.clientDigests == [conflict.digest, conflict.digest])
+        #expect(conflict.converged)
+        let text = summary.text
+        #expect(text.contains("'s rolled back (out_of_range)"), "\(text)")
+        #expect(text.contains("on numbers seq \(conflict.finalSeq) with the daemon's digest"), "\(text)")
+        #expect(text.contains("every replica converged on the daemon's digest"), "\(text)")
     }
 }

@@ -16,7 +16,9 @@ import Testing
             try JSONSerialization.jsonObject(with: Data(output.standardOutput.utf8)) as? [String: Any],
             "not one JSON object: \(output.standardOutput)"
         )
-        for key in ["baselines", "p1", "p2", "p3", "p4", "p5", "p6", "transport", "build", "total_seconds"] {
+        for key in [
+            "baselines", "p1", "p2", "optimistic", "p3", "p4", "p5", "p6", "transport", "build", "total_seconds",
+        ] {
             #expect(json[key] != nil, "no \(key) in \(json.keys.sorted())")
         }
         let baselines = try #require(json["baselines"] as? [String: Double])
@@ -46,6 +48,19 @@ import Testing
             }
         }
         #expect((baselines["router8_req_client_cpu_per_round_trip_us"] ?? 0) > 0)
+        // Optimistic dispatch through a replica: both latencies of every dispatch, none failed or rolled back.
+        let optimistic = try #require(json["optimistic"] as? [String: Any])
+        #expect((optimistic["dispatches"] as? Int ?? 0) > 0, "\(optimistic)")
+        #expect(optimistic["failures"] as? Int == 0, "\(optimistic)")
+        #expect(optimistic["resyncs"] as? Int == 0, "\(optimistic)")
+        for key in ["optimistic_p50_us", "optimistic_p99_us", "confirmed_p50_us", "confirmed_p99_us"] {
+            #expect((optimistic[key] as? Double ?? 0) > 0, "\(key): \(optimistic)")
+        }
+        // Each dispatch showed in the optimistic state before its handle resolved, so every percentile is no later.
+        for percentile in ["p50", "p99"] {
+            let shown = optimistic["optimistic_\(percentile)_us"] as? Double ?? .infinity
+            #expect(shown <= optimistic["confirmed_\(percentile)_us"] as? Double ?? 0, "\(optimistic)")
+        }
         // P1 and P2 again on a PostgreSQL journal, beside SQLite's (make deps installs PostgreSQL).
         if FileManager.default.fileExists(atPath: "/usr/lib/postgresql") {
             let postgres = try #require(json["postgres"] as? [String: Any], "no PostgreSQL rows")

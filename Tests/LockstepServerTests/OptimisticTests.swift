@@ -217,6 +217,30 @@ import ZeroMQ
         #expect(await daemon.stop() == 0)
     }
 
+    @Test func aSteadyStreamOfDispatchesIsConfirmedWhileItFlows() async throws {
+        let (daemon, directory) = try await startDaemon("optimistic-steady")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let total = 3_000
+        try await withReplica(Counter.self, daemon, { $0.maximumPending = total }) { replica in
+            // Dispatched about one per 100 µs, several always in flight: whenever a confirmed change arrives, some
+            // dispatch sent before it is likely unanswered. The optimistic state must still move onto the newest
+            // confirmed change none of them holds up, settling what it holds while the stream flows.
+            var handles: [OptimisticDispatch] = []
+            var leastPending = Int.max
+            for index in 0..<total {
+                handles.append(try await replica.dispatchOptimistically(.increment))
+                if index % 10 == 0 { try await Task.sleep(for: .milliseconds(1)) }
+                if index >= total / 2, index % 100 == 0 { leastPending = min(leastPending, replica.pending.count) }
+            }
+            #expect(leastPending < total / 2, "\(leastPending) of the first \(total / 2) still pending")
+            for handle in handles { _ = try await handle.seq }
+            #expect(replica.confirmedState.count == total)
+            #expect(try await eventually(within: .seconds(10)) { replica.pending.isEmpty })
+            #expect(replica.state == replica.confirmedState)
+        }
+        #expect(await daemon.stop() == 0)
+    }
+
     @Test func aDaemonKilledWithActionsPendingAppliesEachOnceAfterItsRestart() async throws {
         let directory = try TestSupport.temporaryDirectory("optimistic-kill").path
         defer { try? FileManager.default.removeItem(atPath: directory) }

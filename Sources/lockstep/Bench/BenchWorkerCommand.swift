@@ -10,9 +10,9 @@ import LockstepTool
 import Logging
 import ZeroMQ
 
-/// One process of `lockstep bench`: a raw libzmq echo server or client, a Lockstep dispatcher, a replica, a
-/// Redis client. Clients print `ready`, wait for `go` on standard input, work for `--seconds`, then print one
-/// JSON ``WorkerReport`` line and exit. Hidden from `lockstep --help`.
+/// One process of `lockstep bench`: a raw libzmq echo server or client, a Lockstep dispatcher, a replica (following,
+/// or dispatching optimistically), a Redis client. Clients print `ready`, wait for `go` on standard input, work
+/// for `--seconds`, then print one JSON ``WorkerReport`` line and exit. Hidden from `lockstep --help`.
 struct BenchWorkerCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "bench-worker",
@@ -26,7 +26,7 @@ struct BenchWorkerCommand: AsyncParsableCommand {
     @Option(help: "The endpoint: the ZeroMQ endpoint, the daemon's command endpoint, or Redis's unix socket.")
     var endpoint: String
 
-    @Option(help: "The daemon's events endpoint (replica, join).")
+    @Option(help: "The daemon's events endpoint (replica, optimistic, join).")
     var eventsEndpoint = ""
 
     @Option(help: "How long to work after go, in seconds.")

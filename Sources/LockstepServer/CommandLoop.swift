@@ -260,9 +260,7 @@ private struct LoopState {
     /// How this leadership began, logged once the daemon serves.
     let takeover: CommandLoop.Takeover?
     var lastPublished: [StoreName: ContinuousClock.Instant] = [:]
-    /// The topics someone subscribes to, as the XPUB tells them.
-    var subscriptions: Set<Frame> = []
-    /// Which of each store's streams (one by one, in runs) someone follows.
+    /// Which of each store's streams (one by one, in runs) someone follows, as ``LoopSockets/subscriptions`` say.
     var streams: [StoreName: (oneByOne: Bool, runs: Bool)] = [:]
     /// Each store's last seq published: durable, and what heartbeats announce.
     var publishedSeq: [StoreName: SequenceNumber] = [:]
@@ -318,6 +316,8 @@ private struct LoopState {
             lastPublished[name] = now
             publishedSeq[name] = store.lastSeq
         }
+        // A subscriber that stayed connected while the daemon stood by sends its subscriptions no more.
+        followSubscriptions()
     }
 
     /// The stores as the journal proves them, with the idempotency entries that answer retries.
@@ -427,6 +427,10 @@ struct LoopSockets {
     var curve: CurveAuthority?
     /// ERROR replies sent since start, by code, for STATUS.
     var refusals: [String: UInt64] = [:]
+    /// The topics someone subscribes to, as the XPUB tells them. Kept with the socket, whatever the daemon's role:
+    /// libzmq sends a subscriber's subscriptions once, when it connects, so one that stayed connected while the
+    /// daemon stood by would be forgotten by its next leadership.
+    private(set) var subscriptions: Set<Frame> = []
     private(set) var isBound = false
 
     var configuration: DaemonConfiguration { loop.configuration }
@@ -451,6 +455,21 @@ struct LoopSockets {
     mutating func send(_ reply: Reply, to envelope: [Frame]) {
         if case let .error(_, error) = reply { refusals[error.code.description, default: 0] += 1 }
         _ = try? router.send(envelope + reply.encode(), wait: false)
+    }
+
+    /// Reads what the XPUB says of subscriptions; whether they changed.
+    mutating func readSubscriptions() -> Bool {
+        var changed = false
+        while let frames = try? publisher.receive(wait: false), let message = frames.first, let kind = message.first {
+            let topic = Array(message.dropFirst())
+            if kind == 1 {
+                subscriptions.insert(topic)
+            } else if kind == 0 {
+                subscriptions.remove(topic)
+            }
+            changed = true
+        }
+        return changed
     }
 
     /// Reloads the CURVE clients after SIGHUP and answers every waiting ZAP request.
@@ -960,20 +979,15 @@ extension LoopState {
         }
     }
 
-    /// Reads what the XPUB says of subscriptions and works out which streams of each store someone follows: a
-    /// subscription to a prefix of a stream's topic (even the empty one) follows it.
+    /// Reads what the XPUB says of subscriptions and, if they changed, which streams someone follows.
     mutating func readSubscriptions() {
-        var changed = false
-        while let frames = try? publisher.receive(wait: false), let message = frames.first, let kind = message.first {
-            let topic = Array(message.dropFirst())
-            if kind == 1 {
-                subscriptions.insert(topic)
-            } else if kind == 0 {
-                subscriptions.remove(topic)
-            }
-            changed = true
-        }
-        guard changed else { return }
+        if sockets.readSubscriptions() { followSubscriptions() }
+    }
+
+    /// Works out which streams of each store someone follows: a subscription to a prefix of a stream's topic
+    /// (even the empty one) follows it.
+    mutating func followSubscriptions() {
+        let subscriptions = sockets.subscriptions
         func followed(_ topic: Frame) -> Bool { subscriptions.contains { topic.starts(with: $0) } }
         for name in sequencer.stores.keys {
             streams[name] = (followed(Event.topic(for: name)), followed(Event.runTopic(for: name)))

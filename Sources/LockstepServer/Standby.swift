@@ -79,6 +79,8 @@ struct Standby {
             }
             for (envelope, reply) in loop.takeReplies().replies { sockets.send(reply, to: envelope) }
             try sockets.serveAuthentication()
+            // Subscriptions made now are sent once: kept for the next leadership.
+            _ = sockets.readSubscriptions()
             var received = 0
             while received < 1_024,
                 let message = try sockets.router.receive(wait: false, maximumFrames: limits.maximumBatch + 4)

@@ -123,11 +123,40 @@ import Glibc
         #expect(await b.stop() == 0)
     }
 
-    @Test func aPausedLeaderIsTakenOverAndWhenWokenIsFencedAndStandsBy() async throws {
+    /// A subscriber of `daemon`'s counter events, live once it has seen a heartbeat (`nil` if it saw none).
+    func subscriber(_ context: Context, _ daemon: DaemonProcess) throws -> Socket? {
+        let socket = try Socket(context, type: .subscriber)
+        try socket.set(.receiveTimeout, 5_000)
+        try socket.subscribe(Event.topic(for: try StoreName("counter")))
+        try socket.connect(daemon.events)
+        return try heartbeat(on: socket) == nil ? nil : socket
+    }
+
+    /// The next heartbeat on `socket` within about 5 s, skipping other events; `nil` if none came.
+    func heartbeat(on socket: Socket) throws -> (epoch: Epoch, seq: SequenceNumber)? {
+        let deadline = ContinuousClock.now + .seconds(5)
+        while ContinuousClock.now < deadline, let frames = try socket.receive() {
+            if case let .heartbeat(_, epoch, lastSeq) = try Event.decode(frames) { return (epoch, lastSeq) }
+        }
+        return nil
+    }
+
+    /// The next EVENT on `socket` within about 5 s, skipping heartbeats; its seq, or `nil` if none came.
+    func event(on socket: Socket) throws -> SequenceNumber? {
+        let deadline = ContinuousClock.now + .seconds(5)
+        while ContinuousClock.now < deadline, let frames = try socket.receive() {
+            if case let .event(_, _, seq, _) = try Event.decode(frames) { return seq }
+        }
+        return nil
+    }
+
+    @Test func aPausedLeaderIsTakenOverWhenWokenIsFencedAndLeadingAgainPublishesToItsSubscribers() async throws {
         let pair = try Pair()
         let context = try Context()
         let a = try pair.daemon(0)
         try await a.waitUntilServing()
+        // Subscribed while a first leads: libzmq sends the subscription once, as it connects.
+        let early = try #require(try subscriber(context, a), "no heartbeat from a; log:\n\(a.output)")
         let b = try pair.daemon(1)
         try #require(try await status(b, role: "standby", within: .seconds(20)) != nil, "log:\n\(b.output)")
         let client = try Client(context, endpoint: a.command)
@@ -176,7 +205,28 @@ import Glibc
         #expect(kept.map(\.requestNumber) == Array(1...15))
         #expect(kept.prefix(10).allSatisfy { $0.client == client.clientID.bytes })
         #expect(kept.dropFirst(10).allSatisfy { $0.client == atB.clientID.bytes }, "nothing a answered woken is kept")
-        #expect(await a.stop() == 0)
+
+        // Subscribed while a stands by; then b stops, letting the lease go, and a leads a second time.
+        let late = try Socket(context, type: .subscriber)
+        try late.set(.receiveTimeout, 5_000)
+        try late.subscribe(Event.topic(for: try StoreName("counter")))
+        try late.connect(a.events)
+        try await Task.sleep(for: .milliseconds(500))
+        while try early.receive(wait: false) != nil {}  // heartbeats of a's first leadership
         #expect(await b.stop() == 0)
+        let again = try await status(a, role: "leader", within: .seconds(20))
+        try #require(again != nil, "a did not lead again once b stopped; log:\n\(a.output)")
+        #expect(again?.leader?.term == 3 && again?.stores.first?.seq == 15)
+        // Both subscriptions are still followed: heartbeats at seq 15, then the event of the next dispatch.
+        for (name, socket) in [("early", early), ("late", late)] {
+            let beat = try heartbeat(on: socket)
+            #expect(beat?.seq == 15, "the \(name) subscriber saw no heartbeat of a leading again; log:\n\(a.output)")
+        }
+        let again16 = try Client(context, endpoint: a.command)
+        #expect(try increment(again16, 16, a) == 16)
+        for (name, socket) in [("early", early), ("late", late)] {
+            #expect(try event(on: socket) == 16, "the \(name) subscriber saw no event 16")
+        }
+        #expect(await a.stop() == 0)
     }
 }

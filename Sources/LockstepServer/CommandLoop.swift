@@ -176,7 +176,7 @@ final class CommandLoop: Sendable {
         _ sockets: inout LoopSockets
     ) throws -> Takeover? {
         logger.error(
-            "no longer the leader: stopped serving, answered what was in flight 'unavailable', standing by",
+            "no longer the leader: stopped serving, refused what was in flight (none of it applied), standing by",
             metadata: ["reason": "\(lost.reason)", "name": "\(journal.lease.holder)"]
         )
         if !sockets.isBound { try sockets.bind() }
@@ -694,6 +694,16 @@ extension LoopState {
         let group = open
         open = Group()
         if group.commits.isEmpty {
+            if let lease, !group.entries.isEmpty,
+                ContinuousClock.now - lease.fencedAt >= Self.leaseTrusted(lease.journal.lease)
+            {
+                // The lease may have lapsed (renewals failed, or the process was paused): another daemon may lead
+                // and have committed past this state. Answered only once a renewal says the lease is still ours.
+                let sent = ContinuousClock.now
+                writer.submit { () throws(JournalError) in try lease.journal.renewLease() }
+                committing = Committing(group: group, snapshots: [:], digests: [], synced: false, renewal: sent)
+                return
+            }
             release(group, committed: true)
             if syncNow {
                 syncDue = nil
@@ -732,12 +742,19 @@ extension LoopState {
         )
     }
 
+    /// How long after its last fence the lease is surely still this daemon's by the database's clock: its duration
+    /// less a third, for the time between the check and the answers and for clocks that do not run alike. Past it,
+    /// answers that need no commit (STATUS, SNAPSHOT, RANGE, REJECTED, a retry's first reply) wait for a renewal.
+    static func leaseTrusted(_ lease: PostgresLease) -> Duration {
+        lease.duration - lease.duration / 3
+    }
+
     /// The writer is done with the group it had: answer and publish it, or answer it and everything sequenced
     /// after it `unavailable`.
     mutating func complete(_ result: Result<Void, JournalError>) throws {
         guard let done = committing else { return }
         committing = nil
-        if let renewal = done.renewal { return try renewed(at: renewal, result) }
+        if let renewal = done.renewal { return try renewed(at: renewal, result, holding: done.group) }
         switch result {
         case .success:
             if let current = lease {
@@ -760,30 +777,36 @@ extension LoopState {
 
     /// An idle leader's renewal is done: a lease another daemon took ends this leadership; a renewal that failed
     /// otherwise is tried again soon, and ends it once the lease may have expired since the last one that worked.
-    mutating func renewed(at sent: ContinuousClock.Instant, _ result: Result<Void, JournalError>) throws {
+    mutating func renewed(
+        at sent: ContinuousClock.Instant,
+        _ result: Result<Void, JournalError>,
+        holding held: Group
+    ) throws {
         guard let current = lease else { return }
         let duration = current.journal.lease.duration
         switch result {
         case .success:
             lease?.fencedAt = sent
             lease?.renewAt = sent + duration / 3
+            release(held, committed: true)
         case let .failure(error) where error.code == .fenced:
+            release(held, refusing: notLeader(error.message))
             try stepDown(because: "\(error)")
         case let .failure(error):
+            release(held, committed: false)
             guard ContinuousClock.now - current.fencedAt < duration else {
                 try stepDown(because: "the lease could not be renewed for longer than it lasts: \(error)")
-                return
             }
             logger.warning("could not renew the lease; trying again", metadata: ["error": "\(error)"])
             lease?.renewAt = ContinuousClock.now + duration / 10
         }
     }
 
-    /// Answers everything sequenced `unavailable` and ends this leadership.
-    mutating func stepDown(because reason: String) throws {
+    /// Answers everything sequenced `not_leader` and ends this leadership.
+    mutating func stepDown(because reason: String) throws -> Never {
         let later = open
         open = Group()
-        release(later, committed: false)
+        release(later, refusing: notLeader(reason))
         throw CommandLoop.LeadershipLost(reason: reason)
     }
 
@@ -792,13 +815,14 @@ extension LoopState {
     /// the disk holds (PostgreSQL's "fsyncgate") — any other failure starts the sequencer again from the journal.
     mutating func fail(_ group: Group, _ error: any Error) throws {
         logger.error("commit failed; nothing of this batch was applied", metadata: ["error": "\(error)"])
+        if let error = error as? JournalError, error.code == .fenced {
+            release(group, refusing: notLeader(error.message))
+            try stepDown(because: "\(error)")
+        }
         release(group, committed: false)
         let later = open
         open = Group()
         release(later, committed: false)
-        if let error = error as? JournalError, error.code == .fenced {
-            throw CommandLoop.LeadershipLost(reason: "\(error)")
-        }
         if let lease {
             // Renewed first: the fence waits for a commit whose outcome the lost connection left unknown (it holds
             // the lease row's lock until it ends), so the recovery below finds it settled.
@@ -866,6 +890,35 @@ extension LoopState {
                 reply = busy(requestID)
             }
             send(reply, to: envelope)
+        }
+    }
+
+    /// Answers a group `refusal` — all but the requests that could not be read — when this daemon leads no more.
+    mutating func release(_ group: Group, refusing refusal: (UInt64) -> Reply) {
+        for (envelope, work) in group.entries {
+            switch work {
+            case let .reply(answer):
+                send(answer, to: envelope)
+            case let .decided(answer):
+                send(refusal(answer.requestID), to: envelope)
+            case let .status(requestID), let .snapshot(requestID, _), let .range(requestID, _, _, _, _, _):
+                send(refusal(requestID), to: envelope)
+            }
+        }
+    }
+
+    /// `not_leader`: this leadership ends (`reason` says why), so nothing this daemon holds can be trusted; no
+    /// dispatch it held was applied.
+    func notLeader(_ reason: String) -> (UInt64) -> Reply {
+        { requestID in
+            .error(
+                requestID: requestID,
+                ProtocolError(
+                    code: .notLeader,
+                    "this daemon no longer leads the journal (\(reason)), so nothing of this request was applied or "
+                        + "read; send it to the leader, or again here later, with the same request number"
+                )
+            )
         }
     }
 

@@ -150,6 +150,34 @@ import Glibc
         return nil
     }
 
+    /// A leader paused for most of its lease, with nobody to take over, answers a SNAPSHOT and a STATUS that waited
+    /// for it only once a renewal says the lease is still its own — and does answer them.
+    @Test func aLoneLeaderPausedForMostOfItsLeaseAnswersOnceItHasRenewedIt() async throws {
+        let pair = try Pair()
+        let context = try Context()
+        let a = try pair.daemon(0)
+        try await a.waitUntilServing()
+        let client = try Client(context, endpoint: a.command)
+        for number: UInt64 in 1...3 {
+            guard try increment(client, number, a) == number else { return }
+        }
+        a.signal(SIGSTOP)
+        try await Task.sleep(for: .milliseconds(2_500))
+        let snapshotting = try Client(context, endpoint: a.command)
+        try snapshotting.socket.send(Request.snapshot(requestID: 1, store: try StoreName("counter")).encode())
+        a.signal(SIGCONT)
+        let frames = try #require(try snapshotting.socket.receive(), "a never answered; log:\n\(a.output)")
+        guard case let .snapshot(_, snapshot) = try Reply.decode(frames) else {
+            Issue.record("a answered \(try Reply.decode(frames)); log:\n\(a.output)")
+            return
+        }
+        #expect(snapshot.seq == 3)
+        #expect(a.status()?.role == "leader")
+        #expect(try increment(client, 4, a) == 4)
+        #expect(!a.output.contains("no longer the leader"), "\(a.output)")
+        #expect(await a.stop() == 0)
+    }
+
     @Test func aPausedLeaderIsTakenOverWhenWokenIsFencedAndLeadingAgainPublishesToItsSubscribers() async throws {
         let pair = try Pair()
         let context = try Context()
@@ -175,23 +203,29 @@ import Glibc
             guard try increment(atB, number, b) == number else { return }
         }
 
-        // A dispatch waiting for a when it wakes: a still believes it leads at seq 10, so it would give it seq 11.
-        try client.socket.send(
-            Request.dispatch(
-                DispatchRequest(
-                    requestID: 11,
-                    domainVersion: 1,
-                    clientID: client.clientID,
-                    store: try StoreName("counter"),
-                    actions: [Array(#"{"increment":{}}"#.utf8)]
-                )
-            ).encode()
-        )
+        // A SNAPSHOT and a STATUS waiting for a when it wakes: a still believes it leads at seq 10, but it may not
+        // answer from a state b has moved past, nor say it leads. Its lease lapsed, so they wait for a renewal,
+        // which is fenced: both are refused `not_leader` (or, read once a stands by, answered as a standby).
+        let snapshotting = try Client(context, endpoint: a.command)
+        try snapshotting.socket.send(Request.snapshot(requestID: 1, store: try StoreName("counter")).encode())
+        let asking = try Client(context, endpoint: a.command)
+        try asking.socket.send(Request.status(requestID: 1).encode())
+        try await Task.sleep(for: .milliseconds(200))
         a.signal(SIGCONT)
-        let frames = try #require(try client.socket.receive(), "a never answered; log:\n\(a.output)")
-        let answer = try Reply.decode(frames)
-        guard case let .error(_, error) = answer else {
-            Issue.record("a woken leader answered a dispatch with \(answer); log:\n\(a.output)")
+        for (name, socket) in [("SNAPSHOT", snapshotting.socket), ("STATUS", asking.socket)] {
+            let frames = try #require(try socket.receive(), "a never answered a \(name); log:\n\(a.output)")
+            let answer = try Reply.decode(frames)
+            if let status = DaemonStatus(answer), status.role == "standby" { continue }
+            guard case let .error(_, error) = answer else {
+                Issue.record("a woken leader answered a \(name) with \(answer); log:\n\(a.output)")
+                return
+            }
+            #expect(error.code == .notLeader, "\(name): \(error); log:\n\(a.output)")
+        }
+        // A dispatch to a: refused, whether a has stood by yet (`not_leader`) or its commit is fenced (`unavailable`).
+        let refused = try client.dispatch("counter", [#"{"increment":{}}"#], number: 11)
+        guard case let .error(_, error) = refused else {
+            Issue.record("a woken leader answered a dispatch with \(refused); log:\n\(a.output)")
             return
         }
         #expect(error.code == .unavailable || error.code == .notLeader, "\(error)")

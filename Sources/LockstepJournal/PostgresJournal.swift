@@ -82,6 +82,12 @@ public final class PostgresJournal: EngineJournal {
         try storage.renewLease()
     }
 
+    /// Lets the lease go, if this journal holds it, so that another daemon takes it at once: what a daemon that cannot
+    /// recover after taking it does. The journal leads no more.
+    public func releaseLease() throws(JournalError) {
+        try storage.releaseLease()
+    }
+
     /// The term of the lease this journal holds, or `nil` when it does not lead.
     public var leaseTerm: UInt64? { storage.leaseTerm.withLockedValue { $0.map(UInt64.init) } }
 

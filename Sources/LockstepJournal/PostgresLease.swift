@@ -192,6 +192,11 @@ extension PostgresStorage {
         try withReader("read lease") { try Self.readLeader($0) }
     }
 
+    /// Lets the lease go, if this journal holds it; see ``PostgresJournal/releaseLease()``.
+    func releaseLease() throws(JournalError) {
+        try withWriter("release lease") { session in releaseLease(session) }
+    }
+
     /// Lets the lease go, if this journal holds it: on a clean close.
     func releaseLease(_ session: PostgresConnection) {
         guard let term = leaseTerm.withLockedValue({ $0 }) else { return }

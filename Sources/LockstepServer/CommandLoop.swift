@@ -155,17 +155,28 @@ final class CommandLoop: Sendable {
         }
     }
 
-    /// A lease, just taken: its term, who held the one before, and when the takeover began.
+    /// A lease, just taken: its term, who held the one before, and when the takeover began; with the stores the
+    /// journal writer's thread recovered after renewing it (the fence sent at `fencedAt`), when a standby took it.
     struct Takeover {
         var term: UInt64
         var previousHolder: String
         var since: ContinuousClock.Instant
+        var recovered: (sequencer: Sequencer, fencedAt: ContinuousClock.Instant)? = nil
+        /// The lease was this daemon's already: it recovered after a failed commit.
+        var afterFailedCommit = false
     }
 
-    /// The leader lost its lease (or cannot tell whether it holds it): it has answered what it held `unavailable`
-    /// and stands by.
+    /// The leader lost its lease, cannot tell whether it holds it, or must recover before it goes on: it has
+    /// answered what it held and stands by — recovering first, on the writer's thread, when it still holds the
+    /// lease with term `stillHeld`.
     struct LeadershipLost: Error {
         var reason: String
+        var stillHeld: UInt64? = nil
+    }
+
+    /// The stores as the journal proves them: on the journal writer's thread during a takeover.
+    func recoverStores(_ journal: any Journal) throws -> Sequencer {
+        try LoopState.recover(domains, journal: journal, logger: logger)
     }
 
     /// Logs why the leader steps down and stands by until it takes the lease again; `nil` once asked to stop.
@@ -175,12 +186,19 @@ final class CommandLoop: Sendable {
         _ writer: JournalWriter,
         _ sockets: inout LoopSockets
     ) throws -> Takeover? {
-        logger.error(
-            "no longer the leader: stopped serving, refused what was in flight (none of it applied), standing by",
-            metadata: ["reason": "\(lost.reason)", "name": "\(journal.lease.holder)"]
-        )
+        if lost.stillHeld != nil {
+            logger.error(
+                "recovering the stores on the journal's thread; answering 'not_leader' meanwhile",
+                metadata: ["reason": "\(lost.reason)", "name": "\(journal.lease.holder)"]
+            )
+        } else {
+            logger.error(
+                "no longer the leader: stopped serving, refused what was in flight (none of it applied), standing by",
+                metadata: ["reason": "\(lost.reason)", "name": "\(journal.lease.holder)"]
+            )
+        }
         if !sockets.isBound { try sockets.bind() }
-        var standby = Standby(loop: self, journal: journal, writer: writer, leader: nil)
+        var standby = Standby(loop: self, journal: journal, writer: writer, leader: nil, recoveringTerm: lost.stillHeld)
         return try standby.wait(&sockets)
     }
 
@@ -299,9 +317,14 @@ private struct LoopState {
             maximumBatch: loop.configuration.maximumBatch,
             maximumActionBytes: loop.configuration.maximumMessageBytes
         )
-        if let leased = journal as? PostgresJournal, let takeover {
-            // Renewed before recovery: the fence waits for a commit of the previous leader still in flight (its
-            // row lock), so recovery reads everything that leader made durable.
+        if let leased = journal as? PostgresJournal, let takeover, let recovered = takeover.recovered {
+            // A standby's takeover: renewed and recovered on the journal writer's thread while the loop served.
+            let fencedAt = recovered.fencedAt
+            lease = (leased, takeover.term, fencedAt, fencedAt + leased.lease.duration / 3)
+            sequencer = recovered.sequencer
+        } else if let leased = journal as? PostgresJournal, let takeover {
+            // At start, before READY=1: renewed before recovery, since the fence waits for a commit of the previous
+            // leader still in flight (its row lock), so recovery reads everything that leader made durable.
             let fencedAt = ContinuousClock.now
             do {
                 try leased.renewLease()
@@ -309,8 +332,10 @@ private struct LoopState {
                 throw CommandLoop.LeadershipLost(reason: "the lease, just taken, could not be renewed: \(error)")
             }
             lease = (leased, takeover.term, fencedAt, fencedAt + leased.lease.duration / 3)
+            sequencer = try Self.recover(loop.domains, journal: journal, logger: loop.logger)
+        } else {
+            sequencer = try Self.recover(loop.domains, journal: journal, logger: loop.logger)
         }
-        sequencer = try Self.recover(loop.domains, journal: journal, logger: loop.logger)
         let now = ContinuousClock.now
         for (name, store) in sequencer.stores {
             lastPublished[name] = now
@@ -406,7 +431,11 @@ private struct LoopState {
             let recovery = ContinuousClock.now - takeover.since
             metadata["previous"] = "\(takeover.previousHolder.isEmpty ? "(none)" : takeover.previousHolder)"
             metadata["recoveryMs"] = "\(recovery / .milliseconds(1))"
-            logger.notice("took the journal's lease: leading", metadata: metadata)
+            if takeover.afterFailedCommit {
+                logger.notice("recovered after a failed commit: leading on", metadata: metadata)
+            } else {
+                logger.notice("took the journal's lease: leading", metadata: metadata)
+            }
             let leader = "leader \(lease.journal.lease.holder) term \(lease.term)"
             loop.notifier.notify("READY=1\nSTATUS=serving \(loop.domains.count) stores, \(leader)")
         } else {
@@ -824,19 +853,10 @@ extension LoopState {
         open = Group()
         release(later, committed: false)
         if let lease {
-            // Renewed first: the fence waits for a commit whose outcome the lost connection left unknown (it holds
-            // the lease row's lock until it ends), so the recovery below finds it settled.
-            let failure = error
-            do {
-                let sent = ContinuousClock.now
-                try lease.journal.renewLease()
-                self.lease?.fencedAt = sent
-                sequencer = try Self.recover(loop.domains, journal: journal, logger: logger)
-            } catch {
-                throw CommandLoop.LeadershipLost(reason: "after a failed commit (\(failure)), cannot lead on: \(error)")
-            }
-            for (name, store) in sequencer.stores { publishedSeq[name] = store.lastSeq }
-            return
+            // Renewed, then recovered, on the writer's thread, by the standby's loop (which pets the watchdog and
+            // answers meanwhile): the fence waits for a commit whose outcome the lost connection left unknown (it
+            // holds the lease row's lock until it ends), so recovery finds it settled.
+            throw CommandLoop.LeadershipLost(reason: "a commit failed: \(error)", stillHeld: lease.term)
         }
         if let error = error as? JournalError, error.code == .ioError {
             throw ServerError(

@@ -8,7 +8,10 @@ import ZeroMQ
 /// The loop of a daemon that does not hold its PostgreSQL journal's lease: it answers STATUS (role `standby`, the
 /// leader's name, term and lease expiry), refuses DISPATCH, SNAPSHOT and RANGE with `not_leader`, answers CURVE
 /// handshakes, pets the watchdog, and tries to take the lease on the journal writer's thread — every third of the
-/// lease, or as soon as the holder's expires — so that a slow or unreachable database never holds the loop.
+/// lease, or as soon as the holder's expires — so that a slow or unreachable database never holds the loop. Once
+/// it has the lease (or still had it, after a failed commit), the writer's thread renews it — waiting, up to a
+/// lease, for a commit of the previous leader in flight — and recovers every store, while the loop goes on as here;
+/// a recovery that fails lets the lease go and stands by to try again.
 struct Standby {
     let loop: CommandLoop
     let journal: PostgresJournal
@@ -18,13 +21,31 @@ struct Standby {
     /// Why the last attempt failed, when it did.
     var problem: String?
     var nextAttempt = ContinuousClock.now
+    /// Whether the writer is trying to take the lease.
     var attempting = false
+    /// The lease taken, while the writer renews it and recovers the stores.
+    var recovering: CommandLoop.Takeover?
     var lastWatchdog = ContinuousClock.now
     /// What the writer's last attempt found, handed back through the writer's result.
     let outcome = LockedValue<LeaseOutcome?>(nil)
+    /// What the writer's recovery made, or why it failed.
+    let recovery = LockedValue<Result<(sequencer: Sequencer, fencedAt: ContinuousClock.Instant), RecoveryFailure>?>(nil)
     let limits: Limits
 
-    init(loop: CommandLoop, journal: PostgresJournal, writer: JournalWriter, leader: JournalLeader?) {
+    /// Why a recovery on the writer's thread failed.
+    struct RecoveryFailure: Error {
+        var description: String
+    }
+
+    /// A standby that tries to take the lease when `leader`'s expires; with `recoveringTerm`, one that still holds
+    /// the lease with that term and recovers at once (after a failed commit).
+    init(
+        loop: CommandLoop,
+        journal: PostgresJournal,
+        writer: JournalWriter,
+        leader: JournalLeader?,
+        recoveringTerm: UInt64? = nil
+    ) {
         self.loop = loop
         self.journal = journal
         self.writer = writer
@@ -34,6 +55,14 @@ struct Standby {
             maximumActionBytes: loop.configuration.maximumMessageBytes
         )
         if let leader { nextAttempt = .now + Self.wait(for: leader, lease: journal.lease) }
+        if let recoveringTerm {
+            recovering = CommandLoop.Takeover(
+                term: recoveringTerm,
+                previousHolder: journal.lease.holder,
+                since: .now,
+                afterFailedCommit: true
+            )
+        }
     }
 
     /// The first attempt, before anything is bound: a daemon that leads at once recovers before it binds.
@@ -55,8 +84,9 @@ struct Standby {
     /// Stands by until the lease is taken (its term and the previous holder) or the daemon is asked to stop (`nil`).
     mutating func wait(_ sockets: inout LoopSockets) throws -> CommandLoop.Takeover? {
         announce()
+        if recovering != nil { recover() }
         while !loop.isStopping {
-            if !attempting, ContinuousClock.now >= nextAttempt {
+            if !attempting, recovering == nil, ContinuousClock.now >= nextAttempt {
                 attempting = true
                 let journal = journal
                 let outcome = outcome
@@ -69,13 +99,21 @@ struct Standby {
                 .fileDescriptor(loop.wakeup.descriptor, .readable), .socket(sockets.router, .readable),
             ]
             if let zap = sockets.zap { items.append(.socket(zap, .readable)) }
-            var deadline = attempting ? ContinuousClock.now + .seconds(1) : nextAttempt
+            var deadline = attempting || recovering != nil ? ContinuousClock.now + .seconds(1) : nextAttempt
             if let interval = loop.notifier.watchdogInterval { deadline = min(deadline, lastWatchdog + interval) }
             let ready = try Poller(items).poll(timeout: max(deadline - ContinuousClock.now, .zero))
             if ready[0].contains(.readable) { loop.wakeup.drain() }
             if let result = writer.takeResult() {
-                attempting = false
-                if let takeover = attempted(result) { return takeover }
+                if recovering != nil {
+                    if let takeover = recovered(result) { return takeover }
+                } else {
+                    attempting = false
+                    if let takeover = attempted(result) {
+                        recovering = takeover
+                        announce()
+                        recover()
+                    }
+                }
             }
             for (envelope, reply) in loop.takeReplies().replies { sockets.send(reply, to: envelope) }
             try sockets.serveAuthentication()
@@ -96,8 +134,53 @@ struct Standby {
                 lastWatchdog = ContinuousClock.now
             }
         }
-        // An attempt in flight that takes the lease is let go when the journal closes.
-        if attempting { _ = writer.waitForResult() }
+        // An attempt or a recovery in flight is waited for; a lease it took is let go when the journal closes.
+        if attempting || recovering != nil { _ = writer.waitForResult() }
+        return nil
+    }
+
+    /// Hands the writer the renewal and recovery of the lease just taken.
+    func recover() {
+        let journal = journal
+        let loop = loop
+        let recovery = recovery
+        recovery.withLockedValue { $0 = nil }
+        writer.submit { () throws(JournalError) in
+            let sent = ContinuousClock.now
+            do {
+                // The fence first: it waits for a commit of the previous leader in flight, so recovery reads all
+                // it made durable.
+                try journal.renewLease()
+                let sequencer = try loop.recoverStores(journal)
+                recovery.withLockedValue { $0 = .success((sequencer, sent)) }
+            } catch {
+                // Another daemon may recover where this one cannot (a newer build, a reachable database).
+                try? journal.releaseLease()
+                recovery.withLockedValue { $0 = .failure(RecoveryFailure(description: "\(error)")) }
+            }
+        }
+    }
+
+    /// The takeover, once the writer has recovered the stores; otherwise logs why it could not and stands by.
+    mutating func recovered(_ result: Result<Void, JournalError>) -> CommandLoop.Takeover? {
+        guard var takeover = recovering else { return nil }
+        recovering = nil
+        switch recovery.withLockedValue({ $0 }) {
+        case let .success(recovered)?:
+            takeover.recovered = recovered
+            return takeover
+        case let .failure(failure)?:
+            logger.error(
+                "could not recover after taking the lease: let it go, standing by to try again",
+                metadata: ["error": "\(failure.description)", "name": "\(journal.lease.holder)"]
+            )
+            problem = "could not recover: \(failure.description)"
+        case nil:
+            problem = "could not recover: \(result)"
+        }
+        leader = nil
+        nextAttempt = .now + journal.lease.duration / 3
+        announce()
         return nil
     }
 
@@ -129,6 +212,16 @@ struct Standby {
 
     /// Tells systemd and the log who leads.
     func announce() {
+        if let recovering {
+            logger.notice(
+                "recovering the stores before serving",
+                metadata: ["name": "\(journal.lease.holder)", "term": "\(recovering.term)"]
+            )
+            loop.notifier.notify(
+                "READY=1\nSTATUS=standby, recovering the stores to lead (term \(recovering.term))"
+            )
+            return
+        }
         let who = leader.map { "leader \($0.holder) term \($0.term)" } ?? "leader unknown"
         logger.notice(
             "standing by: another daemon leads the journal",
@@ -162,7 +255,8 @@ struct Standby {
 
     func notLeader(_ requestID: UInt64) -> Reply {
         let leading =
-            leader.map {
+            recovering.map { "it holds the lease (term \($0.term)) and is recovering its stores to lead" }
+            ?? leader.map {
                 "\($0.holder) leads the journal (term \($0.term), its lease expires at \($0.expiresAt) unless renewed)"
             } ?? "no leader is known (\(problem ?? "not asked yet"))"
         return .error(

@@ -150,6 +150,90 @@ import Glibc
         return nil
     }
 
+    /// A standby that takes the lease but cannot recover (here an unreadable idempotency entry) lets the lease go and
+    /// stands by — it does not exit — and leads once a later attempt recovers.
+    @Test func aStandbyThatCannotRecoverAfterATakeoverStandsByAndTriesAgain() async throws {
+        let pair = try Pair()
+        let context = try Context()
+        let a = try pair.daemon(0)
+        try await a.waitUntilServing()
+        let b = try pair.daemon(1)
+        try #require(try await status(b, role: "standby", within: .seconds(20)) != nil, "log:\n\(b.output)")
+        let client = try Client(context, endpoint: a.command)
+        for number: UInt64 in 1...3 {
+            guard try increment(client, number, a) == number else { return }
+        }
+        try PostgresJournal.execute(
+            """
+            INSERT INTO idempotency (position, client_id, request_number, fingerprint, reply)
+            SELECT coalesce(max(position), 0) + 1, '\\x0102'::bytea, 99, '\\x00'::bytea, '\\x00'::bytea
+            FROM idempotency
+            """,
+            connection: pair.connection
+        )
+        a.kill()
+        let failed = try await eventually(within: .seconds(20), every: .milliseconds(100)) {
+            b.output.contains("could not recover after taking the lease")
+        }
+        try #require(failed, "b never failed to recover; log:\n\(b.output)")
+        #expect(b.isRunning, "b exited; log:\n\(b.output)")
+        #expect(b.status()?.role == "standby")
+        try PostgresJournal.execute(
+            "DELETE FROM idempotency WHERE request_number = 99",
+            connection: pair.connection
+        )
+        let led = try await status(b, role: "leader", within: .seconds(20))
+        try #require(led != nil, "b did not lead once it could recover; log:\n\(b.output)")
+        #expect(led?.stores.first?.seq == 3)
+        #expect(b.output.contains("took the journal's lease"), "\(b.output)")
+        let moved = try Client(context, endpoint: b.command, clientID: client.clientID)
+        #expect(try increment(moved, 4, b) == 4)
+        #expect(await b.stop() == 0)
+    }
+
+    /// A leader whose commit fails renews its lease and recovers on the journal writer's thread, standing by
+    /// meanwhile, then leads on with the same term; the dispatch it answered `unavailable` is applied once retried.
+    @Test func aLeaderWhoseCommitFailedRecoversAndLeadsOn() async throws {
+        let pair = try Pair()
+        let context = try Context()
+        let a = try pair.daemon(0)
+        try await a.waitUntilServing()
+        let client = try Client(context, endpoint: a.command)
+        for number: UInt64 in 1...3 {
+            guard try increment(client, number, a) == number else { return }
+        }
+        for sql in [
+            "CREATE TABLE refuse_commits (x int)",
+            """
+            CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM refuse_commits) THEN RAISE EXCEPTION 'refused by the test'; END IF;
+                RETURN NULL;
+            END $$
+            """,
+            "CREATE TRIGGER refuse BEFORE INSERT ON events FOR EACH STATEMENT EXECUTE PROCEDURE refuse()",
+            "INSERT INTO refuse_commits VALUES (1)",
+        ] {
+            try PostgresJournal.execute(sql, connection: pair.connection)
+        }
+        let refused = try client.dispatch("counter", [#"{"increment":{}}"#], number: 4)
+        guard case let .error(_, error) = refused else {
+            Issue.record("a failing commit was answered \(refused); log:\n\(a.output)")
+            return
+        }
+        #expect(error.code == .unavailable, "\(error)")
+        let recovered = try await eventually(within: .seconds(20), every: .milliseconds(100)) {
+            a.output.contains("recovered after a failed commit: leading on")
+        }
+        try #require(recovered, "a never led on; log:\n\(a.output)")
+        try PostgresJournal.execute("DELETE FROM refuse_commits", connection: pair.connection)
+        #expect(try increment(client, 4, a) == 4)
+        let status = a.status()
+        #expect(status?.role == "leader" && status?.leader?.term == 1)
+        #expect(try pair.journalEvents().map(\.requestNumber) == Array(1...4))
+        #expect(await a.stop() == 0)
+    }
+
     /// A leader paused for most of its lease, with nobody to take over, answers a SNAPSHOT and a STATUS that waited
     /// for it only once a renewal says the lease is still its own — and does answer them.
     @Test func aLoneLeaderPausedForMostOfItsLeaseAnswersOnceItHasRenewedIt() async throws {

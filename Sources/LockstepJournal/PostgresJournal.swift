@@ -184,6 +184,10 @@ final class PostgresStorage: JournalStorage {
     /// second key): taken now only to upgrade such a journal, so that no daemon of that build writes to it then.
     static let writerLockKey: Int64 = 0x4C4B_5350
 
+    /// The transaction advisory lock a writer's open holds while it looks for the journal and creates it: "LKSO",
+    /// with the hash of the journal's schema as the second key.
+    static let openLockKey: Int64 = 0x4C4B_534F
+
     static let tableNames = [
         "journal_format", "stores", "events", "snapshots", "idempotency", "store_versions", "leadership",
     ]
@@ -315,6 +319,14 @@ final class PostgresStorage: JournalStorage {
         var found: Int?
         do {
             try session.execute("BEGIN")
+            if !readOnly {
+                // Two daemons started at once on an empty database would both create the schema, and one would fail:
+                // the second waits here until the first has committed it, then finds the journal.
+                try session.execute(
+                    "SELECT pg_advisory_xact_lock($1::integer, hashtext(current_schema()))",
+                    [.int64(Self.openLockKey)]
+                )
+            }
             let names = try session.execute(
                 """
                 SELECT table_name::text FROM information_schema.tables

@@ -169,6 +169,48 @@ import Testing
         )
     }
 
+    /// Two daemons opening an empty database at once: one creates the journal, the other waits for it and finds it
+    /// (before, both ran CREATE TABLE and one failed). Repeated on fresh databases, since it is a race.
+    @Test func twoDaemonsOpeningAnEmptyDatabaseAtOnceBothOpenIt() throws {
+        for _ in 0..<5 {
+            let fixture = try JournalFixture(.postgres)
+            let connection = fixture.connection!
+            let opened = LockedValue<[Result<PostgresJournal, JournalError>]>([])
+            let start = DispatchSemaphore(value: 0)
+            let done = DispatchGroup()
+            for holder in ["a", "b"] {
+                done.enter()
+                Thread {
+                    start.wait()
+                    let result = Result { () throws(JournalError) in
+                        try PostgresJournal(
+                            connection: connection,
+                            lease: PostgresLease(holder: holder),
+                            takeLease: false
+                        )
+                    }
+                    opened.withLockedValue { $0.append(result) }
+                    done.leave()
+                }.start()
+            }
+            start.signal()
+            start.signal()
+            #expect(done.wait(timeout: .now() + 30) == .success)
+            let journals = opened.withLockedValue { $0 }.compactMap { result -> PostgresJournal? in
+                switch result {
+                case let .success(journal): return journal
+                case let .failure(error):
+                    Issue.record("an open failed: \(error)")
+                    return nil
+                }
+            }
+            #expect(journals.count == 2)
+            let outcomes = try journals.map { try $0.acquireLease() }
+            #expect(outcomes.filter { if case .leading = $0 { true } else { false } }.count == 1, "\(outcomes)")
+            for journal in journals { try journal.close() }
+        }
+    }
+
     /// A journal of format 1 (step 1: no lease, an advisory lock per writer) is upgraded when opened for writing,
     /// but not while a daemon of that build holds its lock: it would write beside a leader unfenced.
     @Test func aJournalOfFormat1IsUpgradedOnceNoEarlierDaemonWritesToIt() throws {

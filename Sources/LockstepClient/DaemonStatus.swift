@@ -14,7 +14,8 @@ public struct DaemonStatus: Decodable, Sendable {
         public var epoch: String
         /// The domain version it runs.
         public var domainVersion: UInt32
-        /// Actions committed since the daemon started, over its uptime.
+        /// Actions committed since the daemon began serving (started, or last took its journal's lease), over that
+        /// time.
         public var eventsPerSecond: Double
     }
 

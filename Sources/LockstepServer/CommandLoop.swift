@@ -271,6 +271,8 @@ private struct LoopState {
     var sequencer: Sequencer
     let limits: Limits
     let startedAt: ContinuousClock.Instant
+    /// When this leadership began: what `eventsPerSecond` counts from, as `committedEvents` do.
+    let servingSince = ContinuousClock.now
     /// The lease, on a PostgreSQL journal: its term, when the last fence that renewed it was sent, and when to
     /// renew it next if nothing is committed before.
     var lease:
@@ -1159,7 +1161,8 @@ extension LoopState {
 
     func status(requestID: UInt64) -> Reply {
         let uptime = ContinuousClock.now - startedAt
-        let seconds = max(Double(uptime.components.seconds) + Double(uptime.components.attoseconds) / 1e18, 1e-3)
+        let serving = ContinuousClock.now - servingSince
+        let seconds = max(Double(serving.components.seconds) + Double(serving.components.attoseconds) / 1e18, 1e-3)
         let stores = sequencer.stores.values.sorted { $0.name < $1.name }.map { store in
             let rate = Double(committedEvents[store.name] ?? 0) / seconds
             // The seq published: durable, unlike one the writer is still committing.

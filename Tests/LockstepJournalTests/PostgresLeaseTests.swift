@@ -18,6 +18,12 @@ import Testing
         )
     }
 
+    /// Sleeps until `instant` (at once if it has passed).
+    func sleep(until instant: ContinuousClock.Instant) {
+        let left = instant - ContinuousClock.now
+        if left > .zero { Thread.sleep(forTimeInterval: left / .seconds(1)) }
+    }
+
     func increments(from seq: UInt64, count: Int, client: [UInt8] = clientA) -> JournalBatch {
         let batch = events(Counter.name, from: seq, count: count, client: client) { _ in Counter.Action.increment }
         return JournalBatch(events: batch, idempotency: idempotency(for: batch))
@@ -25,8 +31,8 @@ import Testing
 
     @Test func theLeaseIsTakenOnlyOnceExpiredWithTheNextTermAndAFencedCommitKeepsNothing() throws {
         let fixture = try JournalFixture(.postgres)
-        let a = try daemonJournal(fixture, "a", lease: .milliseconds(600))
-        let b = try daemonJournal(fixture, "b", lease: .milliseconds(600))
+        let a = try daemonJournal(fixture, "a", lease: .seconds(2))
+        let b = try daemonJournal(fixture, "b", lease: .seconds(2))
         defer {
             try? a.close()
             try? b.close()
@@ -43,7 +49,7 @@ import Testing
             return
         }
         #expect(leader.holder == "a" && leader.term == 1)
-        #expect(leader.expiresIn > .zero && leader.expiresIn <= .milliseconds(600))
+        #expect(leader.expiresIn > .zero && leader.expiresIn <= .seconds(2))
         #expect(leader.expiresAt.hasSuffix("Z"), "\(leader.expiresAt)")
         #expect(b.leaseTerm == nil)
         let tool = journalError { _ = try PostgresJournal(connection: fixture.connection!) }
@@ -51,14 +57,23 @@ import Testing
         #expect(tool?.message.contains("(a, term 1,") == true, "\(tool?.message ?? "")")
 
         try a.renewLease()
-        // Renewed, not yet expired: still a's.
-        Thread.sleep(forTimeInterval: 0.4)
-        guard case .standingBy = try b.acquireLease() else {
-            Issue.record("b took a lease a renewed 0.4 s ago for 0.6 s")
-            return
+        let renewed = ContinuousClock.now
+        // Renewed, not yet expired: still a's (judged only if the attempt came well within the lease).
+        Thread.sleep(forTimeInterval: 0.5)
+        let attempt = try b.acquireLease()
+        if ContinuousClock.now - renewed < .milliseconds(1_500) {
+            guard case .standingBy = attempt else {
+                Issue.record("b took a lease a renewed less than 1.5 s ago for 2 s")
+                return
+            }
         }
-        Thread.sleep(forTimeInterval: 0.4)
-        #expect(try b.acquireLease() == .leading(term: 2, previousHolder: "a"))
+        // Past the lease: the renewal ran before `renewed`.
+        sleep(until: renewed + .milliseconds(2_300))
+        if case .standingBy = attempt {
+            #expect(try b.acquireLease() == .leading(term: 2, previousHolder: "a"))
+        } else {
+            #expect(attempt == .leading(term: 2, previousHolder: "a"))
+        }
         #expect(try b.recover(Counter.self).lastSeq == 2)
         try b.commit(increments(from: 3, count: 1, client: clientB))
 
@@ -80,20 +95,26 @@ import Testing
     /// so the next daemon takes it at once instead of waiting for it to expire.
     @Test func anExpiredLeaseNobodyTookIsStillTheHoldersAndCloseLetsItGo() throws {
         let fixture = try JournalFixture(.postgres)
-        let a = try daemonJournal(fixture, "a", lease: .milliseconds(200))
+        let a = try daemonJournal(fixture, "a", lease: .seconds(2))
+        let b = try daemonJournal(fixture, "b", lease: .seconds(30))
+        defer { try? b.close() }
         _ = try a.acquireLease()
         _ = try a.recover(Counter.self)
-        Thread.sleep(forTimeInterval: 0.4)
+        Thread.sleep(forTimeInterval: 2.3)
+        let committing = ContinuousClock.now
         try a.commit(increments(from: 1, count: 1))
         #expect(try a.leader().expiresIn > .zero)
         #expect(a.leaseTerm == 1)
 
-        let b = try daemonJournal(fixture, "b", lease: .seconds(30))
-        defer { try? b.close() }
-        guard case .standingBy = try b.acquireLease() else {
-            Issue.record("b took the lease a just renewed")
-            return
+        // Judged only if the attempt came well within the lease the commit extended.
+        let attempt = try b.acquireLease()
+        if ContinuousClock.now - committing < .milliseconds(1_500) {
+            guard case .standingBy = attempt else {
+                Issue.record("b took the lease a just renewed")
+                return
+            }
         }
+        guard case .standingBy = attempt else { return }  // so late that a's lease had expired again
         try a.close()
         #expect(try b.acquireLease() == .leading(term: 2, previousHolder: "a"))
     }
@@ -103,7 +124,7 @@ import Testing
     /// and recovers it — and the old leader's next commit is fenced.
     @Test func aTakeoverWaitsForTheCommitInFlight() throws {
         let fixture = try JournalFixture(.postgres)
-        let a = try daemonJournal(fixture, "a", lease: .milliseconds(300))
+        let a = try daemonJournal(fixture, "a", lease: .seconds(2))
         let b = try daemonJournal(fixture, "b", lease: .seconds(30))
         defer {
             try? a.close()
@@ -142,8 +163,8 @@ import Testing
             return false
         }
         #expect(try waiting("query LIKE 'INSERT INTO events%' AND state = 'active'"), "a's commit never started")
-        // Past a's lease by the database's clock.
-        Thread.sleep(forTimeInterval: 0.4)
+        // Past a's lease by the database's clock (its fence ran before its INSERT was seen waiting).
+        Thread.sleep(forTimeInterval: 2.3)
         Thread {
             let result = Result { () throws(JournalError) in try b.acquireLease() }
             results.withLockedValue { $0.acquire = result }

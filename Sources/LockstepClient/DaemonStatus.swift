@@ -14,12 +14,32 @@ public struct DaemonStatus: Decodable, Sendable {
         public var epoch: String
         /// The domain version it runs.
         public var domainVersion: UInt32
-        /// Actions committed since the daemon started, over its uptime.
+        /// Actions committed since the daemon began serving (started, or last took its journal's lease), over that
+        /// time.
         public var eventsPerSecond: Double
+    }
+
+    /// The lease row as the daemon last saw it (a PostgreSQL journal shared by several daemons).
+    public struct Leader: Decodable, Sendable {
+        /// The leading daemon's name in the lease.
+        public var name: String
+        /// The lease's term: one more at every takeover.
+        public var term: UInt64
+        /// When the lease expires unless renewed, by the database's clock (ISO 8601, UTC); absent from a leader's
+        /// own STATUS.
+        public var expiresAt: String?
     }
 
     /// Seconds since the daemon started.
     public var uptimeSeconds: Int64
+    /// `leader`, or `standby` for a daemon that does not hold its PostgreSQL journal's lease (it hosts no store
+    /// then, and refuses DISPATCH, SNAPSHOT and RANGE with `not_leader`); absent from daemons before this field.
+    public var role: String?
+    /// The daemon's own name in the lease, on a PostgreSQL journal.
+    public var name: String?
+    /// Who leads, on a PostgreSQL journal: the daemon itself when it leads; `nil` on a standby that could not read
+    /// the lease.
+    public var leader: Leader?
     /// The journal's file, or `memory`.
     public var journal: String
     /// The journal's size on disk; `nil` for the in-memory journal.

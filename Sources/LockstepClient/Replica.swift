@@ -892,7 +892,7 @@ private struct Engine<D: Domain> {
             error =
                 flight.count == 1
                 ? rejection : Rejection(code: rejection.code, "action \(index) of the batch: \(rejection.reason)")
-        case let .error(_, refusal) where refusal.code == .unavailable:
+        case let .error(_, refusal) where refusal.code == .unavailable || refusal.code == .notLeader:
             // Nothing was applied and a retry with the same key is safe: an optimistic dispatch is sent again after
             // a request's timeout; the caller of another may try again later.
             if let number = flight.optimistic {

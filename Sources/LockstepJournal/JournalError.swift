@@ -28,6 +28,7 @@ public struct JournalError: Error, Hashable, Sendable, CustomStringConvertible {
             case inUse = "in_use"
             case postgres
             case unreachable
+            case fenced
         }
 
         private let base: Base
@@ -54,6 +55,9 @@ public struct JournalError: Error, Hashable, Sendable, CustomStringConvertible {
         public static let postgres = Code(.postgres)
         /// The PostgreSQL server cannot be reached, or the connection to it was lost.
         public static let unreachable = Code(.unreachable)
+        /// Another daemon took the PostgreSQL journal's lease (``JournalError/term`` is its term), or this journal
+        /// never held it: the commit or renewal was refused, nothing of it was kept, and the journal leads no more.
+        public static let fenced = Code(.fenced)
         /// The journal was written in a format this build does not read.
         public static let formatVersionMismatch = Code(.formatVersionMismatch)
         /// The store was written by another version of its domain.
@@ -98,6 +102,8 @@ public struct JournalError: Error, Hashable, Sendable, CustomStringConvertible {
     public var postgresState: String?
     /// PostgreSQL's or libpq's message, when PostgreSQL reported the failure.
     public var postgresMessage: String?
+    /// The lease term that superseded this journal's, for ``Code/fenced`` when the lease row could be read.
+    public var term: UInt64?
     /// What failed, with which value, and what to do.
     public var message: String
 
@@ -112,6 +118,7 @@ public struct JournalError: Error, Hashable, Sendable, CustomStringConvertible {
         sqliteMessage: String? = nil,
         postgresState: String? = nil,
         postgresMessage: String? = nil,
+        term: UInt64? = nil,
         message: String
     ) {
         self.code = code
@@ -123,6 +130,7 @@ public struct JournalError: Error, Hashable, Sendable, CustomStringConvertible {
         self.sqliteMessage = sqliteMessage
         self.postgresState = postgresState
         self.postgresMessage = postgresMessage
+        self.term = term
         self.message = message
     }
 

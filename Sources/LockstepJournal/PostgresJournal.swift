@@ -4,12 +4,15 @@ import Lockstep
 /// kept by a server. A commit is one transaction with `synchronous_commit = on`, so it returns only once PostgreSQL
 /// has made it durable. Its schema and durability are described in docs/operations.md, "PostgreSQL journal".
 ///
-/// One connection writes (commits are serialized by the journal) and holds a session advisory lock, so a second
-/// writer on the same database is refused with ``JournalError/Code/inUse``. Reads go through a small pool of
-/// read-only connections of their own, so range reads from other threads never wait for a commit.
+/// One connection writes (commits are serialized by the journal). Several daemons may open one journal: the one that
+/// holds its lease (a row with a term and an expiry by the database's clock) leads, and every commit's first
+/// statement checks and extends that lease in the same transaction, so a commit of a daemon whose lease another
+/// took is refused with ``JournalError/Code/fenced`` and keeps nothing. Reads go through a small pool of read-only
+/// connections of their own, so range reads from other threads never wait for a commit.
 public final class PostgresJournal: EngineJournal {
-    /// The format this build writes and reads. A database of another format is refused when opened.
-    public static let formatVersion = 1
+    /// The format this build writes and reads: 2 added the lease. A database of format 1 is upgraded when opened
+    /// for writing (once no daemon of an earlier build holds it); one of another format is refused.
+    public static let formatVersion = 2
 
     let engine: JournalEngine<PostgresStorage>
     private var storage: PostgresStorage { engine.storage }
@@ -24,21 +27,80 @@ public final class PostgresJournal: EngineJournal {
     ///   - policy: When snapshots are due and how much history is kept.
     ///   - readOnly: Open for reading only (the CLI's `verify`, `dump`, `stats` and `state`): nothing is created,
     ///     commits are refused, and a store not yet in the journal cannot be recovered.
+    ///   - lease: This journal's name in the lease row and how long its lease lasts.
+    ///   - takeLease: Take the lease while opening (a tool, a test), failing with ``JournalError/Code/inUse`` when
+    ///     another daemon holds it; `false` opens without it (a daemon that may stand by), and nothing can be
+    ///     written until ``acquireLease()`` returns ``LeaseOutcome/leading(term:previousHolder:)``.
     /// - Throws: ``JournalError`` with ``JournalError/Code/unreachable`` when the server cannot be reached,
-    ///   ``JournalError/Code/inUse`` when another process writes to the database,
+    ///   ``JournalError/Code/inUse`` when another daemon holds the lease (`takeLease`) or a daemon of an earlier
+    ///   build writes to a journal of format 1,
     ///   ``JournalError/Code/formatVersionMismatch`` when the database holds a journal of another format,
     ///   ``JournalError/Code/notAJournal`` when it holds tables of the same names that are no journal, and
     ///   ``JournalError/Code/notFound`` when a read-only open finds no journal.
     public init(
         connection: String,
         policy: JournalPolicy = JournalPolicy(),
-        readOnly: Bool = false
+        readOnly: Bool = false,
+        lease: PostgresLease = PostgresLease(),
+        takeLease: Bool = true
     ) throws(JournalError) {
-        engine = JournalEngine(storage: try PostgresStorage(conninfo: connection, readOnly: readOnly), policy: policy)
+        let storage = try PostgresStorage(conninfo: connection, readOnly: readOnly, lease: lease)
+        engine = JournalEngine(storage: storage, policy: policy)
+        guard takeLease, !readOnly else { return }
+        do {
+            if case let .standingBy(leader) = try storage.acquireLease() {
+                throw JournalError(
+                    code: .inUse,
+                    file: storage.location,
+                    operation: "open",
+                    term: leader.term,
+                    message: "another daemon leads this journal (\(leader.holder), term \(leader.term), its lease "
+                        + "expires at \(leader.expiresAt) unless renewed): stop it, or open the journal read-only "
+                        + "(journal verify, dump, stats and state do)"
+                )
+            }
+        } catch let error as JournalError {
+            try? storage.close()
+            throw error
+        } catch {
+            try? storage.close()
+            throw PostgresStorage.map(error, location: storage.location, operation: "open")
+        }
     }
 
-    /// Closes every connection; the server releases the writer's lock with its session. Later calls fail; closing
-    /// twice is harmless.
+    /// Takes the lease when it is free or has expired, in one statement that increments its term; otherwise says
+    /// who holds it. The statement waits for a commit of the current holder in flight (its fence holds the row's
+    /// lock) and then judges the row as that commit left it. Recover the stores after taking it: the previous
+    /// leader may have committed more than this process knows.
+    public func acquireLease() throws(JournalError) -> LeaseOutcome {
+        try storage.acquireLease()
+    }
+
+    /// Extends the lease alone, as every commit does first: what a leader does when it has committed nothing for a
+    /// while. Throws ``JournalError/Code/fenced`` when another daemon took the lease; the journal leads no more.
+    public func renewLease() throws(JournalError) {
+        try storage.renewLease()
+    }
+
+    /// Lets the lease go, if this journal holds it, so that another daemon takes it at once: what a daemon that cannot
+    /// recover after taking it does. The journal leads no more.
+    public func releaseLease() throws(JournalError) {
+        try storage.releaseLease()
+    }
+
+    /// The term of the lease this journal holds, or `nil` when it does not lead.
+    public var leaseTerm: UInt64? { storage.leaseTerm.withLockedValue { $0.map(UInt64.init) } }
+
+    /// This journal's name in the lease row and its lease's duration.
+    public var lease: PostgresLease { storage.lease }
+
+    /// The lease row as it stands now (read on a connection of its own): who leads, with which term, until when.
+    public func leader() throws(JournalError) -> JournalLeader {
+        try storage.leader()
+    }
+
+    /// Lets the lease go if this journal holds it (so a standby takes over at once), then closes every connection.
+    /// Later calls fail; closing twice is harmless.
     public func close() throws(JournalError) {
         try storage.close()
     }
@@ -63,6 +125,35 @@ public final class PostgresJournal: EngineJournal {
         }
     }
 
+    /// A session of its own on `connection` that stays open between statements: for tests that hold a lock or a
+    /// transaction open while the journal works.
+    package final class Session {
+        private let session: PostgresConnection
+        private let location: String
+
+        package init(connection: String) throws(JournalError) {
+            location = PostgresStorage.location(of: connection)
+            do {
+                session = try PostgresConnection(conninfo: connection)
+            } catch {
+                throw PostgresStorage.map(error, location: location, operation: "connect")
+            }
+        }
+
+        /// Runs `sql`; the first column of its rows as text.
+        @discardableResult
+        package func execute(_ sql: String) throws(JournalError) -> [String?] {
+            do {
+                let rows = try session.execute(sql)
+                return (0..<rows.count).map { rows.text($0, 0) }
+            } catch {
+                throw PostgresStorage.map(error, location: location, operation: "execute")
+            }
+        }
+
+        package func close() { session.close() }
+    }
+
     /// Whether a PostgreSQL server accepts connections at `connection` (libpq's `PQping`).
     package static func serverAnswers(_ connection: String) -> Bool {
         postgresAnswers(connection)
@@ -79,17 +170,27 @@ final class PostgresStorage: JournalStorage {
     private let conninfo: String
     /// `nil` when read-only. Held for the whole of a write, so statements of two commits never interleave.
     private let writer: LockedValue<PostgresConnection>?
+    /// This journal's name and duration in the lease row.
+    let lease: PostgresLease
+    /// The term of the lease this journal holds; `nil` when it does not lead.
+    let leaseTerm = LockedValue<Int64?>(nil)
     /// Idle read-only connections; a read takes one (or opens one) and gives it back.
     private let readers = LockedValue<[PostgresConnection]>([])
     private let closed = LockedValue(false)
     /// More idle readers than this are closed when given back: the daemon reads from a few threads at most.
     private static let idleReadersKept = 4
 
-    /// The session advisory lock the writer holds: "LKSP", with the hash of the journal's schema as the second
-    /// key, so journals in several schemas of one database each have their own writer.
+    /// The session advisory lock the writer of format 1 held ("LKSP", with the hash of the journal's schema as the
+    /// second key): taken now only to upgrade such a journal, so that no daemon of that build writes to it then.
     static let writerLockKey: Int64 = 0x4C4B_5350
 
-    static let tableNames = ["journal_format", "stores", "events", "snapshots", "idempotency", "store_versions"]
+    /// The transaction advisory lock a writer's open holds while it looks for the journal and creates it: "LKSO",
+    /// with the hash of the journal's schema as the second key.
+    static let openLockKey: Int64 = 0x4C4B_534F
+
+    static let tableNames = [
+        "journal_format", "stores", "events", "snapshots", "idempotency", "store_versions", "leadership",
+    ]
 
     static let schema = """
         CREATE TABLE journal_format (
@@ -130,7 +231,7 @@ final class PostgresStorage: JournalStorage {
             since_seq bigint NOT NULL,
             PRIMARY KEY (store, version)
         );
-        """
+        """ + LeaseStatement.table
 
     /// The statements of the commit path, prepared once per writer session.
     enum Statement {
@@ -193,10 +294,11 @@ final class PostgresStorage: JournalStorage {
         "postgres " + (redactedConnectionString(conninfo) ?? "(a connection string libpq cannot parse)")
     }
 
-    init(conninfo: String, readOnly: Bool) throws(JournalError) {
+    init(conninfo: String, readOnly: Bool, lease: PostgresLease) throws(JournalError) {
         let location = Self.location(of: conninfo)
         self.location = location
         self.conninfo = conninfo
+        self.lease = lease
         isReadOnly = readOnly
         let fail = { (code: JournalError.Code, message: String) in
             JournalError(code: code, file: location, operation: "open", message: message)
@@ -210,14 +312,21 @@ final class PostgresStorage: JournalStorage {
         }
         let session: PostgresConnection
         do {
-            session = try Self.connect(conninfo, writer: !readOnly, location: location)
+            session = try Self.connect(conninfo, writer: readOnly ? nil : lease, location: location)
         } catch {
             throw Self.map(error, location: location, operation: "open")
         }
         var found: Int?
         do {
-            if !readOnly { try Self.takeWriterLock(session, location: location) }
             try session.execute("BEGIN")
+            if !readOnly {
+                // Two daemons started at once on an empty database would both create the schema, and one would fail:
+                // the second waits here until the first has committed it, then finds the journal.
+                try session.execute(
+                    "SELECT pg_advisory_xact_lock($1::integer, hashtext(current_schema()))",
+                    [.int64(Self.openLockKey)]
+                )
+            }
             let names = try session.execute(
                 """
                 SELECT table_name::text FROM information_schema.tables
@@ -252,6 +361,10 @@ final class PostgresStorage: JournalStorage {
                 )
             }
             try session.execute("COMMIT")
+            if found == 1, !readOnly {
+                try Self.upgradeFromFormat1(session, location: location)
+                found = PostgresJournal.formatVersion
+            }
         } catch let error as JournalError {
             session.close()
             throw error
@@ -259,7 +372,8 @@ final class PostgresStorage: JournalStorage {
             session.close()
             throw Self.map(error, location: location, operation: "open")
         }
-        guard found == PostgresJournal.formatVersion else {
+        // Format 1 is format 2 without the lease: a read-only open reads it as it is.
+        guard found == PostgresJournal.formatVersion || (readOnly && found == 1) else {
             session.close()
             throw fail(
                 .formatVersionMismatch,
@@ -283,20 +397,54 @@ final class PostgresStorage: JournalStorage {
         }
     }
 
-    /// A session set up for its role: the writer commits synchronously (checked, not assumed); readers are
-    /// read-only, so a mistake in a read can never write.
+    /// A session set up for its role: the writer (given its lease) commits synchronously (checked, not assumed);
+    /// readers are read-only, so a mistake in a read can never write.
     private static func connect(
         _ conninfo: String,
-        writer: Bool,
+        writer lease: PostgresLease?,
         location: String
     ) throws(PostgresFailure) -> PostgresConnection {
         let session = try PostgresConnection(conninfo: conninfo)
-        if writer {
-            try requireSynchronousCommit(session)
+        if let lease {
+            try setUpWriter(session, lease: lease)
         } else {
             try session.execute("SET default_transaction_read_only = on")
         }
         return session
+    }
+
+    /// Synchronous commits, and a transaction left idle for longer than a lease ended by the server: the writer of
+    /// a paused or stranded daemon, stopped in the middle of a commit, holds the lease row's lock, and a standby's
+    /// takeover would otherwise wait on it for as long as the pause lasts.
+    private static func setUpWriter(_ session: PostgresConnection, lease: PostgresLease) throws(PostgresFailure) {
+        try requireSynchronousCommit(session)
+        try session.execute("SET idle_in_transaction_session_timeout = \(lease.milliseconds)")
+    }
+
+    /// Adds the lease to a journal of format 1 and makes it format 2, in one transaction, holding the advisory lock
+    /// a daemon of that build holds while it writes: with one running, the upgrade is refused with
+    /// ``JournalError/Code/inUse``, since that daemon would write unfenced beside a leader. A daemon of that build
+    /// started later refuses the journal (format 2).
+    private static func upgradeFromFormat1(_ session: PostgresConnection, location: String) throws {
+        try takeWriterLock(session, location: location)
+        defer {
+            _ = try? session.execute(
+                "SELECT pg_advisory_unlock($1::integer, hashtext(current_schema()))",
+                [.int64(writerLockKey)]
+            )
+        }
+        try session.execute("BEGIN")
+        do {
+            let version = try session.execute("SELECT version FROM journal_format FOR UPDATE").int64(0, 0)
+            if version == 1 {
+                try session.executeScript(LeaseStatement.table)
+                try session.execute("UPDATE journal_format SET version = $1", [.int64(2)])
+            }
+            try session.execute("COMMIT")
+        } catch {
+            if session.inTransaction { _ = try? session.execute("ROLLBACK") }
+            throw error
+        }
     }
 
     /// Sets `synchronous_commit = on` and checks that it took: a commit returns once PostgreSQL made it durable.
@@ -344,9 +492,10 @@ final class PostgresStorage: JournalStorage {
                 code: .inUse,
                 file: location,
                 operation: "open",
-                message: "another process has this journal open for writing (\(who ?? "a session") holds its "
-                    + "advisory lock \(writerLockKey)): one daemon per journal; stop the other one, or open "
-                    + "the journal read-only (journal verify, dump, stats and state do)"
+                message:
+                    "a daemon of an earlier build (journal format 1) writes to this journal (\(who ?? "a session") "
+                    + "holds its advisory lock \(writerLockKey)), and it would write beside a leader without the "
+                    + "lease: stop it, then start this build, which upgrades the journal to format 2 once"
             )
         } catch let error as JournalError {
             throw error
@@ -363,6 +512,7 @@ final class PostgresStorage: JournalStorage {
         try session.prepare(Statement.insertSnapshot.0, Statement.insertSnapshot.1, [store, number, bytes, bytes])
         try session.prepare(Statement.compactSnapshots.0, Statement.compactSnapshots.1, [store, number])
         try session.prepare(Statement.compactEvents.0, Statement.compactEvents.1, [store, number])
+        try session.prepare(LeaseStatement.fence.0, LeaseStatement.fence.1, [number, store, number])
     }
 
     var writerBackendPID: Int32 { writer?.withLockedValue { $0.backendPID } ?? 0 }
@@ -370,14 +520,7 @@ final class PostgresStorage: JournalStorage {
     func close() throws(JournalError) {
         closed.withLockedValue { $0 = true }
         writer?.withLockedValue { session in
-            // Unlocked before the session ends, so the next writer finds the lock free as soon as this returns:
-            // a closed session releases it only once the server has ended it, a moment later.
-            if session.isUsable {
-                _ = try? session.execute(
-                    "SELECT pg_advisory_unlock($1::integer, hashtext(current_schema()))",
-                    [.int64(Self.writerLockKey)]
-                )
-            }
+            if session.isUsable { releaseLease(session) }
             session.close()
         }
         let idle = readers.withLockedValue { readers in
@@ -449,7 +592,7 @@ final class PostgresStorage: JournalStorage {
     // MARK: Connections
 
     /// Runs `body` on the writer's session, reconnecting first when the last call lost it.
-    private func withWriter(
+    func withWriter(
         _ operation: String,
         store: String? = nil,
         _ body: (PostgresConnection) throws -> Void
@@ -462,15 +605,14 @@ final class PostgresStorage: JournalStorage {
                 message: writer == nil ? "the journal is open read-only" : "the journal is closed"
             )
         }
-        let location = location
+        let lease = lease
         do {
             try writer.withLockedValue { (session: inout PostgresConnection) throws in
                 if !session.answers(ifIdleFor: .seconds(1)) {
                     do {
+                        // The lease is in the row, not the session: the next fence says whether it is still ours.
                         try session.reset()
-                        try Self.requireSynchronousCommit(session)
-                        // The lock went with the old session: another writer may have taken the journal meanwhile.
-                        try Self.takeWriterLock(session, location: location)
+                        try Self.setUpWriter(session, lease: lease)
                     } catch {
                         // Half set up is not set up: the next call connects and sets up from scratch.
                         session.close()
@@ -485,7 +627,7 @@ final class PostgresStorage: JournalStorage {
     }
 
     /// Runs `body` on a read-only connection taken from the pool (or a new one), and gives it back unless it broke.
-    private func withReader<T>(
+    func withReader<T>(
         _ operation: String,
         store: String? = nil,
         _ body: (PostgresConnection) throws -> T
@@ -512,7 +654,7 @@ final class PostgresStorage: JournalStorage {
         }
         let session: PostgresConnection
         do {
-            session = try idle ?? Self.connect(conninfo, writer: false, location: location)
+            session = try idle ?? Self.connect(conninfo, writer: nil, location: location)
         } catch {
             throw Self.map(error, location: location, operation: operation, store: store)
         }
@@ -621,6 +763,7 @@ final class PostgresStorage: JournalStorage {
     func register(_ record: StoreRecord) throws(JournalError) {
         try withWriter("register store", store: record.name) { session in
             try transaction(session) {
+                try fence(session, operation: "registration")
                 try session.execute(
                     "INSERT INTO stores (name, domain_version, epoch) VALUES ($1, $2, $3)",
                     [.text(record.name), .int64(Int64(record.domainVersion)), .int64(Int64(bitPattern: record.epoch))]
@@ -812,9 +955,11 @@ final class PostgresStorage: JournalStorage {
         var committing = false
         do {
             try withWriter("commit") { session in
-                // A leader's fence (step 2 of issue #21) goes here: the first statement of the transaction.
                 try session.execute("BEGIN")
                 do {
+                    // The fence first: it locks the lease row until the transaction ends, so a takeover waits for
+                    // this commit, and this commit fails if one came first.
+                    try fence(session, operation: "commit")
                     try write(plan, on: session)
                     committing = true
                     // A COMMIT of a transaction that failed is answered ROLLBACK, without an error.

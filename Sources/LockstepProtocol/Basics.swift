@@ -128,6 +128,10 @@ public struct ProtocolError: Error, Hashable, Sendable, CustomStringConvertible 
         public static let unavailable = Code(rawValue: 10)
         /// Anything else the daemon could not do; the reason says what.
         public static let `internal` = Code(rawValue: 11)
+        /// The daemon is a standby: another daemon holds the journal's lease and applies every action; nothing was
+        /// applied. Send the request to the leader (STATUS names it), or here again after a takeover, with the same
+        /// key.
+        public static let notLeader = Code(rawValue: 12)
 
         /// The code's name as docs/protocol.md spells it (`unknown_store`), or `error_<number>` for a number this peer
         /// does not know.
@@ -144,6 +148,7 @@ public struct ProtocolError: Error, Hashable, Sendable, CustomStringConvertible 
             case .invalidRange: "invalid_range"
             case .unavailable: "unavailable"
             case .internal: "internal"
+            case .notLeader: "not_leader"
             default: "error_\(rawValue)"
             }
         }

@@ -17,6 +17,8 @@ final class CommandLoop: Sendable {
     let wakeup: Wakeup
     let failpoint: Failpoint?
     private let stopping = Atomic<Bool>(false)
+    /// When the daemon started: its uptime in STATUS, whatever its role.
+    let startedAt = ContinuousClock.now
     /// Replies finished by readers off the loop, waiting for the loop to send them.
     private let outbox = LockedValue<(replies: [(envelope: [Frame], reply: Reply)], inFlight: Int)>(([], 0))
     private let readers = DispatchQueue(label: "lockstepd.readers", attributes: .concurrent)
@@ -84,25 +86,128 @@ final class CommandLoop: Sendable {
         HangupSignal.install(wakeDescriptor: wakeup.writeDescriptor)
     }
 
+    /// Whether ``stop()`` was called.
+    var isStopping: Bool { stopping.load(ordering: .acquiring) }
+
     /// Recovers, binds, tells systemd it is ready, and serves until ``stop()``. Runs on its own thread.
+    ///
+    /// On a PostgreSQL journal it leads only while it holds the journal's lease: without it, it binds, tells systemd
+    /// it is ready as a standby, answers STATUS, refuses every other request `not_leader`, and tries to take the
+    /// lease every third of its duration (sooner when the holder's expires sooner). Once it holds the lease it
+    /// recovers every store and serves; a commit or renewal that another daemon's lease refused makes it stand by
+    /// again.
     func run() throws {
         let journal = try openJournal()
         defer { try? journal.close() }
-        var state = try LoopState(loop: self, journal: journal)
-        defer { state.writer.stop() }
-        try state.bind()
-        logger.info(
-            "daemon ready",
-            metadata: [
-                "command": "\(configuration.commandEndpoint)", "events": "\(configuration.eventsEndpoint)",
-                "stores": "\(state.storeSummary)",
-            ]
-        )
-        notifier.notify("READY=1\nSTATUS=serving \(domains.count) stores")
-        while !stopping.load(ordering: .acquiring) {
-            try state.turn()
+        let writer = JournalWriter(wakeup: wakeup)
+        defer { writer.stop() }
+        var sockets = try LoopSockets(loop: self)
+        defer { sockets.close() }
+        let leased = journal as? PostgresJournal
+        var takeover: Takeover?
+        if let leased {
+            switch try Standby.acquireAtStart(leased, logger: logger) {
+            case let .leading(term, previousHolder):
+                takeover = Takeover(term: term, previousHolder: previousHolder, since: .now)
+            case let .standingBy(leader):
+                try sockets.bind()
+                var standby = Standby(loop: self, journal: leased, writer: writer, leader: leader)
+                guard let next = try standby.wait(&sockets) else { return finishStandingBy() }
+                takeover = next
+            }
         }
-        try state.finish()
+        while true {
+            var state: LoopState
+            do {
+                state = try LoopState(
+                    loop: self,
+                    journal: journal,
+                    sockets: sockets,
+                    writer: writer,
+                    takeover: takeover
+                )
+                if !sockets.isBound { try state.sockets.bind() }
+            } catch let lost as LeadershipLost {
+                guard let leased, let next = try standBy(after: lost, leased, writer, &sockets) else {
+                    return finishStandingBy()
+                }
+                takeover = next
+                continue
+            }
+            sockets = state.sockets
+            state.announceReady()
+            do {
+                while !stopping.load(ordering: .acquiring) {
+                    try state.turn()
+                }
+                try state.finish()
+            } catch let lost as LeadershipLost {
+                sockets = state.sockets
+                guard let leased, let next = try standBy(after: lost, leased, writer, &sockets) else {
+                    return finishStandingBy()
+                }
+                takeover = next
+                continue
+            }
+            try stopServing(&state, journal: journal)
+            sockets = state.sockets
+            return
+        }
+    }
+
+    /// A lease, just taken: its term, who held the one before, and when the takeover began; with the stores the
+    /// journal writer's thread recovered after renewing it (the fence sent at `fencedAt`), when a standby took it.
+    struct Takeover {
+        var term: UInt64
+        var previousHolder: String
+        var since: ContinuousClock.Instant
+        var recovered: (sequencer: Sequencer, fencedAt: ContinuousClock.Instant)? = nil
+        /// The lease was this daemon's already: it recovered after a failed commit.
+        var afterFailedCommit = false
+    }
+
+    /// The leader lost its lease, cannot tell whether it holds it, or must recover before it goes on: it has
+    /// answered what it held and stands by — recovering first, on the writer's thread, when it still holds the
+    /// lease with term `stillHeld`.
+    struct LeadershipLost: Error {
+        var reason: String
+        var stillHeld: UInt64? = nil
+    }
+
+    /// The stores as the journal proves them: on the journal writer's thread during a takeover.
+    func recoverStores(_ journal: any Journal) throws -> Sequencer {
+        try LoopState.recover(domains, journal: journal, logger: logger)
+    }
+
+    /// Logs why the leader steps down and stands by until it takes the lease again; `nil` once asked to stop.
+    private func standBy(
+        after lost: LeadershipLost,
+        _ journal: PostgresJournal,
+        _ writer: JournalWriter,
+        _ sockets: inout LoopSockets
+    ) throws -> Takeover? {
+        if lost.stillHeld != nil {
+            logger.error(
+                "recovering the stores on the journal's thread; answering 'not_leader' meanwhile",
+                metadata: ["reason": "\(lost.reason)", "name": "\(journal.lease.holder)"]
+            )
+        } else {
+            logger.error(
+                "no longer the leader: stopped serving, refused what was in flight (none of it applied), standing by",
+                metadata: ["reason": "\(lost.reason)", "name": "\(journal.lease.holder)"]
+            )
+        }
+        if !sockets.isBound { try sockets.bind() }
+        var standby = Standby(loop: self, journal: journal, writer: writer, leader: nil, recoveringTerm: lost.stillHeld)
+        return try standby.wait(&sockets)
+    }
+
+    private func finishStandingBy() {
+        notifier.notify("STOPPING=1")
+        logger.info("daemon stopping (standing by, nothing to commit)")
+    }
+
+    private func stopServing(_ state: inout LoopState, journal: any Journal) throws {
         // Replies being made off the loop go out before the sockets close (bounded: a stuck reader is left).
         let deadline = ContinuousClock.now + .seconds(2)
         while ContinuousClock.now < deadline {
@@ -114,7 +219,6 @@ final class CommandLoop: Sendable {
         notifier.notify("STOPPING=1")
         try journal.sync()
         logger.info("daemon stopping: the last batch is committed, replied to and published")
-        state.close()
     }
 
     private func openJournal() throws -> any Journal {
@@ -125,7 +229,12 @@ final class CommandLoop: Sendable {
             do {
                 return try PostgresJournal(
                     connection: configuration.postgresConnection ?? "",
-                    policy: configuration.snapshots
+                    policy: configuration.snapshots,
+                    lease: PostgresLease(
+                        holder: configuration.leaseHolder ?? PostgresLease.defaultHolder(),
+                        duration: configuration.leaseDuration
+                    ),
+                    takeLease: false
                 )
             } catch {
                 throw ServerError(code: .journal, "cannot open the PostgreSQL journal: \(error)")
@@ -155,19 +264,23 @@ final class CommandLoop: Sendable {
 private struct LoopState {
     let loop: CommandLoop
     let journal: any Journal
-    let context: Context
-    let router: Socket
-    let publisher: Socket
-    /// The ZAP handler's socket and the keys it checks, when CURVE is configured.
-    let zap: Socket?
-    var curve: CurveAuthority?
+    /// The sockets, which outlive this leadership.
+    var sockets: LoopSockets
+    var router: Socket { sockets.router }
+    var publisher: Socket { sockets.publisher }
     var sequencer: Sequencer
     let limits: Limits
-    let startedAt = ContinuousClock.now
+    let startedAt: ContinuousClock.Instant
+    /// When this leadership began: what `eventsPerSecond` counts from, as `committedEvents` do.
+    let servingSince = ContinuousClock.now
+    /// The lease, on a PostgreSQL journal: its term, when the last fence that renewed it was sent, and when to
+    /// renew it next if nothing is committed before.
+    var lease:
+        (journal: PostgresJournal, term: UInt64, fencedAt: ContinuousClock.Instant, renewAt: ContinuousClock.Instant)?
+    /// How this leadership began, logged once the daemon serves.
+    let takeover: CommandLoop.Takeover?
     var lastPublished: [StoreName: ContinuousClock.Instant] = [:]
-    /// The topics someone subscribes to, as the XPUB tells them.
-    var subscriptions: Set<Frame> = []
-    /// Which of each store's streams (one by one, in runs) someone follows.
+    /// Which of each store's streams (one by one, in runs) someone follows, as ``LoopSockets/subscriptions`` say.
     var streams: [StoreName: (oneByOne: Bool, runs: Bool)] = [:]
     /// Each store's last seq published: durable, and what heartbeats announce.
     var publishedSeq: [StoreName: SequenceNumber] = [:]
@@ -179,8 +292,6 @@ private struct LoopState {
     var committing: Committing?
     var sinceDigest: [StoreName: Int] = [:]
     var committedEvents: [StoreName: UInt64] = [:]
-    /// ERROR replies sent since start, by code, for STATUS.
-    var refusals: [String: UInt64] = [:]
     var lastWatchdog = ContinuousClock.now
     /// With relaxed durability: when the commits made since the last sync must be synced.
     var syncDue: ContinuousClock.Instant?
@@ -190,33 +301,50 @@ private struct LoopState {
     var configuration: DaemonConfiguration { loop.configuration }
     var logger: Logger { loop.logger }
 
-    init(loop: CommandLoop, journal: any Journal) throws {
+    init(
+        loop: CommandLoop,
+        journal: any Journal,
+        sockets: LoopSockets,
+        writer: JournalWriter,
+        takeover: CommandLoop.Takeover?
+    ) throws {
         self.loop = loop
         self.journal = journal
+        self.sockets = sockets
+        self.writer = writer
+        self.takeover = takeover
+        startedAt = loop.startedAt
         failpoint = loop.failpoint
         limits = Limits(
             maximumBatch: loop.configuration.maximumBatch,
             maximumActionBytes: loop.configuration.maximumMessageBytes
         )
-        sequencer = try Self.recover(loop.domains, journal: journal, logger: loop.logger)
-        context = try Context()
-        if let settings = loop.configuration.curve {
-            curve = try CurveAuthority(settings)
-            // The ZAP handler must be bound before any CURVE socket accepts a connection.
-            let zap = try Socket(context, type: .reply)
-            try zap.bind("inproc://zeromq.zap.01")
-            self.zap = zap
+        if let leased = journal as? PostgresJournal, let takeover, let recovered = takeover.recovered {
+            // A standby's takeover: renewed and recovered on the journal writer's thread while the loop served.
+            let fencedAt = recovered.fencedAt
+            lease = (leased, takeover.term, fencedAt, fencedAt + leased.lease.duration / 3)
+            sequencer = recovered.sequencer
+        } else if let leased = journal as? PostgresJournal, let takeover {
+            // At start, before READY=1: renewed before recovery, since the fence waits for a commit of the previous
+            // leader still in flight (its row lock), so recovery reads everything that leader made durable.
+            let fencedAt = ContinuousClock.now
+            do {
+                try leased.renewLease()
+            } catch {
+                throw CommandLoop.LeadershipLost(reason: "the lease, just taken, could not be renewed: \(error)")
+            }
+            lease = (leased, takeover.term, fencedAt, fencedAt + leased.lease.duration / 3)
+            sequencer = try Self.recover(loop.domains, journal: journal, logger: loop.logger)
         } else {
-            zap = nil
+            sequencer = try Self.recover(loop.domains, journal: journal, logger: loop.logger)
         }
-        router = try Socket(context, type: .router)
-        publisher = try Socket(context, type: .extendedPublisher)
-        writer = JournalWriter(wakeup: loop.wakeup)
         let now = ContinuousClock.now
         for (name, store) in sequencer.stores {
             lastPublished[name] = now
             publishedSeq[name] = store.lastSeq
         }
+        // A subscriber that stayed connected while the daemon stood by sends its subscriptions no more.
+        followSubscriptions()
     }
 
     /// The stores as the journal proves them, with the idempotency entries that answer retries.
@@ -291,7 +419,115 @@ private struct LoopState {
         sequencer.stores.values.sorted { $0.name < $1.name }.map { "\($0.name)@\($0.lastSeq)" }.joined(separator: " ")
     }
 
-    func bind() throws {
+    /// Logs that the daemon serves (and how it took over, when it did) and tells systemd.
+    func announceReady() {
+        var metadata: Logger.Metadata = [
+            "command": "\(configuration.commandEndpoint)", "events": "\(configuration.eventsEndpoint)",
+            "stores": "\(storeSummary)",
+        ]
+        if let lease {
+            metadata["term"] = "\(lease.term)"
+            metadata["name"] = "\(lease.journal.lease.holder)"
+        }
+        if let takeover, let lease {
+            let recovery = ContinuousClock.now - takeover.since
+            metadata["previous"] = "\(takeover.previousHolder.isEmpty ? "(none)" : takeover.previousHolder)"
+            metadata["recoveryMs"] = "\(recovery / .milliseconds(1))"
+            if takeover.afterFailedCommit {
+                logger.notice("recovered after a failed commit: leading on", metadata: metadata)
+            } else {
+                logger.notice("took the journal's lease: leading", metadata: metadata)
+            }
+            let leader = "leader \(lease.journal.lease.holder) term \(lease.term)"
+            loop.notifier.notify("READY=1\nSTATUS=serving \(loop.domains.count) stores, \(leader)")
+        } else {
+            logger.info("daemon ready", metadata: metadata)
+            loop.notifier.notify("READY=1\nSTATUS=serving \(loop.domains.count) stores")
+        }
+    }
+}
+
+/// The sockets the loop owns whatever its role, the ZAP handler with them, and the ERROR replies sent since start.
+struct LoopSockets {
+    let loop: CommandLoop
+    let context: Context
+    let router: Socket
+    let publisher: Socket
+    /// The ZAP handler's socket and the keys it checks, when CURVE is configured.
+    let zap: Socket?
+    var curve: CurveAuthority?
+    /// ERROR replies sent since start, by code, for STATUS.
+    var refusals: [String: UInt64] = [:]
+    /// The topics someone subscribes to, as the XPUB tells them. Kept with the socket, whatever the daemon's role:
+    /// libzmq sends a subscriber's subscriptions once, when it connects, so one that stayed connected while the
+    /// daemon stood by would be forgotten by its next leadership.
+    private(set) var subscriptions: Set<Frame> = []
+    private(set) var isBound = false
+
+    var configuration: DaemonConfiguration { loop.configuration }
+
+    init(loop: CommandLoop) throws {
+        self.loop = loop
+        context = try Context()
+        if let settings = loop.configuration.curve {
+            curve = try CurveAuthority(settings)
+            // The ZAP handler must be bound before any CURVE socket accepts a connection.
+            let zap = try Socket(context, type: .reply)
+            try zap.bind("inproc://zeromq.zap.01")
+            self.zap = zap
+        } else {
+            zap = nil
+        }
+        router = try Socket(context, type: .router)
+        publisher = try Socket(context, type: .extendedPublisher)
+    }
+
+    /// Sends `reply` behind its `envelope`, counting an ERROR by its code for STATUS.
+    mutating func send(_ reply: Reply, to envelope: [Frame]) {
+        if case let .error(_, error) = reply { refusals[error.code.description, default: 0] += 1 }
+        _ = try? router.send(envelope + reply.encode(), wait: false)
+    }
+
+    /// Reads what the XPUB says of subscriptions; whether they changed.
+    mutating func readSubscriptions() -> Bool {
+        var changed = false
+        while let frames = try? publisher.receive(wait: false), let message = frames.first, let kind = message.first {
+            let topic = Array(message.dropFirst())
+            if kind == 1 {
+                subscriptions.insert(topic)
+            } else if kind == 0 {
+                subscriptions.remove(topic)
+            }
+            changed = true
+        }
+        return changed
+    }
+
+    /// Reloads the CURVE clients after SIGHUP and answers every waiting ZAP request.
+    mutating func serveAuthentication() throws {
+        if HangupSignal.take(), curve != nil {
+            if let error = curve?.reload() {
+                loop.logger.error("kept the old list of CURVE clients", metadata: ["error": "\(error)"])
+            } else {
+                loop.logger.notice(
+                    "reloaded the CURVE clients",
+                    metadata: ["clients": "\(curve?.allowedClients.count ?? 0)"]
+                )
+            }
+        }
+        if let zap, let curve {
+            while let request = try zap.receive(wait: false, maximumFrames: 16) {
+                let answer = curve.answer(request.frames)
+                if !answer.allowed {
+                    loop.logger.notice("refused a connection", metadata: ["client": "\(answer.client)"])
+                }
+                try zap.send(answer.reply)
+            }
+        }
+    }
+
+    mutating func bind() throws {
+        isBound = true
         for endpoint in [configuration.commandEndpoint, configuration.eventsEndpoint] where endpoint.hasPrefix("ipc://")
         {
             let directory = (String(endpoint.dropFirst("ipc://".count)) as NSString).deletingLastPathComponent
@@ -338,7 +574,9 @@ private struct LoopState {
         publisher.close()
         zap?.close()
     }
+}
 
+extension LoopState {
     /// One turn: wait for requests, the writer or the next heartbeat; answer and publish what the writer made
     /// durable; sequence every waiting request into the open group; hand the open group to the writer if it is
     /// idle. While the writer commits one group (fsync included), the loop sequences the next.
@@ -346,28 +584,12 @@ private struct LoopState {
         let accepting = open.entries.count < Self.maximumOpen
         var items: [Poller.Item] = [.fileDescriptor(loop.wakeup.descriptor, .readable)]
         if accepting { items.append(.socket(router, .readable)) }
-        if let zap { items.append(.socket(zap, .readable)) }
+        if let zap = sockets.zap { items.append(.socket(zap, .readable)) }
         let ready = try Poller(items).poll(timeout: nextDeadline() - ContinuousClock.now)
         if ready[0].contains(.readable) { loop.wakeup.drain() }
         if let result = writer.takeResult() { try complete(result) }
         sendReplies(loop.takeReplies().replies)
-        if HangupSignal.take(), curve != nil {
-            if let error = curve?.reload() {
-                logger.error("kept the old list of CURVE clients", metadata: ["error": "\(error)"])
-            } else {
-                logger.notice(
-                    "reloaded the CURVE clients",
-                    metadata: ["clients": "\(curve?.allowedClients.count ?? 0)"]
-                )
-            }
-        }
-        if let zap, let curve {
-            while let request = try zap.receive(wait: false, maximumFrames: 16) {
-                let answer = curve.answer(request.frames)
-                if !answer.allowed { logger.notice("refused a connection", metadata: ["client": "\(answer.client)"]) }
-                try zap.send(answer.reply)
-            }
-        }
+        try sockets.serveAuthentication()
         var received = 0
         while accepting, received < 1_024,
             let message = try router.receive(wait: false, maximumFrames: configuration.maximumBatch + 4)
@@ -404,12 +626,12 @@ private struct LoopState {
 
     /// Sends `reply` behind its `envelope`, counting an ERROR by its code for STATUS.
     mutating func send(_ reply: Reply, to envelope: [Frame]) {
-        if case let .error(_, error) = reply { refusals[error.code.description, default: 0] += 1 }
-        _ = try? router.send(envelope + reply.encode(), wait: false)
+        sockets.send(reply, to: envelope)
     }
 
     func nextDeadline() -> ContinuousClock.Instant {
         var deadline = (lastPublished.values.min() ?? ContinuousClock.now) + configuration.heartbeatInterval
+        if let lease, committing == nil { deadline = min(deadline, lease.renewAt) }
         if let interval = loop.notifier.watchdogInterval { deadline = min(deadline, lastWatchdog + interval) }
         if let syncDue, committing == nil { deadline = min(deadline, syncDue) }
         return max(deadline, ContinuousClock.now)
@@ -443,6 +665,10 @@ private struct LoopState {
         var digests: [(store: StoreName, epoch: Epoch, seq: SequenceNumber, digest: StateDigest)]
         /// The work synced the journal after the commit (relaxed durability's periodic sync).
         var synced: Bool
+        /// The work renewed the lease alone, its fence sent at this instant (an idle leader).
+        var renewal: ContinuousClock.Instant? = nil
+        /// When the work, a commit with its fence, was handed to the writer.
+        var submittedAt = ContinuousClock.now
     }
 
     /// Reads one request and sequences it into the open group.
@@ -499,11 +725,26 @@ private struct LoopState {
         let group = open
         open = Group()
         if group.commits.isEmpty {
+            if let lease, !group.entries.isEmpty,
+                ContinuousClock.now - lease.fencedAt >= Self.leaseTrusted(lease.journal.lease)
+            {
+                // The lease may have lapsed (renewals failed, or the process was paused): another daemon may lead
+                // and have committed past this state. Answered only once a renewal says the lease is still ours.
+                let sent = ContinuousClock.now
+                writer.submit { () throws(JournalError) in try lease.journal.renewLease() }
+                committing = Committing(group: group, snapshots: [:], digests: [], synced: false, renewal: sent)
+                return
+            }
             release(group, committed: true)
             if syncNow {
                 syncDue = nil
                 writer.submit { [journal] () throws(JournalError) in try journal.sync() }
                 committing = Committing(group: Group(), snapshots: [:], digests: [], synced: true)
+            } else if let lease, ContinuousClock.now >= lease.renewAt {
+                // Idle for a third of the lease: renewed on the writer's thread, never by the loop waiting for it.
+                let now = ContinuousClock.now
+                writer.submit { () throws(JournalError) in try lease.journal.renewLease() }
+                committing = Committing(group: Group(), snapshots: [:], digests: [], synced: false, renewal: now)
             }
             return
         }
@@ -532,13 +773,26 @@ private struct LoopState {
         )
     }
 
+    /// How long after its last fence the lease is surely still this daemon's by the database's clock: its duration
+    /// less a third, for the time between the check and the answers and for clocks that do not run alike. Past it,
+    /// answers that need no commit (STATUS, SNAPSHOT, RANGE, REJECTED, a retry's first reply) wait for a renewal.
+    static func leaseTrusted(_ lease: PostgresLease) -> Duration {
+        lease.duration - lease.duration / 3
+    }
+
     /// The writer is done with the group it had: answer and publish it, or answer it and everything sequenced
     /// after it `unavailable`.
     mutating func complete(_ result: Result<Void, JournalError>) throws {
         guard let done = committing else { return }
         committing = nil
+        if let renewal = done.renewal { return try renewed(at: renewal, result, holding: done.group) }
         switch result {
         case .success:
+            if let current = lease {
+                // The commit's fence renewed the lease when it was sent, at the latest.
+                lease?.fencedAt = done.submittedAt
+                lease?.renewAt = done.submittedAt + current.journal.lease.duration / 3
+            }
             guard !done.group.commits.isEmpty else { return }
             failpoint?.pass(.afterCommit)
             if configuration.durability == .relaxed, !done.synced, syncDue == nil {
@@ -552,15 +806,60 @@ private struct LoopState {
         }
     }
 
+    /// An idle leader's renewal is done: a lease another daemon took ends this leadership; a renewal that failed
+    /// otherwise is tried again soon, and ends it once the lease may have expired since the last one that worked.
+    mutating func renewed(
+        at sent: ContinuousClock.Instant,
+        _ result: Result<Void, JournalError>,
+        holding held: Group
+    ) throws {
+        guard let current = lease else { return }
+        let duration = current.journal.lease.duration
+        switch result {
+        case .success:
+            lease?.fencedAt = sent
+            lease?.renewAt = sent + duration / 3
+            release(held, committed: true)
+        case let .failure(error) where error.code == .fenced:
+            release(held, refusing: notLeader(error.message))
+            try stepDown(because: "\(error)")
+        case let .failure(error):
+            release(held, committed: false)
+            guard ContinuousClock.now - current.fencedAt < duration else {
+                try stepDown(because: "the lease could not be renewed for longer than it lasts: \(error)")
+            }
+            logger.warning("could not renew the lease; trying again", metadata: ["error": "\(error)"])
+            lease?.renewAt = ContinuousClock.now + duration / 10
+        }
+    }
+
+    /// Answers everything sequenced `not_leader` and ends this leadership.
+    mutating func stepDown(because reason: String) throws -> Never {
+        let later = open
+        open = Group()
+        release(later, refusing: notLeader(reason))
+        throw CommandLoop.LeadershipLost(reason: reason)
+    }
+
     /// The group's commit failed: nothing of it was applied, and the groups sequenced after it stood on it.
     /// A write or fsync the disk failed stops the daemon — after a failed fsync the page cache no longer says what
     /// the disk holds (PostgreSQL's "fsyncgate") — any other failure starts the sequencer again from the journal.
     mutating func fail(_ group: Group, _ error: any Error) throws {
         logger.error("commit failed; nothing of this batch was applied", metadata: ["error": "\(error)"])
+        if let error = error as? JournalError, error.code == .fenced {
+            release(group, refusing: notLeader(error.message))
+            try stepDown(because: "\(error)")
+        }
         release(group, committed: false)
         let later = open
         open = Group()
         release(later, committed: false)
+        if let lease {
+            // Renewed, then recovered, on the writer's thread, by the standby's loop (which pets the watchdog and
+            // answers meanwhile): the fence waits for a commit whose outcome the lost connection left unknown (it
+            // holds the lease row's lock until it ends), so recovery finds it settled.
+            throw CommandLoop.LeadershipLost(reason: "a commit failed: \(error)", stillHeld: lease.term)
+        }
         if let error = error as? JournalError, error.code == .ioError {
             throw ServerError(
                 code: .journal,
@@ -613,6 +912,35 @@ private struct LoopState {
                 reply = busy(requestID)
             }
             send(reply, to: envelope)
+        }
+    }
+
+    /// Answers a group `refusal` — all but the requests that could not be read — when this daemon leads no more.
+    mutating func release(_ group: Group, refusing refusal: (UInt64) -> Reply) {
+        for (envelope, work) in group.entries {
+            switch work {
+            case let .reply(answer):
+                send(answer, to: envelope)
+            case let .decided(answer):
+                send(refusal(answer.requestID), to: envelope)
+            case let .status(requestID), let .snapshot(requestID, _), let .range(requestID, _, _, _, _, _):
+                send(refusal(requestID), to: envelope)
+            }
+        }
+    }
+
+    /// `not_leader`: this leadership ends (`reason` says why), so nothing this daemon holds can be trusted; no
+    /// dispatch it held was applied.
+    func notLeader(_ reason: String) -> (UInt64) -> Reply {
+        { requestID in
+            .error(
+                requestID: requestID,
+                ProtocolError(
+                    code: .notLeader,
+                    "this daemon no longer leads the journal (\(reason)), so nothing of this request was applied or "
+                        + "read; send it to the leader, or again here later, with the same request number"
+                )
+            )
         }
     }
 
@@ -726,20 +1054,15 @@ private struct LoopState {
         }
     }
 
-    /// Reads what the XPUB says of subscriptions and works out which streams of each store someone follows: a
-    /// subscription to a prefix of a stream's topic (even the empty one) follows it.
+    /// Reads what the XPUB says of subscriptions and, if they changed, which streams someone follows.
     mutating func readSubscriptions() {
-        var changed = false
-        while let frames = try? publisher.receive(wait: false), let message = frames.first, let kind = message.first {
-            let topic = Array(message.dropFirst())
-            if kind == 1 {
-                subscriptions.insert(topic)
-            } else if kind == 0 {
-                subscriptions.remove(topic)
-            }
-            changed = true
-        }
-        guard changed else { return }
+        if sockets.readSubscriptions() { followSubscriptions() }
+    }
+
+    /// Works out which streams of each store someone follows: a subscription to a prefix of a stream's topic
+    /// (even the empty one) follows it.
+    mutating func followSubscriptions() {
+        let subscriptions = sockets.subscriptions
         func followed(_ topic: Frame) -> Bool { subscriptions.contains { topic.starts(with: $0) } }
         for name in sequencer.stores.keys {
             streams[name] = (followed(Event.topic(for: name)), followed(Event.runTopic(for: name)))
@@ -838,7 +1161,8 @@ private struct LoopState {
 
     func status(requestID: UInt64) -> Reply {
         let uptime = ContinuousClock.now - startedAt
-        let seconds = max(Double(uptime.components.seconds) + Double(uptime.components.attoseconds) / 1e18, 1e-3)
+        let serving = ContinuousClock.now - servingSince
+        let seconds = max(Double(serving.components.seconds) + Double(serving.components.attoseconds) / 1e18, 1e-3)
         let stores = sequencer.stores.values.sorted { $0.name < $1.name }.map { store in
             let rate = Double(committedEvents[store.name] ?? 0) / seconds
             // The seq published: durable, unlike one the writer is still committing.
@@ -849,9 +1173,14 @@ private struct LoopState {
         // Only the file sizes: journal.stats() counts every event, which takes tens of ms on a long history
         // and would hold the loop.
         let journalBytes = configuration.journal == .sqlite ? "\(Self.fileBytes(journal.location))" : "null"
-        let refused = refusals.sorted { $0.key < $1.key }.map { #""\#($0.key)":\#($0.value)"# }
+        let refused = sockets.refusals.sorted { $0.key < $1.key }.map { #""\#($0.key)":\#($0.value)"# }
+        var role = #""role":"leader","#
+        if let lease {
+            let name = Self.jsonString(lease.journal.lease.holder)
+            role += #""name":\#(name),"leader":{"name":\#(name),"term":\#(lease.term)},"#
+        }
         let json =
-            #"{"uptimeSeconds":\#(uptime.components.seconds),"journal":\#(Self.jsonString(journal.location)),"#
+            #"{"uptimeSeconds":\#(uptime.components.seconds),\#(role)"journal":\#(Self.jsonString(journal.location)),"#
             + #""journalBytes":\#(journalBytes),"stores":[\#(stores.joined(separator: ","))],"#
             + #""refused":{\#(refused.joined(separator: ","))},"#
             + #""heartbeatMs":\#(Int(configuration.heartbeatInterval / .milliseconds(1))),"#

@@ -45,6 +45,12 @@ public struct DaemonConfiguration: Hashable, Sendable {
     /// The libpq connection string of the `postgres` journal's database (`postgres` in the file, `--postgres`);
     /// required for that journal and refused with any other. Keep a password out of it: libpq reads `~/.pgpass`.
     public var postgresConnection: String?
+    /// How long the `postgres` journal's lease lasts unless renewed (`[lease] duration_ms`, `--lease-ms`): a
+    /// standby takes over within about this long (and a third more) after the leader stops renewing it.
+    public var leaseDuration = PostgresLease.defaultDuration
+    /// This daemon's name in the `postgres` journal's lease (`[lease] name`, `--name`), which a standby's STATUS
+    /// shows; `HOSTNAME:PID` when `nil`.
+    public var leaseHolder: String?
     /// A heartbeat per idle store this often.
     public var heartbeatInterval = Duration.seconds(1)
     /// A digest per store every this many events (and on every snapshot).
@@ -106,6 +112,8 @@ public struct DaemonConfiguration: Hashable, Sendable {
         try reader.choice("", "durability") { durability = $0 }
         try reader.choice("", "journal") { journal = $0 }
         try reader.string("", "postgres") { postgresConnection = $0 }
+        try reader.integer("lease", "duration_ms", 100...600_000) { leaseDuration = .milliseconds($0) }
+        try reader.string("lease", "name") { leaseHolder = $0 }
         try reader.integer("intervals", "heartbeat_ms", 10...3_600_000) { heartbeatInterval = .milliseconds($0) }
         try reader.integer("intervals", "digest_every_events", 1...Int64(Int32.max)) { digestEveryEvents = Int($0) }
         try reader.integer("snapshots", "every_events", 1...Int64(Int32.max)) {
@@ -163,6 +171,17 @@ public struct DaemonConfiguration: Hashable, Sendable {
                 "a PostgreSQL connection string is given, but the journal is '\(journal.rawValue)'; set journal = "
                     + "\"postgres\" (--journal postgres) to use it, or remove it"
             )
+        }
+        if journal != .postgres, leaseDuration != PostgresLease.defaultDuration || leaseHolder != nil {
+            throw ConfigurationError(
+                file: nil,
+                key: "lease",
+                "a lease is set, but the journal is '\(journal.rawValue)': only the postgres journal is shared by "
+                    + "several daemons; remove [lease] (--lease-ms, --name) or set journal = \"postgres\""
+            )
+        }
+        if leaseHolder?.isEmpty == true {
+            throw ConfigurationError(file: nil, key: "lease.name", "the daemon's name in the lease is empty")
         }
         guard !domains.isEmpty else {
             throw ConfigurationError(file: nil, key: "domains", "no domain to host; name at least one")

@@ -76,6 +76,14 @@ public struct DaemonFlags: ParsableArguments, Sendable {
     @Option(help: "The postgres journal's libpq connection string, e.g. 'host=/run/postgresql dbname=lockstep'.")
     public var postgres: String?
 
+    /// `--lease-ms MS`: how long the `postgres` journal's lease lasts unless renewed.
+    @Option(help: "How long the postgres journal's lease lasts, in ms (default 3000); a standby takes over after it.")
+    public var leaseMs: Int?
+
+    /// `--name NAME`: this daemon's name in the `postgres` journal's lease.
+    @Option(help: "This daemon's name in the postgres journal's lease (default HOSTNAME:PID).")
+    public var name: String?
+
     /// `--log-level LEVEL`, one of swift-log's levels.
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
     public var logLevel: String = "info"
@@ -133,6 +141,13 @@ public struct DaemonFlags: ParsableArguments, Sendable {
             settings.journal = value
         }
         if let postgres { settings.postgresConnection = postgres }
+        if let leaseMs {
+            guard (100...600_000).contains(leaseMs) else {
+                throw ConfigurationError(file: nil, key: "--lease-ms", "must be 100…600000, got \(leaseMs)")
+            }
+            settings.leaseDuration = .milliseconds(leaseMs)
+        }
+        if let name { settings.leaseHolder = name }
         try settings.validate(knownDomains: known)
         return settings
     }

@@ -21,6 +21,8 @@ struct StatsCommand: ParsableCommand {
             print(String(decoding: body, as: UTF8.self))
             return
         }
+        let leader = status.leader.map { " (leader \($0.name), term \($0.term))" } ?? ""
+        print("role     \(status.role ?? "leader")\(status.name.map { " as \($0)" } ?? "")\(leader)")
         print("uptime   \(status.uptimeSeconds) s")
         print("journal  \(status.journal)\(status.journalBytes.map { " (\($0) bytes)" } ?? "")")
         let refused = (status.refused ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }

@@ -35,8 +35,9 @@ class Dispatcher:
     """Sends requests and waits for their replies, Lazy Pirate style.
 
     Each dispatch gets a new request number (1, 2, 3, … per client id); a retry after a silence uses the
-    same one, so the daemon applies the dispatch at most once. An ERROR `unavailable` is retried later with
-    the same key too (the spec: "retry later with the same key"), `unavailable_retries` times.
+    same one, so the daemon applies the dispatch at most once. An ERROR `unavailable` or `not_leader` (a standby,
+    which may take over) is retried later with the same key too (the spec: "retry later with the same key"),
+    `unavailable_retries` times.
     """
 
     def __init__(
@@ -127,7 +128,7 @@ class Dispatcher:
         delay = 0.05
         for attempt in range(self.unavailable_retries + 1):
             reply = self.call(request)
-            if not (isinstance(reply, wire.Error) and reply.code == wire.UNAVAILABLE):
+            if not (isinstance(reply, wire.Error) and reply.code in (wire.UNAVAILABLE, wire.NOT_LEADER)):
                 return reply
             if attempt < self.unavailable_retries:
                 time.sleep(delay)

@@ -73,6 +73,7 @@ IDEMPOTENCY_CONFLICT = 8
 INVALID_RANGE = 9
 UNAVAILABLE = 10
 INTERNAL = 11
+NOT_LEADER = 12
 
 ERROR_NAMES = {
     MALFORMED: "malformed",
@@ -86,6 +87,7 @@ ERROR_NAMES = {
     INVALID_RANGE: "invalid_range",
     UNAVAILABLE: "unavailable",
     INTERNAL: "internal",
+    NOT_LEADER: "not_leader",
 }
 
 # Limits (docs/protocol.md "Limits"), the defaults.

@@ -144,15 +144,15 @@ import Testing
         )
     }
 
-    /// One writer per journal, held by a session advisory lock on the journal's schema; readers are welcome beside
-    /// it, and so is the writer of a journal in another schema of the same database.
+    /// One writer per journal, the holder of its lease (PostgresLeaseTests); readers are welcome beside it, and so
+    /// is the writer of a journal in another schema of the same database.
     @Test func oneWriterPerJournal() throws {
         let fixture = try journal(withIncrements: 2)
         let writer = try fixture.open()
         let second = journalError { _ = try fixture.open() }
         #expect(second?.code == .inUse)
-        #expect(second?.message.contains("one daemon per journal;") == true, "\(second?.message ?? "")")
-        #expect(second?.message.contains("server process") == true, "the holder is named: \(second?.message ?? "")")
+        #expect(second?.message.contains("another daemon leads this journal") == true, "\(second?.message ?? "")")
+        #expect(second?.message.contains(PostgresLease.defaultHolder()) == true, "\(second?.message ?? "")")
         try fixture.tamper("CREATE SCHEMA other")
         let elsewhere = try PostgresJournal(connection: fixture.connection! + " options='-c search_path=other'")
         #expect(try elsewhere.recover(Counter.self).lastSeq == 0)

@@ -1,0 +1,265 @@
+import Foundation
+import Lockstep
+import LockstepExamples
+import LockstepJournal
+import LockstepTesting
+import TestSupport
+import Testing
+
+/// The PostgreSQL journal's lease: one row with a term and an expiry by the database's clock, taken only once
+/// expired, extended by every commit's first statement, which refuses the commit of a daemon whose term is past.
+@Suite struct PostgresLeaseTests {
+    /// A journal on `fixture`'s database that does not take the lease at open: as a daemon opens it.
+    func daemonJournal(_ fixture: JournalFixture, _ holder: String, lease: Duration) throws -> PostgresJournal {
+        try PostgresJournal(
+            connection: fixture.connection!,
+            lease: PostgresLease(holder: holder, duration: lease),
+            takeLease: false
+        )
+    }
+
+    /// Sleeps until `instant` (at once if it has passed).
+    func sleep(until instant: ContinuousClock.Instant) {
+        let left = instant - ContinuousClock.now
+        if left > .zero { Thread.sleep(forTimeInterval: left / .seconds(1)) }
+    }
+
+    func increments(from seq: UInt64, count: Int, client: [UInt8] = clientA) -> JournalBatch {
+        let batch = events(Counter.name, from: seq, count: count, client: client) { _ in Counter.Action.increment }
+        return JournalBatch(events: batch, idempotency: idempotency(for: batch))
+    }
+
+    @Test func theLeaseIsTakenOnlyOnceExpiredWithTheNextTermAndAFencedCommitKeepsNothing() throws {
+        let fixture = try JournalFixture(.postgres)
+        let a = try daemonJournal(fixture, "a", lease: .seconds(2))
+        let b = try daemonJournal(fixture, "b", lease: .seconds(2))
+        defer {
+            try? a.close()
+            try? b.close()
+        }
+        // Nothing is written before the lease is held: not even a store's registration.
+        #expect(journalError { _ = try a.recover(Counter.self) }?.code == .fenced)
+        #expect(try a.acquireLease() == .leading(term: 1, previousHolder: ""))
+        #expect(a.leaseTerm == 1)
+        _ = try a.recover(Counter.self)
+        try a.commit(increments(from: 1, count: 2))
+
+        guard case let .standingBy(leader) = try b.acquireLease() else {
+            Issue.record("b took a lease a holds")
+            return
+        }
+        #expect(leader.holder == "a" && leader.term == 1)
+        #expect(leader.expiresIn > .zero && leader.expiresIn <= .seconds(2))
+        #expect(leader.expiresAt.hasSuffix("Z"), "\(leader.expiresAt)")
+        #expect(b.leaseTerm == nil)
+        let tool = journalError { _ = try PostgresJournal(connection: fixture.connection!) }
+        #expect(tool?.code == .inUse)
+        #expect(tool?.message.contains("(a, term 1,") == true, "\(tool?.message ?? "")")
+
+        try a.renewLease()
+        let renewed = ContinuousClock.now
+        // Renewed, not yet expired: still a's (judged only if the attempt came well within the lease).
+        Thread.sleep(forTimeInterval: 0.5)
+        let attempt = try b.acquireLease()
+        if ContinuousClock.now - renewed < .milliseconds(1_500) {
+            guard case .standingBy = attempt else {
+                Issue.record("b took a lease a renewed less than 1.5 s ago for 2 s")
+                return
+            }
+        }
+        // Past the lease: the renewal ran before `renewed`.
+        sleep(until: renewed + .milliseconds(2_300))
+        if case .standingBy = attempt {
+            #expect(try b.acquireLease() == .leading(term: 2, previousHolder: "a"))
+        } else {
+            #expect(attempt == .leading(term: 2, previousHolder: "a"))
+        }
+        #expect(try b.recover(Counter.self).lastSeq == 2)
+        try b.commit(increments(from: 3, count: 1, client: clientB))
+
+        // a still thinks it is at seq 2; its commit of seq 3 is refused, naming term 2, and keeps nothing.
+        let fenced = journalError { try a.commit(increments(from: 3, count: 2)) }
+        #expect(fenced?.code == .fenced)
+        #expect(fenced?.term == 2)
+        #expect(fenced?.message.contains("by b with term 2") == true, "\(fenced?.message ?? "")")
+        #expect(a.leaseTerm == nil)
+        #expect(a.lastSeq(store: Counter.name) == 2)
+        #expect(journalError { try a.renewLease() }?.code == .fenced)
+        let kept = increments(from: 1, count: 2).events + increments(from: 3, count: 1, client: clientB).events
+        #expect(try b.events(store: Counter.name, from: 1, to: 10, limit: 10) == .events(kept))
+        #expect(try b.idempotencyRecordCount() == 3)
+        #expect(try b.leader().holder == "b")
+    }
+
+    /// An expired lease nobody took is still the holder's: its next commit extends it. A clean close lets it go,
+    /// so the next daemon takes it at once instead of waiting for it to expire.
+    @Test func anExpiredLeaseNobodyTookIsStillTheHoldersAndCloseLetsItGo() throws {
+        let fixture = try JournalFixture(.postgres)
+        let a = try daemonJournal(fixture, "a", lease: .seconds(2))
+        let b = try daemonJournal(fixture, "b", lease: .seconds(30))
+        defer { try? b.close() }
+        _ = try a.acquireLease()
+        _ = try a.recover(Counter.self)
+        Thread.sleep(forTimeInterval: 2.3)
+        let committing = ContinuousClock.now
+        try a.commit(increments(from: 1, count: 1))
+        #expect(try a.leader().expiresIn > .zero)
+        #expect(a.leaseTerm == 1)
+
+        // Judged only if the attempt came well within the lease the commit extended.
+        let attempt = try b.acquireLease()
+        if ContinuousClock.now - committing < .milliseconds(1_500) {
+            guard case .standingBy = attempt else {
+                Issue.record("b took the lease a just renewed")
+                return
+            }
+        }
+        guard case .standingBy = attempt else { return }  // so late that a's lease had expired again
+        try a.close()
+        #expect(try b.acquireLease() == .leading(term: 2, previousHolder: "a"))
+    }
+
+    /// A takeover waits for the commit in flight: the commit's fence holds the lease row's lock until it ends, so
+    /// the acquire, issued after the lease expired by the clock, takes the row only once that commit is durable —
+    /// and recovers it — and the old leader's next commit is fenced.
+    @Test func aTakeoverWaitsForTheCommitInFlight() throws {
+        let fixture = try JournalFixture(.postgres)
+        let a = try daemonJournal(fixture, "a", lease: .seconds(2))
+        let b = try daemonJournal(fixture, "b", lease: .seconds(30))
+        defer {
+            try? a.close()
+            try? b.close()
+        }
+        _ = try a.acquireLease()
+        _ = try a.recover(Counter.self)
+        // Inserting events waits, inside a's transaction (after its fence), until the test lets it go on.
+        try fixture.tamper("CREATE TABLE go (x int)")
+        try fixture.tamper(
+            """
+            CREATE FUNCTION hold() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                WHILE NOT EXISTS (SELECT 1 FROM go) LOOP PERFORM pg_sleep(0.01); END LOOP;
+                RETURN NULL;
+            END $$
+            """
+        )
+        try fixture.tamper("CREATE TRIGGER hold BEFORE INSERT ON events FOR EACH STATEMENT EXECUTE PROCEDURE hold()")
+        let results = LockedValue<(commit: Result<Void, JournalError>?, acquire: Result<LeaseOutcome, JournalError>?)>(
+            (nil, nil)
+        )
+        Thread {
+            let result = Result { () throws(JournalError) in try a.commit(increments(from: 1, count: 2)) }
+            results.withLockedValue { $0.commit = result }
+        }.start()
+        func waiting(_ condition: String) throws -> Bool {
+            for _ in 0..<500 {
+                let rows = try PostgresJournal.execute(
+                    "SELECT count(*)::text FROM pg_stat_activity WHERE \(condition)",
+                    connection: fixture.connection!
+                )
+                if rows == ["1"] { return true }
+                Thread.sleep(forTimeInterval: 0.01)
+            }
+            return false
+        }
+        #expect(try waiting("query LIKE 'INSERT INTO events%' AND state = 'active'"), "a's commit never started")
+        // Past a's lease by the database's clock (its fence ran before its INSERT was seen waiting).
+        Thread.sleep(forTimeInterval: 2.3)
+        Thread {
+            let result = Result { () throws(JournalError) in try b.acquireLease() }
+            results.withLockedValue { $0.acquire = result }
+        }.start()
+        #expect(try waiting("query LIKE '%SET term = term + 1%' AND wait_event_type = 'Lock'"), "b never waited")
+        #expect(results.withLockedValue { $0.acquire == nil && $0.commit == nil })
+        try fixture.tamper("INSERT INTO go VALUES (1)")
+        var done = false
+        for _ in 0..<500 where !done {
+            Thread.sleep(forTimeInterval: 0.01)
+            done = results.withLockedValue { $0.acquire != nil && $0.commit != nil }
+        }
+        try #require(done, "the commit or the acquire never returned")
+        let (commit, acquire) = results.withLockedValue { $0 }
+        #expect(throws: Never.self) { try commit?.get() }
+        #expect(try acquire?.get() == .leading(term: 2, previousHolder: "a"))
+        try fixture.tamper("DROP TRIGGER hold ON events")
+        #expect(try b.recover(Counter.self).lastSeq == 2)
+        #expect(journalError { try a.commit(increments(from: 3, count: 1)) }?.code == .fenced)
+        #expect(
+            try b.events(store: Counter.name, from: 1, to: 10, limit: 10)
+                == .events(increments(from: 1, count: 2).events)
+        )
+    }
+
+    /// Two daemons opening an empty database at once: one creates the journal, the other waits for it and finds it
+    /// (before, both ran CREATE TABLE and one failed). Repeated on fresh databases, since it is a race.
+    @Test func twoDaemonsOpeningAnEmptyDatabaseAtOnceBothOpenIt() throws {
+        for _ in 0..<5 {
+            let fixture = try JournalFixture(.postgres)
+            let connection = fixture.connection!
+            let opened = LockedValue<[Result<PostgresJournal, JournalError>]>([])
+            let start = DispatchSemaphore(value: 0)
+            let done = DispatchGroup()
+            for holder in ["a", "b"] {
+                done.enter()
+                Thread {
+                    start.wait()
+                    let result = Result { () throws(JournalError) in
+                        try PostgresJournal(
+                            connection: connection,
+                            lease: PostgresLease(holder: holder),
+                            takeLease: false
+                        )
+                    }
+                    opened.withLockedValue { $0.append(result) }
+                    done.leave()
+                }.start()
+            }
+            start.signal()
+            start.signal()
+            #expect(done.wait(timeout: .now() + 30) == .success)
+            let journals = opened.withLockedValue { $0 }.compactMap { result -> PostgresJournal? in
+                switch result {
+                case let .success(journal): return journal
+                case let .failure(error):
+                    Issue.record("an open failed: \(error)")
+                    return nil
+                }
+            }
+            #expect(journals.count == 2)
+            let outcomes = try journals.map { try $0.acquireLease() }
+            #expect(outcomes.filter { if case .leading = $0 { true } else { false } }.count == 1, "\(outcomes)")
+            for journal in journals { try journal.close() }
+        }
+    }
+
+    /// A journal of format 1 (step 1: no lease, an advisory lock per writer) is upgraded when opened for writing,
+    /// but not while a daemon of that build holds its lock: it would write beside a leader unfenced.
+    @Test func aJournalOfFormat1IsUpgradedOnceNoEarlierDaemonWritesToIt() throws {
+        let fixture = try JournalFixture(.postgres)
+        let first = try fixture.open()
+        _ = try first.recover(Counter.self)
+        try first.commit(increments(from: 1, count: 3))
+        try first.close()
+        try fixture.tamper("DROP TABLE leadership")
+        try fixture.tamper("UPDATE journal_format SET version = 1")
+        let reader = try PostgresJournal(connection: fixture.connection!, readOnly: true)
+        #expect(try reader.stats().stores.first?.lastSeq == 3)
+        try reader.close()
+
+        let earlier = try PostgresJournal.Session(connection: fixture.connection!)
+        try earlier.execute("SELECT pg_advisory_lock(1280004944, hashtext(current_schema()))")
+        let refused = journalError { _ = try fixture.open() }
+        #expect(refused?.code == .inUse)
+        #expect(refused?.message.contains("earlier build") == true, "\(refused?.message ?? "")")
+        earlier.close()
+
+        let upgraded = try fixture.open()
+        #expect(try upgraded.recover(Counter.self).lastSeq == 3)
+        #expect(
+            try PostgresJournal.execute("SELECT version::text FROM journal_format", connection: fixture.connection!)
+                == ["2"]
+        )
+        #expect((upgraded as? PostgresJournal)?.leaseTerm == 1)
+        try upgraded.close()
+    }
+}

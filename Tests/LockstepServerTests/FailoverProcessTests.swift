@@ -65,6 +65,18 @@ import Glibc
         return seen ? found : nil
     }
 
+    /// Daemon a of `pair`, leading, and a client of it whose increments 1...3 it committed; `nil` with an issue
+    /// recorded when one was not.
+    func leaderWithThreeIncrements(_ pair: Pair, _ context: Context) async throws -> (DaemonProcess, Client)? {
+        let a = try pair.daemon(0)
+        try await a.waitUntilServing()
+        let client = try Client(context, endpoint: a.command)
+        for number: UInt64 in 1...3 {
+            guard try increment(client, number, a) == number else { return nil }
+        }
+        return (a, client)
+    }
+
     /// Dispatches an increment numbered `number` and returns its seq, or `nil` with an issue recorded.
     func increment(_ client: Client, _ number: UInt64, _ daemon: DaemonProcess) throws -> UInt64? {
         let reply = try client.dispatch("counter", [#"{"increment":{}}"#], number: number)
@@ -213,12 +225,7 @@ import Glibc
     @Test func aLeaderWhoseCommitFailedRecoversAndLeadsOn() async throws {
         let pair = try Pair()
         let context = try Context()
-        let a = try pair.daemon(0)
-        try await a.waitUntilServing()
-        let client = try Client(context, endpoint: a.command)
-        for number: UInt64 in 1...3 {
-            guard try increment(client, number, a) == number else { return }
-        }
+        guard let (a, client) = try await leaderWithThreeIncrements(pair, context) else { return }
         for sql in [
             "CREATE TABLE refuse_commits (x int)",
             """
@@ -256,12 +263,7 @@ import Glibc
     @Test func aLoneLeaderPausedForMostOfItsLeaseAnswersOnceItHasRenewedIt() async throws {
         let pair = try Pair()
         let context = try Context()
-        let a = try pair.daemon(0)
-        try await a.waitUntilServing()
-        let client = try Client(context, endpoint: a.command)
-        for number: UInt64 in 1...3 {
-            guard try increment(client, number, a) == number else { return }
-        }
+        guard let (a, client) = try await leaderWithThreeIncrements(pair, context) else { return }
         a.signal(SIGSTOP)
         try await Task.sleep(for: .milliseconds(2_500))
         let snapshotting = try Client(context, endpoint: a.command)

@@ -90,7 +90,7 @@ final class PostgresRows {
 /// ``JournalError`` naming the operation.
 ///
 /// Not thread-safe, as libpq's connections are not.
-// `@unchecked Sendable`, and safe: a connection moves between threads but is never used by two at once. Every
+// Unchecked sendability, and why it is safe: a connection moves between threads but is never used by two at once. Every
 // use is inside one of PostgresStorage's two owners: the writer is only reached inside `writer.withLockedValue`
 // (the lock is held for the whole call), and a reader is only reached after `readers.withLockedValue { popLast }`
 // took it out of the pool — no other thread can see it then — until `giveBack` appends it again as the last use;

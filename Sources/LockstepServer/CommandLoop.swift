@@ -447,6 +447,29 @@ private struct LoopState {
     }
 }
 
+/// A request that could not be read: the ERROR reply that says why.
+struct RefusedRequest: Error {
+    let reply: Reply
+}
+
+/// `body` read as a request, or the ERROR that says why it cannot be (logged): the leader's loop and a standby read
+/// requests the same way.
+func readRequest(
+    _ body: [Frame],
+    _ droppedFrames: Int,
+    _ limits: Limits,
+    _ logger: Logger
+)
+    -> Result<Request, RefusedRequest>
+{
+    do {
+        return .success(try Request.decode(body, droppedFrames: droppedFrames, limits: limits))
+    } catch {
+        logger.notice("refused a request", metadata: ["error": "\(error)"])
+        return .failure(RefusedRequest(reply: .error(requestID: Request.requestID(in: body), error)))
+    }
+}
+
 /// The sockets the loop owns whatever its role, the ZAP handler with them, and the ERROR replies sent since start.
 struct LoopSockets {
     let loop: CommandLoop
@@ -673,13 +696,11 @@ extension LoopState {
 
     /// Reads one request and sequences it into the open group.
     mutating func sequence(envelope: [Frame], body: [Frame], _ droppedFrames: Int) {
-        let requestID = Request.requestID(in: body)
         let request: Request
-        do {
-            request = try Request.decode(body, droppedFrames: droppedFrames, limits: limits)
-        } catch {
-            logger.notice("refused a request", metadata: ["error": "\(error)"])
-            open.entries.append((envelope, .reply(.error(requestID: requestID, error))))
+        switch readRequest(body, droppedFrames, limits, logger) {
+        case let .success(read): request = read
+        case let .failure(refusal):
+            open.entries.append((envelope, .reply(refusal.reply)))
             return
         }
         let work: Pending

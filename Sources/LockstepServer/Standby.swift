@@ -235,13 +235,10 @@ struct Standby {
 
     /// A standby's answer to one request: STATUS, or `not_leader`, or the error that reading it found.
     func answer(_ body: [Frame], _ droppedFrames: Int, _ sockets: LoopSockets) -> Reply {
-        let requestID = Request.requestID(in: body)
         let request: Request
-        do {
-            request = try Request.decode(body, droppedFrames: droppedFrames, limits: limits)
-        } catch {
-            logger.notice("refused a request", metadata: ["error": "\(error)"])
-            return .error(requestID: requestID, error)
+        switch readRequest(body, droppedFrames, limits, logger) {
+        case let .success(read): request = read
+        case let .failure(refusal): return refusal.reply
         }
         switch request {
         case let .status(requestID):

@@ -87,10 +87,18 @@ public struct ClientCurve: Hashable, Sendable {
 /// the same request again, up to `retries` times; then give up with ``ClientError/Code/unavailable``. Because a
 /// dispatch carries the same idempotency key on every try, the daemon applies it at most once.
 ///
+/// Given the command endpoints of several daemons (a leader and its standbys on one PostgreSQL journal), it finds
+/// the leader by asking (``LeaderSearch``): a silence moves it to the next daemon, and so does an ERROR
+/// `not_leader`, which ends no try; the request goes on until a daemon that leads answers it or its tries are over.
+/// With one endpoint, a `not_leader` is the reply, as any other ERROR.
+///
 /// Owned by one thread: it holds a socket.
 public final class CommandClient {
-    /// The daemon's command endpoint (its ROUTER), e.g. `ipc://.lockstep/run/command`.
-    public let endpoint: String
+    /// The command endpoint (a daemon's ROUTER) requests go to now, e.g. `ipc://.lockstep/run/command`: the first of
+    /// ``endpoints`` until a silence or a `not_leader` moves the client on.
+    public var endpoint: String { search.endpoint }
+    /// The command endpoints of the daemons this client may ask, in the order they are tried.
+    public var endpoints: [String] { search.endpoints }
     /// How long one try waits for its reply before the socket is renewed and the request sent again.
     public let timeout: Duration
     /// How many times a request is sent again after a silence before ``call(_:)`` throws
@@ -99,27 +107,43 @@ public final class CommandClient {
     private let context: Context
     private let curve: ClientCurve?
     private var socket: Socket?
+    private var search: LeaderSearch
+    private var statusRequests: UInt64 = 0
 
     /// A client of the daemon at `endpoint`; it connects on its first ``call(_:)``, with CURVE when `curve` is given. A
     /// negative `retries` is taken as 0.
-    public init(
+    public convenience init(
         context: Context,
         endpoint: String,
         timeout: Duration = .seconds(2),
         retries: Int = 3,
         curve: ClientCurve? = nil
     ) {
+        self.init(context: context, endpoints: [endpoint], timeout: timeout, retries: retries, curve: curve)
+    }
+
+    /// A client of whichever of the daemons at `endpoints` (at least one) leads; it connects to the first on its
+    /// first ``call(_:)``, with CURVE when `curve` is given (one server key for them all). A negative `retries` is
+    /// taken as 0.
+    public init(
+        context: Context,
+        endpoints: [String],
+        timeout: Duration = .seconds(2),
+        retries: Int = 3,
+        curve: ClientCurve? = nil
+    ) {
         self.context = context
-        self.endpoint = endpoint
+        search = LeaderSearch(endpoints: endpoints)
         self.timeout = timeout
         self.retries = max(0, retries)
         self.curve = curve
     }
 
-    /// Sends `request` and returns the daemon's reply to it.
+    /// Sends `request` and returns the daemon's reply to it: the leader's, when several daemons were given.
     public func call(_ request: Request) throws(ClientError) -> Reply {
         var pirate = LazyPirate<Void>(LazyPirate.Settings(timeout: timeout, retries: retries))
         var outputs = pirate.submit(request, (), now: .now)
+        var refusal: Reply?
         while true {
             for output in outputs {
                 switch output {
@@ -127,14 +151,10 @@ public final class CommandClient {
                     // A socket that fails to send is as good as silent: the next tick replaces it.
                     _ = try? openSocket().send(request.encode(), wait: false)
                 case .renewSocket:
-                    socket?.close()
-                    socket = nil
+                    search.timedOut()
+                    closeSocket()
                 case let .gaveUp(_, _, tries):
-                    throw ClientError(
-                        code: .unavailable,
-                        "no reply from the daemon at \(endpoint) after \(tries) \(tries == 1 ? "try" : "tries") of "
-                            + "\(timeout) each; is the daemon running, and is the endpoint right?"
-                    )
+                    throw ClientError(code: .unavailable, gaveUp(tries, refused: refusal))
                 }
             }
             if let frames = receive(until: pirate.nextDeadline ?? .now) {
@@ -152,11 +172,65 @@ public final class CommandClient {
                         "the reply answers request \(reply.requestID), not \(request.requestID)"
                     )
                 }
+                if case let .error(_, error) = reply, error.code == .notLeader, search.endpoints.count > 1 {
+                    // Not applied; the request goes on at the next daemon that may lead, its try still running.
+                    refusal = reply
+                    let pause = search.notLeader()
+                    closeSocket()
+                    outputs = pirate.redirect(now: .now, pause: pause)
+                    continue
+                }
+                search.answered()
                 _ = pirate.answered(request.requestID)
                 return reply
             }
             outputs = pirate.tick(now: .now)
         }
+    }
+
+    /// The STATUS of the daemon that leads, and its body as it came (docs/operations.md, "Status"). A standby answers
+    /// STATUS too, so with several endpoints each is asked in turn, from the current one, until one does not stand
+    /// by; requests go to that one next. With one endpoint, or when every daemon that answers stands by, it is the
+    /// last answer.
+    public func leaderStatus() throws(ClientError) -> (status: DaemonStatus, body: [UInt8]) {
+        var answer: (DaemonStatus, [UInt8])?
+        for _ in search.endpoints {
+            statusRequests += 1
+            let reply = try call(.status(requestID: statusRequests))
+            guard case let .status(_, body) = reply, let status = DaemonStatus(reply) else {
+                throw ClientError(
+                    code: .protocolViolation,
+                    "the daemon at \(endpoint) answered STATUS with a reply that is not a readable status: \(reply)"
+                )
+            }
+            answer = (status, body)
+            guard status.role == "standby", search.endpoints.count > 1 else { break }
+            _ = search.notLeader()
+            closeSocket()
+        }
+        return answer!
+    }
+
+    /// Why a request was given up after `tries`.
+    private func gaveUp(_ tries: Int, refused refusal: Reply?) -> String {
+        let each = "\(tries) \(tries == 1 ? "try" : "tries") of \(timeout) each"
+        guard search.endpoints.count > 1 else {
+            return "no reply from the daemon at \(endpoint) after \(each); is the daemon running, and is the endpoint "
+                + "right?"
+        }
+        let daemons = search.endpoints.joined(separator: ", ")
+        guard case let .error(_, error)? = refusal else {
+            return "no reply from any of the daemons at \(daemons) after \(each); are they running, and are the "
+                + "endpoints right?"
+        }
+        return
+            "no daemon at \(daemons) would lead after \(each) (the last said: \(error.reason)); is a leader running, "
+            + "and can the standbys reach the journal's database to take over?"
+    }
+
+    private func closeSocket() {
+        socket?.close()
+        socket = nil
     }
 
     /// The next message on the socket, waiting until `deadline` at most.

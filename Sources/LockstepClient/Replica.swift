@@ -54,6 +54,15 @@ public final class Replica<D: Domain>: Service, Sendable {
         configuration: ReplicaConfiguration = ReplicaConfiguration(),
         logger: Logger = .current
     ) throws {
+        guard !configuration.daemons.isEmpty,
+            !configuration.daemons.contains(where: { $0.command.isEmpty || $0.events.isEmpty })
+        else {
+            throw ClientError(
+                code: .badRequest,
+                "ReplicaConfiguration.daemons must name at least one daemon, each with a command and an events "
+                    + "endpoint; it is \(configuration.daemons)"
+            )
+        }
         store = try StoreName(D.name)
         self.configuration = configuration
         clientID = configuration.clientID ?? .random()
@@ -207,7 +216,7 @@ public final class Replica<D: Domain>: Service, Sendable {
                     code: .unavailable,
                     "the replica of '\(store)' is still \(status.phase) after \(timeout) (at seq \(status.lastSeq)"
                         + "\(status.problem.map { "; \($0)" } ?? "")); is the daemon running at "
-                        + "\(configuration.commandEndpoint) and hosting '\(store)'?"
+                        + "\(configuration.commandEndpoints) and hosting '\(store)'?"
                 )
             }
             try await Task.sleep(for: .milliseconds(5))
@@ -384,7 +393,7 @@ public final class Replica<D: Domain>: Service, Sendable {
         defer { link.close() }
         var engine = Engine(replica: self, sync: ReplicaSync(settings: configuration.sync, now: .now))
         let start = engine.sync.start(now: .now)
-        engine.perform(start, on: &link)
+        try engine.perform(start, on: &link)
         do {
             try turns(&engine, &link)
         } catch {
@@ -654,37 +663,47 @@ public final class Replica<D: Domain>: Service, Sendable {
     }
 }
 
-/// The replica's two sockets: SUB for events, DEALER for requests. Owned by the replica's thread.
+/// The replica's two sockets: SUB for events, connected to every daemon (only a leader publishes), and DEALER
+/// for requests, connected to the one ``search`` points at. Owned by the replica's thread.
 private struct Link {
     let context: Context
     let configuration: ReplicaConfiguration
+    var search: LeaderSearch
     var events: Socket
     var commands: Socket
 
     init(context: Context, configuration: ReplicaConfiguration, topic: [UInt8]) throws {
         self.context = context
         self.configuration = configuration
+        search = LeaderSearch(endpoints: configuration.daemons.map(\.command))
         events = try Socket(context, type: .subscriber)
         try events.set(.linger, 0)
         try events.set(.receiveHighWaterMark, Int32(clamping: configuration.eventsQueue))
         try configuration.curve?.configure(events)
         try events.subscribe(topic)
-        try events.connect(configuration.eventsEndpoint)
-        commands = try Self.commandSocket(context, configuration)
+        for daemon in configuration.daemons { try events.connect(daemon.events) }
+        commands = try Self.commandSocket(context, configuration, search.endpoint)
     }
 
-    static func commandSocket(_ context: Context, _ configuration: ReplicaConfiguration) throws -> Socket {
+    static func commandSocket(
+        _ context: Context,
+        _ configuration: ReplicaConfiguration,
+        _ endpoint: String
+    ) throws
+        -> Socket
+    {
         let socket = try Socket(context, type: .dealer)
         try socket.set(.linger, 0)
         try configuration.curve?.configure(socket)
-        try socket.connect(configuration.commandEndpoint)
+        try socket.connect(endpoint)
         return socket
     }
 
-    /// Lazy Pirate: a socket whose peer went silent may hold lost requests; start a fresh one.
+    /// Lazy Pirate: a socket whose peer went silent may hold lost requests; start a fresh one, to the daemon
+    /// ``search`` points at now.
     mutating func renewCommandSocket() throws {
         commands.close()
-        commands = try Self.commandSocket(context, configuration)
+        commands = try Self.commandSocket(context, configuration, search.endpoint)
     }
 
     func send(_ request: Request) {
@@ -723,6 +742,8 @@ private struct Engine<D: Domain> {
     var optimisticInFlight: Set<UInt64> = []
     /// Optimistic dispatches the daemon could not take for now (`unavailable`), sent again at their time.
     var retryLater: [(at: ContinuousClock.Instant, request: Request, dispatch: Dispatch)] = []
+    /// When the sync machine's request goes out again, after a `not_leader` from every daemon that answers.
+    var syncResendAt: ContinuousClock.Instant?
 
     /// What a dispatch in flight waits with: how many actions it sent, who to answer, and whether it is optimistic
     /// (its request number then).
@@ -771,7 +792,7 @@ private struct Engine<D: Domain> {
     }
 
     func nextDeadline(after now: ContinuousClock.Instant) -> ContinuousClock.Instant {
-        let next = inFlight.nextDeadline ?? now + .seconds(1)
+        let next = min(inFlight.nextDeadline ?? now + .seconds(1), syncResendAt ?? now + .seconds(1))
         return retryLater.reduce(next) { min($0, $1.at) }
     }
 
@@ -809,7 +830,7 @@ private struct Engine<D: Domain> {
                 link.send(request)
                 if optimisticInFlight.contains(request.requestID) { sentOptimistic(request.requestID) }
             case .renewSocket:
-                try link.renewCommandSocket()
+                try moveOn(.dispatchUnanswered, &link, now: .now)
             case let .gaveUp(request, dispatch, _)
             where dispatch.optimistic != nil && .now - dispatch.firstSent < configuration.pendingTimeout:
                 // An optimistic dispatch stays pending through a daemon restart: sent again, with its key.
@@ -819,7 +840,7 @@ private struct Engine<D: Domain> {
                     dispatch.outcome.fail(
                         ClientError(
                             code: .unavailable,
-                            "no reply from the daemon at \(configuration.commandEndpoint) after \(tries) tries of "
+                            "no reply from \(configuration.daemonsPhrase) after \(tries) tries of "
                                 + "\(configuration.requestTimeout) each; is the daemon running, and is the endpoint "
                                 + "right?"
                         )
@@ -831,7 +852,7 @@ private struct Engine<D: Domain> {
                     number,
                     ClientError(
                         code: .unavailable,
-                        "no reply from the daemon at \(configuration.commandEndpoint) for "
+                        "no reply from \(configuration.daemonsPhrase) for "
                             + "\(configuration.pendingTimeout) (ReplicaConfiguration.pendingTimeout): given up, its "
                             + "outcome unknown (the confirmed state holds it if the daemon applied it); is the daemon "
                             + "running?"
@@ -842,6 +863,45 @@ private struct Engine<D: Domain> {
         // After the outputs above, so on the renewed socket.
         let now = ContinuousClock.now
         for (request, dispatch) in again { try perform(inFlight.submit(request, dispatch, now: now), on: &link) }
+    }
+
+    /// Why requests move to another daemon's command socket.
+    enum Move {
+        /// A dispatch's try timed out (the Lazy Pirate machine sends what is in flight again itself).
+        case dispatchUnanswered
+        /// A snapshot or range request timed out (the sync machine sends it again itself).
+        case syncUnanswered
+        /// The daemon answered `not_leader`.
+        case notLeader
+    }
+
+    /// Requests go to the next daemon (``LeaderSearch``) on a fresh socket, and what was out on the old one is sent
+    /// again there; after a `not_leader` from every daemon that answers, after a pause.
+    mutating func moveOn(_ move: Move, _ link: inout Link, now: ContinuousClock.Instant) throws {
+        let from = link.search.endpoint
+        var pause = Duration.zero
+        if move == .notLeader {
+            pause = link.search.notLeader()
+        } else {
+            link.search.timedOut()
+        }
+        try link.renewCommandSocket()
+        if link.search.endpoint != from {
+            replica.logger.notice(
+                "sending to another daemon",
+                metadata: [
+                    "from": "\(from)", "to": "\(link.search.endpoint)",
+                    "because": "\(move == .notLeader ? "not the leader" : "no answer in time")",
+                ]
+            )
+        }
+        if move != .dispatchUnanswered { try perform(inFlight.redirect(now: now, pause: pause), on: &link) }
+        guard move != .syncUnanswered else { return }
+        if pause > .zero {
+            syncResendAt = now + pause
+        } else {
+            try perform(sync.resendRequest(now: now), on: &link)
+        }
     }
 
     /// Optimistic dispatch `number` went out (again): counted, and the first time, when.
@@ -937,13 +997,13 @@ private struct Engine<D: Domain> {
             guard event.store == store else { continue }
             switch event {
             case let .events(_, epoch, firstSeq, actions):
-                perform(sync.events(epoch: epoch, firstSeq: firstSeq, actions: actions, now: now), on: &link)
+                try perform(sync.events(epoch: epoch, firstSeq: firstSeq, actions: actions, now: now), on: &link)
             case let .event(_, epoch, seq, action):
-                perform(sync.event(epoch: epoch, seq: seq, action: action, now: now), on: &link)
+                try perform(sync.event(epoch: epoch, seq: seq, action: action, now: now), on: &link)
             case let .heartbeat(_, epoch, lastSeq):
-                perform(sync.heartbeat(epoch: epoch, lastSeq: lastSeq, now: now), on: &link)
+                try perform(sync.heartbeat(epoch: epoch, lastSeq: lastSeq, now: now), on: &link)
             case let .digest(_, epoch, seq, digest):
-                perform(sync.digest(epoch: epoch, seq: seq, digest: digest, now: now), on: &link)
+                try perform(sync.digest(epoch: epoch, seq: seq, digest: digest, now: now), on: &link)
             }
         }
     }
@@ -959,10 +1019,16 @@ private struct Engine<D: Domain> {
             } catch {
                 replica.logger.warning(
                     "ignored an unreadable reply",
-                    metadata: ["endpoint": "\(configuration.commandEndpoint)", "error": "\(error)"]
+                    metadata: ["endpoint": "\(link.search.endpoint)", "error": "\(error)"]
                 )
                 continue
             }
+            if case let .error(_, error) = reply, error.code == .notLeader, link.search.endpoints.count > 1 {
+                // A standby: nothing was applied; the request goes on at the next daemon that may lead.
+                try moveOn(.notLeader, &link, now: now)
+                continue
+            }
+            link.search.answered()
             if let (request, dispatch) = inFlight.answered(reply.requestID) {
                 complete(request, dispatch, with: reply)
                 continue
@@ -970,7 +1036,7 @@ private struct Engine<D: Domain> {
             switch reply {
             case let .snapshot(_, snapshot) where snapshot.store == store:
                 problem = nil
-                perform(
+                try perform(
                     sync.snapshot(
                         epoch: snapshot.epoch,
                         seq: snapshot.seq,
@@ -981,11 +1047,11 @@ private struct Engine<D: Domain> {
                     on: &link
                 )
             case let .range(_, name, epoch, firstSeq, actions) where name == store:
-                perform(sync.range(epoch: epoch, firstSeq: firstSeq, actions: actions, now: now), on: &link)
+                try perform(sync.range(epoch: epoch, firstSeq: firstSeq, actions: actions, now: now), on: &link)
             case let .compacted(_, name, epoch, firstAvailable) where name == store:
-                perform(sync.compacted(epoch: epoch, firstAvailable: firstAvailable, now: now), on: &link)
+                try perform(sync.compacted(epoch: epoch, firstAvailable: firstAvailable, now: now), on: &link)
             case let .error(_, error) where error.code == .invalidRange:
-                perform(sync.rangeRefused(now: now), on: &link)
+                try perform(sync.rangeRefused(now: now), on: &link)
             case let .error(_, error):
                 if problem == nil {
                     replica.logger.error(
@@ -1004,6 +1070,10 @@ private struct Engine<D: Domain> {
     mutating func tick(on link: inout Link) throws {
         let now = ContinuousClock.now
         try perform(inFlight.tick(now: now), on: &link)
+        if let at = syncResendAt, at <= now {
+            syncResendAt = nil
+            try perform(sync.resendRequest(now: now), on: &link)
+        }
         if retryLater.contains(where: { $0.at <= now }) {
             let due = retryLater.filter { $0.at <= now }
             retryLater.removeAll { $0.at <= now }
@@ -1038,14 +1108,14 @@ private struct Engine<D: Domain> {
         }
         for waiter in late { waiter.outcome.fail(notApplied(waiter.seqs)) }
         for (number, seqs) in lateOptimistic { replica.rolledBack(number, notApplied(seqs)) }
-        perform(sync.tick(now: now), on: &link)
+        try perform(sync.tick(now: now), on: &link)
     }
 
     // MARK: Outputs
 
     /// Does what the sync machine asked, in order. A check that fails hands the machine the mismatch and
     /// drops the rest: the machine has started over, so what followed is void.
-    mutating func perform(_ outputs: [ReplicaSync.Output], on link: inout Link) {
+    mutating func perform(_ outputs: [ReplicaSync.Output], on link: inout Link) throws {
         for output in outputs {
             if case .apply = output {} else { handOver() }
             switch output {
@@ -1056,14 +1126,18 @@ private struct Engine<D: Domain> {
                 link.send(.range(requestID: replica.nextRequestID(), store: store, from: from, to: to))
             case let .install(epoch, seq, digest, bytes):
                 guard StateDigest(of: bytes) == digest else {
-                    return mismatch(seq, "the snapshot's bytes do not match its digest \(digest)", on: &link)
+                    return try mismatch(seq, "the snapshot's bytes do not match its digest \(digest)", on: &link)
                 }
                 let state: D.State
                 do {
                     state = try JSONDecoder().decode(D.State.self, from: Data(bytes))
                 } catch {
                     let reason = CanonicalEncoding.describe(error)
-                    return mismatch(seq, "the snapshot is not a \(D.name) v\(D.version) state: \(reason)", on: &link)
+                    return try mismatch(
+                        seq,
+                        "the snapshot is not a \(D.name) v\(D.version) state: \(reason)",
+                        on: &link
+                    )
                 }
                 handed += 1
                 replica.apply(
@@ -1084,7 +1158,7 @@ private struct Engine<D: Domain> {
                         actions.append(try decoder.decode(D.Action.self, from: Data(event.action)))
                     } catch {
                         let reason = CanonicalEncoding.describe(error)
-                        return mismatch(
+                        return try mismatch(
                             event.seq,
                             "the action is not a \(D.name) v\(D.version) action (\(reason)); does the daemon run "
                                 + "another version of the domain?",
@@ -1128,7 +1202,7 @@ private struct Engine<D: Domain> {
                         ]
                     )
                 }
-                return mismatch(
+                return try mismatch(
                     seq,
                     "the daemon's digest is \(digest), this replica's is \(mine)\(location)",
                     on: &link
@@ -1143,9 +1217,16 @@ private struct Engine<D: Domain> {
                 )
                 replica.notify(.diverged(seq: seq, detail: detail))
             case let .resync(reason):
-                if case .silence = reason { disconnected = true }
                 replica.logger.warning("replica resyncs", metadata: ["store": "\(store)", "reason": "\(reason)"])
                 replica.notify(.resynced(reason))
+            case let .silent(duration):
+                disconnected = true
+                replica.logger.warning(
+                    "no word from the daemon; keeping the state and asking after it",
+                    metadata: ["store": "\(store)", "silent": "\(duration)", "seq": "\(sync.lastSeq)"]
+                )
+            case .requestUnanswered:
+                try moveOn(.syncUnanswered, &link, now: .now)
             }
         }
     }
@@ -1163,8 +1244,18 @@ private struct Engine<D: Domain> {
         )
     }
 
-    private mutating func mismatch(_ seq: SequenceNumber, _ detail: String, on link: inout Link) {
+    private mutating func mismatch(_ seq: SequenceNumber, _ detail: String, on link: inout Link) throws {
         divergenceDetail = detail
-        perform(sync.digestMismatch(at: seq, now: .now), on: &link)
+        try perform(sync.digestMismatch(at: seq, now: .now), on: &link)
     }
+}
+
+extension ReplicaConfiguration {
+    /// "the daemon at X", or "any of the daemons at X, Y": for messages.
+    var daemonsPhrase: String {
+        daemons.count == 1 ? "the daemon at \(commandEndpoint)" : "any of the daemons at \(commandEndpoints)"
+    }
+
+    /// The daemons' command endpoints, comma-separated: for messages.
+    var commandEndpoints: String { daemons.map(\.command).joined(separator: ", ") }
 }

@@ -20,12 +20,53 @@ public struct Replicated<State: Equatable & Sendable>: Equatable, Sendable {
 
 extension Replicated: Encodable where State: Encodable {}
 
+/// Where one daemon listens: its command endpoint (ROUTER) and its events endpoint (PUB).
+public struct DaemonEndpoints: Hashable, Sendable, CustomStringConvertible {
+    /// The command endpoint, e.g. `tcp://10.0.0.1:7700`.
+    public var command: String
+    /// The events endpoint, e.g. `tcp://10.0.0.1:7701`.
+    public var events: String
+
+    /// The daemon listening at `command` and `events`.
+    public init(command: String, events: String) {
+        self.command = command
+        self.events = events
+    }
+
+    /// The daemon's own defaults: `ipc://.lockstep/run/command` and `ipc://.lockstep/run/events`, relative to the
+    /// folder it runs in.
+    public static let defaults = DaemonEndpoints(
+        command: "ipc://.lockstep/run/command",
+        events: "ipc://.lockstep/run/events"
+    )
+
+    /// `command` and `events`, as one would write them down.
+    public var description: String { "\(command) (events \(events))" }
+}
+
 /// How a replica reaches the daemon and how patient it is.
 public struct ReplicaConfiguration: Sendable {
-    /// The daemon's command endpoint (ROUTER); the default is the daemon's own default.
-    public var commandEndpoint = "ipc://.lockstep/run/command"
-    /// The daemon's events endpoint (PUB); the default is the daemon's own default.
-    public var eventsEndpoint = "ipc://.lockstep/run/events"
+    /// The daemons the replica follows: one, or the leader and standbys of one PostgreSQL journal, in any order
+    /// (never daemons of different journals). The replica hears the events of them all and sends its requests to
+    /// whichever leads, found by asking (``LeaderSearch``); after a takeover it goes on from its seq, repairing
+    /// what it missed by range. The default is one daemon at the daemon's own default endpoints.
+    public var daemons = [DaemonEndpoints.defaults]
+    /// The first daemon's command endpoint (ROUTER); setting it sets the first of ``daemons``.
+    public var commandEndpoint: String {
+        get { daemons.first?.command ?? DaemonEndpoints.defaults.command }
+        set {
+            if daemons.isEmpty { daemons = [DaemonEndpoints.defaults] }
+            daemons[0].command = newValue
+        }
+    }
+    /// The first daemon's events endpoint (PUB); setting it sets the first of ``daemons``.
+    public var eventsEndpoint: String {
+        get { daemons.first?.events ?? DaemonEndpoints.defaults.events }
+        set {
+            if daemons.isEmpty { daemons = [DaemonEndpoints.defaults] }
+            daemons[0].events = newValue
+        }
+    }
     /// CURVE keys for tcp endpoints.
     public var curve: ClientCurve?
     /// How long one try of a dispatch waits for its reply.
@@ -69,8 +110,12 @@ public struct ReplicaConfiguration: Sendable {
 
     /// The defaults, with these endpoints.
     public init(commandEndpoint: String, eventsEndpoint: String) {
-        self.commandEndpoint = commandEndpoint
-        self.eventsEndpoint = eventsEndpoint
+        daemons = [DaemonEndpoints(command: commandEndpoint, events: eventsEndpoint)]
+    }
+
+    /// The defaults, following `daemons` (a leader and its standbys).
+    public init(daemons: [DaemonEndpoints]) {
+        self.daemons = daemons
     }
 }
 

@@ -22,8 +22,7 @@ package struct DemoClient: Sendable {
     package var eventsQueue: Int
     package var timeoutMs: Int
     package var retries: Int
-    package var commandEndpoint: String
-    package var eventsEndpoint: String
+    package var daemons: [DaemonEndpoints]
     package var printState: Bool
     package var conflictCommands: Bool
 
@@ -37,8 +36,7 @@ package struct DemoClient: Sendable {
         eventsQueue: Int,
         timeoutMs: Int,
         retries: Int,
-        commandEndpoint: String,
-        eventsEndpoint: String,
+        daemons: [DaemonEndpoints],
         printState: Bool,
         conflictCommands: Bool = false
     ) {
@@ -51,8 +49,7 @@ package struct DemoClient: Sendable {
         self.eventsQueue = eventsQueue
         self.timeoutMs = timeoutMs
         self.retries = retries
-        self.commandEndpoint = commandEndpoint
-        self.eventsEndpoint = eventsEndpoint
+        self.daemons = daemons
         self.printState = printState
         self.conflictCommands = conflictCommands
     }
@@ -60,7 +57,7 @@ package struct DemoClient: Sendable {
     package func run() async throws {
         var logger = Logger(label: "lockstep.demo-client")
         logger.logLevel = .warning
-        var configuration = ReplicaConfiguration(commandEndpoint: commandEndpoint, eventsEndpoint: eventsEndpoint)
+        var configuration = ReplicaConfiguration(daemons: daemons)
         configuration.eventsQueue = eventsQueue
         configuration.requestTimeout = .milliseconds(timeoutMs)
         configuration.retries = retries

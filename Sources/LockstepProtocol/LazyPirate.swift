@@ -43,6 +43,8 @@ public struct LazyPirate<Payload> {
     /// The timeout and retry count this machine runs with.
     public let settings: Settings
     private var flights: [UInt64: Flight] = [:]
+    /// When every request in flight is sent again after a ``redirect(now:pause:)`` with a pause.
+    private var resendAt: ContinuousClock.Instant?
 
     /// A machine with nothing in flight.
     public init(_ settings: Settings) {
@@ -54,7 +56,9 @@ public struct LazyPirate<Payload> {
 
     /// When ``tick(now:)`` has something to do next; `nil` with nothing in flight.
     public var nextDeadline: ContinuousClock.Instant? {
-        flights.values.lazy.map { $0.deadline }.min()
+        let deadline = flights.values.lazy.map { $0.deadline }.min()
+        guard let resendAt, let deadline else { return deadline }
+        return min(resendAt, deadline)
     }
 
     /// A new request: send it. Its request id must not be in flight already.
@@ -75,10 +79,28 @@ public struct LazyPirate<Payload> {
         flights.removeValue(forKey: requestID).map { ($0.request, $0.payload) }
     }
 
+    /// The owner moved its socket to another daemon (one answered `not_leader`, docs/protocol.md "Failover"):
+    /// every request in flight must go out again on the new socket, at once or, with a `pause`, at `now + pause`.
+    /// Their deadlines and tries stand: a `not_leader` ends no try, so a request still gives up after its tries.
+    public mutating func redirect(now: ContinuousClock.Instant, pause: Duration) -> [Output] {
+        guard pause > .zero else {
+            resendAt = nil
+            return flights.keys.sorted().map { .send(flights[$0]!.request) }
+        }
+        resendAt = now + pause
+        return []
+    }
+
     /// Time passed. When a request's wait is over: give up those out of tries, renew the socket, and send every
-    /// request still in flight again (in request id order) with a new deadline.
+    /// request still in flight again (in request id order) with a new deadline. When a redirect's pause is over,
+    /// send them again.
     public mutating func tick(now: ContinuousClock.Instant) -> [Output] {
-        guard flights.values.contains(where: { $0.deadline <= now }) else { return [] }
+        guard flights.values.contains(where: { $0.deadline <= now }) else {
+            guard let resendAt, resendAt <= now else { return [] }
+            self.resendAt = nil
+            return flights.keys.sorted().map { .send(flights[$0]!.request) }
+        }
+        resendAt = nil
         var outputs: [Output] = []
         for id in flights.keys.sorted() where flights[id]!.deadline <= now {
             if flights[id]!.triesLeft == 0 {
@@ -98,7 +120,10 @@ public struct LazyPirate<Payload> {
 
     /// Every request in flight, taken out (the owner is stopping and answers them all).
     public mutating func removeAll() -> [(request: Request, payload: Payload)] {
-        defer { flights.removeAll() }
+        defer {
+            flights.removeAll()
+            resendAt = nil
+        }
         return flights.keys.sorted().map { (flights[$0]!.request, flights[$0]!.payload) }
     }
 }

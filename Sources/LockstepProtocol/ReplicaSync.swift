@@ -19,8 +19,10 @@ public struct SequencedAction: Hashable, Sendable {
 ///
 /// It joins without loss (keep events from the subscription, ask for a snapshot, drop kept events at or
 /// below the snapshot's seq, apply the rest in order), then applies only `seq = last + 1`. A gap asks for
-/// the missing range; a compacted range asks for a snapshot. A new epoch, a digest mismatch or a silent
-/// daemon starts over. The owner executes the returned ``Output``s in order.
+/// the missing range; a compacted range asks for a snapshot. A new epoch or a digest mismatch starts over. A
+/// silent daemon does not: the state is kept, and the replica asks the daemon for the last event it holds, which
+/// says whether the daemon's history (another daemon's, after a failover) still holds it; what was missed
+/// meanwhile is repaired by range. The owner executes the returned ``Output``s in order.
 public struct ReplicaSync: Sendable {
     /// Where the replica is in its life.
     public enum Phase: Hashable, Sendable {
@@ -39,8 +41,6 @@ public struct ReplicaSync: Sendable {
         case newEpoch(old: Epoch, new: Epoch)
         /// The local state's digest differed from the daemon's at `seq`.
         case divergence(seq: SequenceNumber)
-        /// No event, heartbeat or digest of the store arrived for this long (``ReplicaSync/Settings/silenceLimit``).
-        case silence(Duration)
         /// The daemon refused a range it had announced (`invalid_range`): its history in this epoch is shorter
         /// than the replica's, so the replica's state may hold actions the daemon no longer has.
         case historyShorter(from: SequenceNumber)
@@ -50,7 +50,6 @@ public struct ReplicaSync: Sendable {
             switch self {
             case let .newEpoch(old, new): "the daemon's epoch changed from \(old) to \(new)"
             case let .divergence(seq): "the state's digest differed from the daemon's at seq \(seq)"
-            case let .silence(duration): "no event or heartbeat for \(duration)"
             case let .historyShorter(from): "the daemon has no events from seq \(from) on, though it announced them"
             }
         }
@@ -74,11 +73,19 @@ public struct ReplicaSync: Sendable {
         case reportDivergence(seq: SequenceNumber)
         /// Everything held so far is void; a snapshot request follows.
         case resync(ResyncReason)
+        /// No event, heartbeat or digest of the store arrived for this long (``Settings/silenceLimit``): the daemon
+        /// is down, stopped, or a failover is under way. The state is kept; a request for the last event held
+        /// follows, unless one is out already.
+        case silent(Duration)
+        /// The snapshot or range request sent last went unanswered for ``Settings/requestTimeout``; it is sent
+        /// again next. The owner may move to another daemon first (``LeaderSearch/timedOut()``).
+        case requestUnanswered
     }
 
     /// How long to wait, and how much to keep.
     public struct Settings: Hashable, Sendable {
-        /// No event or heartbeat for this long means the daemon is gone: resync. Three heartbeat intervals.
+        /// No event or heartbeat for this long means the daemon is gone, or a failover is under way: the replica
+        /// says so (``Output/silent(_:)``) and asks for the last event it holds. Three heartbeat intervals.
         public var silenceLimit: Duration
         /// A snapshot or range request unanswered for this long is sent again.
         public var requestTimeout: Duration
@@ -347,21 +354,31 @@ public struct ReplicaSync: Sendable {
         requestedAt = now
     }
 
-    /// Time passed: resend a request nobody answered, and start over if the daemon fell silent.
+    /// Time passed: resend a request nobody answered, and ask after the state held when the daemon fell silent.
     public mutating func tick(now: ContinuousClock.Instant) -> [Output] {
         if let due = snapshotDueAt {
             guard now >= due else { return [] }
             return request(.snapshot, now: now)
         }
         let silence = now - lastHeard
-        if silence > settings.silenceLimit, phase != .joining || epoch != nil {
+        if silence > settings.silenceLimit, epoch != nil {
             lastHeard = now
-            return resync(.silence(silence), now: now)
+            guard awaiting == nil else { return [.silent(silence)] }
+            // The last event held: a range of its seq is in the daemon's history unless that history lost it
+            // (`invalid_range`, or another epoch), and answers with the epoch. At seq 0 only a snapshot tells.
+            return [.silent(silence)] + request(lastSeq > 0 ? .range(from: lastSeq, to: lastSeq) : .snapshot, now: now)
         }
         if let awaiting, now - requestedAt > settings.requestTimeout {
-            return request(awaiting, now: now)
+            return [.requestUnanswered] + request(awaiting, now: now)
         }
         return []
+    }
+
+    /// The owner's command socket changed (it moved to another daemon, or renewed the socket after a silence):
+    /// a request out on the old one is lost, so it is sent again now.
+    public mutating func resendRequest(now: ContinuousClock.Instant) -> [Output] {
+        guard snapshotDueAt == nil, let awaiting else { return [] }
+        return request(awaiting, now: now)
     }
 
     // MARK: - Internals

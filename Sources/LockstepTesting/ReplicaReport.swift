@@ -113,7 +113,7 @@ public final class ReplicaClient {
     public private(set) var last: ReplicaReport?
 
     /// Starts `lockstep demo-client` against the daemon at these endpoints, reporting every 50 ms.
-    public init(
+    public convenience init(
         lockstep: URL,
         commandEndpoint: String,
         eventsEndpoint: String,
@@ -121,12 +121,31 @@ public final class ReplicaClient {
         actions: Int,
         extra: [String] = []
     ) throws {
+        try self.init(
+            lockstep: lockstep,
+            daemons: [(commandEndpoint, eventsEndpoint)],
+            stores: stores,
+            actions: actions,
+            extra: extra
+        )
+    }
+
+    /// Starts `lockstep demo-client` following the daemons at these (command, events) endpoints (a leader and its
+    /// standbys), reporting every 50 ms.
+    public init(
+        lockstep: URL,
+        daemons: [(command: String, events: String)],
+        stores: [String],
+        actions: Int,
+        extra: [String] = []
+    ) throws {
+        let endpoints = daemons.flatMap { ["--command-endpoint", $0.command, "--events-endpoint", $0.events] }
         child = try ChildProcess(
             executable: lockstep,
             [
                 "demo-client", "--stores", stores.joined(separator: ","), "--actions", "\(actions)",
-                "--report-ms", "50", "--command-endpoint", commandEndpoint, "--events-endpoint", eventsEndpoint,
-            ] + extra
+                "--report-ms", "50",
+            ] + endpoints + extra
         )
     }
 

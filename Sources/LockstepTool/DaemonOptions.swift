@@ -6,8 +6,14 @@ import ZeroMQ
 
 /// How the CLI reaches a running daemon's command socket; shared by every command that asks it something.
 struct DaemonOptions: ParsableArguments {
-    @Option(help: "The daemon's command endpoint.")
-    var commandEndpoint = "ipc://.lockstep/run/command"
+    @Option(
+        name: .customLong("command-endpoint"),
+        help: ArgumentHelp(
+            "The daemon's command endpoint (default ipc://.lockstep/run/command).",
+            discussion: "Give it once for each daemon of a failover group: requests go to whichever leads."
+        )
+    )
+    var commandEndpoints: [String] = []
 
     @Option(help: "How long to wait for each reply, in milliseconds.")
     var timeoutMs = 2_000
@@ -20,13 +26,16 @@ struct DaemonOptions: ParsableArguments {
         guard (0...100).contains(retries) else { throw ValidationError("--retries must be 0...100") }
     }
 
-    /// A client for the daemon; it owns a socket, so one per command run. An `ipc://` endpoint with no socket
-    /// file exits 69 at once: no daemon is there to wait for.
+    /// The command endpoints given, or the daemon's default.
+    var endpoints: [String] { commandEndpoints.isEmpty ? [DaemonEndpoints.defaults.command] : commandEndpoints }
+
+    /// A client for the daemon (the leader of those given); it owns a socket, so one per command run. A single
+    /// `ipc://` endpoint with no socket file exits 69 at once: no daemon is there to wait for.
     func client() throws -> CommandClient {
-        try requireSocket(commandEndpoint, flag: "--command-endpoint")
+        if endpoints.count == 1 { try requireSocket(endpoints[0], flag: "--command-endpoint") }
         return CommandClient(
             context: try Context(),
-            endpoint: commandEndpoint,
+            endpoints: endpoints,
             timeout: .milliseconds(timeoutMs),
             retries: retries
         )
@@ -34,23 +43,26 @@ struct DaemonOptions: ParsableArguments {
 
     /// Sends `request`; no answer exits 69, any other failure 1, each with the reason on standard error.
     func call(_ client: CommandClient, _ request: Request) throws -> Reply {
-        do {
+        do throws(ClientError) {
             return try client.call(request)
         } catch {
-            printError("\(Tool.commandName): \(error)")
-            throw error.code == .unavailable ? ExitCodes.unavailable : ExitCode.failure
+            throw exit(error)
         }
     }
 
-    /// The daemon's status, decoded (docs/operations.md).
-    func status(_ client: CommandClient) throws -> (status: DaemonStatus, json: [UInt8]) {
-        let reply = try call(client, .status(requestID: 0))
-        guard case let .status(_, body) = reply else { throw unexpected(reply, to: "STATUS") }
-        guard let status = DaemonStatus(reply) else {
-            printError("\(Tool.commandName): the daemon at \(commandEndpoint) sent a status that is not readable")
-            throw ExitCode.failure
+    /// The status of the daemon that leads (docs/operations.md), decoded, and its JSON.
+    func status(_ client: CommandClient) throws -> (status: DaemonStatus, body: [UInt8]) {
+        do throws(ClientError) {
+            return try client.leaderStatus()
+        } catch {
+            throw exit(error)
         }
-        return (status, body)
+    }
+
+    /// Prints `error` and returns the exit to throw: 69 for no answer, 1 for anything else.
+    func exit(_ error: ClientError) -> ExitCode {
+        printError("\(Tool.commandName): \(error)")
+        return error.code == .unavailable ? ExitCodes.unavailable : ExitCode.failure
     }
 }
 

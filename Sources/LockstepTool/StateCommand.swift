@@ -62,8 +62,14 @@ struct TailCommand: ParsableCommand {
     @Argument(help: "The store's name.")
     var store: String
 
-    @Option(help: "The daemon's events endpoint.")
-    var eventsEndpoint = "ipc://.lockstep/run/events"
+    @Option(
+        name: .customLong("events-endpoint"),
+        help: ArgumentHelp(
+            "The daemon's events endpoint (default ipc://.lockstep/run/events).",
+            discussion: "Give it once for each daemon of a failover group: only the leader publishes."
+        )
+    )
+    var eventsEndpoints: [String] = []
 
     @Option(help: "Stop after this many events.")
     var count: Int?
@@ -82,14 +88,15 @@ struct TailCommand: ParsableCommand {
         try socket.set(.receiveTimeout, Int32(clamping: silenceMs))
         try socket.set(.receiveHighWaterMark, 0)
         try socket.subscribe(Event.topic(for: name))
-        try requireSocket(eventsEndpoint, flag: "--events-endpoint")
-        try socket.connect(eventsEndpoint)
+        let endpoints = eventsEndpoints.isEmpty ? [DaemonEndpoints.defaults.events] : eventsEndpoints
+        if endpoints.count == 1 { try requireSocket(endpoints[0], flag: "--events-endpoint") }
+        for endpoint in endpoints { try socket.connect(endpoint) }
         var printed = 0
         while count.map({ printed < $0 }) ?? true {
             guard let frames = try socket.receive() else {
                 printError(
-                    "\(Tool.commandName): nothing from \(eventsEndpoint) for \(silenceMs) ms (not even a heartbeat); is the daemon "
-                        + "running and hosting '\(name)'?"
+                    "\(Tool.commandName): nothing from \(endpoints.joined(separator: ", ")) for \(silenceMs) ms (not even a "
+                        + "heartbeat); is the daemon running and hosting '\(name)'?"
                 )
                 throw ExitCodes.unavailable
             }

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import LockstepClient
 import LockstepProtocol
+import ZeroMQ
 
 /// Asks a running daemon for its status.
 struct StatsCommand: ParsableCommand {
@@ -16,7 +17,33 @@ struct StatsCommand: ParsableCommand {
     var json = false
 
     func run() throws {
-        let (status, body) = try daemon.status(try daemon.client())
+        // Each daemon of a failover group for itself: which leads, and what each sees.
+        guard daemon.endpoints.count > 1 else { return try show(daemon.status(daemon.client())) }
+        var answered = 0
+        for (index, endpoint) in daemon.endpoints.enumerated() {
+            if !json { print("\(index > 0 ? "\n" : "")daemon   \(endpoint)") }
+            do {
+                let client = CommandClient(
+                    context: try Context(),
+                    endpoint: endpoint,
+                    timeout: .milliseconds(daemon.timeoutMs),
+                    retries: daemon.retries
+                )
+                let reply = try client.call(.status(requestID: 1))
+                guard case let .status(_, body) = reply, let status = DaemonStatus(reply) else {
+                    throw ClientError(code: .protocolViolation, "not a readable status: \(reply)")
+                }
+                try show((status, body))
+                answered += 1
+            } catch {
+                printError("\(Tool.commandName): \(endpoint): \(error)")
+            }
+        }
+        if answered == 0 { throw ExitCodes.unavailable }
+    }
+
+    private func show(_ answer: (status: DaemonStatus, body: [UInt8])) throws {
+        let (status, body) = answer
         if json {
             print(String(decoding: body, as: UTF8.self))
             return

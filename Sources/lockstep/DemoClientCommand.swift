@@ -47,11 +47,18 @@ struct DemoClientCommand: AsyncParsableCommand {
     @Option(help: "How many times a dispatch is sent again after a silence.")
     var retries = 5
 
-    @Option(help: "The daemon's command endpoint.")
-    var commandEndpoint = "ipc://.lockstep/run/command"
+    @Option(
+        name: .customLong("command-endpoint"),
+        help:
+            "The daemon's command endpoint (default ipc://.lockstep/run/command); once per daemon of a failover group."
+    )
+    var commandEndpoints: [String] = []
 
-    @Option(help: "The daemon's events endpoint.")
-    var eventsEndpoint = "ipc://.lockstep/run/events"
+    @Option(
+        name: .customLong("events-endpoint"),
+        help: "The daemon's events endpoint (default ipc://.lockstep/run/events); once per daemon, in the same order."
+    )
+    var eventsEndpoints: [String] = []
 
     @Flag(help: "Put each store's state in the final report.")
     var printState = false
@@ -63,6 +70,12 @@ struct DemoClientCommand: AsyncParsableCommand {
         guard actions >= 0 else { throw ValidationError("--actions must be 0 or more, got \(actions)") }
         guard (1...1_000).contains(concurrency) else { throw ValidationError("--concurrency must be 1...1000") }
         guard (10...60_000).contains(reportMs) else { throw ValidationError("--report-ms must be 10...60000") }
+        guard commandEndpoints.count == eventsEndpoints.count else {
+            throw ValidationError(
+                "give one --events-endpoint for each --command-endpoint, in the same order; got "
+                    + "\(commandEndpoints.count) command and \(eventsEndpoints.count) events endpoints"
+            )
+        }
     }
 
     func run() async throws {
@@ -76,8 +89,9 @@ struct DemoClientCommand: AsyncParsableCommand {
             eventsQueue: eventsQueue,
             timeoutMs: timeoutMs,
             retries: retries,
-            commandEndpoint: commandEndpoint,
-            eventsEndpoint: eventsEndpoint,
+            daemons: commandEndpoints.isEmpty
+                ? [DaemonEndpoints.defaults]
+                : zip(commandEndpoints, eventsEndpoints).map { DaemonEndpoints(command: $0, events: $1) },
             printState: printState,
             conflictCommands: conflictCommands
         )

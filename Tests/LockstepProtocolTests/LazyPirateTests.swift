@@ -62,6 +62,27 @@ import Testing
         #expect(describe(pirate.tick(now: start + .milliseconds(300))) == ["gave up 5 (e) after 1", "renew"])
     }
 
+    @Test func aRedirectSendsWhatIsInFlightAgainWithoutEndingATry() {
+        var pirate = LazyPirate<String>(settings)
+        _ = pirate.submit(status(1), "a", now: start)
+        _ = pirate.submit(status(2), "b", now: start + .milliseconds(500))
+        // A `not_leader` with another daemon left to ask: at once, on the owner's new socket.
+        #expect(describe(pirate.redirect(now: start + .seconds(1), pause: .zero)) == ["send 1", "send 2"])
+        #expect(pirate.nextDeadline == start + .seconds(2))
+        // With a pause: nothing now, both when it is over.
+        #expect(describe(pirate.redirect(now: start + .milliseconds(1_100), pause: .milliseconds(200))) == [])
+        #expect(pirate.nextDeadline == start + .milliseconds(1_300))
+        #expect(describe(pirate.tick(now: start + .milliseconds(1_200))) == [])
+        #expect(describe(pirate.tick(now: start + .milliseconds(1_300))) == ["send 1", "send 2"])
+        #expect(describe(pirate.tick(now: start + .milliseconds(1_400))) == [])
+        // The tries ran on meanwhile: request 1's first try ends at 2 s, as if nothing had been answered.
+        #expect(describe(pirate.tick(now: start + .seconds(2))) == ["renew", "send 1", "send 2"])
+        // A try's end during a pause sends at once, and the pause is over.
+        _ = pirate.redirect(now: start + .milliseconds(3_900), pause: .milliseconds(200))
+        #expect(describe(pirate.tick(now: start + .seconds(4))) == ["renew", "send 1", "send 2"])
+        #expect(describe(pirate.tick(now: start + .milliseconds(4_100))) == [])
+    }
+
     @Test func removeAllHandsBackEveryPayloadInIdOrder() {
         var pirate = LazyPirate<String>(settings)
         _ = pirate.submit(status(3), "c", now: start)

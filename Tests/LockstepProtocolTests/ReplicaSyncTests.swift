@@ -240,19 +240,56 @@ import Testing
         )
     }
 
-    @Test func silenceStartsOverAndUnansweredRequestsAreSentAgain() {
+    @Test func silenceKeepsTheStateAndAsksForTheLastEventHeld() {
         var sync = ReplicaSync(now: t0)
         _ = sync.start(now: t0)
         // Joining for the first time: nobody answers, so the request goes out again, but there is nothing
-        // to resync from.
+        // to keep or ask after.
         #expect(sync.tick(now: at(1_000)) == [])
-        #expect(sync.tick(now: at(2_500)) == [.requestSnapshot])
-        #expect(sync.tick(now: at(5_000)) == [.requestSnapshot])
+        #expect(sync.tick(now: at(2_500)) == [.requestUnanswered, .requestSnapshot])
+        #expect(sync.tick(now: at(5_000)) == [.requestUnanswered, .requestSnapshot])
         _ = sync.snapshot(epoch: epoch, seq: 3, digest: digest, state: [], now: at(5_000))
         #expect(sync.heartbeat(epoch: epoch, lastSeq: 3, now: at(6_000)) == [])
         #expect(sync.tick(now: at(8_900)) == [])
-        #expect(sync.tick(now: at(9_100)) == [.resync(.silence(.milliseconds(3_100))), .requestSnapshot])
-        #expect(sync.lastSeq == 0)
+        // Silent: the state stays; the last event held is asked for (a failover's new leader answers it).
+        #expect(sync.tick(now: at(9_100)) == [.silent(.milliseconds(3_100)), .requestRange(from: 3, to: 3)])
+        #expect((sync.lastSeq, sync.epoch, sync.resyncCount) == (3, epoch, 0))
+        // Unanswered: asked again (the owner moves to another daemon first); silent again, it is still out.
+        #expect(sync.tick(now: at(11_200)) == [.requestUnanswered, .requestRange(from: 3, to: 3)])
+        #expect(sync.tick(now: at(12_300)) == [.silent(.milliseconds(3_200))])
+        // The answer holds seq 3 of the same epoch: nothing to apply, nothing lost; later events go on from it.
+        #expect(sync.range(epoch: epoch, firstSeq: 3, actions: [action(3)], now: at(12_400)) == [])
+        #expect(sync.phase == .live)
+        #expect(sync.event(epoch: epoch, seq: 6, action: action(6), now: at(12_500)) == [.requestRange(from: 4, to: 5)])
+        #expect(sync.resyncCount == 0)
+    }
+
+    @Test func aSilenceThatEndsInAnotherHistoryStartsOver() {
+        // The daemon that answers lost the last event held (`invalid_range`)...
+        var shorter = live(at: 7)
+        #expect(shorter.tick(now: at(3_100)) == [.silent(.milliseconds(3_100)), .requestRange(from: 7, to: 7)])
+        #expect(shorter.rangeRefused(now: at(3_200)) == [.resync(.historyShorter(from: 7)), .requestSnapshot])
+        // ...or runs another journal.
+        var other = live(at: 7)
+        _ = other.tick(now: at(3_100))
+        #expect(
+            other.range(epoch: newEpoch, firstSeq: 7, actions: [action(7)], now: at(3_200))
+                == [.resync(.newEpoch(old: epoch, new: newEpoch)), .requestSnapshot]
+        )
+        // At seq 0 there is no event to ask after: a snapshot is asked for, and the state kept until it comes.
+        var empty = live(at: 0)
+        #expect(empty.tick(now: at(3_100)) == [.silent(.milliseconds(3_100)), .requestSnapshot])
+        #expect(empty.epoch == epoch)
+    }
+
+    @Test func aLostRequestIsSentAgainWhenTheOwnerChangesSockets() {
+        var sync = live(at: 1)
+        #expect(sync.resendRequest(now: t0) == [])
+        _ = sync.event(epoch: epoch, seq: 4, action: action(4), now: t0)
+        #expect(sync.resendRequest(now: at(100)) == [.requestRange(from: 2, to: 3)])
+        // Its timeout counts from the resend.
+        #expect(sync.tick(now: at(2_000)) == [])
+        #expect(sync.tick(now: at(2_200)) == [.requestUnanswered, .requestRange(from: 2, to: 3)])
     }
 
     @Test func whatAnOldEpochSaidIsForgottenWithItsSnapshot() {
@@ -277,14 +314,15 @@ import Testing
         // What it missed arrives as a gap, repaired by range, not by starting over.
         #expect(sync.event(epoch: epoch, seq: 9, action: action(9), now: at(10_200)) == [.requestRange(from: 4, to: 8)])
         #expect(sync.resyncCount == 0)
-        // A daemon that stays silent after that is still caught.
-        #expect(sync.tick(now: at(13_300)) == [.resync(.silence(.milliseconds(3_100))), .requestSnapshot])
+        // A daemon that stays silent after that is still noticed (the range asked for is out already).
+        #expect(sync.tick(now: at(12_300)) == [.requestUnanswered, .requestRange(from: 4, to: 8)])
+        #expect(sync.tick(now: at(13_300)) == [.silent(.milliseconds(3_100))])
     }
 
     @Test func unansweredRangeIsSentAgain() {
         var sync = live(at: 1)
         #expect(sync.event(epoch: epoch, seq: 4, action: action(4), now: t0) == [.requestRange(from: 2, to: 3)])
-        #expect(sync.tick(now: at(2_100)) == [.requestRange(from: 2, to: 3)])
+        #expect(sync.tick(now: at(2_100)) == [.requestUnanswered, .requestRange(from: 2, to: 3)])
     }
 
     @Test func repliesNobodyAskedForAreIgnored() {

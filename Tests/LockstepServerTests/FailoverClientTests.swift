@@ -1,0 +1,105 @@
+import Foundation
+import Lockstep
+import LockstepClient
+import LockstepExamples
+import LockstepProtocol
+import LockstepTesting
+import TestSupport
+import Testing
+import ZeroMQ
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Clients given every daemon of the pair find the leader by asking and follow it across a takeover (#21 step 3):
+/// a `Replica` in this process, a `CommandClient`, and a `lockstep demo-client` process that only watches. The
+/// standby comes first in every list, so each must be refused `not_leader` before it finds the leader.
+extension FailoverProcessTests {
+    @Test func clientsGivenBothDaemonsFollowTheLeaderAcrossAKill() async throws {
+        let pair = try Pair()
+        let a = try pair.daemon(0)
+        try await a.waitUntilServing()
+        let b = try pair.daemon(1)
+        try #require(try await status(b, role: "standby", within: .seconds(20)) != nil, "log:\n\(b.output)")
+        let daemons = [b, a].map { DaemonEndpoints(command: $0.command, events: $0.events) }
+        var configuration = ReplicaConfiguration(daemons: daemons)
+        configuration.requestTimeout = .seconds(1)
+        // Enough tries to outlast a takeover (the 3 s lease and a recovery) on a loaded machine.
+        configuration.retries = 20
+        configuration.readYourWritesTimeout = .seconds(60)
+        let replica = try Replica(Counter.self, configuration: configuration)
+        let watcher = try ReplicaClient(
+            lockstep: productURL("lockstep"),
+            daemons: daemons.map { ($0.command, $0.events) },
+            stores: ["counter"],
+            actions: 0
+        )
+        defer { watcher.child.kill() }
+        let client = CommandClient(
+            context: try Context(),
+            endpoints: daemons.map(\.command),
+            timeout: .seconds(1),
+            retries: 20
+        )
+        let clientID = ClientID.random()
+        /// Increment number `number` through the command client: its seq, or `nil` with an issue recorded.
+        func increment(_ number: UInt64) throws -> SequenceNumber? {
+            let reply = try client.call(
+                .dispatch(
+                    DispatchRequest(
+                        requestID: number,
+                        domainVersion: Counter.version,
+                        clientID: clientID,
+                        store: try StoreName("counter"),
+                        actions: [Array(#"{"increment":{}}"#.utf8)]
+                    )
+                )
+            )
+            guard case let .accepted(_, _, seq, _) = reply else {
+                Issue.record("increment \(number) was answered \(reply)")
+                return nil
+            }
+            return seq
+        }
+
+        try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await replica.run() }
+            try await replica.waitUntilLive(timeout: .seconds(60))
+            for _ in 1...5 { try await replica.dispatch(.increment) }
+            for number: UInt64 in 1...5 { _ = try increment(number) }
+            #expect(client.endpoint == a.command, "the command client did not settle on the leader")
+            let before = try #require(
+                try await eventually(within: .seconds(30)) { replica.seq == 10 } ? replica.seq : nil
+            )
+
+            let killed = ContinuousClock.now
+            a.kill()
+            // The replica's dispatch waits out a's silence and b's `not_leader` until b leads, with one key.
+            let seq = try await replica.dispatch(.increment)
+            print("failover: a replica's dispatch was applied \(ContinuousClock.now - killed) after the leader's kill")
+            #expect(seq == before + 1)
+            for number: UInt64 in 6...10 { _ = try increment(number) }
+            #expect(client.endpoint == b.command)
+            // The replica goes on from its seq: the same epoch, no resync.
+            let caughtUp = try await eventually(within: .seconds(30)) { replica.seq == 16 }
+            #expect(caughtUp, "the replica is at seq \(replica.seq), status \(replica.status)")
+            #expect(replica.confirmedState.count == 16)
+            #expect(replica.status.resyncs == 0, "\(replica.status)")
+            group.cancelAll()
+            try await group.waitForAll()
+        }
+
+        // Every increment once, at one seq, in the history b continued.
+        let events = try pair.journalEvents()
+        #expect(events.map(\.seq) == Array(1...16))
+        let fromClient = events.filter { $0.client == clientID.bytes }.map(\.requestNumber)
+        #expect(fromClient == Array(1...10))
+        // The watcher followed b without starting over.
+        let expected = try b.digests(of: ["counter"]).mapValues { ($0.seq, "\($0.digest)") }
+        #expect(watcher.converge(on: expected, within: .seconds(30)), "\(String(describing: watcher.last))")
+        #expect(watcher.store("counter")?.resyncs == 0, "\(String(describing: watcher.last))")
+        #expect(try watcher.stop().status == 0)
+        #expect(await b.stop() == 0)
+    }
+}

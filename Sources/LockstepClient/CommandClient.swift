@@ -1,3 +1,4 @@
+import Foundation
 import Lockstep
 import LockstepProtocol
 import ZeroMQ
@@ -235,8 +236,12 @@ public final class CommandClient {
 
     /// The next message on the socket, waiting until `deadline` at most.
     private func receive(until deadline: ContinuousClock.Instant) -> [[UInt8]]? {
-        guard let socket else { return nil }
         let wait = max(.zero, deadline - .now)
+        guard let socket else {
+            // No socket while a redirect's pause runs: nothing can arrive before the deadline.
+            Thread.sleep(forTimeInterval: Double(wait / .microseconds(1)) / 1_000_000)
+            return nil
+        }
         guard let ready = try? Poller([.socket(socket, .readable)]).poll(timeout: wait), ready[0].contains(.readable)
         else { return nil }
         return try? socket.receive(wait: false)

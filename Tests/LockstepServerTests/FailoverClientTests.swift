@@ -75,12 +75,14 @@ extension FailoverProcessTests {
 
             let killed = ContinuousClock.now
             a.kill()
-            // The replica's dispatch waits out a's silence and b's `not_leader` until b leads, with one key.
+            // Each waits out a's silence and b's `not_leader` (asked again every 200 ms) until b leads, with one key.
+            let first = try increment(6)
+            print("failover: a command client's dispatch was answered \(ContinuousClock.now - killed) after the kill")
+            #expect(client.endpoint == b.command)
             let seq = try await replica.dispatch(.increment)
             print("failover: a replica's dispatch was applied \(ContinuousClock.now - killed) after the leader's kill")
-            #expect(seq == before + 1)
-            for number: UInt64 in 6...10 { _ = try increment(number) }
-            #expect(client.endpoint == b.command)
+            #expect(first == before + 1 && seq == before + 2)
+            for number: UInt64 in 7...10 { _ = try increment(number) }
             // The replica goes on from its seq: the same epoch, no resync.
             let caughtUp = try await eventually(within: .seconds(30)) { replica.seq == 16 }
             #expect(caughtUp, "the replica is at seq \(replica.seq), status \(replica.status)")

@@ -2,6 +2,9 @@
 
 - `Dispatcher`: REQ (or DEALER) requests with a timeout; a silent daemon is asked again on a fresh socket
   with the same request id (the idempotency key), a bounded number of times ("Idempotency").
+  Given every daemon of a failover group, it finds the leader by asking (`LeaderSearch`, docs/protocol.md
+  "Failover"): a silence moves to the next daemon, ERROR `not_leader` at once, ending no try; when every daemon
+  that answers said `not_leader`, they are asked again after 200 ms.
 - `Replica`: the replica procedure of docs/protocol.md ("The replica procedure"), on its own thread with a
   SUB and a DEALER socket: subscribe first, keep events, SNAPSHOT, drop kept events <= its seq, apply in
   order, repair gaps by RANGE (asking again when a reply ends short; COMPACTED -> SNAPSHOT), heartbeats
@@ -28,21 +31,93 @@ log.addHandler(logging.NullHandler())  # quiet unless the application configures
 
 
 class NoReply(Exception):
-    """Every try of a request went unanswered."""
+    """Every try of a request went unanswered (or, with several daemons, was refused `not_leader`)."""
+
+
+LEADER_PAUSE = 0.2  # seconds: how long to wait when every daemon that answers said not_leader
+
+
+class LeaderSearch:
+    """Which daemon of a failover group requests go to, and where they go next (docs/protocol.md, "Failover").
+
+    No socket and no clock: the owner tells it what happened. A silence (a request's timeout passed) moves to the
+    next daemon; `not_leader` moves at once to the next daemon that has neither said `not_leader` nor gone silent
+    since a leader last answered; when every daemon that answers has said `not_leader`, they are asked again after
+    `LEADER_PAUSE`, from the next one on. A daemon that went silent is asked again in turn after the next timeout, so
+    one that comes back is found. With one endpoint the search stays on it.
+    """
+
+    def __init__(self, endpoints: List[str]):
+        if not endpoints:
+            raise ValueError("a leader search needs at least one endpoint; got an empty list")
+        self.endpoints = list(endpoints)
+        self.current = 0
+        self._silent: set = set()  # let a timeout pass, without a word, since a leader last answered
+        self._standing_by: set = set()  # said not_leader since a leader last answered: alive
+        self._refusing: set = set()  # said not_leader in this pass
+
+    @property
+    def endpoint(self) -> str:
+        return self.endpoints[self.current]
+
+    def answered(self) -> None:
+        """The current daemon answered with anything but `not_leader`: it leads (or serves alone)."""
+        self._silent.clear()
+        self._standing_by.clear()
+        self._refusing.clear()
+
+    def timed_out(self) -> None:
+        """The current daemon let a request's timeout pass: requests go to the next one."""
+        if self.current not in self._standing_by:
+            self._silent.add(self.current)
+        self.current = (self.current + 1) % len(self.endpoints)
+
+    def not_leader(self) -> float:
+        """The current daemon answered `not_leader`: requests go to the next that may lead. Returns how long to wait
+        before sending there: 0 while a daemon not asked in this pass is left, `LEADER_PAUSE` when every daemon that
+        answers has said `not_leader`."""
+        count = len(self.endpoints)
+        self._refusing.add(self.current)
+        self._standing_by.add(self.current)
+        self._silent.discard(self.current)
+        others = [(self.current + step) % count for step in range(1, count + 1)]  # the current one last
+        for index in others:
+            if index not in self._refusing and index not in self._silent:
+                self.current = index
+                return 0.0
+        self._refusing.clear()
+        # The current one is not silent, so there is always one.
+        self.current = next(index for index in others if index not in self._silent)
+        return LEADER_PAUSE
+
+
+def endpoint_list(endpoints, what: str) -> List[str]:
+    """One endpoint (a str) or several (a list or tuple of str), as a list; a clear error for anything else."""
+    if isinstance(endpoints, str):
+        return [endpoints]
+    endpoints = list(endpoints)
+    if not endpoints or not all(isinstance(e, str) and e for e in endpoints):
+        raise ValueError(f"{what}: give one endpoint or a list of endpoints (non-empty strings); got {endpoints!r}")
+    return endpoints
 
 
 class Dispatcher:
     """Sends requests and waits for their replies, Lazy Pirate style.
 
     Each dispatch gets a new request number (1, 2, 3, … per client id); a retry after a silence uses the
-    same one, so the daemon applies the dispatch at most once. An ERROR `unavailable` or `not_leader` (a standby,
-    which may take over) is retried later with the same key too (the spec: "retry later with the same key"),
-    `unavailable_retries` times.
+    same one, so the daemon applies the dispatch at most once. An ERROR `unavailable` is retried later with the
+    same key too (the spec: "retry later with the same key"), `unavailable_retries` times.
+
+    `endpoints` is one daemon's command endpoint or the command endpoints of every daemon of a failover group.
+    With several, the leader is found by asking (`LeaderSearch`): a silence or an ERROR `not_leader` moves the
+    request to the next daemon on a fresh socket, with the same request id; a `not_leader` ends no try, so a
+    request is given up after `retries` + 1 timeouts, as with one daemon. With one, `not_leader` (a lone standby,
+    which may take over) is retried later like `unavailable`.
     """
 
     def __init__(
         self,
-        endpoint: str,
+        endpoints,
         context: Optional[zmq.Context] = None,
         client_id: Optional[bytes] = None,
         timeout: float = 2.0,
@@ -50,7 +125,7 @@ class Dispatcher:
         socket_type: int = zmq.REQ,
         unavailable_retries: int = 5,
     ):
-        self.endpoint = endpoint
+        self.search = LeaderSearch(endpoint_list(endpoints, "Dispatcher"))
         self.context = context or zmq.Context.instance()
         self.client_id = client_id or os.urandom(wire.CLIENT_ID_BYTES)
         self.timeout = timeout
@@ -61,6 +136,16 @@ class Dispatcher:
         self.socket: Optional[zmq.Socket] = None
         self.resends = 0  # requests sent again after a silence
         self.sockets_opened = 0
+        self.refusals = 0  # ERROR not_leader answers that moved a request to another daemon
+
+    @property
+    def endpoint(self) -> str:
+        """The command endpoint requests go to now."""
+        return self.search.endpoint
+
+    @property
+    def endpoints(self) -> List[str]:
+        return self.search.endpoints
 
     def close(self) -> None:
         if self.socket is not None:
@@ -86,13 +171,19 @@ class Dispatcher:
         self.next_request_id += 1
         return request_id
 
+    def _send(self, body: List[bytes]) -> zmq.Socket:
+        sock = self._open()
+        sock.send_multipart(([b""] if self.socket_type == zmq.DEALER else []) + body)
+        return sock
+
     def call_frames(self, body: List[bytes], request_id: int) -> wire.Reply:
         """Sends a request body and returns the decoded reply to it (or raises NoReply)."""
+        several = len(self.endpoints) > 1
+        refusal: Optional[wire.Error] = None
         for attempt in range(self.retries + 1):
             if attempt:
                 self.resends += 1
-            sock = self._open()
-            sock.send_multipart(([b""] if self.socket_type == zmq.DEALER else []) + body)
+            sock = self._send(body)
             deadline = time.monotonic() + self.timeout
             while True:
                 left = deadline - time.monotonic()
@@ -104,12 +195,37 @@ class Dispatcher:
                         raise wire.WireError(wire.MALFORMED, "a DEALER reply must start with an empty frame")
                     frames = frames[1:]
                 reply = wire.decode_reply(frames)
-                if reply.request_id in (request_id, 0):
-                    return reply
-                # A late reply to an earlier request (DEALER only): not ours.
-            # Silence: this socket may hold a lost request; a REQ cannot send again. Start afresh.
+                if reply.request_id not in (request_id, 0):
+                    continue  # a late reply to an earlier request (DEALER only): not ours
+                if several and isinstance(reply, wire.Error) and reply.code == wire.NOT_LEADER:
+                    # A standby: nothing applied. The request goes on at the next daemon that may lead, in this
+                    # try (a not_leader ends no try), after a pause when every daemon that answers refused.
+                    refusal = reply
+                    self.refusals += 1
+                    pause = self.search.not_leader()
+                    self.close()
+                    if pause > 0:
+                        time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
+                        if time.monotonic() >= deadline:
+                            break
+                    sock = self._send(body)
+                    continue
+                self.search.answered()
+                return reply
+            # Silence: this socket may hold a lost request; a REQ cannot send again. Start afresh, at the next
+            # daemon when there are several.
+            self.search.timed_out()
             self.close()
-        raise NoReply(f"no reply from {self.endpoint} after {self.retries + 1} tries of {self.timeout} s")
+        tries = f"{self.retries + 1} tries of {self.timeout} s"
+        if not several:
+            raise NoReply(f"no reply from {self.endpoint} after {tries}; is the daemon running, and is the endpoint "
+                          f"right?")
+        daemons = ", ".join(self.endpoints)
+        if refusal is None:
+            raise NoReply(f"no reply from any of the daemons at {daemons} after {tries}; are they running, and are "
+                          f"the endpoints right?")
+        raise NoReply(f"no daemon at {daemons} would lead after {tries} (the last said: {refusal.reason}); is a "
+                      f"leader running, and can the standbys reach the journal's database to take over?")
 
     def call(self, request: wire.Request) -> wire.Reply:
         return self.call_frames(wire.encode_request(request), request.request_id)
@@ -128,6 +244,7 @@ class Dispatcher:
         delay = 0.05
         for attempt in range(self.unavailable_retries + 1):
             reply = self.call(request)
+            # With several daemons call() has followed not_leader itself; with one, a standby may take over.
             if not (isinstance(reply, wire.Error) and reply.code in (wire.UNAVAILABLE, wire.NOT_LEADER)):
                 return reply
             if attempt < self.unavailable_retries:
@@ -142,9 +259,10 @@ class Dispatcher:
         return self.call(wire.RangeRequest(self.new_request_id(), store, from_seq, to_seq))
 
     def status(self) -> Dict[str, Any]:
+        """The STATUS of the daemon requests go to now (a standby answers STATUS too, with role standby)."""
         reply = self.call(wire.StatusRequest(self.new_request_id()))
         if not isinstance(reply, wire.Status):
-            raise AssertionError(f"STATUS answered with {reply}")
+            raise AssertionError(f"STATUS to {self.endpoint} answered with {reply}")
         return reply.json
 
 

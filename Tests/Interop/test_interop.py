@@ -24,7 +24,7 @@ if HERE not in sys.path:
 import zmq  # noqa: E402
 
 import lockstep_wire as wire  # noqa: E402
-from client import Dispatcher, Replica  # noqa: E402
+from client import LEADER_PAUSE, Dispatcher, LeaderSearch, Replica  # noqa: E402
 from domains import Counter, Todos, Undecodable, run as run_domain  # noqa: E402
 from harness import Daemon, TempRoot, binary, spawn  # noqa: E402
 
@@ -647,6 +647,59 @@ class SilenceTest(DaemonTest):
         status, _ = self.assert_replica_matches_daemon(replica, "counter")
         self.assertEqual((status.epoch, status.seq), (epoch, 1))
         self.assertEqual(self.daemon.store_status("counter")["seq"], 1)
+
+
+# ------------------------------------------------------------------------------------------------------
+# Failover: several daemons on one PostgreSQL journal (docs/protocol.md, "Failover")
+
+
+class LeaderSearchTest(unittest.TestCase):
+    """Where a client of a failover group sends next, step by step (the cases of Swift's LeaderSearchTests)."""
+
+    def test_a_silent_leader_sends_the_client_to_the_next_daemon(self):
+        search = LeaderSearch(["a", "b", "c"])
+        self.assertEqual(search.endpoint, "a")
+        search.timed_out()
+        self.assertEqual(search.endpoint, "b")
+        search.timed_out()
+        search.timed_out()
+        self.assertEqual(search.endpoint, "a", "every daemon is asked again in turn")
+
+    def test_standbys_are_skipped_at_once_then_asked_again_after_a_pause(self):
+        search = LeaderSearch(["a", "b", "c"])
+        self.assertEqual((search.not_leader(), search.endpoint), (0, "b"))
+        self.assertEqual((search.not_leader(), search.endpoint), (0, "c"))
+        # All three stand by (a takeover is under way): from the next one on, after a pause.
+        self.assertEqual((search.not_leader(), search.endpoint), (LEADER_PAUSE, "a"))
+        self.assertEqual((search.not_leader(), search.endpoint), (0, "b"))
+        # b leads now: what was learnt is forgotten, so a later refusal moves on at once.
+        search.answered()
+        self.assertEqual((search.not_leader(), search.endpoint), (0, "c"))
+
+    def test_a_daemon_that_went_silent_is_not_asked_until_the_next_timeout(self):
+        search = LeaderSearch(["a", "b"])  # a (the leader) was killed; b stands by until it takes the lease
+        search.timed_out()
+        self.assertEqual(search.endpoint, "b")
+        # b says not_leader: a is silent, so b is asked again after a pause, not the dead a at once.
+        self.assertEqual((search.not_leader(), search.endpoint), (LEADER_PAUSE, "b"))
+        self.assertEqual((search.not_leader(), search.endpoint), (LEADER_PAUSE, "b"))
+        # A request's timeout while at b sends the client to a again: a daemon that came back is found.
+        search.timed_out()
+        self.assertEqual(search.endpoint, "a")
+        # a came back as a standby: b, no longer silent, is next, at once.
+        self.assertEqual((search.not_leader(), search.endpoint), (0, "b"))
+
+    def test_a_single_daemon_is_always_the_one_asked(self):
+        search = LeaderSearch(["a"])
+        search.timed_out()
+        self.assertEqual(search.endpoint, "a")
+        self.assertEqual((search.not_leader(), search.endpoint), (LEADER_PAUSE, "a"))
+
+    def test_bad_endpoint_lists_are_refused_by_name(self):
+        for bad in ([], [""], [("ipc://x/command", "ipc://x/events")]):
+            with self.subTest(bad):
+                with self.assertRaisesRegex(ValueError, "Dispatcher: give one endpoint or a list"):
+                    Dispatcher(bad)
 
 
 # ------------------------------------------------------------------------------------------------------

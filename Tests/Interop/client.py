@@ -2,14 +2,17 @@
 
 - `Dispatcher`: REQ (or DEALER) requests with a timeout; a silent daemon is asked again on a fresh socket
   with the same request id (the idempotency key), a bounded number of times ("Idempotency").
-  Given every daemon of a failover group, it finds the leader by asking (`LeaderSearch`, docs/protocol.md
-  "Failover"): a silence moves to the next daemon, ERROR `not_leader` at once, ending no try; when every daemon
-  that answers said `not_leader`, they are asked again after 200 ms.
 - `Replica`: the replica procedure of docs/protocol.md ("The replica procedure"), on its own thread with a
   SUB and a DEALER socket: subscribe first, keep events, SNAPSHOT, drop kept events <= its seq, apply in
   order, repair gaps by RANGE (asking again when a reply ends short; COMPACTED -> SNAPSHOT), heartbeats
-  (a gap up to the heartbeat's seq; silence for 3 intervals -> resync), digests (compare; a mismatch ->
-  report and resync), a new epoch -> resync. `drop_next_events(n)` loses events on purpose, to force a gap.
+  (a gap up to the heartbeat's seq), digests (compare; a mismatch -> report and resync), a new epoch -> resync.
+  Silence for 3 heartbeat intervals is no resync: the replica keeps its state, says it is disconnected, and asks
+  for the last event it holds (RANGE last..last, SNAPSHOT at seq 0); another epoch or `invalid_range` in the
+  answer resyncs. `drop_next_events(n)` loses events on purpose, to force a gap.
+- `LeaderSearch`: both take one daemon or every daemon of a failover group (docs/protocol.md, "Failover"). The
+  replica subscribes to every daemon's events; requests go to one daemon at a time, and move to the next on a
+  silence, or at once on ERROR `not_leader`, which ends no try; when every daemon that answers said `not_leader`,
+  they are asked again after 200 ms.
 """
 
 from __future__ import annotations
@@ -282,16 +285,40 @@ class ReplicaStatus:
     problems: List[str]
     errors: List[str]
     dropped: int
+    disconnected: bool  # nothing heard for the silence limit, and nothing since
+    silences: int  # times the silence limit passed
+    probes: int  # silences that sent a request for the last event held (none was out)
+    moves: List[tuple]  # (from endpoint, to endpoint, why): the command socket moved to another daemon
+    endpoint: str  # the command endpoint requests go to now
+
+
+def daemon_list(daemons) -> List[tuple]:
+    """One daemon's (command, events) endpoints, or a list of them, as a list of pairs; a clear error otherwise."""
+    if isinstance(daemons, tuple) and len(daemons) == 2 and all(isinstance(e, str) for e in daemons):
+        return [daemons]
+    daemons = list(daemons)
+    if not daemons or not all(
+        isinstance(d, (tuple, list)) and len(d) == 2 and all(isinstance(e, str) and e for e in d) for d in daemons
+    ):
+        raise ValueError(
+            f"Replica: give one daemon's (command endpoint, events endpoint) or a list of such pairs; got {daemons!r}"
+        )
+    return [tuple(d) for d in daemons]
 
 
 class Replica:
-    """A copy of one store, kept by the replica procedure of docs/protocol.md."""
+    """A copy of one store, kept by the replica procedure of docs/protocol.md.
+
+    `daemons` is one daemon's (command endpoint, events endpoint), or a list of them: every daemon of a failover
+    group. The SUB socket connects to every events endpoint (only the leader publishes); the DEALER to the command
+    endpoint `LeaderSearch` points at, moving on a request's timeout, or on ERROR `not_leader` when there are
+    several daemons.
+    """
 
     def __init__(
         self,
         domain: Domain,
-        command_endpoint: str,
-        events_endpoint: str,
+        daemons,
         context: Optional[zmq.Context] = None,
         heartbeat_interval: float = 1.0,
         request_timeout: float = 2.0,
@@ -300,8 +327,9 @@ class Replica:
     ):
         self.domain = domain
         self.store = domain.name
-        self.command_endpoint = command_endpoint
-        self.events_endpoint = events_endpoint
+        self.daemons = daemon_list(daemons)
+        self.search = LeaderSearch([command for command, _ in self.daemons])
+        self.events_endpoints = [events for _, events in self.daemons]
         self.context = context or zmq.Context.instance()
         self.heartbeat_interval = heartbeat_interval
         self.silence_limit = 3 * heartbeat_interval
@@ -325,6 +353,10 @@ class Replica:
         self.repairs = 0
         self.snapshots = 0
         self.compacted = 0
+        self.disconnected = False
+        self.silences = 0
+        self.probes = 0
+        self.moves: List[tuple] = []
         self.log: Dict[int, bytes] = {}
         self._divergence_streak = 0
         self._last_divergence: Optional[float] = None
@@ -385,6 +417,11 @@ class Replica:
                 problems=list(self.problems),
                 errors=list(self.errors),
                 dropped=self.dropped,
+                disconnected=self.disconnected,
+                silences=self.silences,
+                probes=self.probes,
+                moves=list(self.moves),
+                endpoint=self.search.endpoint,
             )
 
     def wait_for(self, predicate: Callable[[ReplicaStatus], bool], timeout: float) -> ReplicaStatus:
@@ -398,7 +435,9 @@ class Replica:
             time.sleep(0.01)
 
     def wait_until_at(self, epoch: int, seq: int, timeout: float = 10.0) -> ReplicaStatus:
-        return self.wait_for(lambda s: s.phase == "live" and s.epoch == epoch and s.seq == seq, timeout)
+        return self.wait_for(
+            lambda s: s.phase == "live" and not s.disconnected and s.epoch == epoch and s.seq == seq, timeout
+        )
 
     # -- the thread ----------------------------------------------------------------------------------
 
@@ -408,7 +447,8 @@ class Replica:
             self.events.setsockopt(zmq.LINGER, 0)
             # Join, step 1: subscribe to the store's exact topic before anything else.
             self.events.setsockopt(zmq.SUBSCRIBE, wire.topic(self.store))
-            self.events.connect(self.events_endpoint)
+            for endpoint in self.events_endpoints:  # only the leader publishes
+                self.events.connect(endpoint)
             self.commands: Optional[zmq.Socket] = None
             self._fresh_command_socket()
             with self.lock:
@@ -438,11 +478,28 @@ class Replica:
                     sock.close(linger=0)
 
     def _fresh_command_socket(self) -> None:
+        """Lazy Pirate: a socket whose peer went silent may hold lost requests; start a fresh one, to the daemon
+        the search points at now."""
         if self.commands is not None:
             self.commands.close(linger=0)
         self.commands = self.context.socket(zmq.DEALER)
         self.commands.setsockopt(zmq.LINGER, 0)
-        self.commands.connect(self.command_endpoint)
+        self.commands.connect(self.search.endpoint)
+
+    def _move_on(self, why: str, now: float) -> float:
+        """Requests go to the next daemon (a timeout, or not_leader) on a fresh socket; returns how long to wait
+        before sending there (LeaderSearch's pause)."""
+        before = self.search.endpoint
+        if why == "not_leader":
+            pause = self.search.not_leader()
+        else:
+            self.search.timed_out()
+            pause = 0.0
+        self._fresh_command_socket()
+        if self.search.endpoint != before:
+            log.info("%s: sending to %s instead of %s (%s)", self.name, self.search.endpoint, before, why)
+            self.moves.append((before, self.search.endpoint, why))
+        return pause
 
     def _read_events(self) -> None:
         for _ in range(10_000):
@@ -460,6 +517,7 @@ class Replica:
                 continue
             with self.lock:
                 now = time.monotonic()
+                self.disconnected = False
                 if isinstance(message, wire.Event):
                     if self._drop_events > 0:
                         self._drop_events -= 1
@@ -490,6 +548,17 @@ class Replica:
                 if awaiting is None or reply.request_id != awaiting["request_id"]:
                     continue  # the answer to a request given up on
                 now = time.monotonic()
+                if (
+                    isinstance(reply, wire.Error)
+                    and reply.code == wire.NOT_LEADER
+                    and len(self.search.endpoints) > 1
+                ):
+                    # A standby: nothing was applied; the request goes on at the next daemon that may lead. A
+                    # standby's word says nothing of the store: the replica stays disconnected if it was.
+                    self._retry_later(awaiting, now, self._move_on("not_leader", now))
+                    continue
+                self.search.answered()
+                self.disconnected = False
                 self.awaiting = None
                 self.last_heard = now
                 if isinstance(reply, wire.Snapshot) and awaiting["kind"] == "snapshot":
@@ -539,13 +608,24 @@ class Replica:
         self.awaiting = {"kind": "snapshot", "request_id": request.request_id, "sent": now}
         self._send(request)
 
-    def _request_range(self, from_seq: int, to_seq: int, now: float) -> None:
+    def _request_range(self, from_seq: int, to_seq: int, now: float, probe: bool = False) -> None:
+        """RANGE from_seq..to_seq: a repair, or (`probe`) after a silence, the last event held, which leaves the
+        phase as it is (events that come meanwhile apply as usual)."""
         self.retry = None
-        self.phase = "repairing"
-        self.repairs += 1
+        if not probe:
+            self.phase = "repairing"
+            self.repairs += 1
         request = wire.RangeRequest(self._new_request_id(), self.store, from_seq, to_seq)
-        self.awaiting = {"kind": "range", "request_id": request.request_id, "sent": now, "from": from_seq, "to": to_seq}
+        self.awaiting = {"kind": "range", "request_id": request.request_id, "sent": now, "from": from_seq,
+                         "to": to_seq, "probe": probe}
         self._send(request)
+
+    def _request_again(self, request: dict, now: float) -> None:
+        """Sends a request of the kind described again (a new request id: SNAPSHOT and RANGE change nothing)."""
+        if request["kind"] == "snapshot":
+            self._request_snapshot(now)
+        else:
+            self._request_range(request["from"], request["to"], now, probe=request.get("probe", False))
 
     def _retry_later(self, awaiting: dict, now: float, delay: float) -> None:
         self.awaiting = None
@@ -778,20 +858,29 @@ class Replica:
             if now < when:
                 return
             self.retry = None
-            if request["kind"] == "snapshot":
-                self._request_snapshot(now)
-            else:
-                self._request_range(request["from"], request["to"], now)
+            self._request_again(request, now)
             return
-        # Silence: nothing from the store for 3 heartbeat intervals.
-        if self.epoch is not None and now - self.last_heard > self.silence_limit:
-            self._resync(f"silence: nothing heard for {now - self.last_heard:.2f} s", now)
+        # Silence: nothing from the store for 3 heartbeat intervals. The daemon is down, paused, or a failover is
+        # under way: keep the state, and ask after the last event held unless a request is out already. The
+        # answer's epoch (or invalid_range) tells whether the history that answers still holds it.
+        silence = now - self.last_heard
+        if self.epoch is not None and silence > self.silence_limit:
+            self.last_heard = now
+            self.silences += 1
+            if not self.disconnected:
+                log.warning("%s: nothing heard for %.2f s; keeping the state at seq %d and asking after it",
+                            self.name, silence, self.last)
+            self.disconnected = True
+            if self.awaiting is None:
+                self.probes += 1
+                if self.last > 0:
+                    self._request_range(self.last, self.last, now, probe=True)
+                else:
+                    self._request_snapshot(now)
             return
-        # A SNAPSHOT or RANGE unanswered within the timeout is sent again on a fresh socket.
+        # A SNAPSHOT or RANGE unanswered within the timeout is sent again on a fresh socket, to the next daemon
+        # when there are several.
         if self.awaiting is not None and now - self.awaiting["sent"] > self.request_timeout:
             awaiting = self.awaiting
-            self._fresh_command_socket()
-            if awaiting["kind"] == "snapshot":
-                self._request_snapshot(now)
-            else:
-                self._request_range(awaiting["from"], awaiting["to"], now)
+            self._move_on("no answer in time", now)
+            self._request_again(awaiting, now)

@@ -5,8 +5,14 @@
 - `Replica`: the replica procedure of docs/protocol.md ("The replica procedure"), on its own thread with a
   SUB and a DEALER socket: subscribe first, keep events, SNAPSHOT, drop kept events <= its seq, apply in
   order, repair gaps by RANGE (asking again when a reply ends short; COMPACTED -> SNAPSHOT), heartbeats
-  (a gap up to the heartbeat's seq; silence for 3 intervals -> resync), digests (compare; a mismatch ->
-  report and resync), a new epoch -> resync. `drop_next_events(n)` loses events on purpose, to force a gap.
+  (a gap up to the heartbeat's seq), digests (compare; a mismatch -> report and resync), a new epoch -> resync.
+  Silence for 3 heartbeat intervals is no resync: the replica keeps its state, says it is disconnected, and asks
+  for the last event it holds (RANGE last..last, SNAPSHOT at seq 0); another epoch or `invalid_range` in the
+  answer resyncs. `drop_next_events(n)` loses events on purpose, to force a gap.
+- `LeaderSearch`: both take one daemon or every daemon of a failover group (docs/protocol.md, "Failover"). The
+  replica subscribes to every daemon's events; requests go to one daemon at a time, and move to the next on a
+  silence, or at once on ERROR `not_leader`, which ends no try; when every daemon that answers said `not_leader`,
+  they are asked again after 200 ms.
 """
 
 from __future__ import annotations
@@ -28,21 +34,93 @@ log.addHandler(logging.NullHandler())  # quiet unless the application configures
 
 
 class NoReply(Exception):
-    """Every try of a request went unanswered."""
+    """Every try of a request went unanswered (or, with several daemons, was refused `not_leader`)."""
+
+
+LEADER_PAUSE = 0.2  # seconds: how long to wait when every daemon that answers said not_leader
+
+
+class LeaderSearch:
+    """Which daemon of a failover group requests go to, and where they go next (docs/protocol.md, "Failover").
+
+    No socket and no clock: the owner tells it what happened. A silence (a request's timeout passed) moves to the
+    next daemon; `not_leader` moves at once to the next daemon that has neither said `not_leader` nor gone silent
+    since a leader last answered; when every daemon that answers has said `not_leader`, they are asked again after
+    `LEADER_PAUSE`, from the next one on. A daemon that went silent is asked again in turn after the next timeout, so
+    one that comes back is found. With one endpoint the search stays on it.
+    """
+
+    def __init__(self, endpoints: List[str]):
+        if not endpoints:
+            raise ValueError("a leader search needs at least one endpoint; got an empty list")
+        self.endpoints = list(endpoints)
+        self.current = 0
+        self._silent: set = set()  # let a timeout pass, without a word, since a leader last answered
+        self._standing_by: set = set()  # said not_leader since a leader last answered: alive
+        self._refusing: set = set()  # said not_leader in this pass
+
+    @property
+    def endpoint(self) -> str:
+        return self.endpoints[self.current]
+
+    def answered(self) -> None:
+        """The current daemon answered with anything but `not_leader`: it leads (or serves alone)."""
+        self._silent.clear()
+        self._standing_by.clear()
+        self._refusing.clear()
+
+    def timed_out(self) -> None:
+        """The current daemon let a request's timeout pass: requests go to the next one."""
+        if self.current not in self._standing_by:
+            self._silent.add(self.current)
+        self.current = (self.current + 1) % len(self.endpoints)
+
+    def not_leader(self) -> float:
+        """The current daemon answered `not_leader`: requests go to the next that may lead. Returns how long to wait
+        before sending there: 0 while a daemon not asked in this pass is left, `LEADER_PAUSE` when every daemon that
+        answers has said `not_leader`."""
+        count = len(self.endpoints)
+        self._refusing.add(self.current)
+        self._standing_by.add(self.current)
+        self._silent.discard(self.current)
+        others = [(self.current + step) % count for step in range(1, count + 1)]  # the current one last
+        for index in others:
+            if index not in self._refusing and index not in self._silent:
+                self.current = index
+                return 0.0
+        self._refusing.clear()
+        # The current one is not silent, so there is always one.
+        self.current = next(index for index in others if index not in self._silent)
+        return LEADER_PAUSE
+
+
+def endpoint_list(endpoints, what: str) -> List[str]:
+    """One endpoint (a str) or several (a list or tuple of str), as a list; a clear error for anything else."""
+    if isinstance(endpoints, str):
+        return [endpoints]
+    endpoints = list(endpoints)
+    if not endpoints or not all(isinstance(e, str) and e for e in endpoints):
+        raise ValueError(f"{what}: give one endpoint or a list of endpoints (non-empty strings); got {endpoints!r}")
+    return endpoints
 
 
 class Dispatcher:
     """Sends requests and waits for their replies, Lazy Pirate style.
 
     Each dispatch gets a new request number (1, 2, 3, … per client id); a retry after a silence uses the
-    same one, so the daemon applies the dispatch at most once. An ERROR `unavailable` or `not_leader` (a standby,
-    which may take over) is retried later with the same key too (the spec: "retry later with the same key"),
-    `unavailable_retries` times.
+    same one, so the daemon applies the dispatch at most once. An ERROR `unavailable` is retried later with the
+    same key too (the spec: "retry later with the same key"), `unavailable_retries` times.
+
+    `endpoints` is one daemon's command endpoint or the command endpoints of every daemon of a failover group.
+    With several, the leader is found by asking (`LeaderSearch`): a silence or an ERROR `not_leader` moves the
+    request to the next daemon on a fresh socket, with the same request id; a `not_leader` ends no try, so a
+    request is given up after `retries` + 1 timeouts, as with one daemon. With one, `not_leader` (a lone standby,
+    which may take over) is retried later like `unavailable`.
     """
 
     def __init__(
         self,
-        endpoint: str,
+        endpoints,
         context: Optional[zmq.Context] = None,
         client_id: Optional[bytes] = None,
         timeout: float = 2.0,
@@ -50,7 +128,7 @@ class Dispatcher:
         socket_type: int = zmq.REQ,
         unavailable_retries: int = 5,
     ):
-        self.endpoint = endpoint
+        self.search = LeaderSearch(endpoint_list(endpoints, "Dispatcher"))
         self.context = context or zmq.Context.instance()
         self.client_id = client_id or os.urandom(wire.CLIENT_ID_BYTES)
         self.timeout = timeout
@@ -61,6 +139,16 @@ class Dispatcher:
         self.socket: Optional[zmq.Socket] = None
         self.resends = 0  # requests sent again after a silence
         self.sockets_opened = 0
+        self.refusals = 0  # ERROR not_leader answers that moved a request to another daemon
+
+    @property
+    def endpoint(self) -> str:
+        """The command endpoint requests go to now."""
+        return self.search.endpoint
+
+    @property
+    def endpoints(self) -> List[str]:
+        return self.search.endpoints
 
     def close(self) -> None:
         if self.socket is not None:
@@ -86,13 +174,19 @@ class Dispatcher:
         self.next_request_id += 1
         return request_id
 
+    def _send(self, body: List[bytes]) -> zmq.Socket:
+        sock = self._open()
+        sock.send_multipart(([b""] if self.socket_type == zmq.DEALER else []) + body)
+        return sock
+
     def call_frames(self, body: List[bytes], request_id: int) -> wire.Reply:
         """Sends a request body and returns the decoded reply to it (or raises NoReply)."""
+        several = len(self.endpoints) > 1
+        refusal: Optional[wire.Error] = None
         for attempt in range(self.retries + 1):
             if attempt:
                 self.resends += 1
-            sock = self._open()
-            sock.send_multipart(([b""] if self.socket_type == zmq.DEALER else []) + body)
+            sock = self._send(body)
             deadline = time.monotonic() + self.timeout
             while True:
                 left = deadline - time.monotonic()
@@ -104,12 +198,37 @@ class Dispatcher:
                         raise wire.WireError(wire.MALFORMED, "a DEALER reply must start with an empty frame")
                     frames = frames[1:]
                 reply = wire.decode_reply(frames)
-                if reply.request_id in (request_id, 0):
-                    return reply
-                # A late reply to an earlier request (DEALER only): not ours.
-            # Silence: this socket may hold a lost request; a REQ cannot send again. Start afresh.
+                if reply.request_id not in (request_id, 0):
+                    continue  # a late reply to an earlier request (DEALER only): not ours
+                if several and isinstance(reply, wire.Error) and reply.code == wire.NOT_LEADER:
+                    # A standby: nothing applied. The request goes on at the next daemon that may lead, in this
+                    # try (a not_leader ends no try), after a pause when every daemon that answers refused.
+                    refusal = reply
+                    self.refusals += 1
+                    pause = self.search.not_leader()
+                    self.close()
+                    if pause > 0:
+                        time.sleep(max(0.0, min(pause, deadline - time.monotonic())))
+                        if time.monotonic() >= deadline:
+                            break
+                    sock = self._send(body)
+                    continue
+                self.search.answered()
+                return reply
+            # Silence: this socket may hold a lost request; a REQ cannot send again. Start afresh, at the next
+            # daemon when there are several.
+            self.search.timed_out()
             self.close()
-        raise NoReply(f"no reply from {self.endpoint} after {self.retries + 1} tries of {self.timeout} s")
+        tries = f"{self.retries + 1} tries of {self.timeout} s"
+        if not several:
+            raise NoReply(f"no reply from {self.endpoint} after {tries}; is the daemon running, and is the endpoint "
+                          f"right?")
+        daemons = ", ".join(self.endpoints)
+        if refusal is None:
+            raise NoReply(f"no reply from any of the daemons at {daemons} after {tries}; are they running, and are "
+                          f"the endpoints right?")
+        raise NoReply(f"no daemon at {daemons} would lead after {tries} (the last said: {refusal.reason}); is a "
+                      f"leader running, and can the standbys reach the journal's database to take over?")
 
     def call(self, request: wire.Request) -> wire.Reply:
         return self.call_frames(wire.encode_request(request), request.request_id)
@@ -128,6 +247,7 @@ class Dispatcher:
         delay = 0.05
         for attempt in range(self.unavailable_retries + 1):
             reply = self.call(request)
+            # With several daemons call() has followed not_leader itself; with one, a standby may take over.
             if not (isinstance(reply, wire.Error) and reply.code in (wire.UNAVAILABLE, wire.NOT_LEADER)):
                 return reply
             if attempt < self.unavailable_retries:
@@ -142,9 +262,10 @@ class Dispatcher:
         return self.call(wire.RangeRequest(self.new_request_id(), store, from_seq, to_seq))
 
     def status(self) -> Dict[str, Any]:
+        """The STATUS of the daemon requests go to now (a standby answers STATUS too, with role standby)."""
         reply = self.call(wire.StatusRequest(self.new_request_id()))
         if not isinstance(reply, wire.Status):
-            raise AssertionError(f"STATUS answered with {reply}")
+            raise AssertionError(f"STATUS to {self.endpoint} answered with {reply}")
         return reply.json
 
 
@@ -164,16 +285,40 @@ class ReplicaStatus:
     problems: List[str]
     errors: List[str]
     dropped: int
+    disconnected: bool  # nothing heard for the silence limit, and nothing since
+    silences: int  # times the silence limit passed
+    probes: int  # silences that sent a request for the last event held (none was out)
+    moves: List[tuple]  # (from endpoint, to endpoint, why): the command socket moved to another daemon
+    endpoint: str  # the command endpoint requests go to now
+
+
+def daemon_list(daemons) -> List[tuple]:
+    """One daemon's (command, events) endpoints, or a list of them, as a list of pairs; a clear error otherwise."""
+    if isinstance(daemons, tuple) and len(daemons) == 2 and all(isinstance(e, str) for e in daemons):
+        return [daemons]
+    daemons = list(daemons)
+    if not daemons or not all(
+        isinstance(d, (tuple, list)) and len(d) == 2 and all(isinstance(e, str) and e for e in d) for d in daemons
+    ):
+        raise ValueError(
+            f"Replica: give one daemon's (command endpoint, events endpoint) or a list of such pairs; got {daemons!r}"
+        )
+    return [tuple(d) for d in daemons]
 
 
 class Replica:
-    """A copy of one store, kept by the replica procedure of docs/protocol.md."""
+    """A copy of one store, kept by the replica procedure of docs/protocol.md.
+
+    `daemons` is one daemon's (command endpoint, events endpoint), or a list of them: every daemon of a failover
+    group. The SUB socket connects to every events endpoint (only the leader publishes); the DEALER to the command
+    endpoint `LeaderSearch` points at, moving on a request's timeout, or on ERROR `not_leader` when there are
+    several daemons.
+    """
 
     def __init__(
         self,
         domain: Domain,
-        command_endpoint: str,
-        events_endpoint: str,
+        daemons,
         context: Optional[zmq.Context] = None,
         heartbeat_interval: float = 1.0,
         request_timeout: float = 2.0,
@@ -182,8 +327,9 @@ class Replica:
     ):
         self.domain = domain
         self.store = domain.name
-        self.command_endpoint = command_endpoint
-        self.events_endpoint = events_endpoint
+        self.daemons = daemon_list(daemons)
+        self.search = LeaderSearch([command for command, _ in self.daemons])
+        self.events_endpoints = [events for _, events in self.daemons]
         self.context = context or zmq.Context.instance()
         self.heartbeat_interval = heartbeat_interval
         self.silence_limit = 3 * heartbeat_interval
@@ -207,6 +353,10 @@ class Replica:
         self.repairs = 0
         self.snapshots = 0
         self.compacted = 0
+        self.disconnected = False
+        self.silences = 0
+        self.probes = 0
+        self.moves: List[tuple] = []
         self.log: Dict[int, bytes] = {}
         self._divergence_streak = 0
         self._last_divergence: Optional[float] = None
@@ -267,6 +417,11 @@ class Replica:
                 problems=list(self.problems),
                 errors=list(self.errors),
                 dropped=self.dropped,
+                disconnected=self.disconnected,
+                silences=self.silences,
+                probes=self.probes,
+                moves=list(self.moves),
+                endpoint=self.search.endpoint,
             )
 
     def wait_for(self, predicate: Callable[[ReplicaStatus], bool], timeout: float) -> ReplicaStatus:
@@ -280,7 +435,9 @@ class Replica:
             time.sleep(0.01)
 
     def wait_until_at(self, epoch: int, seq: int, timeout: float = 10.0) -> ReplicaStatus:
-        return self.wait_for(lambda s: s.phase == "live" and s.epoch == epoch and s.seq == seq, timeout)
+        return self.wait_for(
+            lambda s: s.phase == "live" and not s.disconnected and s.epoch == epoch and s.seq == seq, timeout
+        )
 
     # -- the thread ----------------------------------------------------------------------------------
 
@@ -290,7 +447,8 @@ class Replica:
             self.events.setsockopt(zmq.LINGER, 0)
             # Join, step 1: subscribe to the store's exact topic before anything else.
             self.events.setsockopt(zmq.SUBSCRIBE, wire.topic(self.store))
-            self.events.connect(self.events_endpoint)
+            for endpoint in self.events_endpoints:  # only the leader publishes
+                self.events.connect(endpoint)
             self.commands: Optional[zmq.Socket] = None
             self._fresh_command_socket()
             with self.lock:
@@ -320,11 +478,28 @@ class Replica:
                     sock.close(linger=0)
 
     def _fresh_command_socket(self) -> None:
+        """Lazy Pirate: a socket whose peer went silent may hold lost requests; start a fresh one, to the daemon
+        the search points at now."""
         if self.commands is not None:
             self.commands.close(linger=0)
         self.commands = self.context.socket(zmq.DEALER)
         self.commands.setsockopt(zmq.LINGER, 0)
-        self.commands.connect(self.command_endpoint)
+        self.commands.connect(self.search.endpoint)
+
+    def _move_on(self, why: str, now: float) -> float:
+        """Requests go to the next daemon (a timeout, or not_leader) on a fresh socket; returns how long to wait
+        before sending there (LeaderSearch's pause)."""
+        before = self.search.endpoint
+        if why == "not_leader":
+            pause = self.search.not_leader()
+        else:
+            self.search.timed_out()
+            pause = 0.0
+        self._fresh_command_socket()
+        if self.search.endpoint != before:
+            log.info("%s: sending to %s instead of %s (%s)", self.name, self.search.endpoint, before, why)
+            self.moves.append((before, self.search.endpoint, why))
+        return pause
 
     def _read_events(self) -> None:
         for _ in range(10_000):
@@ -342,6 +517,7 @@ class Replica:
                 continue
             with self.lock:
                 now = time.monotonic()
+                self.disconnected = False
                 if isinstance(message, wire.Event):
                     if self._drop_events > 0:
                         self._drop_events -= 1
@@ -372,6 +548,17 @@ class Replica:
                 if awaiting is None or reply.request_id != awaiting["request_id"]:
                     continue  # the answer to a request given up on
                 now = time.monotonic()
+                if (
+                    isinstance(reply, wire.Error)
+                    and reply.code == wire.NOT_LEADER
+                    and len(self.search.endpoints) > 1
+                ):
+                    # A standby: nothing was applied; the request goes on at the next daemon that may lead. A
+                    # standby's word says nothing of the store: the replica stays disconnected if it was.
+                    self._retry_later(awaiting, now, self._move_on("not_leader", now))
+                    continue
+                self.search.answered()
+                self.disconnected = False
                 self.awaiting = None
                 self.last_heard = now
                 if isinstance(reply, wire.Snapshot) and awaiting["kind"] == "snapshot":
@@ -421,13 +608,24 @@ class Replica:
         self.awaiting = {"kind": "snapshot", "request_id": request.request_id, "sent": now}
         self._send(request)
 
-    def _request_range(self, from_seq: int, to_seq: int, now: float) -> None:
+    def _request_range(self, from_seq: int, to_seq: int, now: float, probe: bool = False) -> None:
+        """RANGE from_seq..to_seq: a repair, or (`probe`) after a silence, the last event held, which leaves the
+        phase as it is (events that come meanwhile apply as usual)."""
         self.retry = None
-        self.phase = "repairing"
-        self.repairs += 1
+        if not probe:
+            self.phase = "repairing"
+            self.repairs += 1
         request = wire.RangeRequest(self._new_request_id(), self.store, from_seq, to_seq)
-        self.awaiting = {"kind": "range", "request_id": request.request_id, "sent": now, "from": from_seq, "to": to_seq}
+        self.awaiting = {"kind": "range", "request_id": request.request_id, "sent": now, "from": from_seq,
+                         "to": to_seq, "probe": probe}
         self._send(request)
+
+    def _request_again(self, request: dict, now: float) -> None:
+        """Sends a request of the kind described again (a new request id: SNAPSHOT and RANGE change nothing)."""
+        if request["kind"] == "snapshot":
+            self._request_snapshot(now)
+        else:
+            self._request_range(request["from"], request["to"], now, probe=request.get("probe", False))
 
     def _retry_later(self, awaiting: dict, now: float, delay: float) -> None:
         self.awaiting = None
@@ -660,20 +858,29 @@ class Replica:
             if now < when:
                 return
             self.retry = None
-            if request["kind"] == "snapshot":
-                self._request_snapshot(now)
-            else:
-                self._request_range(request["from"], request["to"], now)
+            self._request_again(request, now)
             return
-        # Silence: nothing from the store for 3 heartbeat intervals.
-        if self.epoch is not None and now - self.last_heard > self.silence_limit:
-            self._resync(f"silence: nothing heard for {now - self.last_heard:.2f} s", now)
+        # Silence: nothing from the store for 3 heartbeat intervals. The daemon is down, paused, or a failover is
+        # under way: keep the state, and ask after the last event held unless a request is out already. The
+        # answer's epoch (or invalid_range) tells whether the history that answers still holds it.
+        silence = now - self.last_heard
+        if self.epoch is not None and silence > self.silence_limit:
+            self.last_heard = now
+            self.silences += 1
+            if not self.disconnected:
+                log.warning("%s: nothing heard for %.2f s; keeping the state at seq %d and asking after it",
+                            self.name, silence, self.last)
+            self.disconnected = True
+            if self.awaiting is None:
+                self.probes += 1
+                if self.last > 0:
+                    self._request_range(self.last, self.last, now, probe=True)
+                else:
+                    self._request_snapshot(now)
             return
-        # A SNAPSHOT or RANGE unanswered within the timeout is sent again on a fresh socket.
+        # A SNAPSHOT or RANGE unanswered within the timeout is sent again on a fresh socket, to the next daemon
+        # when there are several.
         if self.awaiting is not None and now - self.awaiting["sent"] > self.request_timeout:
             awaiting = self.awaiting
-            self._fresh_command_socket()
-            if awaiting["kind"] == "snapshot":
-                self._request_snapshot(now)
-            else:
-                self._request_range(awaiting["from"], awaiting["to"], now)
+            self._move_on("no answer in time", now)
+            self._request_again(awaiting, now)

@@ -24,9 +24,9 @@ if HERE not in sys.path:
 import zmq  # noqa: E402
 
 import lockstep_wire as wire  # noqa: E402
-from client import Dispatcher, Replica  # noqa: E402
+from client import LEADER_PAUSE, Dispatcher, LeaderSearch, Replica  # noqa: E402
 from domains import Counter, Todos, Undecodable, run as run_domain  # noqa: E402
-from harness import Daemon, TempRoot, binary, spawn  # noqa: E402
+from harness import Daemon, PostgresServer, TempRoot, binary, journal_dump, spawn  # noqa: E402
 
 VECTORS = os.path.join(HERE, "canonical-json-vectors.json")
 
@@ -81,8 +81,7 @@ class DaemonTest(unittest.TestCase):
     def replica(self, domain, **options) -> Replica:
         replica = Replica(
             domain,
-            self.daemon.command,
-            self.daemon.events,
+            (self.daemon.command, self.daemon.events),
             context=self.context,
             heartbeat_interval=self.daemon.heartbeat,
             **options,
@@ -392,9 +391,9 @@ class GapRepairTest(DaemonTest):
                 time.sleep(0.05)
         status, _ = self.assert_replica_matches_daemon(replica, "counter", timeout=20)
         self.assertEqual(status.seq, 3000 + 6 * episodes)
-        # A flooded daemon (debug build, loaded machine) may miss heartbeats for 3 intervals: a silence resync is
-        # the spec's answer then. Nothing else may have made it start over.
-        self.assertEqual([r for r in status.resyncs if not r.startswith("silence")], [])
+        # A flooded daemon (debug build, loaded machine) may miss heartbeats for 3 intervals; a silence only asks
+        # after the last event held. Nothing may have made it start over.
+        self.assertEqual(status.resyncs, [])
         self.assertGreater(seen["unavailable"], 0)
 
     def test_long_gap_needs_several_ranges(self):
@@ -620,33 +619,242 @@ class RestartTest(DaemonTest):
 
 
 class SilenceTest(DaemonTest):
-    def test_silence_resyncs_and_lazy_pirate_retries_once(self):
-        """A stopped daemon: the replica resyncs after 3 silent heartbeat intervals; a dispatcher's retries on
-        fresh sockets with the same key are applied once."""
-        replica = self.replica(Counter, name="silence")
-        epoch = replica.wait_for(lambda s: s.phase == "live", 10).epoch
+    def test_silence_keeps_the_state_and_lazy_pirate_retries_once(self):
+        """A stopped daemon: after 3 silent heartbeat intervals the replica says it is disconnected, keeps its
+        state and asks for the last event it holds (RANGE 3..3); woken, the daemon answers in the same epoch and
+        the replica goes on without a resync. A dispatcher's retries on fresh sockets with the same key meanwhile
+        are applied once."""
+        replica = self.replica(Counter, name="silence", request_timeout=0.5)
+        replica.wait_for(lambda s: s.phase == "live", 10)
+        with self.dispatcher() as client:
+            for _ in range(3):
+                self.assertIsInstance(client.dispatch("counter", [INCREMENT]), wire.Accepted)
+        before, _ = self.assert_replica_matches_daemon(replica, "counter")
+        self.assertEqual(before.seq, 3)
         result = {}
 
         def dispatch():
-            with self.dispatcher(timeout=0.3, retries=20) as client:
-                result["reply"] = client.dispatch("counter", [INCREMENT])
-                result["resends"] = client.resends
+            try:
+                with self.dispatcher(timeout=0.3, retries=20) as client:
+                    result["reply"] = client.dispatch("counter", [INCREMENT])
+                    result["resends"] = client.resends
+            except Exception as error:  # noqa: BLE001
+                result["error"] = error
 
         self.daemon.pause()
         try:
             worker = threading.Thread(target=dispatch)
             worker.start()
-            replica.wait_for(lambda s: any(r.startswith("silence") for r in s.resyncs), 5)
-            time.sleep(0.5)
+            # Silent: the state is kept, and asked after.
+            silent = replica.wait_for(lambda s: s.disconnected and s.probes >= 1, 5)
+            self.assertEqual((silent.epoch, silent.seq, silent.digest, silent.resyncs),
+                             (before.epoch, 3, before.digest, []))
         finally:
             self.daemon.resume()
         worker.join(15)
-        self.assertFalse(worker.is_alive())
-        self.assertEqual(result["reply"].first_seq, 1)
+        self.assertFalse(worker.is_alive(), "the dispatch did not end within 15 s of SIGCONT")
+        self.assertNotIn("error", result)
+        self.assertEqual(result["reply"].first_seq, 4)
         self.assertGreaterEqual(result["resends"], 1)
         status, _ = self.assert_replica_matches_daemon(replica, "counter")
-        self.assertEqual((status.epoch, status.seq), (epoch, 1))
-        self.assertEqual(self.daemon.store_status("counter")["seq"], 1)
+        self.assertEqual((status.epoch, status.seq, status.resyncs, status.snapshots), (before.epoch, 4, [], 1))
+        self.assertGreaterEqual(status.silences, 1)
+        self.assertEqual(self.daemon.store_status("counter")["seq"], 4)
+        self.assertEqual(status.moves, [], "with one daemon the requests never move")
+
+
+# ------------------------------------------------------------------------------------------------------
+# Failover: several daemons on one PostgreSQL journal (docs/protocol.md, "Failover")
+
+
+class LeaderSearchTest(unittest.TestCase):
+    """Where a client of a failover group sends next, step by step (the cases of Swift's LeaderSearchTests)."""
+
+    def test_a_silent_leader_sends_the_client_to_the_next_daemon(self):
+        search = LeaderSearch(["a", "b", "c"])
+        self.assertEqual(search.endpoint, "a")
+        search.timed_out()
+        self.assertEqual(search.endpoint, "b")
+        search.timed_out()
+        search.timed_out()
+        self.assertEqual(search.endpoint, "a", "every daemon is asked again in turn")
+
+    def test_standbys_are_skipped_at_once_then_asked_again_after_a_pause(self):
+        search = LeaderSearch(["a", "b", "c"])
+        self.assertEqual((search.not_leader(), search.endpoint), (0, "b"))
+        self.assertEqual((search.not_leader(), search.endpoint), (0, "c"))
+        # All three stand by (a takeover is under way): from the next one on, after a pause.
+        self.assertEqual((search.not_leader(), search.endpoint), (LEADER_PAUSE, "a"))
+        self.assertEqual((search.not_leader(), search.endpoint), (0, "b"))
+        # b leads now: what was learnt is forgotten, so a later refusal moves on at once.
+        search.answered()
+        self.assertEqual((search.not_leader(), search.endpoint), (0, "c"))
+
+    def test_a_daemon_that_went_silent_is_not_asked_until_the_next_timeout(self):
+        search = LeaderSearch(["a", "b"])  # a (the leader) was killed; b stands by until it takes the lease
+        search.timed_out()
+        self.assertEqual(search.endpoint, "b")
+        # b says not_leader: a is silent, so b is asked again after a pause, not the dead a at once.
+        self.assertEqual((search.not_leader(), search.endpoint), (LEADER_PAUSE, "b"))
+        self.assertEqual((search.not_leader(), search.endpoint), (LEADER_PAUSE, "b"))
+        # A request's timeout while at b sends the client to a again: a daemon that came back is found.
+        search.timed_out()
+        self.assertEqual(search.endpoint, "a")
+        # a came back as a standby: b, no longer silent, is next, at once.
+        self.assertEqual((search.not_leader(), search.endpoint), (0, "b"))
+
+    def test_a_single_daemon_is_always_the_one_asked(self):
+        search = LeaderSearch(["a"])
+        search.timed_out()
+        self.assertEqual(search.endpoint, "a")
+        self.assertEqual((search.not_leader(), search.endpoint), (LEADER_PAUSE, "a"))
+
+    def test_bad_endpoint_lists_are_refused_by_name(self):
+        for bad in ([], [""], [("ipc://x/command", "ipc://x/events")]):
+            with self.subTest(bad):
+                with self.assertRaisesRegex(ValueError, "Dispatcher: give one endpoint or a list"):
+                    Dispatcher(bad)
+        with self.assertRaisesRegex(ValueError, "Replica: give one daemon's"):
+            Replica(Counter, ["ipc://x/command", "ipc://x/events"])
+
+
+class FailoverTest(unittest.TestCase):
+    """Two lockstepd on one throwaway PostgreSQL journal, each in a folder of its own: a leads, b stands by. A
+    Python replica and dispatchers are given both, b first, so each must be refused not_leader before it finds a;
+    a is killed with SIGKILL mid-stream and b takes over (the default lease, 3 s)."""
+
+    def setUp(self):
+        self.replicas = []
+        self.daemons = {}
+        # Cleanups run last registered first: replicas, daemons, the context, the folders, PostgreSQL.
+        self.postgres = PostgresServer()  # fails, saying to install postgresql, when it is missing
+        self.addCleanup(self.postgres.stop)
+        self.root = TempRoot()
+        self.addCleanup(self.root.cleanup)
+        self.context = zmq.Context()
+        self.addCleanup(self.context.destroy, linger=0)
+        self.addCleanup(self.stop_daemons)
+        self.addCleanup(self.stop_replicas)
+        self.postgres.start()
+        self.connection = self.postgres.create_database()
+
+    def stop_replicas(self):
+        for replica in self.replicas:
+            replica.stop()
+
+    def stop_daemons(self):
+        codes = {}
+        for name, daemon in self.daemons.items():
+            if daemon.running():
+                codes[name] = (daemon.stop(), daemon)
+        for name, (code, daemon) in codes.items():
+            if code != 0:
+                raise AssertionError(f"lockstepd {name} exited {code} after SIGTERM; log: {daemon.log_tail()}")
+
+    def daemon(self, name: str) -> Daemon:
+        root = os.path.join(self.root.path, name)
+        os.mkdir(root)
+        daemon = Daemon(root, journal="postgres", postgres=self.connection, name=name)
+        self.daemons[name] = daemon
+        return daemon.start()
+
+    def test_clients_given_both_daemons_follow_the_leader_across_a_kill(self):
+        a = self.daemon("a")
+        leading = a.wait_role("leader")
+        self.assertEqual((leading["leader"]["name"], leading["leader"]["term"]), ("a", 1))
+        epoch = int(next(s for s in leading["stores"] if s["name"] == "todos")["epoch"], 16)
+        b = self.daemon("b")
+        standing = b.wait_role("standby")
+        self.assertEqual((standing["leader"]["name"], standing["stores"]), ("a", []))
+        both = [(b.command, b.events), (a.command, a.events)]  # the standby first
+        replica = Replica(Todos, both, context=self.context, heartbeat_interval=a.heartbeat, request_timeout=1.0,
+                          keep_log=True, name="failover")
+        self.replicas.append(replica)
+        replica.start()
+        joined = replica.wait_until_at(epoch, 0, 15)  # before any dispatch, so its log holds every seq
+        self.assertEqual(joined.moves, [(b.command, a.command, "not_leader")], "refused by b, then at a")
+        client = Dispatcher([b.command, a.command], context=self.context, timeout=1.0, retries=20)
+        self.addCleanup(client.close)
+        sent = {}  # text -> the ACCEPTED reply
+
+        def add_one(dispatcher, text):
+            reply = dispatcher.dispatch("todos", [add(text)])
+            self.assertIsInstance(reply, wire.Accepted, f"{text}: {reply}")
+            self.assertEqual((reply.epoch, reply.count), (epoch, 1), text)
+            sent[text] = reply
+            return reply
+
+        for i in range(5):
+            self.assertEqual(add_one(client, f"before {i}").first_seq, i + 1)
+        self.assertEqual(client.endpoint, a.command)
+        self.assertGreaterEqual(client.refusals, 1, "b was asked first, and must have refused")
+        replica.wait_until_at(epoch, 5, 15)
+
+        # A second dispatcher sends all along, from before the kill to after the takeover.
+        streamed, stream_errors, stop = [], [], threading.Event()
+
+        def stream():
+            try:
+                with Dispatcher([b.command, a.command], context=self.context, timeout=1.0, retries=20) as other:
+                    for i in range(12):
+                        if stop.is_set():
+                            return
+                        streamed.append(add_one(other, f"stream {i}"))
+                        time.sleep(0.05)
+            except BaseException as error:  # noqa: BLE001
+                stream_errors.append(error)
+
+        streamer = threading.Thread(target=stream)
+        streamer.start()
+        try:
+            deadline = time.monotonic() + 10
+            while len(streamed) < 3 and not stream_errors and time.monotonic() < deadline:
+                time.sleep(0.01)
+            self.assertGreaterEqual(len(streamed), 3, f"the stream did not get going: {stream_errors}")
+            a.kill9()
+            killed = time.monotonic()
+            streamed_before_kill = len(streamed)
+            first_after = add_one(client, "after 0")
+            applied_after = time.monotonic() - killed
+            for i in range(1, 3):
+                add_one(client, f"after {i}")
+            # A retry of a key a acknowledged gets a's reply from b: the idempotency entries moved with the lease.
+            again = client.dispatch("todos", [add("before 4")], request_id=sent["before 4"].request_id)
+            self.assertEqual(again, sent["before 4"])
+        except BaseException:
+            stop.set()  # the stream ends after the dispatch under way
+            raise
+        finally:
+            streamer.join(40)
+        self.assertFalse(streamer.is_alive(), "the streaming dispatcher did not finish within 40 s")
+        self.assertEqual(stream_errors, [])
+        self.assertEqual(client.endpoint, b.command)
+
+        led = b.wait_role("leader", timeout=5)
+        self.assertEqual((led["leader"]["name"], led["leader"]["term"]), ("b", 2))
+        store = next(s for s in led["stores"] if s["name"] == "todos")
+        total = 5 + 12 + 3
+        self.assertEqual((int(store["epoch"], 16), store["seq"]), (epoch, total), "the same epoch: the same journal")
+        # Every dispatch once, at the seq its ACCEPTED named, in the history b continued.
+        journal = journal_dump(self.connection, "todos")
+        self.assertEqual([e["seq"] for e in journal], list(range(1, total + 1)))
+        by_seq = {e["seq"]: e["action"]["add"]["text"] for e in journal}
+        self.assertEqual(by_seq, {reply.first_seq: text for text, reply in sent.items()})
+        self.assertEqual(sorted(by_seq.values()), sorted(sent), "each text exactly once")
+        # The replica went on at b from its seq: same epoch and digest as b's, no snapshot but the first.
+        swift = b.swift_state("todos")
+        status = replica.wait_until_at(epoch, total, 15)
+        self.assertEqual(status.digest.hex(), swift["digest"])
+        self.assertEqual((status.resyncs, status.snapshots, status.divergences, status.problems), ([], 1, [], []))
+        self.assertEqual(status.endpoint, b.command)
+        self.assertGreaterEqual(status.silences, 1, "the kill went unnoticed: no silence")
+        with replica.lock:
+            held = dict(replica.log)
+        self.assertEqual({seq: json.loads(raw)["add"]["text"] for seq, raw in held.items()}, by_seq)
+        print(f"\n  failover: 'after 0' applied at seq {first_after.first_seq}, {applied_after:.1f} s after the kill; "
+              f"{streamed_before_kill} of the stream's 12 acknowledged before the kill; seq {total} at b; replica: "
+              f"{status.silences} silence(s), {status.probes} probe(s), moves {[m[2] for m in status.moves]}, "
+              f"{len(status.resyncs)} resyncs", file=sys.stderr)
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -1012,7 +1012,6 @@ private struct Engine<D: Domain> {
         for _ in 0..<10_000 {
             guard let frames = try link.commands.receive(wait: false) else { return }
             let now = ContinuousClock.now
-            disconnected = false
             let reply: Reply
             do {
                 reply = try Reply.decode(frames)
@@ -1028,6 +1027,8 @@ private struct Engine<D: Domain> {
                 try moveOn(.notLeader, &link, now: now)
                 continue
             }
+            // A word from the daemon that serves the store (a standby's `not_leader` is not one).
+            disconnected = false
             link.search.answered()
             if let (request, dispatch) = inFlight.answered(reply.requestID) {
                 complete(request, dispatch, with: reply)

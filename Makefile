@@ -27,7 +27,8 @@ demo: build
 
 # The unit and integration tests, the Python client against a real lockstepd, the power-cut filesystem's own
 # tests, the fault suite's quick mode (it mounts a tmpfs and the power-cut filesystem: run as root), lockstepd's
-# unit under a real systemd (root; it says SKIP where systemd-nspawn cannot run), then the template.
+# unit under a real systemd (root; it says SKIP where systemd-nspawn cannot run), alone and as a failover pair on
+# PostgreSQL, then the template.
 test: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test --skip-build
@@ -35,6 +36,7 @@ test: deps
 	Tests/PowerCut/run.sh
 	$$($(SWIFT) build --show-bin-path)/lockstep-faults
 	bash deploy/systemd-test.sh
+	bash deploy/systemd-test.sh --pair
 	$(MAKE) template
 
 # The second implementation of the wire protocol, in Python (Tests/Interop), against a real lockstepd.
@@ -54,10 +56,12 @@ template: deps
 		bash deploy/systemd-test.sh $(BOARD_SYSTEMD_TEST) --daemon "$$bin/boardd" --tool "$$bin/board"
 
 # lockstepd's unit under a real systemd: a Debian root booted with systemd-nspawn (built once into .build-nspawn/,
-# about a minute; `make clean` keeps it, rm -rf .build-nspawn builds it again), then about 20 s of checks. Needs
-# root. docs/operations.md, "### systemd", says what it proves.
+# a minute or two; `make clean` keeps it, rm -rf .build-nspawn builds it again), then about 20 s of checks of one
+# daemon and 20-30 s of a failover pair on the root's PostgreSQL. Needs root. docs/operations.md, "### systemd" and
+# "Running a failover pair under systemd", says what they prove.
 systemd: build
 	bash deploy/systemd-test.sh
+	bash deploy/systemd-test.sh --pair
 
 # The fault suite's long mode: 200 crash cycles, 100,000 bad inputs.
 faults: build

@@ -3,9 +3,13 @@
 # deploy/ (or the template's) with the daemon and its tool, and checks what docs/operations.md ("### systemd")
 # promises: READY=1 only after recovery, the client group gets in and nobody else, every filter holds through
 # load, snapshots, compaction, a tcp bind and a SIGHUP reload, the watchdog restarts a stopped daemon, and stop
-# and restart lose nothing acknowledged.
+# and restart lose nothing acknowledged. With --pair: two instances of deploy/lockstepd.service (as the template
+# lockstepd@.service, with deploy/lockstepd@.service.d/instance.conf) on one PostgreSQL journal, a leader and a
+# standby; the leader killed, the standby takes over and the killed one comes back as a standby
+# (deploy/systemd-test-pair.sh says what it checks).
 #
 #   bash deploy/systemd-test.sh          # deploy/lockstepd.service, lockstepd and lockstep, the counter store
+#   bash deploy/systemd-test.sh --pair   # lockstepd@a and lockstepd@b on the container's PostgreSQL
 #   bash deploy/systemd-test.sh --unit docs/tutorial/deploy/boardd.service --daemon BIN/boardd --tool BIN/board \
 #       --store board --setup ACTION [--setup ACTION…] --action ACTION
 #
@@ -14,7 +18,7 @@
 # lockstep; LOCKSTEPD and LOCKSTEP override them.
 #
 # Needs root, unshare, systemd-nspawn and debootstrap (apt-get installs the last two when they are missing). The
-# Debian root is built once (about a minute) into .build-nspawn/root and reused; every run boots it under an
+# Debian root is built once (a minute or two) into .build-nspawn/root and reused; every run boots it under an
 # overlay of its own, so no run sees another's users, journal or logs. Where nspawn cannot run (not root, no mount
 # namespaces, nothing to install the tools with) it prints SKIP and exits 0; SYSTEMD_TEST_REQUIRED=1 makes that a
 # failure. SYSTEMD_TEST_MIRROR overrides the Debian mirror (default: the one apt uses). Every wait is bounded; the
@@ -27,15 +31,17 @@ now() { echo "${EPOCHREALTIME:-$SECONDS}"; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 started=$(now)
 
-usage="usage: systemd-test.sh [--unit FILE] [--daemon BIN] [--tool BIN] [--store NAME] [--setup ACTION]... [--action ACTION]"
+usage="usage: systemd-test.sh [--pair] [--unit FILE] [--daemon BIN] [--tool BIN] [--store NAME] [--setup ACTION]... [--action ACTION]"
 unit_file=deploy/lockstepd.service
 daemon=${LOCKSTEPD:-}
 tool=${LOCKSTEP:-}
 store=counter
 setup=()
 action='{"increment":{}}'
+pair=0
 while (($#)); do
     [[ $1 == -h || $1 == --help ]] && { echo "$usage"; exit 0; }
+    [[ $1 == --pair ]] && { pair=1; shift; continue; }
     (($# >= 2)) || { echo "systemd-test: $1 needs a value; $usage" >&2; exit 64; }
     case $1 in
         --unit) unit_file=$2 ;;
@@ -50,30 +56,43 @@ while (($#)); do
 done
 [[ -f $unit_file ]] || { echo "systemd-test: no unit file $unit_file" >&2; exit 64; }
 unit=$(basename "$unit_file" .service)
+label=$unit
+if ((pair)); then
+    # The pair runs lockstepd's own unit and tool (its demo-client follows the takeover).
+    [[ $unit_file == deploy/lockstepd.service && $store == counter && ${#setup[@]} == 0 ]] \
+        || { echo "systemd-test: --pair runs deploy/lockstepd.service on the counter store; give no --unit, --store or --setup" >&2; exit 64; }
+    label="$unit pair"
+    source deploy/systemd-test-pair.sh
+fi
 run=""
 nspawn_pid=""
 sd_pid=""
 bg_pids=()
 
-say() { echo "systemd-test[$unit]: $*"; }
-pass() { echo "systemd-test[$unit]: PASS $*"; }
+say() { echo "systemd-test[$label]: $*"; }
+pass() { echo "systemd-test[$label]: PASS $*"; }
 skip() {
     if [[ ${SYSTEMD_TEST_REQUIRED:-0} == 1 ]]; then fail "cannot run, and SYSTEMD_TEST_REQUIRED=1: $*"; fi
-    echo "systemd-test[$unit]: SKIP: $* -- $unit_file was NOT run under systemd"
+    echo "systemd-test[$label]: SKIP: $* -- $unit_file was NOT run under systemd"
     exit 0
 }
 fail() {
-    echo "systemd-test[$unit]: FAIL: $*" >&2
+    echo "systemd-test[$label]: FAIL: $*" >&2
     diagnostics >&2 || true
     exit 1
 }
-# What a failure prints after its reason: the unit's status and log, the clients' errors, or how nspawn ended.
+# What a failure prints after its reason: the units' status and log, the clients' errors, or how nspawn ended.
+diag_units=()  # the units to show; the unit under test when empty
 diagnostics() {
     [[ -n $sd_pid ]] && kill -0 "$sd_pid" 2>/dev/null || { [[ -f $run/nspawn.log ]] && tail -n 20 "$run/nspawn.log"; return 0; }
-    echo "--- systemctl status $unit:"
-    ct systemctl status --no-pager --lines=0 "$unit.service" 2>&1 | head -n 12
-    echo "--- the last 30 lines of journalctl -u $unit:"
-    unit_log 2>&1 | tail -n 30
+    local shown units=(${diag_units[@]+"${diag_units[@]}"})
+    ((${#units[@]})) || units=("$unit")
+    for shown in "${units[@]}"; do
+        echo "--- systemctl status $shown:"
+        ct systemctl status --no-pager --lines=0 "$shown.service" 2>&1 | head -n 12
+        echo "--- the last 30 lines of journalctl -u $shown:"
+        ct journalctl -u "$shown.service" --no-pager -o short-monotonic 2>&1 | tail -n 30
+    done
     for file in "$run"/*.err; do
         [[ -s $file ]] && { echo "--- $(basename "$file"):"; tail -n 5 "$file"; }
     done
@@ -141,11 +160,12 @@ rm -rf "$cache"/run.*
 
 # --- The Debian root, built once and reused. ---
 suite=${SYSTEMD_TEST_SUITE:-bookworm}
-# systemd and dbus to boot, libzmq5 and libsqlite3-0 for the binaries (their Swift runtime is copied in below;
-# libpq5 is opened only for a PostgreSQL journal, which these checks do not use).
-packages=systemd,systemd-sysv,dbus,libzmq5,libsqlite3-0
+# systemd and dbus to boot, libzmq5 and libsqlite3-0 for the binaries (their Swift runtime is copied in below),
+# libpq5 (which lockstepd opens for a PostgreSQL journal) and postgresql for --pair. The package starts its cluster at
+# boot; that link is removed from the root, so only --pair, which starts it, pays for it.
+packages=systemd,systemd-sysv,dbus,libzmq5,libsqlite3-0,libpq5,postgresql
 root=$cache/root
-stamp="$suite --variant=minbase --include=$packages"
+stamp="$suite --variant=minbase --include=$packages, postgresql not started at boot"
 find_mirror() {
     [[ -n ${SYSTEMD_TEST_MIRROR:-} ]] && { echo "$SYSTEMD_TEST_MIRROR"; return; }
     local uri
@@ -165,12 +185,13 @@ find_mirror() {
 }
 if [[ ! -f $cache/root.done || $(cat "$cache/root.done") != "$stamp" ]]; then
     mirror=$(find_mirror)
-    say "building the Debian root once: debootstrap $stamp $root $mirror (about a minute)"
+    say "building the Debian root once: debootstrap $stamp $root $mirror (a minute or two)"
     rm -rf "$root" "$cache/root.new" "$cache/root.done"
     root_started=$SECONDS
     timeout 900 debootstrap --variant=minbase --include="$packages" "$suite" "$cache/root.new" "$mirror" \
         >"$cache/debootstrap.log" 2>&1 \
         || skip "debootstrap of $suite from $mirror failed (log: $cache/debootstrap.log): $(tail -n 2 "$cache/debootstrap.log" | tr '\n' ' ')"
+    rm -f "$cache/root.new/etc/systemd/system/multi-user.target.wants/postgresql.service"
     mv "$cache/root.new" "$root"
     echo "$stamp" >"$cache/root.done"
     say "built the root in $((SECONDS - root_started)) s; later runs reuse it"
@@ -225,11 +246,14 @@ for binary in "$daemon" "$tool"; do
 done
 echo /usr/local/lib/lockstep >"$upper/etc/ld.so.conf.d/lockstep.conf"
 
-# The unit exactly as shipped, and a drop-in with what only this test changes.
-install -D -m 0644 "$unit_file" "$upper/etc/systemd/system/$unit.service"
-test_dir=/etc/lockstep-test
-mkdir -p "$upper/etc/systemd/system/$unit.service.d" "$upper$test_dir"
-cat >"$upper/etc/systemd/system/$unit.service.d/systemd-test.conf" <<EOF
+if ((pair)); then
+    pair_install
+else
+    # The unit exactly as shipped, and a drop-in with what only this test changes.
+    install -D -m 0644 "$unit_file" "$upper/etc/systemd/system/$unit.service"
+    test_dir=/etc/lockstep-test
+    mkdir -p "$upper/etc/systemd/system/$unit.service.d" "$upper$test_dir"
+    cat >"$upper/etc/systemd/system/$unit.service.d/systemd-test.conf" <<EOF
 # deploy/systemd-test.sh only.
 [Service]
 # The unit's 10 s watchdog shortened, so that the SIGSTOP check takes seconds.
@@ -244,8 +268,8 @@ ExecStart=
 ExecStart=$daemon_path --config $test_dir/daemon.toml
 LoadCredential=server.key:$test_dir/server.key
 EOF
-events_port=7411
-cat >"$upper$test_dir/daemon.toml" <<EOF
+    events_port=7411
+    cat >"$upper$test_dir/daemon.toml" <<EOF
 # deploy/systemd-test.sh only (see the unit's systemd-test.conf drop-in).
 events_endpoint = "tcp://127.0.0.1:$events_port"
 
@@ -257,10 +281,11 @@ keep = 2
 server_key_file = "/run/credentials/$unit.service/server.key"
 allowed_clients_file = "$test_dir/clients"
 EOF
-for name in server client1 client2; do
-    "$tool" keygen --out "$upper$test_dir/$name" >/dev/null || fail "'$tool_name keygen --out $name' exited $?"
-done
-cp "$upper$test_dir/client1.pub" "$upper$test_dir/clients"
+    for name in server client1 client2; do
+        "$tool" keygen --out "$upper$test_dir/$name" >/dev/null || fail "'$tool_name keygen --out $name' exited $?"
+    done
+    cp "$upper$test_dir/client1.pub" "$upper$test_dir/clients"
+fi
 
 # --- Boot. ---
 machine=lockstep-test-$$
@@ -371,6 +396,12 @@ read_store() {
     epoch=$(field epoch <<<"$ct_out")
 }
 expected=0  # the store's seq: every action acknowledged so far, each applied exactly once
+
+if ((pair)); then
+    pair_run
+    say "all checks passed in $(since "$started") s"
+    exit 0
+fi
 
 # --- Start: active only once the daemon has recovered and bound its sockets. ---
 phase=$(now)

@@ -25,6 +25,8 @@ package struct DemoClient: Sendable {
     package var daemons: [DaemonEndpoints]
     package var printState: Bool
     package var conflictCommands: Bool
+    /// What the replicas log, to standard error: a takeover's moves (`sending to another daemon`) are at notice.
+    package var logLevel: Logger.Level
 
     package init(
         stores: String,
@@ -38,7 +40,8 @@ package struct DemoClient: Sendable {
         retries: Int,
         daemons: [DaemonEndpoints],
         printState: Bool,
-        conflictCommands: Bool = false
+        conflictCommands: Bool = false,
+        logLevel: Logger.Level = .warning
     ) {
         self.stores = stores
         self.actions = actions
@@ -52,11 +55,12 @@ package struct DemoClient: Sendable {
         self.daemons = daemons
         self.printState = printState
         self.conflictCommands = conflictCommands
+        self.logLevel = logLevel
     }
 
     package func run() async throws {
         var logger = Logger(label: "lockstep.demo-client")
-        logger.logLevel = .warning
+        logger.logLevel = logLevel
         var configuration = ReplicaConfiguration(daemons: daemons)
         configuration.eventsQueue = eventsQueue
         configuration.requestTimeout = .milliseconds(timeoutMs)

@@ -60,6 +60,9 @@ struct DemoClientCommand: AsyncParsableCommand {
     )
     var eventsEndpoints: [String] = []
 
+    @Option(help: "What the replicas log to standard error: trace … critical (notice shows a takeover's moves).")
+    var logLevel = "warning"
+
     @Flag(help: "Put each store's state in the final report.")
     var printState = false
 
@@ -75,6 +78,10 @@ struct DemoClientCommand: AsyncParsableCommand {
                 "give one --events-endpoint for each --command-endpoint, in the same order; got "
                     + "\(commandEndpoints.count) command and \(eventsEndpoints.count) events endpoints"
             )
+        }
+        guard Logger.Level(rawValue: logLevel) != nil else {
+            let levels = Logger.Level.allCases.map(\.rawValue).joined(separator: ", ")
+            throw ValidationError("--log-level must be one of \(levels), got '\(logLevel)'")
         }
     }
 
@@ -93,7 +100,8 @@ struct DemoClientCommand: AsyncParsableCommand {
                 ? [DaemonEndpoints.defaults]
                 : zip(commandEndpoints, eventsEndpoints).map { DaemonEndpoints(command: $0, events: $1) },
             printState: printState,
-            conflictCommands: conflictCommands
+            conflictCommands: conflictCommands,
+            logLevel: Logger.Level(rawValue: logLevel) ?? .warning
         )
         try await client.run()
     }

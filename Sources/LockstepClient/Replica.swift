@@ -879,6 +879,12 @@ private struct Engine<D: Domain> {
     /// again there; after a `not_leader` from every daemon that answers, after a pause.
     mutating func moveOn(_ move: Move, _ link: inout Link, now: ContinuousClock.Instant) throws {
         let from = link.search.endpoint
+        let because =
+            switch move {
+            case .notLeader: "not the leader"
+            case _ where link.search.currentIsStandingBy: "a standby, and a request's try ran out"
+            default: "no answer in time"
+            }
         var pause = Duration.zero
         if move == .notLeader {
             pause = link.search.notLeader()
@@ -891,7 +897,7 @@ private struct Engine<D: Domain> {
                 "sending to another daemon",
                 metadata: [
                     "from": "\(from)", "to": "\(link.search.endpoint)",
-                    "because": "\(move == .notLeader ? "not the leader" : "no answer in time")",
+                    "because": "\(because)",
                 ]
             )
         }

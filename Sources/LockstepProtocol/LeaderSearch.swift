@@ -36,6 +36,9 @@ public struct LeaderSearch: Hashable, Sendable {
     /// The command endpoint requests go to now.
     public var endpoint: String { endpoints[current] }
 
+    /// Whether the daemon requests go to now said `not_leader` since a leader last answered: alive, standing by.
+    public var currentIsStandingBy: Bool { standingBy.contains(current) }
+
     /// The current daemon answered a request with anything but `not_leader`: it leads (or serves alone), and what
     /// was learnt about the others is stale.
     public mutating func answered() {

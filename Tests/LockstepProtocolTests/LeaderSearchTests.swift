@@ -36,7 +36,9 @@ import Testing
         search.timedOut()
         #expect(search.endpoint == "b")
         // b says not_leader: a is silent, so b is asked again, after a pause, not the dead a at once.
+        #expect(!search.currentIsStandingBy)
         #expect(search.notLeader() == LeaderSearch.pause)
+        #expect(search.currentIsStandingBy)
         #expect(search.endpoint == "b")
         #expect(search.notLeader() == LeaderSearch.pause)
         #expect(search.endpoint == "b")

@@ -39,28 +39,60 @@ final class Faults {
         return true
     }
 
-    /// Stops the load, checks the journal against its acknowledgements, and the watchers against the daemon.
+    /// Waits until every watcher is at `daemon`'s todos (seq, digest), with the load paused or stopped; what went
+    /// wrong, if anything.
+    private func converge(_ watchers: [ReplicaClient], on daemon: Daemon) throws -> String? {
+        let expected = try daemon.digests(["todos"])
+        var failure: String?
+        for (index, watcher) in watchers.enumerated() {
+            if !watcher.converge(on: expected, within: .seconds(30)) {
+                failure = "replica \(index + 1) did not reach the daemon's \(expected["todos"]!)"
+            }
+            if let divergences = watcher.store("todos")?.divergences, divergences > 0 {
+                failure = "replica \(index + 1) diverged \(divergences) times"
+            }
+        }
+        return failure
+    }
+
+    /// Stops the load, checks the watchers against the daemon, and the journal against the load's
+    /// acknowledgements.
     private func settle(
         _ daemon: Daemon,
         _ load: Load,
         watchers: [ReplicaClient],
         into result: inout FaultResult
     ) throws {
-        load.stop()
-        let expected = try daemon.digests(["todos"])
-        for (index, watcher) in watchers.enumerated() {
-            if !watcher.converge(on: expected, within: .seconds(30)) {
-                result.failure = "replica \(index + 1) did not reach the daemon's \(expected["todos"]!)"
-            }
-            if let divergences = watcher.store("todos")?.divergences, divergences > 0 {
-                result.failure = "replica \(index + 1) diverged \(divergences) times"
-            }
-            if (try? watcher.stop())?.status != 0 { result.failure = "replica \(index + 1) did not exit cleanly" }
+        try settle(load, leader: daemon, watchers: watchers, into: &result) {
+            try SQLiteJournal(directory: daemon.data, readOnly: true)
         }
-        if daemon.stop() != 0 { result.failure = result.failure ?? "lockstepd did not exit 0 on SIGTERM" }
-        let (lost, problems) = try checkJournal(daemon.data, acks: load.acks)
-        result.lost += lost
-        result.notes += problems
+    }
+
+    /// The same for a leader and its standbys: they are stopped, standbys first, and `journal` is read once they
+    /// are; none of `absent` (texts of refused dispatches) may be in it.
+    private func settle(
+        _ load: Load,
+        leader: Daemon,
+        standbys: [Daemon] = [],
+        watchers: [ReplicaClient],
+        absent: Set<String> = [],
+        into result: inout FaultResult,
+        journal: () throws -> any Journal
+    ) throws {
+        load.stop()
+        if let failure = try converge(watchers, on: leader) { result.failure = failure }
+        for (index, watcher) in watchers.enumerated() where (try? watcher.stop())?.status != 0 {
+            result.failure = "replica \(index + 1) did not exit cleanly"
+        }
+        for daemon in standbys + [leader] where daemon.stop() != 0 {
+            result.failure = result.failure ?? "lockstepd did not exit 0 on SIGTERM; see \(daemon.log.path)"
+        }
+        let opened = try journal()
+        defer { try? opened.close() }
+        let check = try checkJournal(opened, acks: load.acks, absent: absent)
+        result.lost += check.lost + check.duplicated + check.unexpected
+        result.notes += check.problems
+        if check.holes > 0 { result.failure = result.failure ?? "the journal's seqs have \(check.holes) holes" }
         result.notes.append(
             "\(load.acks.count) dispatches acknowledged and found once at their seq; \(load.unanswered) gave up "
                 + "(allowed: at most once)"
@@ -73,8 +105,8 @@ final class Faults {
     func killUnderLoad() throws -> FaultResult {
         let daemon = try Daemon(folder: folder.appendingPathComponent("kill"), configuration: Self.keepHistory)
         try daemon.start()
-        let watchers = try (0..<2).map { _ in try ReplicaClient(watching: daemon, stores: ["todos"]) }
-        let load = Load(endpoint: daemon.command, label: "kill")
+        let watchers = try (0..<2).map { _ in try ReplicaClient(watching: [daemon], stores: ["todos"]) }
+        let load = Load(endpoints: [daemon.command], label: "kill")
         load.start()
         defer { load.stop() }
         let cycles = long ? 200 : 20
@@ -119,9 +151,15 @@ final class Faults {
     func stopDaemon() throws -> FaultResult {
         let daemon = try Daemon(folder: folder.appendingPathComponent("stop"), configuration: Self.keepHistory)
         try daemon.start()
-        let watchers = [try ReplicaClient(watching: daemon, stores: ["todos"])]
+        let watchers = [try ReplicaClient(watching: [daemon], stores: ["todos"])]
         // A 200 ms timeout: a 1 s stop makes every client retry several times, on fresh sockets.
-        let load = Load(endpoint: daemon.command, label: "stop", threads: 2, timeout: .milliseconds(200), retries: 30)
+        let load = Load(
+            endpoints: [daemon.command],
+            label: "stop",
+            threads: 2,
+            timeout: .milliseconds(200),
+            retries: 30
+        )
         load.start()
         defer { load.stop() }
         var result = FaultResult(injected: 0, survived: 0, lost: 0)
@@ -147,7 +185,7 @@ final class Faults {
             configuration: Self.keepHistory + "[limits]\nevents_queue = 100\n"
         )
         try daemon.start()
-        let watcher = try ReplicaClient(watching: daemon, stores: ["counter"], eventsQueue: 100)
+        let watcher = try ReplicaClient(watching: [daemon], stores: ["counter"], eventsQueue: 100)
         let client = CommandClient(context: try Context(), endpoint: daemon.command, timeout: .seconds(5), retries: 2)
         var result = FaultResult(injected: 0, survived: 0, lost: 0)
         var number: UInt64 = 0
@@ -320,7 +358,7 @@ final class Faults {
             data: mountPoint.path
         )
         try daemon.start()
-        let load = Load(endpoint: daemon.command, label: "full", threads: 2)
+        let load = Load(endpoints: [daemon.command], label: "full", threads: 2)
         load.start()
         defer { load.stop() }
         var result = FaultResult(injected: 0, survived: 0, lost: 0)
@@ -371,8 +409,8 @@ final class Faults {
             data: data
         )
         try daemon.start()
-        let watchers = syncOff ? [] : [try ReplicaClient(watching: daemon, stores: ["todos"])]
-        let load = Load(endpoint: daemon.command, label: syncOff ? "nosync" : "power")
+        let watchers = syncOff ? [] : [try ReplicaClient(watching: [daemon], stores: ["todos"])]
+        let load = Load(endpoints: [daemon.command], label: syncOff ? "nosync" : "power")
         load.start()
         defer { load.stop() }
         let cycles = syncOff ? 3 : long ? 200 : 10
@@ -435,7 +473,7 @@ final class Faults {
             data: data
         )
         try daemon.start()
-        let load = Load(endpoint: daemon.command, label: "eio")
+        let load = Load(endpoints: [daemon.command], label: "eio")
         load.start()
         defer { load.stop() }
         var result = FaultResult(injected: 0, survived: 0, lost: 0)
@@ -712,8 +750,8 @@ final class Faults {
             ]
         )
         try daemon.start()
-        let watcher = try ReplicaClient(watching: daemon, stores: ["todos"])
-        let load = Load(endpoint: daemon.command, label: "clock", threads: 2)
+        let watcher = try ReplicaClient(watching: [daemon], stores: ["todos"])
+        let load = Load(endpoints: [daemon.command], label: "clock", threads: 2)
         load.start()
         defer { load.stop() }
         var result = FaultResult(injected: 0, survived: 0, lost: 0)

@@ -107,38 +107,77 @@ struct Ack: Hashable {
     var seq: SequenceNumber
 }
 
-/// Client threads adding todos with unique texts through Lazy Pirate clients, keeping every acknowledgement.
+/// Client threads adding todos with unique texts through Lazy Pirate clients, keeping every acknowledgement. Given
+/// several daemons' command endpoints (a leader and its standbys), each client finds the leader by asking.
+///
+// Shared between threads without the compiler's check, and why that is sound: every stored property is a `let`,
+// and the one that changes, `shared`, is a `LockedValue`, read and written only inside `withLockedValue`.
 final class Load: @unchecked Sendable {
-    private let endpoint: String
+    /// What the threads are asked to do.
+    private enum Phase {
+        case running
+        case paused
+        case stopping
+    }
+
+    /// What the threads and the suite share.
+    private struct Shared {
+        var phase = Phase.running
+        var acks: [Ack] = []
+        var unanswered = 0
+        var refused: [String] = []
+        /// Threads not finished.
+        var running = 0
+        /// Threads with a dispatch in flight.
+        var busy = 0
+    }
+
+    private let endpoints: [String]
     private let threads: Int
     private let timeout: Duration
     private let retries: Int
-    private let state = LockedValue<(acks: [Ack], unanswered: Int, refused: [String], running: Int)>(([], 0, [], 0))
-    private let stopping = LockedValue(false)
+    private let shared = LockedValue(Shared())
     private let label: String
 
-    init(endpoint: String, label: String, threads: Int = 4, timeout: Duration = .milliseconds(300), retries: Int = 40) {
-        self.endpoint = endpoint
+    init(
+        endpoints: [String],
+        label: String,
+        threads: Int = 4,
+        timeout: Duration = .milliseconds(300),
+        retries: Int = 40
+    ) {
+        self.endpoints = endpoints
         self.label = label
         self.threads = threads
         self.timeout = timeout
         self.retries = retries
     }
 
-    var acks: [Ack] { state.withLockedValue { $0.acks } }
-    var unanswered: Int { state.withLockedValue { $0.unanswered } }
-    var refused: [String] { state.withLockedValue { $0.refused } }
+    var acks: [Ack] { shared.withLockedValue { $0.acks } }
+    var unanswered: Int { shared.withLockedValue { $0.unanswered } }
+    var refused: [String] { shared.withLockedValue { $0.refused } }
 
     func start() {
         for thread in 0..<threads {
-            state.withLockedValue { $0.running += 1 }
+            shared.withLockedValue { $0.running += 1 }
             let worker = Thread { [self] in
-                defer { state.withLockedValue { $0.running -= 1 } }
+                defer { shared.withLockedValue { $0.running -= 1 } }
                 guard let context = try? Context() else { return }
-                let client = CommandClient(context: context, endpoint: endpoint, timeout: timeout, retries: retries)
+                let client = CommandClient(context: context, endpoints: endpoints, timeout: timeout, retries: retries)
                 let clientID = ClientID.random()
                 var number: UInt64 = 0
-                while !stopping.withLockedValue({ $0 }) {
+                while true {
+                    // Busy from the moment it reads `running`, under the same lock: `pause()` waits for every
+                    // dispatch begun before it.
+                    let phase = shared.withLockedValue { shared in
+                        if shared.phase == .running { shared.busy += 1 }
+                        return shared.phase
+                    }
+                    if phase == .stopping { break }
+                    if phase == .paused {
+                        Thread.sleep(forTimeInterval: 0.005)
+                        continue
+                    }
                     number += 1
                     let text = "\(label)-\(thread)-\(number)"
                     let request = Request.dispatch(
@@ -150,17 +189,15 @@ final class Load: @unchecked Sendable {
                             actions: [Array(#"{"add":{"text":"\#(text)"}}"#.utf8)]
                         )
                     )
-                    do {
-                        let reply = try client.call(request)
-                        state.withLockedValue { state in
-                            switch reply {
-                            case let .accepted(_, _, seq, _): state.acks.append(Ack(text: text, seq: seq))
-                            case let .error(_, error): state.refused.append("\(error)")
-                            default: state.refused.append("\(reply)")
-                            }
+                    let reply = try? client.call(request)
+                    shared.withLockedValue { shared in
+                        shared.busy -= 1
+                        switch reply {
+                        case let .accepted(_, _, seq, _)?: shared.acks.append(Ack(text: text, seq: seq))
+                        case let .error(_, error)?: shared.refused.append("\(error)")
+                        case let reply?: shared.refused.append("\(reply)")
+                        case nil: shared.unanswered += 1
                         }
-                    } catch {
-                        state.withLockedValue { $0.unanswered += 1 }
                     }
                 }
             }
@@ -168,22 +205,56 @@ final class Load: @unchecked Sendable {
         }
     }
 
+    /// Holds the threads and waits until none has a dispatch in flight (each finishes the one it has, at most
+    /// every try of it): nothing is dispatched until ``resume()``. False if one was still in flight then.
+    @discardableResult
+    func pause() -> Bool {
+        shared.withLockedValue { if $0.phase == .running { $0.phase = .paused } }
+        return waitUntil { $0.busy == 0 }
+    }
+
+    /// Lets paused threads dispatch again.
+    func resume() {
+        shared.withLockedValue { if $0.phase == .paused { $0.phase = .running } }
+    }
+
     /// Stops the threads and waits for them (each finishes its dispatch in flight).
     func stop() {
-        stopping.withLockedValue { $0 = true }
+        shared.withLockedValue { $0.phase = .stopping }
+        waitUntil { $0.running == 0 }
+    }
+
+    /// Waits until `condition` holds of what the threads share, at most as long as every try of a dispatch.
+    @discardableResult
+    private func waitUntil(_ condition: (Shared) -> Bool) -> Bool {
         let deadline = ContinuousClock.now + timeout * (retries + 2)
-        while state.withLockedValue({ $0.running }) > 0, ContinuousClock.now < deadline {
+        while !shared.withLockedValue({ condition($0) }) {
+            guard ContinuousClock.now < deadline else { return false }
             Thread.sleep(forTimeInterval: 0.01)
         }
+        return true
     }
 }
 
-/// What the journal holds for `todos`, checked against the acknowledgements: each acknowledged text at the seq
-/// it was acknowledged with, and every text at most once. Returns the number of acknowledged actions lost or
-/// misplaced, and a description of the first problems.
-func checkJournal(_ directory: String, acks: [Ack]) throws -> (lost: Int, problems: [String]) {
-    let journal = try SQLiteJournal(directory: directory, readOnly: true)
-    defer { try? journal.close() }
+/// What the journal holds for `todos`, against what the clients were told.
+struct JournalCheck {
+    /// The todos events in the journal.
+    var events = 0
+    /// Acknowledged dispatches not found exactly once at the seq they were acknowledged with.
+    var lost = 0
+    /// Texts the journal holds more than once.
+    var duplicated = 0
+    /// Seqs missing between 1 and the last.
+    var holes = 0
+    /// Texts that must not be there (refused dispatches) that are.
+    var unexpected = 0
+    /// The first problems, described.
+    var problems: [String] = []
+}
+
+/// Checks the `todos` store of `journal` against the acknowledgements: each acknowledged text at the seq it was
+/// acknowledged with, every text at most once, none of `absent`, and the seqs 1…N without a hole.
+func checkJournal(_ journal: any Journal, acks: [Ack], absent: Set<String> = []) throws -> JournalCheck {
     var texts: [SequenceNumber: String] = [:]
     var seen: [String: Int] = [:]
     var from: SequenceNumber = 1
@@ -203,31 +274,38 @@ func checkJournal(_ directory: String, acks: [Ack]) throws -> (lost: Int, proble
         guard let last = events.last, events.count == 10_000 else { break }
         from = last.seq + 1
     }
-    var problems: [String] = []
-    var lost = 0
+    var check = JournalCheck(events: texts.count)
     for ack in acks where texts[ack.seq] != ack.text || seen[ack.text] != 1 {
-        lost += 1
-        if problems.count < 5 {
-            problems.append(
+        check.lost += 1
+        if check.problems.count < 5 {
+            check.problems.append(
                 "'\(ack.text)' was acknowledged as seq \(ack.seq); the journal has "
                     + "'\(texts[ack.seq] ?? "nothing")' there and the text \(seen[ack.text] ?? 0) times"
             )
         }
     }
-    for (text, count) in seen where count > 1 && problems.count < 10 {
-        problems.append("'\(text)' is in the journal \(count) times")
-        lost += 1
+    for (text, count) in seen where count > 1 {
+        check.duplicated += 1
+        if check.problems.count < 10 { check.problems.append("'\(text)' is in the journal \(count) times") }
     }
-    return (lost, problems)
+    for text in absent.sorted() where seen[text] != nil {
+        check.unexpected += 1
+        if check.problems.count < 10 { check.problems.append("'\(text)' was refused, yet is in the journal") }
+    }
+    let last = texts.keys.max() ?? 0
+    check.holes = Int(last) - texts.count
+    if check.holes > 0, let first = (1...last).first(where: { texts[$0] == nil }) {
+        check.problems.append("\(check.holes) seqs missing below the last, \(last); the first is \(first)")
+    }
+    return check
 }
 
 extension ReplicaClient {
-    /// A demo client of `daemon` that only watches.
-    convenience init(watching daemon: Daemon, stores: [String], eventsQueue: Int = 100_000) throws {
+    /// A demo client that only watches: of one daemon, or of a leader and its standbys, following whichever leads.
+    convenience init(watching daemons: [Daemon], stores: [String], eventsQueue: Int = 100_000) throws {
         try self.init(
             lockstep: Binaries.lockstep,
-            commandEndpoint: daemon.command,
-            eventsEndpoint: daemon.events,
+            daemons: daemons.map { ($0.command, $0.events) },
             stores: stores,
             actions: 0,
             extra: ["--events-queue", "\(eventsQueue)"]

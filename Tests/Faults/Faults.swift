@@ -177,6 +177,135 @@ final class Faults {
         return result
     }
 
+    // MARK: - Failover
+
+    /// Two daemons on one PostgreSQL journal (docs/operations.md, "Leader and standby") under load from clients
+    /// that hold both command endpoints, followed by replicas that hold both daemons; whichever leads is killed -9
+    /// or stopped, in turn. The other must lead within 5 s; a killed leader comes back as a standby; a stopped one,
+    /// woken, must commit nothing — not even a dispatch queued at its own socket while it slept — and stand by.
+    func failover() throws -> FaultResult {
+        let server = try PostgresServer.start()
+        defer { server.stop() }
+        let connection = try server.createDatabase()
+        let daemons = try ["a", "b"].map { name in
+            try Daemon(
+                folder: folder.appendingPathComponent("failover-\(name)"),
+                configuration: "journal = \"postgres\"\npostgres = \"\(connection)\"\ndomains = [\"todos\"]\n"
+                    + "[lease]\nname = \"\(name)\"\n" + Self.keepHistory
+            )
+        }
+        // Killed (stopped ones too) before the server stops, whatever happens.
+        defer { for daemon in daemons { daemon.kill() } }
+        try daemons[0].start()
+        try daemons[1].start()
+        let watchers = try (0..<4).map { _ in try ReplicaClient(watching: daemons, stores: ["todos"]) }
+        let load = Load(endpoints: daemons.map(\.command), label: "failover")
+        load.start()
+        defer { load.stop() }
+        var result = FaultResult(injected: 0, survived: 0, lost: 0)
+        var takeovers: (kill: [Duration], stop: [Duration]) = ([], [])
+        var woken = Woken()
+        for cycle in 1...(long ? 40 : 4) {
+            let killing = cycle % 2 == 1
+            let fault = killing ? "kill -9" : "SIGSTOP"
+            guard
+                let (leading, term) = daemons.lazy.compactMap({ daemon in
+                    daemon.status().flatMap { $0.role == "leader" ? (daemon, $0.leader?.term ?? 0) : nil }
+                }).first
+            else {
+                result.failure = "no daemon leads before cycle \(cycle)"
+                break
+            }
+            let successor = daemons.first { $0 !== leading }!
+            guard progresses(load, beyond: load.acks.count) else {
+                result.failure = "no dispatch was acknowledged before cycle \(cycle)"
+                break
+            }
+            pause(20...300)
+            let acked = load.acks.count
+            var queued: QueuedDispatch?
+            if killing {
+                leading.kill()
+            } else {
+                leading.signal(SIGSTOP)
+                queued = try QueuedDispatch(to: leading, text: "fenced-\(cycle)")
+            }
+            let injected = ContinuousClock.now
+            result.injected += 1
+            // Timed by a wait that holds this thread, polling every 20 ms.
+            let led = successor.waitForStatus(within: .seconds(20)) { $0.role == "leader" && $0.leader != nil }
+            let takeover = ContinuousClock.now - injected
+            guard let led, let newLeader = led.leader, newLeader.term > term else {
+                if !killing { leading.signal(SIGCONT) }
+                result.failure =
+                    "cycle \(cycle): the standby did not lead within 20 s of the \(fault); see "
+                    + "\(successor.log.path)"
+                break
+            }
+            var problems: [String] = []
+            let logged = leading.output.utf8.count
+            if let queued {
+                takeovers.stop.append(takeover)
+                leading.signal(SIGCONT)
+                if let problem = try woken.check(queued) { problems.append(problem) }
+            } else {
+                takeovers.kill.append(takeover)
+                try leading.start()
+            }
+            if takeover > .seconds(5) {
+                problems.append("the standby led \(seconds(takeover)) after the \(fault) (the target is 5 s)")
+            }
+            let standing = leading.waitForStatus(within: .seconds(15)) {
+                $0.role == "standby" && $0.leader?.name == newLeader.name && $0.leader?.term == newLeader.term
+            }
+            if standing == nil {
+                problems.append(
+                    "after the \(fault) it did not stand by under \(newLeader.name), term \(newLeader.term); see "
+                        + "\(leading.log.path)"
+                )
+            }
+            if queued != nil, !woken.readLog(leading, since: logged) {
+                problems.append("woken, it logged no commit or renewal refused by the fence; see \(leading.log.path)")
+            }
+            if !progresses(load, beyond: acked) { problems.append("no dispatch was acknowledged after the takeover") }
+            // A quiet moment: nothing in flight, so the leader's state is the one every replica must reach.
+            if !load.pause() { problems.append("a dispatch was still in flight after all its tries") }
+            if let failure = try converge(watchers, on: successor) { problems.append(failure) }
+            load.resume()
+            if problems.isEmpty {
+                result.survived += 1
+            } else {
+                result.failure = "cycle \(cycle) (\(fault)): " + problems.joined(separator: "; ")
+            }
+        }
+        func figures(_ durations: [Duration]) -> String {
+            "median \(seconds(median(durations))), worst \(seconds(durations.max())), best \(seconds(durations.min()))"
+        }
+        result.notes.append(
+            "takeover, fault to the other's STATUS saying leader (target 5 s): "
+                + "\(figures(takeovers.kill + takeovers.stop)) over \(takeovers.kill.count + takeovers.stop.count); "
+                + "kill -9 \(figures(takeovers.kill)); SIGSTOP \(figures(takeovers.stop))"
+        )
+        result.notes.append(woken.summary)
+        let stores = watchers.compactMap { $0.store("todos") }
+        result.notes.append(
+            "replicas: \(stores.map(\.divergences).reduce(0, +)) divergences, \(stores.map(\.resyncs).reduce(0, +)) "
+                + "resyncs, \(stores.map(\.repairs).reduce(0, +)) gaps repaired by range"
+        )
+        let leader = daemons.first { $0.status()?.role == "leader" } ?? daemons[0]
+        try settle(
+            load,
+            leader: leader,
+            standbys: daemons.filter { $0 !== leader },
+            watchers: watchers,
+            absent: woken.texts,
+            into: &result
+        ) {
+            try PostgresJournal(connection: connection, readOnly: true)
+        }
+        return result
+    }
+
     // MARK: - SIGSTOP of a replica
 
     func stopReplica() throws -> FaultResult {

@@ -47,6 +47,8 @@ final class Daemon {
     var events: String { process.events }
     var isRunning: Bool { process.isRunning }
     var log: URL { process.log }
+    /// What the current (or last) start has written to its log so far.
+    var output: String { process.output }
     func signal(_ signal: Int32) { process.signal(signal) }
     func kill() { process.kill() }
     @discardableResult func stop() -> Int32? { process.stop() }
@@ -59,6 +61,17 @@ final class Daemon {
     func start(environment extra: [String: String] = [:], arguments: [String] = [], waitForReady: Bool = true) throws {
         try process.start(arguments: arguments, environment: extra)
         if waitForReady { try process.waitUntilServing(within: .seconds(15)) }
+    }
+
+    /// Its STATUS once `condition` holds of it, asked every 20 ms by a wait that holds this thread (an answer's own
+    /// wait is at most 300 ms); `nil` if it did not within `timeout`.
+    func waitForStatus(within timeout: Duration, until condition: (DaemonStatus) -> Bool) -> DaemonStatus? {
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            if let status = status(), condition(status) { return status }
+            Thread.sleep(forTimeInterval: 0.02)
+        }
+        return nil
     }
 
     /// Each store's (seq, digest) from its snapshot.
@@ -316,6 +329,106 @@ extension ReplicaClient {
     func converge(on expected: [String: Digest], within timeout: Duration) -> Bool {
         converge(on: expected.mapValues { (seq: $0.seq, digest: $0.digest) }, within: timeout)
     }
+}
+
+/// A dispatch sent straight to one daemon on a DEALER of its own, e.g. while the daemon is stopped (it waits in the
+/// daemon's socket until the daemon reads it); its answer is read from the same socket.
+final class QueuedDispatch {
+    /// The todo's text: unique, so the journal shows whether it was kept.
+    let text: String
+    private let socket: Socket
+
+    init(to daemon: Daemon, text: String) throws {
+        self.text = text
+        socket = try Socket(try Context(), type: .dealer)
+        try socket.set(.linger, 0)
+        try socket.connect(daemon.command)
+        let request = Request.dispatch(
+            DispatchRequest(
+                requestID: 1,
+                domainVersion: 1,
+                clientID: ClientID.random(),
+                store: try StoreName("todos"),
+                actions: [Array(#"{"add":{"text":"\#(text)"}}"#.utf8)]
+            )
+        )
+        guard try socket.send(request.encode(), wait: false) else {
+            throw SuiteError("could not queue a dispatch for \(daemon.command)")
+        }
+    }
+
+    deinit { socket.close() }
+
+    /// The daemon's answer, waiting at most `timeout`; `nil` if none came.
+    func answer(within timeout: Duration) throws -> Reply? {
+        try socket.set(.receiveTimeout, Int32(timeout / .milliseconds(1)))
+        return try socket.receive().map { try Reply.decode($0) }
+    }
+}
+
+/// What leaders woken after a takeover did with the dispatches queued for them while they were stopped, and what
+/// their logs say: the proof that the fence holds.
+struct Woken {
+    /// The queued dispatches' texts: none may be in the journal.
+    private(set) var texts: Set<String> = []
+    /// How each queued dispatch was answered.
+    private var answers: [String: Int] = [:]
+    /// Per woken leader, its commits the fence refused (`[fenced]` on a `commit failed` line of its log) and its
+    /// renewals it refused (`[fenced]` on a line of a renewal: an idle leader's, or the one after a commit whose
+    /// session the server ended while the daemon slept).
+    private var fenced: [(commits: Int, renewals: Int)] = []
+
+    /// Reads the answer to `queued` from the daemon, woken just now; a problem, if it accepted the dispatch or did
+    /// not answer.
+    mutating func check(_ queued: QueuedDispatch) throws -> String? {
+        texts.insert(queued.text)
+        switch try queued.answer(within: .seconds(10)) {
+        case let .error(_, error)? where error.code == .notLeader && error.reason.contains("no longer leads"):
+            answers["not_leader (its leadership ended)", default: 0] += 1
+        case let .error(_, error)? where error.code == .notLeader:
+            answers["not_leader (standing by)", default: 0] += 1
+        case let .error(_, error)?:
+            answers["\(error.code)", default: 0] += 1
+        case let reply?:
+            return "the leader woken after the takeover answered a dispatch queued while it was stopped with \(reply)"
+        case nil:
+            return "the leader woken after the takeover did not answer a dispatch queued while it was stopped"
+        }
+        return nil
+    }
+
+    /// Counts what the fence refused in the lines `daemon`'s log gained since it held `offset` bytes; read once
+    /// the daemon stands by, so the lines are all there. False when it refused nothing.
+    mutating func readLog(_ daemon: Daemon, since offset: Int) -> Bool {
+        let lines = String(decoding: daemon.output.utf8.dropFirst(offset), as: UTF8.self).split(separator: "\n")
+        let refused = lines.filter { $0.contains("[fenced]") }
+        fenced.append(
+            (
+                refused.filter { $0.contains("commit failed") }.count,
+                refused.filter { $0.contains("renewal:") }.count
+            )
+        )
+        return fenced.last!.commits + fenced.last!.renewals > 0
+    }
+
+    /// One line for the report.
+    var summary: String {
+        let how = answers.sorted { $0.key < $1.key }.map { "\($0.value) \($0.key)" }.joined(separator: ", ")
+        let perWake = fenced.map { "\($0.commits)+\($0.renewals)" }.joined(separator: ", ")
+        return "woken leaders: \(texts.count) dispatches queued while stopped, none kept: \(how); fenced commits + "
+            + "renewals logged per wake: \(perWake) (\(fenced.map(\.commits).reduce(0, +)) commits, "
+            + "\(fenced.map(\.renewals).reduce(0, +)) renewals in all)"
+    }
+}
+
+/// `duration` in seconds with two decimals, e.g. `3.07 s`; `-` for none.
+func seconds(_ duration: Duration?) -> String {
+    duration.map { String(format: "%.2f s", Double($0 / .milliseconds(1)) / 1_000) } ?? "-"
+}
+
+/// The median of `durations` (the upper one of an even count); `nil` for none.
+func median(_ durations: [Duration]) -> Duration? {
+    durations.isEmpty ? nil : durations.sorted()[durations.count / 2]
 }
 
 /// The power-cut filesystem (Tests/PowerCut/unsyncedfs.py) mounted for one fault class: a FUSE passthrough that

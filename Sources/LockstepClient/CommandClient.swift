@@ -233,9 +233,12 @@ public final class CommandClient {
         socket = nil
     }
 
-    /// The next message on the socket, waiting until `deadline` at most.
+    /// The next message on the socket, waiting until `deadline` at most. After a `not_leader` the socket is closed
+    /// and nothing is sent until the search's pause is over: the socket to the daemon asked next is opened here, so
+    /// that the pause is waited out in a poll (returning at once without a socket, the caller's loop spun through
+    /// it).
     private func receive(until deadline: ContinuousClock.Instant) -> [[UInt8]]? {
-        guard let socket else { return nil }
+        guard let socket = try? openSocket() else { return nil }
         let wait = max(.zero, deadline - .now)
         guard let ready = try? Poller([.socket(socket, .readable)]).poll(timeout: wait), ready[0].contains(.readable)
         else { return nil }

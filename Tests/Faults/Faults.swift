@@ -208,12 +208,8 @@ final class Faults {
         for cycle in 1...(long ? 40 : 4) {
             let killing = cycle % 2 == 1
             let fault = killing ? "kill -9" : "SIGSTOP"
-            guard
-                let (leading, term) = daemons.lazy.compactMap({ daemon in
-                    daemon.status().flatMap { $0.role == "leader" ? (daemon, $0.leader?.term ?? 0) : nil }
-                }).first
-            else {
-                result.failure = "no daemon leads before cycle \(cycle)"
+            guard let (leading, term) = leader(of: daemons) else {
+                result.failure = result.failure ?? "no daemon said it leads within 10 s before cycle \(cycle)"
                 break
             }
             let successor = daemons.first { $0 !== leading }!
@@ -224,13 +220,17 @@ final class Faults {
             pause(20...300)
             let acked = load.acks.count
             var queued: QueuedDispatch?
+            let injected = ContinuousClock.now
             if killing {
                 leading.kill()
             } else {
-                leading.signal(SIGSTOP)
+                guard leading.pause() else {
+                    leading.signal(SIGCONT)
+                    result.failure = result.failure ?? "cycle \(cycle): lockstepd did not stop within 2 s of SIGSTOP"
+                    break
+                }
                 queued = try QueuedDispatch(to: leading, text: "fenced-\(cycle)")
             }
-            let injected = ContinuousClock.now
             result.injected += 1
             // Timed by a wait that holds this thread, polling every 20 ms.
             let led = successor.waitForStatus(within: .seconds(20)) { $0.role == "leader" && $0.leader != nil }
@@ -238,7 +238,7 @@ final class Faults {
             guard let led, let newLeader = led.leader, newLeader.term > term else {
                 if !killing { leading.signal(SIGCONT) }
                 result.failure =
-                    "cycle \(cycle): the standby did not lead within 20 s of the \(fault); see "
+                    result.failure ?? "cycle \(cycle): the standby did not lead within 20 s of the \(fault); see "
                     + "\(successor.log.path)"
                 break
             }
@@ -275,7 +275,9 @@ final class Faults {
             if problems.isEmpty {
                 result.survived += 1
             } else {
-                result.failure = "cycle \(cycle) (\(fault)): " + problems.joined(separator: "; ")
+                // Every cycle's problems are kept: the first is the class's failure, the others are notes.
+                let failure = "cycle \(cycle) (\(fault)): " + problems.joined(separator: "; ")
+                if result.failure == nil { result.failure = failure } else { result.notes.append(failure) }
             }
         }
         func figures(_ durations: [Duration]) -> String {
@@ -292,7 +294,7 @@ final class Faults {
             "replicas: \(stores.map(\.divergences).reduce(0, +)) divergences, \(stores.map(\.resyncs).reduce(0, +)) "
                 + "resyncs, \(stores.map(\.repairs).reduce(0, +)) gaps repaired by range"
         )
-        let leader = daemons.first { $0.status()?.role == "leader" } ?? daemons[0]
+        let leader = leader(of: daemons)?.daemon ?? daemons[0]
         try settle(
             load,
             leader: leader,
@@ -304,6 +306,22 @@ final class Faults {
             try PostgresJournal(connection: connection, readOnly: true)
         }
         return result
+    }
+
+    /// The daemon whose STATUS says it leads, and its term: each is asked in turn, with a second to answer (a
+    /// leader busy with a commit and a digest can take longer than the usual 300 ms), for at most 10 s.
+    private func leader(of daemons: [Daemon]) -> (daemon: Daemon, term: UInt64)? {
+        let deadline = ContinuousClock.now + .seconds(10)
+        while ContinuousClock.now < deadline {
+            for daemon in daemons {
+                if let status = daemon.status(timeout: .seconds(1)), status.role == "leader", let leader = status.leader
+                {
+                    return (daemon, leader.term)
+                }
+            }
+            Thread.sleep(forTimeInterval: 0.05)
+        }
+        return nil
     }
 
     // MARK: - SIGSTOP of a replica

@@ -53,8 +53,8 @@ final class Daemon {
     func kill() { process.kill() }
     @discardableResult func stop() -> Int32? { process.stop() }
     func memory() -> (residentKiB: Int, peakKiB: Int) { process.memory() }
-    /// Whether it answers STATUS within 300 ms.
-    func status() -> DaemonStatus? { process.status() }
+    /// Its STATUS, if it answers within `timeout`.
+    func status(timeout: Duration = .milliseconds(300)) -> DaemonStatus? { process.status(timeout: timeout) }
 
     /// Starts it (with extra environment) and waits until it answers, at most 15 s; or, with `waitForReady`
     /// false, returns at once.
@@ -72,6 +72,26 @@ final class Daemon {
             Thread.sleep(forTimeInterval: 0.02)
         }
         return nil
+    }
+
+    /// SIGSTOP, and a wait until every thread of it has stopped (at most 2 s; false if one had not): the kernel
+    /// stops a process's threads after `kill` returns, and on a busy machine they may run on for milliseconds —
+    /// long enough to take and commit a request meant to find it stopped.
+    func pause() -> Bool {
+        signal(SIGSTOP)
+        let tasks = "/proc/\(process.processIdentifier)/task"
+        let deadline = ContinuousClock.now + .seconds(2)
+        while ContinuousClock.now < deadline {
+            let threads = (try? FileManager.default.contentsOfDirectory(atPath: tasks)) ?? []
+            let states = threads.compactMap { thread in
+                // The state is the field after the name, which is in parentheses and may hold spaces.
+                (try? String(contentsOfFile: "\(tasks)/\(thread)/stat", encoding: .utf8))
+                    .flatMap { $0.split(separator: ")").last?.split(separator: " ").first }
+            }
+            if !states.isEmpty, states.allSatisfy({ $0 == "T" }) { return true }
+            Thread.sleep(forTimeInterval: 0.001)
+        }
+        return false
     }
 
     /// Each store's (seq, digest) from its snapshot.

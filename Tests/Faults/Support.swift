@@ -142,7 +142,6 @@ struct Ack: Hashable {
 
 /// Client threads adding todos with unique texts through Lazy Pirate clients, keeping every acknowledgement. Given
 /// several daemons' command endpoints (a leader and its standbys), each client finds the leader by asking.
-///
 // Shared between threads without the compiler's check, and why that is sound: every stored property is a `let`,
 // and the one that changes, `shared`, is a `LockedValue`, read and written only inside `withLockedValue`.
 final class Load: @unchecked Sendable {

@@ -1,4 +1,3 @@
-import Foundation
 import Lockstep
 import LockstepProtocol
 import ZeroMQ
@@ -234,14 +233,13 @@ public final class CommandClient {
         socket = nil
     }
 
-    /// The next message on the socket, waiting until `deadline` at most.
+    /// The next message on the socket, waiting until `deadline` at most. After a `not_leader` the socket is closed
+    /// and nothing is sent until the search's pause is over: the socket to the daemon asked next is opened here, so
+    /// that the pause is waited out in a poll (returning at once without a socket, the caller's loop spun through
+    /// it).
     private func receive(until deadline: ContinuousClock.Instant) -> [[UInt8]]? {
+        guard let socket = try? openSocket() else { return nil }
         let wait = max(.zero, deadline - .now)
-        guard let socket else {
-            // No socket while a redirect's pause runs: nothing can arrive before the deadline.
-            Thread.sleep(forTimeInterval: Double(wait / .microseconds(1)) / 1_000_000)
-            return nil
-        }
         guard let ready = try? Poller([.socket(socket, .readable)]).poll(timeout: wait), ready[0].contains(.readable)
         else { return nil }
         return try? socket.receive(wait: false)

@@ -43,6 +43,7 @@ struct FaultSuite: ParsableCommand {
             ("kill -9 under load", faults.killUnderLoad),
             ("SIGSTOP of the daemon", faults.stopDaemon),
             ("SIGSTOP of a replica", faults.stopReplica),
+            ("failover", faults.failover),
             ("journal surgery", faults.journalSurgery),
             ("disk full", faults.diskFull),
             ("power cut", { try faults.powerCut() }),

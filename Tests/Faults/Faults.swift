@@ -39,28 +39,60 @@ final class Faults {
         return true
     }
 
-    /// Stops the load, checks the journal against its acknowledgements, and the watchers against the daemon.
+    /// Waits until every watcher is at `daemon`'s todos (seq, digest), with the load paused or stopped; what went
+    /// wrong, if anything.
+    private func converge(_ watchers: [ReplicaClient], on daemon: Daemon) throws -> String? {
+        let expected = try daemon.digests(["todos"])
+        var failure: String?
+        for (index, watcher) in watchers.enumerated() {
+            if !watcher.converge(on: expected, within: .seconds(30)) {
+                failure = "replica \(index + 1) did not reach the daemon's \(expected["todos"]!)"
+            }
+            if let divergences = watcher.store("todos")?.divergences, divergences > 0 {
+                failure = "replica \(index + 1) diverged \(divergences) times"
+            }
+        }
+        return failure
+    }
+
+    /// Stops the load, checks the watchers against the daemon, and the journal against the load's
+    /// acknowledgements.
     private func settle(
         _ daemon: Daemon,
         _ load: Load,
         watchers: [ReplicaClient],
         into result: inout FaultResult
     ) throws {
-        load.stop()
-        let expected = try daemon.digests(["todos"])
-        for (index, watcher) in watchers.enumerated() {
-            if !watcher.converge(on: expected, within: .seconds(30)) {
-                result.failure = "replica \(index + 1) did not reach the daemon's \(expected["todos"]!)"
-            }
-            if let divergences = watcher.store("todos")?.divergences, divergences > 0 {
-                result.failure = "replica \(index + 1) diverged \(divergences) times"
-            }
-            if (try? watcher.stop())?.status != 0 { result.failure = "replica \(index + 1) did not exit cleanly" }
+        try settle(load, leader: daemon, watchers: watchers, into: &result) {
+            try SQLiteJournal(directory: daemon.data, readOnly: true)
         }
-        if daemon.stop() != 0 { result.failure = result.failure ?? "lockstepd did not exit 0 on SIGTERM" }
-        let (lost, problems) = try checkJournal(daemon.data, acks: load.acks)
-        result.lost += lost
-        result.notes += problems
+    }
+
+    /// The same for a leader and its standbys: they are stopped, standbys first, and `journal` is read once they
+    /// are; none of `absent` (texts of refused dispatches) may be in it.
+    private func settle(
+        _ load: Load,
+        leader: Daemon,
+        standbys: [Daemon] = [],
+        watchers: [ReplicaClient],
+        absent: Set<String> = [],
+        into result: inout FaultResult,
+        journal: () throws -> any Journal
+    ) throws {
+        load.stop()
+        if let failure = try converge(watchers, on: leader) { result.failure = failure }
+        for (index, watcher) in watchers.enumerated() where (try? watcher.stop())?.status != 0 {
+            result.failure = "replica \(index + 1) did not exit cleanly"
+        }
+        for daemon in standbys + [leader] where daemon.stop() != 0 {
+            result.failure = result.failure ?? "lockstepd did not exit 0 on SIGTERM; see \(daemon.log.path)"
+        }
+        let opened = try journal()
+        defer { try? opened.close() }
+        let check = try checkJournal(opened, acks: load.acks, absent: absent)
+        result.lost += check.lost + check.duplicated + check.unexpected
+        result.notes += check.problems
+        if check.holes > 0 { result.failure = result.failure ?? "the journal's seqs have \(check.holes) holes" }
         result.notes.append(
             "\(load.acks.count) dispatches acknowledged and found once at their seq; \(load.unanswered) gave up "
                 + "(allowed: at most once)"
@@ -73,8 +105,8 @@ final class Faults {
     func killUnderLoad() throws -> FaultResult {
         let daemon = try Daemon(folder: folder.appendingPathComponent("kill"), configuration: Self.keepHistory)
         try daemon.start()
-        let watchers = try (0..<2).map { _ in try ReplicaClient(watching: daemon, stores: ["todos"]) }
-        let load = Load(endpoint: daemon.command, label: "kill")
+        let watchers = try (0..<2).map { _ in try ReplicaClient(watching: [daemon], stores: ["todos"]) }
+        let load = Load(endpoints: [daemon.command], label: "kill")
         load.start()
         defer { load.stop() }
         let cycles = long ? 200 : 20
@@ -119,9 +151,15 @@ final class Faults {
     func stopDaemon() throws -> FaultResult {
         let daemon = try Daemon(folder: folder.appendingPathComponent("stop"), configuration: Self.keepHistory)
         try daemon.start()
-        let watchers = [try ReplicaClient(watching: daemon, stores: ["todos"])]
+        let watchers = [try ReplicaClient(watching: [daemon], stores: ["todos"])]
         // A 200 ms timeout: a 1 s stop makes every client retry several times, on fresh sockets.
-        let load = Load(endpoint: daemon.command, label: "stop", threads: 2, timeout: .milliseconds(200), retries: 30)
+        let load = Load(
+            endpoints: [daemon.command],
+            label: "stop",
+            threads: 2,
+            timeout: .milliseconds(200),
+            retries: 30
+        )
         load.start()
         defer { load.stop() }
         var result = FaultResult(injected: 0, survived: 0, lost: 0)
@@ -139,6 +177,153 @@ final class Faults {
         return result
     }
 
+    // MARK: - Failover
+
+    /// Two daemons on one PostgreSQL journal (docs/operations.md, "Leader and standby") under load from clients
+    /// that hold both command endpoints, followed by replicas that hold both daemons; whichever leads is killed -9
+    /// or stopped, in turn. The other must lead within 5 s; a killed leader comes back as a standby; a stopped one,
+    /// woken, must commit nothing — not even a dispatch queued at its own socket while it slept — and stand by.
+    func failover() throws -> FaultResult {
+        let server = try PostgresServer.start()
+        defer { server.stop() }
+        let connection = try server.createDatabase()
+        let daemons = try ["a", "b"].map { name in
+            try Daemon(
+                folder: folder.appendingPathComponent("failover-\(name)"),
+                configuration: "journal = \"postgres\"\npostgres = \"\(connection)\"\ndomains = [\"todos\"]\n"
+                    + "[lease]\nname = \"\(name)\"\n" + Self.keepHistory
+            )
+        }
+        // Killed (stopped ones too) before the server stops, whatever happens.
+        defer { for daemon in daemons { daemon.kill() } }
+        try daemons[0].start()
+        try daemons[1].start()
+        let watchers = try (0..<4).map { _ in try ReplicaClient(watching: daemons, stores: ["todos"]) }
+        let load = Load(endpoints: daemons.map(\.command), label: "failover")
+        load.start()
+        defer { load.stop() }
+        var result = FaultResult(injected: 0, survived: 0, lost: 0)
+        var takeovers: (kill: [Duration], stop: [Duration]) = ([], [])
+        var woken = Woken()
+        for cycle in 1...(long ? 40 : 4) {
+            let killing = cycle % 2 == 1
+            let fault = killing ? "kill -9" : "SIGSTOP"
+            guard let (leading, term) = leader(of: daemons) else {
+                result.failure = result.failure ?? "no daemon said it leads within 10 s before cycle \(cycle)"
+                break
+            }
+            let successor = daemons.first { $0 !== leading }!
+            guard progresses(load, beyond: load.acks.count) else {
+                result.failure = "no dispatch was acknowledged before cycle \(cycle)"
+                break
+            }
+            pause(20...300)
+            let acked = load.acks.count
+            var queued: QueuedDispatch?
+            let injected = ContinuousClock.now
+            if killing {
+                leading.kill()
+            } else {
+                guard leading.pause() else {
+                    leading.signal(SIGCONT)
+                    result.failure = result.failure ?? "cycle \(cycle): lockstepd did not stop within 2 s of SIGSTOP"
+                    break
+                }
+                queued = try QueuedDispatch(to: leading, text: "fenced-\(cycle)")
+            }
+            result.injected += 1
+            // Timed by a wait that holds this thread, polling every 20 ms.
+            let led = successor.waitForStatus(within: .seconds(20)) { $0.role == "leader" && $0.leader != nil }
+            let takeover = ContinuousClock.now - injected
+            guard let led, let newLeader = led.leader, newLeader.term > term else {
+                if !killing { leading.signal(SIGCONT) }
+                result.failure =
+                    result.failure ?? "cycle \(cycle): the standby did not lead within 20 s of the \(fault); see "
+                    + "\(successor.log.path)"
+                break
+            }
+            var problems: [String] = []
+            let logged = leading.output.utf8.count
+            if let queued {
+                takeovers.stop.append(takeover)
+                leading.signal(SIGCONT)
+                if let problem = try woken.check(queued) { problems.append(problem) }
+            } else {
+                takeovers.kill.append(takeover)
+                try leading.start()
+            }
+            if takeover > .seconds(5) {
+                problems.append("the standby led \(seconds(takeover)) after the \(fault) (the target is 5 s)")
+            }
+            let standing = leading.waitForStatus(within: .seconds(15)) {
+                $0.role == "standby" && $0.leader?.name == newLeader.name && $0.leader?.term == newLeader.term
+            }
+            if standing == nil {
+                problems.append(
+                    "after the \(fault) it did not stand by under \(newLeader.name), term \(newLeader.term); see "
+                        + "\(leading.log.path)"
+                )
+            }
+            if queued != nil, !woken.readLog(leading, since: logged) {
+                problems.append("woken, it logged no commit or renewal refused by the fence; see \(leading.log.path)")
+            }
+            if !progresses(load, beyond: acked) { problems.append("no dispatch was acknowledged after the takeover") }
+            // A quiet moment: nothing in flight, so the leader's state is the one every replica must reach.
+            if !load.pause() { problems.append("a dispatch was still in flight after all its tries") }
+            if let failure = try converge(watchers, on: successor) { problems.append(failure) }
+            load.resume()
+            if problems.isEmpty {
+                result.survived += 1
+            } else {
+                // Every cycle's problems are kept: the first is the class's failure, the others are notes.
+                let failure = "cycle \(cycle) (\(fault)): " + problems.joined(separator: "; ")
+                if result.failure == nil { result.failure = failure } else { result.notes.append(failure) }
+            }
+        }
+        func figures(_ durations: [Duration]) -> String {
+            "median \(seconds(median(durations))), worst \(seconds(durations.max())), best \(seconds(durations.min()))"
+        }
+        result.notes.append(
+            "takeover, fault to the other's STATUS saying leader (target 5 s): "
+                + "\(figures(takeovers.kill + takeovers.stop)) over \(takeovers.kill.count + takeovers.stop.count); "
+                + "kill -9 \(figures(takeovers.kill)); SIGSTOP \(figures(takeovers.stop))"
+        )
+        result.notes.append(woken.summary)
+        let stores = watchers.compactMap { $0.store("todos") }
+        result.notes.append(
+            "replicas: \(stores.map(\.divergences).reduce(0, +)) divergences, \(stores.map(\.resyncs).reduce(0, +)) "
+                + "resyncs, \(stores.map(\.repairs).reduce(0, +)) gaps repaired by range"
+        )
+        let leader = leader(of: daemons)?.daemon ?? daemons[0]
+        try settle(
+            load,
+            leader: leader,
+            standbys: daemons.filter { $0 !== leader },
+            watchers: watchers,
+            absent: woken.texts,
+            into: &result
+        ) {
+            try PostgresJournal(connection: connection, readOnly: true)
+        }
+        return result
+    }
+
+    /// The daemon whose STATUS says it leads, and its term: each is asked in turn, with a second to answer (a
+    /// leader busy with a commit and a digest can take longer than the usual 300 ms), for at most 10 s.
+    private func leader(of daemons: [Daemon]) -> (daemon: Daemon, term: UInt64)? {
+        let deadline = ContinuousClock.now + .seconds(10)
+        while ContinuousClock.now < deadline {
+            for daemon in daemons {
+                if let status = daemon.status(timeout: .seconds(1)), status.role == "leader", let leader = status.leader
+                {
+                    return (daemon, leader.term)
+                }
+            }
+            Thread.sleep(forTimeInterval: 0.05)
+        }
+        return nil
+    }
+
     // MARK: - SIGSTOP of a replica
 
     func stopReplica() throws -> FaultResult {
@@ -147,7 +332,7 @@ final class Faults {
             configuration: Self.keepHistory + "[limits]\nevents_queue = 100\n"
         )
         try daemon.start()
-        let watcher = try ReplicaClient(watching: daemon, stores: ["counter"], eventsQueue: 100)
+        let watcher = try ReplicaClient(watching: [daemon], stores: ["counter"], eventsQueue: 100)
         let client = CommandClient(context: try Context(), endpoint: daemon.command, timeout: .seconds(5), retries: 2)
         var result = FaultResult(injected: 0, survived: 0, lost: 0)
         var number: UInt64 = 0
@@ -320,7 +505,7 @@ final class Faults {
             data: mountPoint.path
         )
         try daemon.start()
-        let load = Load(endpoint: daemon.command, label: "full", threads: 2)
+        let load = Load(endpoints: [daemon.command], label: "full", threads: 2)
         load.start()
         defer { load.stop() }
         var result = FaultResult(injected: 0, survived: 0, lost: 0)
@@ -371,8 +556,8 @@ final class Faults {
             data: data
         )
         try daemon.start()
-        let watchers = syncOff ? [] : [try ReplicaClient(watching: daemon, stores: ["todos"])]
-        let load = Load(endpoint: daemon.command, label: syncOff ? "nosync" : "power")
+        let watchers = syncOff ? [] : [try ReplicaClient(watching: [daemon], stores: ["todos"])]
+        let load = Load(endpoints: [daemon.command], label: syncOff ? "nosync" : "power")
         load.start()
         defer { load.stop() }
         let cycles = syncOff ? 3 : long ? 200 : 10
@@ -435,7 +620,7 @@ final class Faults {
             data: data
         )
         try daemon.start()
-        let load = Load(endpoint: daemon.command, label: "eio")
+        let load = Load(endpoints: [daemon.command], label: "eio")
         load.start()
         defer { load.stop() }
         var result = FaultResult(injected: 0, survived: 0, lost: 0)
@@ -712,8 +897,8 @@ final class Faults {
             ]
         )
         try daemon.start()
-        let watcher = try ReplicaClient(watching: daemon, stores: ["todos"])
-        let load = Load(endpoint: daemon.command, label: "clock", threads: 2)
+        let watcher = try ReplicaClient(watching: [daemon], stores: ["todos"])
+        let load = Load(endpoints: [daemon.command], label: "clock", threads: 2)
         load.start()
         defer { load.stop() }
         var result = FaultResult(injected: 0, survived: 0, lost: 0)

@@ -47,18 +47,51 @@ final class Daemon {
     var events: String { process.events }
     var isRunning: Bool { process.isRunning }
     var log: URL { process.log }
+    /// What the current (or last) start has written to its log so far.
+    var output: String { process.output }
     func signal(_ signal: Int32) { process.signal(signal) }
     func kill() { process.kill() }
     @discardableResult func stop() -> Int32? { process.stop() }
     func memory() -> (residentKiB: Int, peakKiB: Int) { process.memory() }
-    /// Whether it answers STATUS within 300 ms.
-    func status() -> DaemonStatus? { process.status() }
+    /// Its STATUS, if it answers within `timeout`.
+    func status(timeout: Duration = .milliseconds(300)) -> DaemonStatus? { process.status(timeout: timeout) }
 
     /// Starts it (with extra environment) and waits until it answers, at most 15 s; or, with `waitForReady`
     /// false, returns at once.
     func start(environment extra: [String: String] = [:], arguments: [String] = [], waitForReady: Bool = true) throws {
         try process.start(arguments: arguments, environment: extra)
         if waitForReady { try process.waitUntilServing(within: .seconds(15)) }
+    }
+
+    /// Its STATUS once `condition` holds of it, asked every 20 ms by a wait that holds this thread (an answer's own
+    /// wait is at most 300 ms); `nil` if it did not within `timeout`.
+    func waitForStatus(within timeout: Duration, until condition: (DaemonStatus) -> Bool) -> DaemonStatus? {
+        let deadline = ContinuousClock.now + timeout
+        while ContinuousClock.now < deadline {
+            if let status = status(), condition(status) { return status }
+            Thread.sleep(forTimeInterval: 0.02)
+        }
+        return nil
+    }
+
+    /// SIGSTOP, and a wait until every thread of it has stopped (at most 2 s; false if one had not): the kernel
+    /// stops a process's threads after `kill` returns, and on a busy machine they may run on for milliseconds —
+    /// long enough to take and commit a request meant to find it stopped.
+    func pause() -> Bool {
+        signal(SIGSTOP)
+        let tasks = "/proc/\(process.processIdentifier)/task"
+        let deadline = ContinuousClock.now + .seconds(2)
+        while ContinuousClock.now < deadline {
+            let threads = (try? FileManager.default.contentsOfDirectory(atPath: tasks)) ?? []
+            let states = threads.compactMap { thread in
+                // The state is the field after the name, which is in parentheses and may hold spaces.
+                (try? String(contentsOfFile: "\(tasks)/\(thread)/stat", encoding: .utf8))
+                    .flatMap { $0.split(separator: ")").last?.split(separator: " ").first }
+            }
+            if !states.isEmpty, states.allSatisfy({ $0 == "T" }) { return true }
+            Thread.sleep(forTimeInterval: 0.001)
+        }
+        return false
     }
 
     /// Each store's (seq, digest) from its snapshot.
@@ -107,38 +140,76 @@ struct Ack: Hashable {
     var seq: SequenceNumber
 }
 
-/// Client threads adding todos with unique texts through Lazy Pirate clients, keeping every acknowledgement.
+/// Client threads adding todos with unique texts through Lazy Pirate clients, keeping every acknowledgement. Given
+/// several daemons' command endpoints (a leader and its standbys), each client finds the leader by asking.
+// Shared between threads without the compiler's check, and why that is sound: every stored property is a `let`,
+// and the one that changes, `shared`, is a `LockedValue`, read and written only inside `withLockedValue`.
 final class Load: @unchecked Sendable {
-    private let endpoint: String
+    /// What the threads are asked to do.
+    private enum Phase {
+        case running
+        case paused
+        case stopping
+    }
+
+    /// What the threads and the suite share.
+    private struct Shared {
+        var phase = Phase.running
+        var acks: [Ack] = []
+        var unanswered = 0
+        var refused: [String] = []
+        /// Threads not finished.
+        var running = 0
+        /// Threads with a dispatch in flight.
+        var busy = 0
+    }
+
+    private let endpoints: [String]
     private let threads: Int
     private let timeout: Duration
     private let retries: Int
-    private let state = LockedValue<(acks: [Ack], unanswered: Int, refused: [String], running: Int)>(([], 0, [], 0))
-    private let stopping = LockedValue(false)
+    private let shared = LockedValue(Shared())
     private let label: String
 
-    init(endpoint: String, label: String, threads: Int = 4, timeout: Duration = .milliseconds(300), retries: Int = 40) {
-        self.endpoint = endpoint
+    init(
+        endpoints: [String],
+        label: String,
+        threads: Int = 4,
+        timeout: Duration = .milliseconds(300),
+        retries: Int = 40
+    ) {
+        self.endpoints = endpoints
         self.label = label
         self.threads = threads
         self.timeout = timeout
         self.retries = retries
     }
 
-    var acks: [Ack] { state.withLockedValue { $0.acks } }
-    var unanswered: Int { state.withLockedValue { $0.unanswered } }
-    var refused: [String] { state.withLockedValue { $0.refused } }
+    var acks: [Ack] { shared.withLockedValue { $0.acks } }
+    var unanswered: Int { shared.withLockedValue { $0.unanswered } }
+    var refused: [String] { shared.withLockedValue { $0.refused } }
 
     func start() {
         for thread in 0..<threads {
-            state.withLockedValue { $0.running += 1 }
+            shared.withLockedValue { $0.running += 1 }
             let worker = Thread { [self] in
-                defer { state.withLockedValue { $0.running -= 1 } }
+                defer { shared.withLockedValue { $0.running -= 1 } }
                 guard let context = try? Context() else { return }
-                let client = CommandClient(context: context, endpoint: endpoint, timeout: timeout, retries: retries)
+                let client = CommandClient(context: context, endpoints: endpoints, timeout: timeout, retries: retries)
                 let clientID = ClientID.random()
                 var number: UInt64 = 0
-                while !stopping.withLockedValue({ $0 }) {
+                while true {
+                    // Busy from the moment it reads `running`, under the same lock: `pause()` waits for every
+                    // dispatch begun before it.
+                    let phase = shared.withLockedValue { shared in
+                        if shared.phase == .running { shared.busy += 1 }
+                        return shared.phase
+                    }
+                    if phase == .stopping { break }
+                    if phase == .paused {
+                        Thread.sleep(forTimeInterval: 0.005)
+                        continue
+                    }
                     number += 1
                     let text = "\(label)-\(thread)-\(number)"
                     let request = Request.dispatch(
@@ -150,17 +221,15 @@ final class Load: @unchecked Sendable {
                             actions: [Array(#"{"add":{"text":"\#(text)"}}"#.utf8)]
                         )
                     )
-                    do {
-                        let reply = try client.call(request)
-                        state.withLockedValue { state in
-                            switch reply {
-                            case let .accepted(_, _, seq, _): state.acks.append(Ack(text: text, seq: seq))
-                            case let .error(_, error): state.refused.append("\(error)")
-                            default: state.refused.append("\(reply)")
-                            }
+                    let reply = try? client.call(request)
+                    shared.withLockedValue { shared in
+                        shared.busy -= 1
+                        switch reply {
+                        case let .accepted(_, _, seq, _)?: shared.acks.append(Ack(text: text, seq: seq))
+                        case let .error(_, error)?: shared.refused.append("\(error)")
+                        case let reply?: shared.refused.append("\(reply)")
+                        case nil: shared.unanswered += 1
                         }
-                    } catch {
-                        state.withLockedValue { $0.unanswered += 1 }
                     }
                 }
             }
@@ -168,22 +237,56 @@ final class Load: @unchecked Sendable {
         }
     }
 
+    /// Holds the threads and waits until none has a dispatch in flight (each finishes the one it has, at most
+    /// every try of it): nothing is dispatched until ``resume()``. False if one was still in flight then.
+    @discardableResult
+    func pause() -> Bool {
+        shared.withLockedValue { if $0.phase == .running { $0.phase = .paused } }
+        return waitUntil { $0.busy == 0 }
+    }
+
+    /// Lets paused threads dispatch again.
+    func resume() {
+        shared.withLockedValue { if $0.phase == .paused { $0.phase = .running } }
+    }
+
     /// Stops the threads and waits for them (each finishes its dispatch in flight).
     func stop() {
-        stopping.withLockedValue { $0 = true }
+        shared.withLockedValue { $0.phase = .stopping }
+        waitUntil { $0.running == 0 }
+    }
+
+    /// Waits until `condition` holds of what the threads share, at most as long as every try of a dispatch.
+    @discardableResult
+    private func waitUntil(_ condition: (Shared) -> Bool) -> Bool {
         let deadline = ContinuousClock.now + timeout * (retries + 2)
-        while state.withLockedValue({ $0.running }) > 0, ContinuousClock.now < deadline {
+        while !shared.withLockedValue({ condition($0) }) {
+            guard ContinuousClock.now < deadline else { return false }
             Thread.sleep(forTimeInterval: 0.01)
         }
+        return true
     }
 }
 
-/// What the journal holds for `todos`, checked against the acknowledgements: each acknowledged text at the seq
-/// it was acknowledged with, and every text at most once. Returns the number of acknowledged actions lost or
-/// misplaced, and a description of the first problems.
-func checkJournal(_ directory: String, acks: [Ack]) throws -> (lost: Int, problems: [String]) {
-    let journal = try SQLiteJournal(directory: directory, readOnly: true)
-    defer { try? journal.close() }
+/// What the journal holds for `todos`, against what the clients were told.
+struct JournalCheck {
+    /// The todos events in the journal.
+    var events = 0
+    /// Acknowledged dispatches not found exactly once at the seq they were acknowledged with.
+    var lost = 0
+    /// Texts the journal holds more than once.
+    var duplicated = 0
+    /// Seqs missing between 1 and the last.
+    var holes = 0
+    /// Texts that must not be there (refused dispatches) that are.
+    var unexpected = 0
+    /// The first problems, described.
+    var problems: [String] = []
+}
+
+/// Checks the `todos` store of `journal` against the acknowledgements: each acknowledged text at the seq it was
+/// acknowledged with, every text at most once, none of `absent`, and the seqs 1…N without a hole.
+func checkJournal(_ journal: any Journal, acks: [Ack], absent: Set<String> = []) throws -> JournalCheck {
     var texts: [SequenceNumber: String] = [:]
     var seen: [String: Int] = [:]
     var from: SequenceNumber = 1
@@ -203,31 +306,38 @@ func checkJournal(_ directory: String, acks: [Ack]) throws -> (lost: Int, proble
         guard let last = events.last, events.count == 10_000 else { break }
         from = last.seq + 1
     }
-    var problems: [String] = []
-    var lost = 0
+    var check = JournalCheck(events: texts.count)
     for ack in acks where texts[ack.seq] != ack.text || seen[ack.text] != 1 {
-        lost += 1
-        if problems.count < 5 {
-            problems.append(
+        check.lost += 1
+        if check.problems.count < 5 {
+            check.problems.append(
                 "'\(ack.text)' was acknowledged as seq \(ack.seq); the journal has "
                     + "'\(texts[ack.seq] ?? "nothing")' there and the text \(seen[ack.text] ?? 0) times"
             )
         }
     }
-    for (text, count) in seen where count > 1 && problems.count < 10 {
-        problems.append("'\(text)' is in the journal \(count) times")
-        lost += 1
+    for (text, count) in seen where count > 1 {
+        check.duplicated += 1
+        if check.problems.count < 10 { check.problems.append("'\(text)' is in the journal \(count) times") }
     }
-    return (lost, problems)
+    for text in absent.sorted() where seen[text] != nil {
+        check.unexpected += 1
+        if check.problems.count < 10 { check.problems.append("'\(text)' was refused, yet is in the journal") }
+    }
+    let last = texts.keys.max() ?? 0
+    check.holes = Int(last) - texts.count
+    if check.holes > 0, let first = (1...last).first(where: { texts[$0] == nil }) {
+        check.problems.append("\(check.holes) seqs missing below the last, \(last); the first is \(first)")
+    }
+    return check
 }
 
 extension ReplicaClient {
-    /// A demo client of `daemon` that only watches.
-    convenience init(watching daemon: Daemon, stores: [String], eventsQueue: Int = 100_000) throws {
+    /// A demo client that only watches: of one daemon, or of a leader and its standbys, following whichever leads.
+    convenience init(watching daemons: [Daemon], stores: [String], eventsQueue: Int = 100_000) throws {
         try self.init(
             lockstep: Binaries.lockstep,
-            commandEndpoint: daemon.command,
-            eventsEndpoint: daemon.events,
+            daemons: daemons.map { ($0.command, $0.events) },
             stores: stores,
             actions: 0,
             extra: ["--events-queue", "\(eventsQueue)"]
@@ -238,6 +348,106 @@ extension ReplicaClient {
     func converge(on expected: [String: Digest], within timeout: Duration) -> Bool {
         converge(on: expected.mapValues { (seq: $0.seq, digest: $0.digest) }, within: timeout)
     }
+}
+
+/// A dispatch sent straight to one daemon on a DEALER of its own, e.g. while the daemon is stopped (it waits in the
+/// daemon's socket until the daemon reads it); its answer is read from the same socket.
+final class QueuedDispatch {
+    /// The todo's text: unique, so the journal shows whether it was kept.
+    let text: String
+    private let socket: Socket
+
+    init(to daemon: Daemon, text: String) throws {
+        self.text = text
+        socket = try Socket(try Context(), type: .dealer)
+        try socket.set(.linger, 0)
+        try socket.connect(daemon.command)
+        let request = Request.dispatch(
+            DispatchRequest(
+                requestID: 1,
+                domainVersion: 1,
+                clientID: ClientID.random(),
+                store: try StoreName("todos"),
+                actions: [Array(#"{"add":{"text":"\#(text)"}}"#.utf8)]
+            )
+        )
+        guard try socket.send(request.encode(), wait: false) else {
+            throw SuiteError("could not queue a dispatch for \(daemon.command)")
+        }
+    }
+
+    deinit { socket.close() }
+
+    /// The daemon's answer, waiting at most `timeout`; `nil` if none came.
+    func answer(within timeout: Duration) throws -> Reply? {
+        try socket.set(.receiveTimeout, Int32(timeout / .milliseconds(1)))
+        return try socket.receive().map { try Reply.decode($0) }
+    }
+}
+
+/// What leaders woken after a takeover did with the dispatches queued for them while they were stopped, and what
+/// their logs say: the proof that the fence holds.
+struct Woken {
+    /// The queued dispatches' texts: none may be in the journal.
+    private(set) var texts: Set<String> = []
+    /// How each queued dispatch was answered.
+    private var answers: [String: Int] = [:]
+    /// Per woken leader, its commits the fence refused (`[fenced]` on a `commit failed` line of its log) and its
+    /// renewals it refused (`[fenced]` on a line of a renewal: an idle leader's, or the one after a commit whose
+    /// session the server ended while the daemon slept).
+    private var fenced: [(commits: Int, renewals: Int)] = []
+
+    /// Reads the answer to `queued` from the daemon, woken just now; a problem, if it accepted the dispatch or did
+    /// not answer.
+    mutating func check(_ queued: QueuedDispatch) throws -> String? {
+        texts.insert(queued.text)
+        switch try queued.answer(within: .seconds(10)) {
+        case let .error(_, error)? where error.code == .notLeader && error.reason.contains("no longer leads"):
+            answers["not_leader (its leadership ended)", default: 0] += 1
+        case let .error(_, error)? where error.code == .notLeader:
+            answers["not_leader (standing by)", default: 0] += 1
+        case let .error(_, error)?:
+            answers["\(error.code)", default: 0] += 1
+        case let reply?:
+            return "the leader woken after the takeover answered a dispatch queued while it was stopped with \(reply)"
+        case nil:
+            return "the leader woken after the takeover did not answer a dispatch queued while it was stopped"
+        }
+        return nil
+    }
+
+    /// Counts what the fence refused in the lines `daemon`'s log gained since it held `offset` bytes; read once
+    /// the daemon stands by, so the lines are all there. False when it refused nothing.
+    mutating func readLog(_ daemon: Daemon, since offset: Int) -> Bool {
+        let lines = String(decoding: daemon.output.utf8.dropFirst(offset), as: UTF8.self).split(separator: "\n")
+        let refused = lines.filter { $0.contains("[fenced]") }
+        fenced.append(
+            (
+                refused.filter { $0.contains("commit failed") }.count,
+                refused.filter { $0.contains("renewal:") }.count
+            )
+        )
+        return fenced.last!.commits + fenced.last!.renewals > 0
+    }
+
+    /// One line for the report.
+    var summary: String {
+        let how = answers.sorted { $0.key < $1.key }.map { "\($0.value) \($0.key)" }.joined(separator: ", ")
+        let perWake = fenced.map { "\($0.commits)+\($0.renewals)" }.joined(separator: ", ")
+        return "woken leaders: \(texts.count) dispatches queued while stopped, none kept: \(how); fenced commits + "
+            + "renewals logged per wake: \(perWake) (\(fenced.map(\.commits).reduce(0, +)) commits, "
+            + "\(fenced.map(\.renewals).reduce(0, +)) renewals in all)"
+    }
+}
+
+/// `duration` in seconds with two decimals, e.g. `3.07 s`; `-` for none.
+func seconds(_ duration: Duration?) -> String {
+    duration.map { String(format: "%.2f s", Double($0 / .milliseconds(1)) / 1_000) } ?? "-"
+}
+
+/// The median of `durations` (the upper one of an even count); `nil` for none.
+func median(_ durations: [Duration]) -> Duration? {
+    durations.isEmpty ? nil : durations.sorted()[durations.count / 2]
 }
 
 /// The power-cut filesystem (Tests/PowerCut/unsyncedfs.py) mounted for one fault class: a FUSE passthrough that

@@ -23,6 +23,8 @@ package struct DemoClient: Sendable {
     package var timeoutMs: Int
     package var retries: Int
     package var daemons: [DaemonEndpoints]
+    /// CURVE keys for `tcp://` endpoints (one server key for every daemon); `nil` for none.
+    package var curve: ClientCurve?
     package var printState: Bool
     package var conflictCommands: Bool
     /// What the replicas log, to standard error: a takeover's moves (`sending to another daemon`) are at notice.
@@ -39,6 +41,7 @@ package struct DemoClient: Sendable {
         timeoutMs: Int,
         retries: Int,
         daemons: [DaemonEndpoints],
+        curve: ClientCurve? = nil,
         printState: Bool,
         conflictCommands: Bool = false,
         logLevel: Logger.Level = .warning
@@ -53,6 +56,7 @@ package struct DemoClient: Sendable {
         self.timeoutMs = timeoutMs
         self.retries = retries
         self.daemons = daemons
+        self.curve = curve
         self.printState = printState
         self.conflictCommands = conflictCommands
         self.logLevel = logLevel
@@ -63,6 +67,7 @@ package struct DemoClient: Sendable {
         logger.logLevel = logLevel
         var configuration = ReplicaConfiguration(daemons: daemons)
         configuration.eventsQueue = eventsQueue
+        configuration.curve = curve
         configuration.requestTimeout = .milliseconds(timeoutMs)
         configuration.retries = retries
         var replicas: [any DemoReplica] = []

@@ -21,6 +21,8 @@ struct DaemonOptions: ParsableArguments {
     @Option(help: "How many times to ask again, on a fresh socket, after a silence.")
     var retries = 3
 
+    @OptionGroup var curve: CurveClientOptions
+
     func validate() throws {
         guard (1...600_000).contains(timeoutMs) else { throw ValidationError("--timeout-ms must be 1...600000") }
         guard (0...100).contains(retries) else { throw ValidationError("--retries must be 0...100") }
@@ -29,15 +31,17 @@ struct DaemonOptions: ParsableArguments {
     /// The command endpoints given, or the daemon's default.
     var endpoints: [String] { commandEndpoints.isEmpty ? [DaemonEndpoints.defaults.command] : commandEndpoints }
 
-    /// A client for the daemon (the leader of those given); it owns a socket, so one per command run. A single
-    /// `ipc://` endpoint with no socket file exits 69 at once: no daemon is there to wait for.
+    /// A client for the daemon (the leader of those given), with CURVE when the options give keys; it owns a
+    /// socket, so one per command run. A single `ipc://` endpoint with no socket file exits 69 at once: no daemon is
+    /// there to wait for.
     func client() throws -> CommandClient {
         if endpoints.count == 1 { try requireSocket(endpoints[0], flag: "--command-endpoint") }
         return CommandClient(
             context: try Context(),
             endpoints: endpoints,
             timeout: .milliseconds(timeoutMs),
-            retries: retries
+            retries: retries,
+            curve: try curve.clientCurve()
         )
     }
 

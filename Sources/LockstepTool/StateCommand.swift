@@ -80,6 +80,8 @@ struct TailCommand: ParsableCommand {
     @Flag(help: "Print {\"store\":…,\"epoch\":…,\"seq\":…,\"action\":…} per event.")
     var json = false
 
+    @OptionGroup var curve: CurveClientOptions
+
     func run() throws {
         let name = try storeName(store)
         if let count, count < 1 { throw ValidationError("--count must be at least 1, got \(count)") }
@@ -87,6 +89,7 @@ struct TailCommand: ParsableCommand {
         let socket = try Socket(context, type: .subscriber)
         try socket.set(.receiveTimeout, Int32(clamping: silenceMs))
         try socket.set(.receiveHighWaterMark, 0)
+        try curve.clientCurve()?.configure(socket)
         try socket.subscribe(Event.topic(for: name))
         let endpoints = eventsEndpoints.isEmpty ? [DaemonEndpoints.defaults.events] : eventsEndpoints
         if endpoints.count == 1 { try requireSocket(endpoints[0], flag: "--events-endpoint") }

@@ -19,6 +19,7 @@ struct StatsCommand: ParsableCommand {
     func run() throws {
         // Each daemon of a failover group for itself: which leads, and what each sees.
         guard daemon.endpoints.count > 1 else { return try show(daemon.status(daemon.client())) }
+        let curve = try daemon.curve.clientCurve()
         var answered = 0
         for (index, endpoint) in daemon.endpoints.enumerated() {
             if !json { print("\(index > 0 ? "\n" : "")daemon   \(endpoint)") }
@@ -27,7 +28,8 @@ struct StatsCommand: ParsableCommand {
                     context: try Context(),
                     endpoint: endpoint,
                     timeout: .milliseconds(daemon.timeoutMs),
-                    retries: daemon.retries
+                    retries: daemon.retries,
+                    curve: curve
                 )
                 let reply = try client.call(.status(requestID: 1))
                 guard case let .status(_, body) = reply, let status = DaemonStatus(reply) else {

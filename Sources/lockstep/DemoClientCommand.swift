@@ -63,6 +63,8 @@ struct DemoClientCommand: AsyncParsableCommand {
     @Option(help: "What the replicas log to standard error: trace … critical (notice shows a takeover's moves).")
     var logLevel = "warning"
 
+    @OptionGroup var curve: CurveClientOptions
+
     @Flag(help: "Put each store's state in the final report.")
     var printState = false
 
@@ -99,6 +101,7 @@ struct DemoClientCommand: AsyncParsableCommand {
             daemons: commandEndpoints.isEmpty
                 ? [DaemonEndpoints.defaults]
                 : zip(commandEndpoints, eventsEndpoints).map { DaemonEndpoints(command: $0, events: $1) },
+            curve: try curve.clientCurve(),
             printState: printState,
             conflictCommands: conflictCommands,
             logLevel: Logger.Level(rawValue: logLevel) ?? .warning

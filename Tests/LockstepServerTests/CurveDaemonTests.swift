@@ -130,4 +130,88 @@ import Glibc
         #expect(daemon.waitForExit(within: .zero) != 0)
         #expect(daemon.output.contains("must be 0600"), "\(daemon.output)")
     }
+
+    /// `lockstep` (stats, dispatch, state, tail) and `lockstep demo-client` reach a tcp daemon with
+    /// `--curve-server-key` and `--curve-key-file`; without them, or with a key file others can read, they do not.
+    @Test func theToolAndADemoClientTalkCurveWithKeysFromKeygen() throws {
+        let directory = try temporaryDirectory("curve-tool").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var publicKeys: [String: String] = [:]
+        for name in ["server", "client"] {
+            let made = try runProduct("lockstep", ["keygen", "--out", "\(directory)/\(name)"])
+            try #require(made.status == 0, "\(made.standardError)")
+            publicKeys[name] = try String(contentsOfFile: "\(directory)/\(name).pub", encoding: .utf8)
+                .trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        try "\(publicKeys["client"]!)\n".write(toFile: "\(directory)/clients", atomically: true, encoding: .utf8)
+        let port = Int.random(in: 30_000..<60_000)
+        let command = "tcp://127.0.0.1:\(port)"
+        let events = "tcp://127.0.0.1:\(port + 1)"
+        try """
+        command_endpoint = "\(command)"
+        events_endpoint = "\(events)"
+        [curve]
+        server_key_file = "\(directory)/server.key"
+        allowed_clients_file = "\(directory)/clients"
+        """.write(toFile: "\(directory)/lockstepd.toml", atomically: true, encoding: .utf8)
+        let daemon = try DaemonProcess(
+            directory: directory,
+            arguments: ["--config", "\(directory)/lockstepd.toml", "--journal", "memory", "--domain", "counter"]
+        )
+        let curve = ["--curve-server-key", publicKeys["server"]!, "--curve-key-file", "\(directory)/client.key"]
+
+        var stats: ProcessOutput?
+        for _ in 0..<50 where stats?.status != 0 {
+            stats = try runProduct("lockstep", ["stats", "--command-endpoint", command, "--timeout-ms", "500"] + curve)
+        }
+        try #require(stats?.status == 0, "\(String(describing: stats)); log:\n\(daemon.output)")
+        #expect(stats?.standardOutput.contains("role     leader") == true)
+        let replica = try ReplicaClient(
+            lockstep: productURL("lockstep"),
+            commandEndpoint: command,
+            eventsEndpoint: events,
+            stores: ["counter"],
+            actions: 20,
+            extra: curve
+        )
+        let done = replica.wait(within: .seconds(30)) { $0.done && $0.store("counter")?.seq == UInt64($0.accepted) }
+        #expect(
+            done?.accepted ?? 0 > 0 && done?.store("counter")?.seq == UInt64(done?.accepted ?? 0),
+            "\(String(describing: done))"
+        )
+        #expect(try replica.stop().status == 0)
+        // tail says nothing until it is subscribed: dispatch until it has printed an event.
+        let tail = try ChildProcess(
+            "lockstep",
+            ["tail", "counter", "--events-endpoint", events, "--count", "1", "--silence-ms", "10000"] + curve
+        )
+        for _ in 0..<50 where !tail.reachedEndOfOutput {
+            let dispatched = try runProduct(
+                "lockstep",
+                ["dispatch", "counter", #"{"increment":{}}"#, "--command-endpoint", command] + curve
+            )
+            #expect(dispatched.status == 0, "\(dispatched.standardError)")
+            tail.read(for: .milliseconds(200))
+        }
+        let tailed = try tail.finish(within: .seconds(20))
+        #expect(
+            tailed.standardOutput.hasSuffix(#"  {"increment":{}}"# + "\n"),
+            "\(tailed.standardOutput) \(tailed.standardError)"
+        )
+
+        let plain = try runProduct(
+            "lockstep",
+            ["state", "counter", "--command-endpoint", command, "--timeout-ms", "500", "--retries", "0"]
+        )
+        #expect(plain.status == 69, "without CURVE: \(plain.standardOutput) \(plain.standardError)")
+        let half = try runProduct("lockstep", ["stats", "--command-endpoint", command] + curve.prefix(2))
+        #expect(
+            half.status == 64 && half.standardError.contains("--curve-key-file is missing"),
+            "\(half.standardError)"
+        )
+        chmod("\(directory)/client.key", 0o644)
+        let readable = try runProduct("lockstep", ["stats", "--command-endpoint", command] + curve)
+        #expect(readable.status == 64 && readable.standardError.contains("must be 0600"), "\(readable.standardError)")
+        #expect(daemon.stop() == 0)
+    }
 }

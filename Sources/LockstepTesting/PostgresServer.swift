@@ -7,13 +7,24 @@ import Glibc
 #endif
 
 /// A throwaway PostgreSQL server for tests: `initdb` into a fresh temporary folder, `postgres` started on a Unix
-/// socket in that folder (no TCP port at all), and the folder removed when the server stops — the way the journal
-/// tests run `PostgresJournal` against a real server.
+/// socket in that folder (no TCP port at all, unless ``TCP`` access is asked for), and the folder removed when the
+/// server stops — the way the journal tests run `PostgresJournal` against a real server.
 ///
 /// ```swift
 /// let server = try PostgresServer.start()
 /// defer { server.stop() }
 /// let journal = try PostgresJournal(connection: try server.createDatabase())
+/// ```
+///
+/// On a ``TestHosts`` host, listening on its address for the other hosts' clients (the Unix socket stays, for the
+/// test's own administration: `createDatabase`, `createRole`):
+///
+/// ```swift
+/// let tcp = PostgresServer.TCP(address: hosts["db"].address, clients: hosts.subnet, authentication: .password)
+/// let server = try PostgresServer.start(on: hosts, host: "db", tcp: tcp)
+/// try server.createRole("lockstep", password: secret)
+/// try server.createDatabase(named: "journal", owner: "lockstep")
+/// let daemonsConnection = server.tcpConnection(database: "journal", user: "lockstep")   // the password: PGPASSFILE
 /// ```
 ///
 /// The binaries come from Debian's `postgresql` package (`/usr/lib/postgresql/VERSION/bin`, the newest version
@@ -29,9 +40,41 @@ public final class PostgresServer: Sendable {
     public let socketDirectory: String
     /// The port, which on a Unix socket only names the socket file (`.s.PGSQL.PORT`).
     public let port: Int
-    /// The superuser the cluster was made with, who owns every database created here.
+    /// The superuser the cluster was made with, who owns every database created here unless told otherwise.
     public let user = "postgres"
+    /// Where the server also listens on tcp, and for whom; `nil` for the Unix socket alone.
+    public let tcp: TCP?
     private let child: LockedValue<ChildProcess?>
+
+    /// Access over tcp: the address the server listens on, and the one subnet whose clients `pg_hba.conf` lets in.
+    /// The superuser may log in only through the Unix socket.
+    public struct TCP: Sendable {
+        /// How a client on ``clients`` proves who it is.
+        public enum Authentication: Sendable {
+            /// Anyone on the subnet, as any role: only for a subnet nothing else can reach, such as test hosts'.
+            case trust
+            /// `scram-sha-256`: a role's password (``PostgresServer/createRole(_:password:)``), which libpq reads
+            /// from `PGPASSFILE`, `~/.pgpass` or `PGPASSWORD`.
+            case password
+        }
+
+        /// The address to listen on (`listen_addresses`), e.g. a test host's.
+        public var address: String
+        /// The port; 5432 unless given.
+        public var port: Int
+        /// The only clients let in over tcp, in CIDR form (`10.231.7.0/24`).
+        public var clients: String
+        /// How they log in.
+        public var authentication: Authentication
+
+        /// Listening on `address`:`port` for the clients of subnet `clients`, who log in by `authentication`.
+        public init(address: String, port: Int = 5432, clients: String, authentication: Authentication) {
+            self.address = address
+            self.port = port
+            self.clients = clients
+            self.authentication = authentication
+        }
+    }
 
     /// Makes a cluster in a new temporary folder and starts it; returns once it accepts connections.
     ///
@@ -39,22 +82,44 @@ public final class PostgresServer: Sendable {
     ///   - settings: Extra server settings (`-c name=value`), e.g. `["fsync": "off"]` for a test where durability
     ///     does not matter.
     ///   - timeout: The longest each of `initdb` and the start may take.
+    ///   - hosts: The test hosts to run the server on, with `host` the one it runs on; `nil` (the default) runs it
+    ///     in this process's network namespace.
+    ///   - host: The name of the host among `hosts`.
+    ///   - tcp: Where to listen on tcp and whom to let in; `nil` (the default): the Unix socket alone.
     /// - Throws: ``PostgresServerError`` naming what failed and the log, when PostgreSQL is not installed, `initdb`
     ///   fails, or the server does not answer in time.
     public static func start(
         settings: [String: String] = [:],
-        timeout: Duration = .seconds(60)
+        timeout: Duration = .seconds(60),
+        on hosts: TestHosts? = nil,
+        host: String? = nil,
+        tcp: TCP? = nil
     ) throws -> PostgresServer {
-        try PostgresServer(settings: settings, timeout: timeout)
+        precondition((hosts == nil) == (host == nil), "give the hosts and the host's name together")
+        return try PostgresServer(
+            settings: settings,
+            timeout: timeout,
+            launch: { executable, arguments in
+                guard let hosts, let host else { return (executable, arguments) }
+                return hosts.command(on: host, executable, arguments)
+            },
+            tcp: tcp
+        )
     }
 
-    private init(settings: [String: String], timeout: Duration) throws {
+    private init(
+        settings: [String: String],
+        timeout: Duration,
+        launch: (URL, [String]) -> (executable: URL, arguments: [String]),
+        tcp: TCP?
+    ) throws {
         let bin = try Self.binaries()
         folder = FileManager.default.temporaryDirectory.appendingPathComponent(
             "lockstep-pg-\(UUID().uuidString.prefix(8))"
         )
         socketDirectory = folder.appendingPathComponent("socket").path
-        port = 5432
+        port = tcp?.port ?? 5432
+        self.tcp = tcp
         child = LockedValue(nil)
         let data = folder.appendingPathComponent("data").path
         let log = folder.appendingPathComponent("log")
@@ -80,14 +145,17 @@ public final class PostgresServer: Sendable {
                 throw PostgresServerError("initdb failed (status \(made.status)): \(made.standardError)")
             }
             var options = [
-                "listen_addresses": "", "unix_socket_directories": socketDirectory, "port": "\(port)",
-                "max_connections": "200", "logging_collector": "off", "unix_socket_permissions": "0700",
+                "listen_addresses": tcp?.address ?? "", "unix_socket_directories": socketDirectory,
+                "port": "\(port)", "max_connections": "200", "logging_collector": "off",
+                "unix_socket_permissions": "0700",
             ]
             options.merge(settings) { $1 }
-            let arguments =
+            if let tcp { try Self.allowOnly(tcp, in: data) }
+            let (executable, arguments) = launch(
+                asUser == nil ? bin.appendingPathComponent("postgres") : Self.setpriv,
                 Self.command(asUser, bin.appendingPathComponent("postgres").path)
-                + ["-D", data] + options.sorted { $0.key < $1.key }.flatMap { ["-c", "\($0.key)=\($0.value)"] }
-            let executable = asUser == nil ? bin.appendingPathComponent("postgres") : Self.setpriv
+                    + ["-D", data] + options.sorted { $0.key < $1.key }.flatMap { ["-c", "\($0.key)=\($0.value)"] }
+            )
             try child.withLockedValue { server in
                 server = try ChildProcess(
                     executable: executable,
@@ -121,12 +189,38 @@ public final class PostgresServer: Sendable {
         "host=\(socketDirectory) port=\(port) user=\(user) dbname=\(database)"
     }
 
-    /// Creates a new, empty database (named `lockstep_` and random hex unless `name` is given) and returns its
-    /// connection string.
-    public func createDatabase(named name: String? = nil) throws -> String {
+    /// A libpq connection string for `database` over tcp (the server must have been started with ``TCP`` access),
+    /// as `user`, without a password: libpq finds it in `PGPASSFILE`, `~/.pgpass` or `PGPASSWORD`.
+    public func tcpConnection(database: String, user: String) -> String {
+        precondition(tcp != nil, "the server was started without tcp access")
+        return "host=\(tcp?.address ?? "") port=\(port) user=\(user) dbname=\(database)"
+    }
+
+    /// Creates a new, empty database (named `lockstep_` and random hex unless `name` is given), owned by `owner`
+    /// (by default the superuser), and returns its connection string through the Unix socket, as the superuser.
+    public func createDatabase(named name: String? = nil, owner: String? = nil) throws -> String {
         let name = name ?? "lockstep_\(String(UInt64.random(in: 0...UInt64.max), radix: 16))"
-        _ = try PostgresJournal.execute("CREATE DATABASE \(name)", connection: connection(database: "postgres"))
+        _ = try PostgresJournal.execute(
+            "CREATE DATABASE \(name)\(owner.map { " OWNER \($0)" } ?? "")",
+            connection: connection(database: "postgres")
+        )
         return connection(database: name)
+    }
+
+    /// Creates a role that may log in with `password` (stored as a SCRAM-SHA-256 verifier, PostgreSQL's default),
+    /// for clients over tcp. `name` and `password` are letters, digits and `_` only: they go into the SQL as they
+    /// are.
+    public func createRole(_ name: String, password: String) throws {
+        for (what, text) in [("role name", name), ("password", password)] {
+            let allowed = text.unicodeScalars.allSatisfy {
+                $0.isASCII && ($0 == "_" || $0.properties.isAlphabetic || $0.properties.numericType != nil)
+            }
+            precondition(!text.isEmpty && allowed, "a \(what) here is ASCII letters, digits and _ only")
+        }
+        _ = try PostgresJournal.execute(
+            "CREATE ROLE \(name) LOGIN PASSWORD '\(password)'",
+            connection: connection(database: "postgres")
+        )
     }
 
     /// Drops `database`, ending any session still connected to it.
@@ -194,6 +288,26 @@ public final class PostgresServer: Sendable {
     private static func command(_ user: (uid: uid_t, gid: gid_t)?, _ executable: String) -> [String] {
         guard let user else { return [] }
         return ["--reuid=\(user.uid)", "--regid=\(user.gid)", "--clear-groups", "--", executable]
+    }
+
+    /// Replaces initdb's `pg_hba.conf` (trust for the socket and for 127.0.0.1 and ::1) with the socket's line and
+    /// one `host` line for `tcp.clients`: over tcp, that subnet alone gets in, and never as the superuser.
+    private static func allowOnly(_ tcp: TCP, in data: String) throws {
+        let method = tcp.authentication == .trust ? "trust" : "scram-sha-256"
+        let rules = """
+            # Written by LockstepTesting.PostgresServer: the Unix socket (this folder's, 0700) for the test's own
+            # administration, and tcp for the one subnet of its clients.
+            local all all trust
+            host all postgres \(tcp.clients) reject
+            host all all \(tcp.clients) \(method)
+
+            """
+        let path = URL(fileURLWithPath: data).appendingPathComponent("pg_hba.conf").path
+        do {
+            try rules.write(toFile: path, atomically: false, encoding: .utf8)
+        } catch {
+            throw PostgresServerError("cannot write \(path), the server's client rules: \(error)")
+        }
     }
 
     private static func giveFolder(_ folder: URL, to user: (uid: uid_t, gid: gid_t)) throws {

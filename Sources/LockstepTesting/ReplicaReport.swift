@@ -112,41 +112,52 @@ public final class ReplicaClient {
     /// The newest report read.
     public private(set) var last: ReplicaReport?
 
-    /// Starts `lockstep demo-client` against the daemon at these endpoints, reporting every 50 ms.
+    /// Starts `lockstep demo-client` against the daemon at these endpoints, reporting every 50 ms; on host `host`
+    /// of `hosts` when they are given (`extra` then usually holds `--curve-server-key` and `--curve-key-file`).
     public convenience init(
         lockstep: URL,
         commandEndpoint: String,
         eventsEndpoint: String,
         stores: [String],
         actions: Int,
-        extra: [String] = []
+        extra: [String] = [],
+        on hosts: TestHosts? = nil,
+        host: String? = nil
     ) throws {
         try self.init(
             lockstep: lockstep,
             daemons: [(commandEndpoint, eventsEndpoint)],
             stores: stores,
             actions: actions,
-            extra: extra
+            extra: extra,
+            on: hosts,
+            host: host
         )
     }
 
     /// Starts `lockstep demo-client` following the daemons at these (command, events) endpoints (a leader and its
-    /// standbys), reporting every 50 ms.
+    /// standbys), reporting every 50 ms; on host `host` of `hosts` when they are given.
     public init(
         lockstep: URL,
         daemons: [(command: String, events: String)],
         stores: [String],
         actions: Int,
-        extra: [String] = []
+        extra: [String] = [],
+        on hosts: TestHosts? = nil,
+        host: String? = nil
     ) throws {
+        precondition((hosts == nil) == (host == nil), "give the hosts and the host's name together")
         let endpoints = daemons.flatMap { ["--command-endpoint", $0.command, "--events-endpoint", $0.events] }
-        child = try ChildProcess(
-            executable: lockstep,
+        let arguments =
             [
                 "demo-client", "--stores", stores.joined(separator: ","), "--actions", "\(actions)",
                 "--report-ms", "50",
             ] + endpoints + extra
-        )
+        if let hosts, let host {
+            child = try hosts.run(on: host, lockstep, arguments)
+        } else {
+            child = try ChildProcess(executable: lockstep, arguments)
+        }
     }
 
     /// The newest report's replica of `name`.

@@ -167,15 +167,15 @@ import Glibc
             return states
         }
 
-        /// A `lockstep demo-client` on host c against the daemon on `host`, over tcp with the replica's key.
-        func replica(of host: String, actions: Int, seed: Int) throws -> ReplicaClient {
+        /// A `lockstep demo-client` on host c following the daemons on `daemons` (in that order: the first is asked
+        /// first), over tcp with the replica's key, patient enough to outlast a takeover (1 s × 20 tries).
+        func replica(of daemons: [String], actions: Int, seed: Int) throws -> ReplicaClient {
             let client = try ReplicaClient(
                 lockstep: lockstep,
-                commandEndpoint: command(host),
-                eventsEndpoint: events(host),
+                daemons: daemons.map { (command($0), events($0)) },
                 stores: HostsFailoverTests.stores,
                 actions: actions,
-                extra: ["--seed", "\(seed)", "--timeout-ms", "1000"] + replicaCurve,
+                extra: ["--seed", "\(seed)", "--timeout-ms", "1000", "--retries", "20"] + replicaCurve,
                 on: hosts,
                 host: "c"
             )
@@ -266,22 +266,22 @@ import Glibc
             "sessions on the journal: \(journalClients)"
         )
 
-        // Two replicas on c dispatch through a and converge on a's state.
-        let first = try site.replica(of: "a", actions: 150, seed: 1)
-        let second = try site.replica(of: "a", actions: 150, seed: 2)
-        for replica in [first, second] {
-            let done = replica.wait(within: .seconds(60)) { $0.done }
-            try #require(
-                done?.done == true,
-                "a replica did not finish: \(String(describing: done)); a's log:\n\(a.output)"
-            )
-        }
+        // On c: a replica that only watches, and one that dispatches 150 actions; both are given both daemons
+        // (the watcher a first, the writer the standby first, so it is refused `not_leader` before it finds a).
+        // They converge on a's state.
+        let watcher = try site.replica(of: ["a", "b"], actions: 0, seed: 1)
+        let first = try site.replica(of: ["b", "a"], actions: 150, seed: 2)
+        let firstDone = first.wait(within: .seconds(60)) { $0.done }
+        try #require(
+            firstDone?.done == true,
+            "the replica did not finish: \(String(describing: firstDone)); a's log:\n\(a.output)"
+        )
         let atA = try site.states("a")
-        let accepted = [first, second].reduce(0) { $0 + ($1.last?.accepted ?? 0) }
-        #expect(atA.values.reduce(0) { $0 + $1.seq } == UInt64(accepted), "every accepted dispatch once: \(atA)")
-        let expected = atA.mapValues { (seq: $0.seq, digest: $0.digest) }
-        for replica in [first, second] {
-            #expect(replica.converge(on: expected, within: .seconds(20)), "\(String(describing: replica.last))")
+        let acceptedAtA = UInt64(firstDone?.accepted ?? 0)
+        #expect(atA.values.reduce(0) { $0 + $1.seq } == acceptedAtA, "every accepted dispatch once: \(atA)")
+        let expectedAtA = atA.mapValues { (seq: $0.seq, digest: $0.digest) }
+        for replica in [watcher, first] {
+            #expect(replica.converge(on: expectedAtA, within: .seconds(20)), "\(String(describing: replica.last))")
         }
 
         // A client without the right CURVE keys gets nothing, and nothing is applied.
@@ -311,9 +311,14 @@ import Glibc
         #expect(try site.states("a") == atA, "a refused client changed nothing")
         #expect(a.output.contains("refused a connection"), "\(a.output)")
 
-        // kill -9 of the leader's process: b, on another host, leads, with the same epoch and seqs.
-        for replica in [first, second] { #expect(try replica.stop().status == 0) }
+        // A second writer dispatches 400 actions; a's process is killed with SIGKILL while it does. b, on another
+        // host, leads with the same epoch and seqs, and the same three replica processes follow it: the writer's
+        // dispatches go on at b (those in flight sent again with their keys), and nobody starts over.
+        let second = try site.replica(of: ["a", "b"], actions: 400, seed: 3)
+        let underway = second.wait(within: .seconds(60)) { $0.accepted >= 60 }
+        try #require((underway?.accepted ?? 0) >= 60, "\(String(describing: underway)); a's log:\n\(a.output)")
         a.kill()
+        let acceptedBeforeKill = second.last?.accepted ?? 0
         guard let (led, takeover) = try waitForRole("leader", of: "b", in: site, limit: .seconds(20)) else {
             Issue.record("b did not lead within 20 s of the kill; log:\n\(b.output)")
             return
@@ -322,24 +327,31 @@ import Glibc
         #expect(takeover <= .seconds(10), "the takeover took \(takeover); log:\n\(b.output)")
         #expect(led.leader?.name == "b" && led.leader?.term == 2)
         #expect(led.stores.map(\.name).sorted() == HostsFailoverTests.stores, "\(led.stores)")
-        for store in led.stores {
-            #expect(store.epoch == atA[store.name]?.epoch && store.seq == atA[store.name]?.seq, "\(store)")
-        }
-
-        // A fresh replica on c against b: its dispatches are applied after a's, in the same epoch, and it converges.
-        let fresh = try site.replica(of: "b", actions: 60, seed: 3)
-        let done = fresh.wait(within: .seconds(60)) { $0.done }
+        #expect(led.stores.allSatisfy { $0.epoch == atA[$0.name]?.epoch }, "the same epoch: \(led.stores)")
+        let secondDone = second.wait(within: .seconds(90)) { $0.done }
         try #require(
-            done?.done == true,
-            "the replica of b did not finish: \(String(describing: done)); log:\n\(b.output)"
+            secondDone?.done == true,
+            "the writer did not finish after the takeover: \(String(describing: secondDone)); b's log:\n\(b.output)"
         )
+        #expect(secondDone?.failed == 0, "\(String(describing: secondDone))")
+        #expect((secondDone?.accepted ?? 0) > acceptedBeforeKill, "nothing was applied after the kill")
         let atB = try site.states("b")
-        let more = UInt64(done?.accepted ?? 0)
-        #expect(more > 0)
-        #expect(atB.values.reduce(0) { $0 + $1.seq } == UInt64(accepted) + more, "seqs go on from a's: \(atB)")
+        let accepted = acceptedAtA + UInt64(secondDone?.accepted ?? 0)
+        #expect(atB.values.reduce(0) { $0 + $1.seq } == accepted, "every accepted dispatch once, a's then b's: \(atB)")
         #expect(atB.allSatisfy { $0.value.epoch == atA[$0.key]?.epoch }, "the same epoch: \(atB)")
-        #expect(fresh.converge(on: atB.mapValues { (seq: $0.seq, digest: $0.digest) }, within: .seconds(20)))
-        #expect(try fresh.stop().status == 0)
+        let expectedAtB = atB.mapValues { (seq: $0.seq, digest: $0.digest) }
+        for (name, replica) in [("watcher", watcher), ("first writer", first), ("second writer", second)] {
+            let report = replica.wait(within: .seconds(30)) { $0.matches(expectedAtB) }
+            #expect(
+                report?.matches(expectedAtB) == true,
+                "the \(name) did not converge on b: \(String(describing: report))"
+            )
+            #expect(
+                report?.stores.allSatisfy { $0.resyncs == 0 } == true,
+                "the \(name) started over: \(String(describing: report))"
+            )
+        }
+        for replica in [watcher, first, second] { #expect(try replica.stop().status == 0) }
         let leads = try site.tool(["stats", "--command-endpoint", site.command("b")] + site.toolCurve)
         #expect(leads.standardOutput.contains("role     leader as b (leader b, term 2)"), "\(leads.standardOutput)")
         #expect(b.stop() == 0, "\(b.output)")
@@ -347,9 +359,10 @@ import Glibc
             states.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value.seq)" }.joined(separator: ", ")
         }
         print(
-            "HostsFailoverTests: a applied \(accepted) dispatches of 2 replicas on c (\(seqs(atA))); 3 clients "
-                + "without the right keys were refused; b took over (term 2) and applied \(more) more of a fresh "
-                + "replica (\(seqs(atB)), epoch \(atB["counter"]?.epoch ?? "?")); \(ContinuousClock.now - began) in all"
+            "HostsFailoverTests: a applied \(acceptedAtA) dispatches (\(seqs(atA))); 3 clients without the right keys "
+                + "were refused; the second writer had \(acceptedBeforeKill) of 400 accepted at the kill, b took over "
+                + "(term 2) and the same 3 replica processes followed it to \(seqs(atB)) in epoch "
+                + "\(atB["counter"]?.epoch ?? "?"), 0 resyncs; \(ContinuousClock.now - began) in all"
         )
     }
 }

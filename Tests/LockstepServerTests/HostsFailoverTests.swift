@@ -243,8 +243,13 @@ import Glibc
             return
         }
         #expect(standing.leader?.name == "a" && standing.leader?.term == 1)
-        let stats = try site.tool(["stats", "--command-endpoint", site.command("b")] + site.toolCurve)
-        #expect(stats.standardOutput.contains("role     standby as b (leader a, term 1)"), "\(stats.standardOutput)")
+        // `lockstep stats` given both daemons prints each one's status.
+        let both = ["--command-endpoint", site.command("a"), "--command-endpoint", site.command("b")]
+        let stats = try site.tool(["stats"] + both + site.toolCurve)
+        #expect(stats.status == 0, "\(stats.standardError)")
+        for line in ["role     leader as a (leader a, term 1)", "role     standby as b (leader a, term 1)"] {
+            #expect(stats.standardOutput.contains(line), "\(stats.standardOutput)")
+        }
 
         // Only tcp: each daemon listens on its own address's two ports and on no Unix socket, and both reach the
         // journal over tcp from their own addresses.
@@ -352,7 +357,9 @@ import Glibc
             )
         }
         for replica in [watcher, first, second] { #expect(try replica.stop().status == 0) }
-        let leads = try site.tool(["stats", "--command-endpoint", site.command("b")] + site.toolCurve)
+        // a is gone: stats says so for a (on standard error) and prints b's status.
+        let leads = try site.tool(["stats", "--timeout-ms", "500", "--retries", "0"] + both + site.toolCurve)
+        #expect(leads.status == 0 && leads.standardError.contains(site.command("a")), "\(leads.standardError)")
         #expect(leads.standardOutput.contains("role     leader as b (leader b, term 2)"), "\(leads.standardOutput)")
         #expect(b.stop() == 0, "\(b.output)")
         func seqs(_ states: [String: StoreState]) -> String {

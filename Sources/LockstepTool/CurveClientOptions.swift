@@ -10,10 +10,16 @@ import Glibc
 /// CURVE for a client of a daemon on `tcp://`: the daemon's public key and this client's secret key file, both
 /// from `lockstep keygen`. Every command that reaches a daemon takes them, and so does `lockstep demo-client`.
 package struct CurveClientOptions: ParsableArguments {
-    @Option(help: "CURVE on tcp: the daemon's public key, Z85 (the server.pub of 'lockstep keygen --out server').")
+    // Z85 keys may begin with '-' (one in 85 does): `.unconditional` takes the next argument as the value whatever it
+    // looks like, where the default would read such a key as an unknown option and refuse the command.
+    @Option(
+        parsing: .unconditional,
+        help: "CURVE on tcp: the daemon's public key, Z85 (the server.pub of 'lockstep keygen --out server')."
+    )
     package var curveServerKey: String?
 
     @Option(
+        parsing: .unconditional,
         help: ArgumentHelp(
             "CURVE on tcp: a file holding this client's secret key, Z85, mode 0600 (NAME.key of 'lockstep keygen "
                 + "--out NAME'); its public key must be in the daemon's allowed clients file."

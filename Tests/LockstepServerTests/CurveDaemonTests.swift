@@ -214,4 +214,25 @@ import Glibc
         #expect(readable.status == 64 && readable.standardError.contains("must be 0600"), "\(readable.standardError)")
         #expect(daemon.stop() == 0)
     }
+
+    /// One Z85 key in 85 begins with '-': the tool takes it as the value of `--curve-server-key`, not as an option
+    /// (the command then waits for a daemon that is not there and exits 69, where a usage error would be 64).
+    @Test func aServerKeyThatBeginsWithADashIsAKey() throws {
+        let directory = try temporaryDirectory("curve-dash").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        var server = try CurveKeyPair.generate()
+        while !Z85.encode(server.publicKey).hasPrefix("-") { server = try CurveKeyPair.generate() }
+        let made = try runProduct("lockstep", ["keygen", "--out", "\(directory)/client"])
+        try #require(made.status == 0, "\(made.standardError)")
+        let output = try runProduct(
+            "lockstep",
+            [
+                "stats", "--command-endpoint", "tcp://127.0.0.1:\(Int.random(in: 30_000..<60_000))", "--timeout-ms",
+                "200", "--retries", "0", "--curve-server-key", Z85.encode(server.publicKey), "--curve-key-file",
+                "\(directory)/client.key",
+            ]
+        )
+        #expect(output.status == 69, "\(output.standardError)")
+        #expect(output.standardError.contains("no reply from the daemon"), "\(output.standardError)")
+    }
 }

@@ -148,8 +148,30 @@ import Glibc
                 ["stats", "--json", "--command-endpoint", command(host), "--timeout-ms", "500", "--retries", "0"]
                     + toolCurve
             )
-            guard output.status == 0 else { return nil }
+            guard output.status == 0 else {
+                lastStatusFailure = "exit \(output.status): \(output.standardError)"
+                return nil
+            }
             return try? JSONDecoder().decode(DaemonStatus.self, from: Data(output.standardOutput.utf8))
+        }
+
+        /// What the last ``status(_:)`` that got no status said.
+        var lastStatusFailure = ""
+
+        /// The network as the hosts see it, for a failure's message.
+        func diagnostics() -> String {
+            var lines: [String] = []
+            for (host, arguments) in [
+                ("c", ["ip", "addr"]), ("c", ["ip", "neigh"]), ("c", ["ss", "-tanp"]), ("a", ["ss", "-tanp"]),
+                ("a", ["ip", "addr"]),
+            ] {
+                let output = try? hosts.run(on: host, URL(fileURLWithPath: "/usr/bin/env"), arguments)
+                    .finish(within: .seconds(10))
+                lines.append("--- \(host): \(arguments.joined(separator: " "))\n\(output?.standardOutput ?? "")")
+            }
+            let bridge = try? hosts.ip(["-n", hosts.switchNamespace, "-d", "link"])
+            lines.append("--- switch: ip -d link\n\(bridge ?? "")")
+            return lines.joined(separator: "\n")
         }
 
         /// Each store's epoch, seq and digest at the daemon on `host`, from `lockstep state --json` on host c.
@@ -233,13 +255,17 @@ import Glibc
         // a leads, b stands by; each answers the tool on c over tcp with CURVE.
         let a = try site.startDaemon(on: "a")
         guard let (leading, _) = try waitForRole("leader", of: "a", in: site, limit: .seconds(30)) else {
-            Issue.record("a never led; log:\n\(a.output)")
+            Issue.record(
+                "a never led; the last stats: \(site.lastStatusFailure); log:\n\(a.output)\n\(site.diagnostics())"
+            )
             return
         }
         #expect(leading.leader?.name == "a" && leading.leader?.term == 1)
         let b = try site.startDaemon(on: "b")
         guard let (standing, _) = try waitForRole("standby", of: "b", in: site, limit: .seconds(30)) else {
-            Issue.record("b never stood by; log:\n\(b.output)")
+            Issue.record(
+                "b never stood by; the last stats: \(site.lastStatusFailure); log:\n\(b.output)\n\(site.diagnostics())"
+            )
             return
         }
         #expect(standing.leader?.name == "a" && standing.leader?.term == 1)
@@ -325,7 +351,9 @@ import Glibc
         a.kill()
         let acceptedBeforeKill = second.last?.accepted ?? 0
         guard let (led, takeover) = try waitForRole("leader", of: "b", in: site, limit: .seconds(20)) else {
-            Issue.record("b did not lead within 20 s of the kill; log:\n\(b.output)")
+            Issue.record(
+                "b did not lead within 20 s of the kill; the last stats: \(site.lastStatusFailure); log:\n\(b.output)"
+            )
             return
         }
         print("HostsFailoverTests: after kill -9 of a, b leads \(takeover) later across hosts (target: 5 s)")

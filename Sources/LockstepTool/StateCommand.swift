@@ -98,8 +98,8 @@ struct TailCommand: ParsableCommand {
         while count.map({ printed < $0 }) ?? true {
             guard let frames = try socket.receive() else {
                 printError(
-                    "\(Tool.commandName): nothing from \(endpoints.joined(separator: ", ")) for \(silenceMs) ms (not even a "
-                        + "heartbeat); is the daemon running and hosting '\(name)'?"
+                    "\(Tool.commandName): nothing from \(endpoints.joined(separator: ", ")) for \(silenceMs) ms (not "
+                        + "even a heartbeat); is the daemon running and hosting '\(name)'?"
                 )
                 throw ExitCodes.unavailable
             }

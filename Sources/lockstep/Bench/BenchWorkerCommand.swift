@@ -41,10 +41,15 @@ struct BenchWorkerCommand: AsyncParsableCommand {
     @Flag(help: "dispatch: report the seq each dispatch got and when it was sent.")
     var recordSeqs = false
 
-    @Option(help: "CURVE client (tcp): the server's public key and this client's secret key, Z85, comma-separated.")
+    // Z85 keys may begin with '-' (one in 85 does): `.unconditional` takes the next argument as the value, where the
+    // default would read such a key as an unknown option and fail the bench's tcp run now and then.
+    @Option(
+        parsing: .unconditional,
+        help: "CURVE client (tcp): the server's public key and this client's secret key, Z85, comma-separated."
+    )
     var curve: String?
 
-    @Option(help: "CURVE server (tcp echo): the server's secret key, Z85.")
+    @Option(parsing: .unconditional, help: "CURVE server (tcp echo): the server's secret key, Z85.")
     var curveServer: String?
 
     func run() async throws {

@@ -2,7 +2,8 @@ import Lockstep
 
 /// The journal in a PostgreSQL database, through libpq: the same records, rules and answers as ``SQLiteJournal``,
 /// kept by a server. A commit is one transaction with `synchronous_commit = on`, so it returns only once PostgreSQL
-/// has made it durable. Its schema and durability are described in docs/operations.md, "PostgreSQL journal".
+/// has made it durable; its statements, the fence first, go to the server in one round trip (libpq's pipeline mode,
+/// libpq 14 or newer). Its schema and durability are described in docs/operations.md, "PostgreSQL journal".
 ///
 /// One connection writes (commits are serialized by the journal). Several daemons may open one journal: the one that
 /// holds its lease (a row with a term and an expiry by the database's clock) leads, and every commit's first

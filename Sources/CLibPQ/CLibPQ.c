@@ -28,6 +28,18 @@
       (PGconn * conn, const char *stmtName, int nParams, const char *const *paramValues,                      \
        const int *paramLengths, const int *paramFormats, int resultFormat),                                    \
       (conn, stmtName, nParams, paramValues, paramLengths, paramFormats, resultFormat))                        \
+    X(int, PQenterPipelineMode, (PGconn * conn), (conn))                                                       \
+    X(int, PQexitPipelineMode, (PGconn * conn), (conn))                                                        \
+    X(int, PQpipelineSync, (PGconn * conn), (conn))                                                            \
+    X(int, PQsendQueryParams,                                                                                  \
+      (PGconn * conn, const char *command, int nParams, const Oid *paramTypes, const char *const *paramValues, \
+       const int *paramLengths, const int *paramFormats, int resultFormat),                                    \
+      (conn, command, nParams, paramTypes, paramValues, paramLengths, paramFormats, resultFormat))             \
+    X(int, PQsendQueryPrepared,                                                                                \
+      (PGconn * conn, const char *stmtName, int nParams, const char *const *paramValues,                      \
+       const int *paramLengths, const int *paramFormats, int resultFormat),                                    \
+      (conn, stmtName, nParams, paramValues, paramLengths, paramFormats, resultFormat))                        \
+    X(PGresult *, PQgetResult, (PGconn * conn), (conn))                                                        \
     X(ExecStatusType, PQresultStatus, (const PGresult *res), (res))                                            \
     X(char *, PQresultErrorField, (const PGresult *res, int fieldcode), (res, fieldcode))                      \
     X(char *, PQresultErrorMessage, (const PGresult *res), (res))                                              \

@@ -44,6 +44,37 @@ struct PostgresFailure: Error {
     var isConnectionLost: Bool
 }
 
+/// One statement of a pipeline (``PostgresConnection/execute(pipeline:)``): one prepared on the session, by name,
+/// or SQL parsed where it is sent; its parameters binary, as ``PostgresConnection/execute(_:_:)`` sends them.
+struct PostgresStatement {
+    enum Text {
+        case prepared(String)
+        case sql(String)
+    }
+
+    var text: Text
+    var parameters: [PostgresValue]
+
+    static func prepared(_ name: String, _ parameters: [PostgresValue]) -> Self {
+        Self(text: .prepared(name), parameters: parameters)
+    }
+
+    static func sql(_ sql: String, _ parameters: [PostgresValue] = []) -> Self {
+        Self(text: .sql(sql), parameters: parameters)
+    }
+}
+
+/// Why a pipeline failed: the first of its statements that failed or could not be sent, and how.
+struct PostgresPipelineFailure: Error {
+    /// The statement's index in the pipeline.
+    var statement: Int
+    /// Whether the server may have run statements after it: only when libpq lost the connection before the server
+    /// answered this one (the answers to those it ran may have been lost with it). When the server answered with
+    /// an error, or the statement was never sent, none after it ran.
+    var laterMayHaveRun: Bool
+    var failure: PostgresFailure
+}
+
 /// The rows of one statement's result, in binary format; freed when released.
 final class PostgresRows {
     private let result: OpaquePointer
@@ -202,6 +233,105 @@ final class PostgresConnection: @unchecked Sendable {
         _ = try check(lockstep_PQexec(handle, sql))
     }
 
+    /// Sends `statements` together, ended by one sync (libpq's pipeline mode): one round trip to the server for all
+    /// of them, which runs them in order. Returns each statement's rows once every one has succeeded.
+    ///
+    /// The server runs none after the first that fails (libpq answers those `PGRES_PIPELINE_ABORTED`); the failure
+    /// names that statement. A transaction the statements opened is then left failed on the session, for the
+    /// caller to roll back. A session whose pipeline cannot be ended cleanly — the connection lost, or results
+    /// libpq did not expect — is closed, so the next use connects afresh (``reset()``).
+    func execute(pipeline statements: [PostgresStatement]) throws(PostgresPipelineFailure) -> [PostgresRows] {
+        let handle: OpaquePointer
+        do {
+            handle = try liveHandle()
+        } catch {
+            throw PostgresPipelineFailure(statement: 0, laterMayHaveRun: false, failure: error)
+        }
+        do {
+            try sent(lockstep_PQenterPipelineMode(handle), "PQenterPipelineMode")
+        } catch {
+            // The session is busy with something else: it is in no state to be trusted.
+            close()
+            throw PostgresPipelineFailure(statement: 0, laterMayHaveRun: false, failure: error)
+        }
+        for (index, statement) in statements.enumerated() {
+            let count = Int32(statement.parameters.count)
+            let queued = withParameters(statement.parameters) { types, values, lengths, formats in
+                switch statement.text {
+                case let .prepared(name): lockstep_PQsendQueryPrepared(handle, name, count, values, lengths, formats, 1)
+                case let .sql(sql): lockstep_PQsendQueryParams(handle, sql, count, types, values, lengths, formats, 1)
+                }
+            }
+            do {
+                try sent(queued, "PQsendQuery")
+            } catch {
+                // Those before it may be queued in libpq, and no sync ends them: this session is done.
+                close()
+                throw PostgresPipelineFailure(statement: index, laterMayHaveRun: false, failure: error)
+            }
+        }
+        do {
+            try sent(lockstep_PQpipelineSync(handle), "PQpipelineSync")
+        } catch {
+            close()
+            throw PostgresPipelineFailure(statement: statements.count, laterMayHaveRun: false, failure: error)
+        }
+        var rows: [PostgresRows] = []
+        var failed: PostgresPipelineFailure?
+        func fail(_ index: Int, laterMayHaveRun: Bool, _ failure: PostgresFailure) {
+            if failed == nil {
+                failed = PostgresPipelineFailure(statement: index, laterMayHaveRun: laterMayHaveRun, failure: failure)
+            }
+        }
+        func unexpected(_ message: String) -> PostgresFailure {
+            PostgresFailure(sqlState: nil, message: message, isConnectionLost: !isUsable)
+        }
+        for index in statements.indices {
+            // Each statement of the journal has one result, then a null.
+            guard let result = lockstep_PQgetResult(handle) else {
+                let reason = Self.trimmed(lockstep_PQerrorMessage(handle))
+                fail(index, laterMayHaveRun: true, unexpected("libpq returned no result for the statement: \(reason)"))
+                close()
+                break
+            }
+            if lockstep_PQresultStatus(result) == PGRES_PIPELINE_ABORTED {
+                lockstep_PQclear(result)
+                fail(
+                    index,
+                    laterMayHaveRun: false,
+                    unexpected("the server skipped the statement, yet no earlier one failed")
+                )
+            } else {
+                do {
+                    rows.append(try check(result))
+                } catch {
+                    fail(index, laterMayHaveRun: error.isConnectionLost && error.sqlState == nil, error)
+                }
+            }
+            if let extra = lockstep_PQgetResult(handle) {
+                lockstep_PQclear(extra)
+                fail(index, laterMayHaveRun: true, unexpected("the statement had more than one result"))
+                close()
+                break
+            }
+        }
+        endPipeline()
+        if let failed { throw failed }
+        return rows
+    }
+
+    /// Reads the sync's result and leaves pipeline mode; closes the session when either fails. A failure here,
+    /// after every statement's answer, is not the statements': the next use reconnects.
+    private func endPipeline() {
+        guard let handle else { return }
+        if lockstep_PQstatus(handle) == CONNECTION_OK, let sync = lockstep_PQgetResult(handle) {
+            let status = lockstep_PQresultStatus(sync)
+            lockstep_PQclear(sync)
+            if status == PGRES_PIPELINE_SYNC, lockstep_PQexitPipelineMode(handle) == 1 { return }
+        }
+        close()
+    }
+
     /// Prepares `sql` once as `name`, with parameters of the types `example` has.
     func prepare(_ name: String, _ sql: String, _ example: [PostgresValue]) throws(PostgresFailure) {
         let types = example.map(\.oid)
@@ -259,13 +389,25 @@ final class PostgresConnection: @unchecked Sendable {
         throw PostgresFailure(sqlState: state, message: message ?? "unknown failure", isConnectionLost: lost)
     }
 
+    /// Nothing if a libpq call that queues or sends returned 1; else what libpq says went wrong.
+    private func sent(_ status: Int32, _ function: String) throws(PostgresFailure) {
+        lastUsed = .now
+        guard status != 1 else { return }
+        let message = handle.map { Self.trimmed(lockstep_PQerrorMessage($0)) } ?? "no connection"
+        throw PostgresFailure(
+            sqlState: nil,
+            message: "\(function) failed: \(message.isEmpty ? "libpq gave no reason" : message)",
+            isConnectionLost: !isUsable
+        )
+    }
+
     /// libpq's parameter arrays for `parameters`, all binary, valid for the duration of `body`.
-    private func withParameters(
+    private func withParameters<Result>(
         _ parameters: [PostgresValue],
         _ body: (
             UnsafePointer<Oid>?, UnsafePointer<UnsafePointer<CChar>?>?, UnsafePointer<Int32>?, UnsafePointer<Int32>?
-        ) -> OpaquePointer?
-    ) -> OpaquePointer? {
+        ) -> Result
+    ) -> Result {
         var buffer: [UInt8] = []
         var offsets: [Int] = []
         var lengths: [Int32] = []
@@ -319,13 +461,14 @@ func postgresAnswers(_ conninfo: String) -> Bool {
     return lockstep_PQping(conninfo) == PQPING_OK
 }
 
-/// Opens libpq (`libpq.so.5`) the first time a PostgreSQL journal needs it; a daemon on SQLite never maps it.
+/// Opens libpq (`libpq.so.5`, 14 or newer) the first time a PostgreSQL journal needs it; a daemon on SQLite never
+/// maps it.
 func loadLibPQ() throws(PostgresFailure) {
     if let failure = lockstep_libpq_load() {
         throw PostgresFailure(
             sqlState: nil,
-            message: "cannot load libpq, PostgreSQL's client library (\(String(cString: failure))); install it "
-                + "(Debian: apt-get install libpq5)",
+            message: "cannot load libpq, PostgreSQL's client library (\(String(cString: failure))); install libpq "
+                + "14 or newer, whose pipeline mode a commit uses (Debian: apt-get install libpq5)",
             isConnectionLost: false
         )
     }

@@ -2,7 +2,8 @@ import Lockstep
 
 /// The journal in a PostgreSQL database, through libpq: the same records, rules and answers as ``SQLiteJournal``,
 /// kept by a server. A commit is one transaction with `synchronous_commit = on`, so it returns only once PostgreSQL
-/// has made it durable. Its schema and durability are described in docs/operations.md, "PostgreSQL journal".
+/// has made it durable; its statements, the fence first, go to the server in one round trip (libpq's pipeline mode,
+/// libpq 14 or newer). Its schema and durability are described in docs/operations.md, "PostgreSQL journal".
 ///
 /// One connection writes (commits are serialized by the journal). Several daemons may open one journal: the one that
 /// holds its lease (a row with a term and an expiry by the database's clock) leads, and every commit's first
@@ -762,17 +763,23 @@ final class PostgresStorage: JournalStorage {
 
     func register(_ record: StoreRecord) throws(JournalError) {
         try withWriter("register store", store: record.name) { session in
-            try transaction(session) {
-                try fence(session, operation: "registration")
-                try session.execute(
-                    "INSERT INTO stores (name, domain_version, epoch) VALUES ($1, $2, $3)",
-                    [.text(record.name), .int64(Int64(record.domainVersion)), .int64(Int64(bitPattern: record.epoch))]
-                )
-                try session.execute(
-                    "INSERT INTO store_versions (store, version, since_seq) VALUES ($1, $2, 0)",
-                    [.text(record.name), .int64(Int64(record.domainVersion))]
-                )
-            }
+            try fencedTransaction(
+                session,
+                operation: "registration",
+                [
+                    .sql(
+                        "INSERT INTO stores (name, domain_version, epoch) VALUES ($1, $2, $3)",
+                        [
+                            .text(record.name), .int64(Int64(record.domainVersion)),
+                            .int64(Int64(bitPattern: record.epoch)),
+                        ]
+                    ),
+                    .sql(
+                        "INSERT INTO store_versions (store, version, since_seq) VALUES ($1, $2, 0)",
+                        [.text(record.name), .int64(Int64(record.domainVersion))]
+                    ),
+                ]
+            )
         }
     }
 
@@ -937,56 +944,61 @@ final class PostgresStorage: JournalStorage {
 
     // MARK: Commit
 
-    /// `body` between BEGIN and COMMIT; rolled back when it throws.
-    private func transaction(_ session: PostgresConnection, _ body: () throws -> Void) throws {
-        try session.execute("BEGIN")
+    /// BEGIN, the fence, `writes` and COMMIT, sent together in one pipeline: one round trip to the server, which
+    /// runs them in order. The fence comes first in the transaction: it locks the lease row until the transaction
+    /// ends, so a takeover waits for this commit, and it fails when a takeover came first — the server then runs
+    /// none of the writes and not the COMMIT, and the transaction is rolled back. Returns once the COMMIT's answer
+    /// is in: with `synchronous_commit = on`, PostgreSQL has made the transaction durable.
+    private func fencedTransaction(
+        _ session: PostgresConnection,
+        operation: String,
+        _ writes: [PostgresStatement]
+    ) throws {
+        let term = try heldTerm(operation)
+        let statements = [.sql("BEGIN"), fenceStatement(term: term)] + writes + [.sql("COMMIT")]
+        let commit = statements.count - 1
+        let results: [PostgresRows]
         do {
-            try body()
-            try session.execute("COMMIT")
+            results = try session.execute(pipeline: statements)
         } catch {
+            if error.statement == 1, Self.isFenceRefusal(error.failure) {
+                throw fenced(session, term: term, operation: operation)
+            }
             if session.inTransaction { _ = try? session.execute("ROLLBACK") }
-            throw error
+            guard error.failure.isConnectionLost, error.laterMayHaveRun || error.statement >= commit else {
+                throw error.failure
+            }
+            var unknown = Self.map(error.failure, location: location, operation: operation)
+            // Sent together, the COMMIT may have run even when the answers to the statements before it were lost.
+            unknown.message =
+                "the connection to PostgreSQL was lost before PostgreSQL answered this \(operation)'s COMMIT, so "
+                + "whether it was kept is not known: recover the stores again before going on (the daemon does)"
+            throw unknown
+        }
+        // A COMMIT of a transaction that failed is answered ROLLBACK, without an error.
+        let tag = results[commit].commandTag
+        guard tag == "COMMIT" else {
+            throw PostgresFailure(
+                sqlState: nil,
+                message: "COMMIT ended the transaction with \(tag): nothing of the \(operation) was kept",
+                isConnectionLost: false
+            )
         }
     }
 
     /// One transaction for the whole plan, committed with `synchronous_commit = on`: when this returns, PostgreSQL
-    /// has made it durable (its WAL flushed). The hot statements are prepared once per session.
+    /// has made it durable (its WAL flushed). The hot statements are prepared once per session, before the
+    /// pipeline that runs them.
     func write(_ plan: CommitPlan) throws(JournalError) {
-        var committing = false
-        do {
-            try withWriter("commit") { session in
-                try session.execute("BEGIN")
-                do {
-                    // The fence first: it locks the lease row until the transaction ends, so a takeover waits for
-                    // this commit, and this commit fails if one came first.
-                    try fence(session, operation: "commit")
-                    try write(plan, on: session)
-                    committing = true
-                    // A COMMIT of a transaction that failed is answered ROLLBACK, without an error.
-                    let tag = try session.execute("COMMIT").commandTag
-                    guard tag == "COMMIT" else {
-                        throw PostgresFailure(
-                            sqlState: nil,
-                            message: "COMMIT ended the transaction with \(tag): nothing of the batch was kept",
-                            isConnectionLost: false
-                        )
-                    }
-                } catch {
-                    if session.inTransaction { _ = try? session.execute("ROLLBACK") }
-                    throw error
-                }
-            }
-        } catch let error where committing && error.code == .unreachable {
-            var unknown = error
-            unknown.message =
-                "the connection to PostgreSQL was lost while it committed the batch, so whether the "
-                + "batch was kept is not known: recover the stores again before going on (the daemon does)"
-            throw unknown
+        try withWriter("commit") { session in
+            try fencedTransaction(session, operation: "commit", try writes(plan, on: session))
         }
     }
 
-    private func write(_ plan: CommitPlan, on session: PostgresConnection) throws {
-        try write(plan.batch.events, on: session, "insert_events", Statement.insertEvents) { event in
+    /// The statements that write `plan`, in order.
+    private func writes(_ plan: CommitPlan, on session: PostgresConnection) throws -> [PostgresStatement] {
+        var statements = try writes(plan.batch.events, on: session, "insert_events", Statement.insertEvents) {
+            event in
             [
                 .text(event.store), .int64(Int64(event.seq)), .bytes(event.action), .bytes(event.clientID),
                 .int64(Int64(bitPattern: event.requestNumber)), .int64(Int64(event.checksum)),
@@ -998,33 +1010,34 @@ final class PostgresStorage: JournalStorage {
                 .bytes(snapshot.digest.bytes),
             ]
             if plan.upgrades.isEmpty {
-                try session.execute(prepared: Statement.insertSnapshot.0, values)
+                statements.append(.prepared(Statement.insertSnapshot.0, values))
             } else {
                 // Only an upgrade replaces a snapshot: the older version's at the same seq. Any other must be new,
                 // and the primary key says so if it is not.
-                try session.execute(
-                    Statement.insertSnapshot.1
-                        + " ON CONFLICT (store, seq) DO UPDATE SET state = excluded.state, digest = excluded.digest",
-                    values
-                )
+                let replace = " ON CONFLICT (store, seq) DO UPDATE SET state = excluded.state, digest = excluded.digest"
+                statements.append(.sql(Statement.insertSnapshot.1 + replace, values))
             }
         }
         for compaction in plan.compactions {
             let values: [PostgresValue] = [.text(compaction.store), .int64(Int64(compaction.throughSeq))]
-            try session.execute(prepared: Statement.compactSnapshots.0, values)
-            try session.execute(prepared: Statement.compactEvents.0, values)
+            statements.append(.prepared(Statement.compactSnapshots.0, values))
+            statements.append(.prepared(Statement.compactEvents.0, values))
         }
         for upgrade in plan.upgrades {
-            try session.execute(
-                "UPDATE stores SET domain_version = $1 WHERE name = $2",
-                [.int64(Int64(upgrade.version)), .text(upgrade.store)]
+            statements.append(
+                .sql(
+                    "UPDATE stores SET domain_version = $1 WHERE name = $2",
+                    [.int64(Int64(upgrade.version)), .text(upgrade.store)]
+                )
             )
-            try session.execute(
-                "INSERT INTO store_versions (store, version, since_seq) VALUES ($1, $2, $3)",
-                [.text(upgrade.store), .int64(Int64(upgrade.version)), .int64(Int64(upgrade.sinceSeq))]
+            statements.append(
+                .sql(
+                    "INSERT INTO store_versions (store, version, since_seq) VALUES ($1, $2, $3)",
+                    [.text(upgrade.store), .int64(Int64(upgrade.version)), .int64(Int64(upgrade.sinceSeq))]
+                )
             )
         }
-        guard !plan.batch.idempotency.isEmpty else { return }
+        guard !plan.batch.idempotency.isEmpty else { return statements }
         // A key twice in one batch is one entry, the later one, in the first one's place.
         var entries: [IdempotencyRecord] = []
         var index: [IdempotencyKey: Int] = [:]
@@ -1036,46 +1049,45 @@ final class PostgresStorage: JournalStorage {
                 entries.append(record)
             }
         }
-        try write(entries, on: session, "upsert_idempotency", Statement.upsertIdempotency) { record in
+        statements += try writes(entries, on: session, "upsert_idempotency", Statement.upsertIdempotency) { record in
             [
                 .bytes(record.key.clientID), .int64(Int64(bitPattern: record.key.requestNumber)),
                 .bytes(record.fingerprint), .bytes(record.reply),
             ]
         }
-        try session.execute(prepared: Statement.trimIdempotency.0, [.int64(Int64(plan.idempotencyKept))])
+        statements.append(.prepared(Statement.trimIdempotency.0, [.int64(Int64(plan.idempotencyKept))]))
+        return statements
     }
 
-    /// Writes `rows`, ``Statement/rowsPerStatement`` at a time, with the statement `sql` makes for a chunk of that
-    /// many; `parameters` gives a row's values.
-    private func write<Row>(
+    /// The statements that write `rows`, ``Statement/rowsPerStatement`` at a time, each the statement `sql` makes
+    /// for a chunk of that many; `parameters` gives a row's values.
+    private func writes<Row>(
         _ rows: [Row],
         on session: PostgresConnection,
         _ name: String,
         _ sql: (Int) -> String,
         _ parameters: (Row) -> [PostgresValue]
-    ) throws {
-        for start in stride(from: 0, to: rows.count, by: Statement.rowsPerStatement) {
+    ) throws -> [PostgresStatement] {
+        try stride(from: 0, to: rows.count, by: Statement.rowsPerStatement).map { start in
             let chunk = rows[start..<min(start + Statement.rowsPerStatement, rows.count)]
-            try execute(session, name, rows: chunk.count, sql, chunk.flatMap(parameters))
+            return try statement(session, name, rows: chunk.count, sql, chunk.flatMap(parameters))
         }
     }
 
-    /// Runs the statement `sql` makes for `rows` rows: prepared once per session (`NAME_ROWS`) for up to 64 rows,
-    /// so a commit of a few requests — the common one — skips the planner; unprepared beyond.
-    private func execute(
+    /// The statement `sql` makes for `rows` rows: prepared once per session (`NAME_ROWS`) for up to 64 rows, so a
+    /// commit of a few requests — the common one — skips the planner; unprepared beyond. A statement is prepared
+    /// here, before the pipeline it goes in, the first time a session needs it.
+    private func statement(
         _ session: PostgresConnection,
         _ name: String,
         rows: Int,
         _ sql: (Int) -> String,
         _ values: [PostgresValue]
-    ) throws {
-        guard rows <= 64 else {
-            try session.execute(sql(rows), values)
-            return
-        }
+    ) throws -> PostgresStatement {
+        guard rows <= 64 else { return .sql(sql(rows), values) }
         let statement = "\(name)_\(rows)"
         if !session.isPrepared(statement) { try session.prepare(statement, sql(rows), values) }
-        try session.execute(prepared: statement, values)
+        return .prepared(statement, values)
     }
 
     // MARK: Idempotency

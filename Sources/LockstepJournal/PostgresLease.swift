@@ -95,14 +95,30 @@ extension PostgresStorage {
         /// it still has this journal's term and holder — parameters term, holder, duration in ms — and locks the
         /// row until the transaction ends. An expired lease that nobody took is still this journal's: a takeover
         /// always goes through the row lock and a new term, so no other daemon can have committed meanwhile.
+        ///
+        /// When no row matched, the statement fails rather than return no row, so that the server runs nothing
+        /// after it in a commit's pipeline and the transaction can only roll back. SQL has no RAISE outside
+        /// PL/pgSQL: the failure is a cast of a text to bigint (SQLSTATE 22P02, the text quoted in the message,
+        /// ``fenceRefusal`` recognizes it). The text includes `count(*)`, so the planner cannot fold the cast into
+        /// a constant and fail while planning a fence that matches.
         static let fence = (
             "fence",
             """
-            UPDATE leadership SET expires_at = clock_timestamp() + $3::float8 * interval '1 millisecond'
-            WHERE term = $1 AND holder = $2
-            RETURNING term
+            WITH renewed AS (
+                UPDATE leadership SET expires_at = clock_timestamp() + $3::float8 * interval '1 millisecond'
+                WHERE term = $1 AND holder = $2
+                RETURNING term
+            )
+            SELECT CASE count(*) WHEN 1 THEN min(term)
+                ELSE ('\(fenceRefusal) no lease of term ' || $1 || ' held by ' || $2 || ' (' || count(*) || ' rows)')
+                    ::bigint
+            END
+            FROM renewed
             """
         )
+
+        /// What the fence's failure quotes when the lease is no longer this journal's.
+        static let fenceRefusal = "lockstep fence:"
 
         /// Lets the lease go at once (a clean stop), so a standby need not wait for it to expire.
         static let release = "UPDATE leadership SET expires_at = clock_timestamp() WHERE term = $1 AND holder = $2"
@@ -134,9 +150,8 @@ extension PostgresStorage {
         )
     }
 
-    /// Extends the lease on `session` inside the transaction it runs in (or alone), or throws
-    /// ``JournalError/Code/fenced`` naming the term that superseded this journal's; the journal then leads no more.
-    func fence(_ session: PostgresConnection, operation: String) throws {
+    /// The term of the lease this journal holds, or ``JournalError/Code/fenced`` when it holds none.
+    func heldTerm(_ operation: String) throws(JournalError) -> Int64 {
         guard let term = leaseTerm.withLockedValue({ $0 }) else {
             throw JournalError(
                 code: .fenced,
@@ -146,14 +161,38 @@ extension PostgresStorage {
                     + "it may not write: acquire the lease first"
             )
         }
-        let renewed = try session.execute(
-            prepared: LeaseStatement.fence.0,
-            [.int64(term), .text(lease.holder), .int64(lease.milliseconds)]
-        )
-        guard renewed.count == 0 else { return }
+        return term
+    }
+
+    /// The fence (``LeaseStatement/fence``) for the lease of `term`, to send first in a commit's pipeline.
+    func fenceStatement(term: Int64) -> PostgresStatement {
+        .prepared(LeaseStatement.fence.0, [.int64(term), .text(lease.holder), .int64(lease.milliseconds)])
+    }
+
+    /// Whether `failure` is the fence's refusal: the lease row no longer has this journal's term and holder.
+    static func isFenceRefusal(_ failure: PostgresFailure) -> Bool {
+        failure.sqlState == "22P02" && failure.message.contains(LeaseStatement.fenceRefusal)
+    }
+
+    /// Extends the lease alone, outside any transaction (an idle leader), or throws ``JournalError/Code/fenced``
+    /// naming the term that superseded this journal's; the journal then leads no more.
+    func fence(_ session: PostgresConnection, operation: String) throws {
+        let term = try heldTerm(operation)
+        do {
+            try session.execute(prepared: LeaseStatement.fence.0, fenceStatement(term: term).parameters)
+        } catch let failure where Self.isFenceRefusal(failure) {
+            throw fenced(session, term: term, operation: operation)
+        }
+    }
+
+    /// What the fence's refusal means for an `operation` of the lease of `term`: the journal leads no more, and the
+    /// error names the term that superseded it. Rolls back the session's failed transaction first, to read the
+    /// lease row.
+    func fenced(_ session: PostgresConnection, term: Int64, operation: String) -> JournalError {
         leaseTerm.withLockedValue { $0 = nil }
+        if session.inTransaction { _ = try? session.execute("ROLLBACK") }
         let leader = try? Self.readLeader(session)
-        throw JournalError(
+        return JournalError(
             code: .fenced,
             file: location,
             operation: operation,

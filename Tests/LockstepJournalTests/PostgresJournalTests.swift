@@ -21,12 +21,15 @@ import Testing
     }
 
     /// A statement that fails in the middle of a commit (a row put there behind the journal's back makes the
-    /// second of three inserts violate the primary key) rolls back the whole transaction: the first event and the
-    /// idempotency entries are not kept either, and the journal takes the next commit.
+    /// second of three inserts violate the primary key; then the snapshot's insert, after the events') rolls back
+    /// the whole transaction: the first event and the idempotency entries are not kept either. The commit's
+    /// statements go in one pipeline, which the failure aborts; the session is rolled back, not replaced, and
+    /// takes the next commit.
     @Test func aCommitIsOneTransaction() throws {
         let fixture = try journal(withIncrements: 3)
-        let journal = try fixture.open()
+        let journal = try #require(try fixture.open() as? PostgresJournal)
         _ = try journal.recover(Counter.self)
+        let session = journal.writerBackendPID
         let stray = JournalEvent(store: Counter.name, seq: 5, action: [1], clientID: clientB, requestNumber: 0)
         try fixture.tamper(
             "INSERT INTO events VALUES ('counter', 5, '\\x01', '\\x\(hex(clientB))', 0, \(stray.checksum))"
@@ -45,7 +48,19 @@ import Testing
         #expect(try journal.idempotencyRecord(for: IdempotencyKey(clientID: clientB, requestNumber: 4)) == nil)
         #expect(try journal.idempotencyRecordCount() == 3)
 
-        try journal.commit(JournalBatch(events: batch, idempotency: idempotency(for: batch)))
+        let snapshot = try JournalSnapshot(store: Counter.name, seq: 6, encoding: Counter.State(count: 0))
+        try fixture.tamper("INSERT INTO snapshots VALUES ('counter', 6, '\\x00', '\\x00')")
+        let late = journalError {
+            try journal.commit(JournalBatch(events: batch, idempotency: idempotency(for: batch), snapshots: [snapshot]))
+        }
+        #expect(late?.postgresState == "23505", "\(late?.description ?? "")")
+        try fixture.tamper("DELETE FROM snapshots")
+        #expect(journal.lastSeq(store: Counter.name) == 3)
+        #expect(try journal.events(store: Counter.name, from: 1, to: 10, limit: 10) == .events(kept))
+        #expect(try journal.idempotencyRecordCount() == 3)
+
+        try journal.commit(JournalBatch(events: batch, idempotency: idempotency(for: batch), snapshots: [snapshot]))
+        #expect(journal.writerBackendPID == session)
         try journal.close()
         let reopened = try fixture.open()
         #expect(try reopened.recover(Counter.self).state.count == 0)

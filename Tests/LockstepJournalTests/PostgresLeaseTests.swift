@@ -91,6 +91,124 @@ import Testing
         #expect(try b.leader().holder == "b")
     }
 
+    /// A commit the lease row refuses keeps nothing even where its writes conflict with nothing: events of a store
+    /// only the old leader wrote, their snapshot and their idempotency entries. The fence fails inside the pipeline
+    /// that carries the writes, so the server runs none of them nor the COMMIT (a fence that only returned no row
+    /// would let them commit). The fenced session is rolled back, not replaced: it commits again once its journal
+    /// leads again. A renewal the row refuses names the new term as well.
+    @Test func aCommitTheLeaseRowRefusesKeepsNothingAndItsSessionCommitsOnceItLeadsAgain() throws {
+        let fixture = try JournalFixture(.postgres)
+        let a = try daemonJournal(fixture, "a", lease: .milliseconds(300))
+        let b = try daemonJournal(fixture, "b", lease: .milliseconds(300))
+        let c = try daemonJournal(fixture, "c", lease: .seconds(30))
+        defer {
+            try? a.close()
+            try? b.close()
+            try? c.close()
+        }
+        func count(_ query: String) throws -> [String?] {
+            try PostgresJournal.execute("SELECT count(*)::text FROM \(query)", connection: fixture.connection!)
+        }
+        #expect(try a.acquireLease() == .leading(term: 1, previousHolder: ""))
+        _ = try a.recover(Counter.self)
+        _ = try a.recover(Posts.self)
+        try a.commit(increments(from: 1, count: 2))
+        let session = a.writerBackendPID
+        Thread.sleep(forTimeInterval: 0.4)
+        #expect(try b.acquireLease() == .leading(term: 2, previousHolder: "a"))
+        Thread.sleep(forTimeInterval: 0.4)
+        #expect(try c.acquireLease() == .leading(term: 3, previousHolder: "b"))
+
+        let posts = events(Posts.name, from: 1, count: 2, client: clientB) {
+            Posts.Action.appendPosts(posts: ["post \($0)"])
+        }
+        let batch = JournalBatch(
+            events: posts,
+            idempotency: idempotency(for: posts, replySize: 8),
+            snapshots: [try JournalSnapshot(store: Posts.name, seq: 2, encoding: Posts.initialState)]
+        )
+        let fenced = journalError { try a.commit(batch) }
+        #expect(fenced?.code == .fenced)
+        #expect(fenced?.term == 3)
+        #expect(
+            fenced?.message.contains("(term 1, as a) was taken over by c with term 3") == true,
+            "\(fenced?.description ?? "")"
+        )
+        #expect(a.leaseTerm == nil)
+        #expect(try count("events WHERE store = 'posts'") == ["0"])
+        #expect(try count("snapshots") == ["0"])
+        #expect(try count("idempotency") == ["2"])
+        #expect(try c.leader().term == 3)
+
+        let renewal = journalError { try b.renewLease() }
+        #expect(renewal?.code == .fenced)
+        #expect(renewal?.term == 3)
+        #expect(
+            renewal?.message.contains("(term 2, as b) was taken over by c") == true,
+            "\(renewal?.description ?? "")"
+        )
+        #expect(b.leaseTerm == nil)
+
+        try c.releaseLease()
+        #expect(try a.acquireLease() == .leading(term: 4, previousHolder: "c"))
+        #expect(try a.recover(Posts.self).lastSeq == 0)
+        try a.commit(batch)
+        #expect(a.writerBackendPID == session)
+        #expect(try a.recover(Posts.self).lastSeq == 2)
+        #expect(try count("snapshots") == ["1"])
+        #expect(try a.idempotencyRecordCount() == 4)
+    }
+
+    /// The fence is the first statement of the transaction of every write: a trigger on every table a commit or a
+    /// registration writes refuses a statement unless the lease row was updated earlier in the same transaction.
+    /// A write without the fence, or with it after the writes or in a transaction of its own, fails here.
+    @Test func theFenceRunsFirstInTheTransactionOfEveryWrite() throws {
+        let fixture = try JournalFixture(.postgres, policy: JournalPolicy(snapshotEveryEvents: 2, snapshotsKept: 1))
+        let journal = try #require(try fixture.open() as? PostgresJournal)
+        defer { try? journal.close() }
+        try fixture.tamper(
+            """
+            CREATE FUNCTION fenced_first() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF NOT EXISTS (SELECT FROM leadership WHERE xmin::text::bigint = txid_current() % 4294967296) THEN
+                    RAISE EXCEPTION 'a write to % before the fence in its transaction', TG_TABLE_NAME;
+                END IF;
+                RETURN NULL;
+            END $$
+            """
+        )
+        for table in ["stores", "store_versions", "events", "snapshots", "idempotency"] {
+            try fixture.tamper(
+                """
+                CREATE TRIGGER fenced_first BEFORE INSERT OR UPDATE OR DELETE ON \(table)
+                FOR EACH STATEMENT EXECUTE PROCEDURE fenced_first()
+                """
+            )
+        }
+        let unfenced = journalError { try fixture.tamper("DELETE FROM idempotency") }
+        #expect(unfenced?.postgresMessage == "a write to idempotency before the fence in its transaction")
+
+        _ = try journal.recover(Counter.self)
+        for first in stride(from: UInt64(1), through: 5, by: 2) {
+            let batch = increments(from: first, count: 2)
+            let snapshot = try JournalSnapshot(
+                store: Counter.name,
+                seq: first + 1,
+                encoding: Counter.State(count: Int(first + 1))
+            )
+            // The third snapshot compacts: DELETEs of snapshots and events in the same transaction.
+            try journal.commit(
+                JournalBatch(events: batch.events, idempotency: batch.idempotency, snapshots: [snapshot])
+            )
+        }
+        #expect(try journal.recover(Counter.self).state.count == 6)
+        #expect(try journal.idempotencyRecordCount() == 6)
+        #expect(
+            try PostgresJournal.execute("SELECT min(seq)::text FROM snapshots", connection: fixture.connection!)
+                == ["6"]
+        )
+    }
+
     /// An expired lease nobody took is still the holder's: its next commit extends it. A clean close lets it go,
     /// so the next daemon takes it at once instead of waiting for it to expire.
     @Test func anExpiredLeaseNobodyTookIsStillTheHoldersAndCloseLetsItGo() throws {

@@ -5,6 +5,7 @@
 // libpq-fe.h declares them (a stable ABI since PostgreSQL 9), and one `lockstep_` function per libpq function.
 // libpq is not linked: lockstep_libpq_load() opens libpq.so.5 the first time a PostgreSQL journal is opened, so a
 // daemon on SQLite never maps libpq and the libraries it pulls in (OpenSSL, LDAP, Kerberos: ~5 MB resident).
+// The pipeline functions (a commit's statements in one round trip) need libpq 14 or newer.
 
 #include <stddef.h>
 
@@ -13,7 +14,20 @@ typedef struct pg_conn PGconn;
 typedef struct pg_result PGresult;
 
 typedef enum { CONNECTION_OK, CONNECTION_BAD } ConnStatusType;
-typedef enum { PGRES_EMPTY_QUERY = 0, PGRES_COMMAND_OK, PGRES_TUPLES_OK } ExecStatusType;
+typedef enum {
+    PGRES_EMPTY_QUERY = 0,
+    PGRES_COMMAND_OK,
+    PGRES_TUPLES_OK,
+    PGRES_COPY_OUT,
+    PGRES_COPY_IN,
+    PGRES_BAD_RESPONSE,
+    PGRES_NONFATAL_ERROR,
+    PGRES_FATAL_ERROR,
+    PGRES_COPY_BOTH,
+    PGRES_SINGLE_TUPLE,
+    PGRES_PIPELINE_SYNC,
+    PGRES_PIPELINE_ABORTED
+} ExecStatusType;
 typedef enum { PQTRANS_IDLE, PQTRANS_ACTIVE, PQTRANS_INTRANS, PQTRANS_INERROR, PQTRANS_UNKNOWN } PGTransactionStatusType;
 typedef enum { PQPING_OK, PQPING_REJECT, PQPING_NO_RESPONSE, PQPING_NO_ATTEMPT } PGPing;
 
@@ -49,6 +63,15 @@ PGresult *lockstep_PQprepare(PGconn *conn, const char *stmtName, const char *que
                              const Oid *paramTypes);
 PGresult *lockstep_PQexecPrepared(PGconn *conn, const char *stmtName, int nParams, const char *const *paramValues,
                                   const int *paramLengths, const int *paramFormats, int resultFormat);
+int lockstep_PQenterPipelineMode(PGconn *conn);
+int lockstep_PQexitPipelineMode(PGconn *conn);
+int lockstep_PQpipelineSync(PGconn *conn);
+int lockstep_PQsendQueryParams(PGconn *conn, const char *command, int nParams, const Oid *paramTypes,
+                               const char *const *paramValues, const int *paramLengths, const int *paramFormats,
+                               int resultFormat);
+int lockstep_PQsendQueryPrepared(PGconn *conn, const char *stmtName, int nParams, const char *const *paramValues,
+                                 const int *paramLengths, const int *paramFormats, int resultFormat);
+PGresult *lockstep_PQgetResult(PGconn *conn);
 ExecStatusType lockstep_PQresultStatus(const PGresult *res);
 char *lockstep_PQresultErrorField(const PGresult *res, int fieldcode);
 char *lockstep_PQresultErrorMessage(const PGresult *res);

@@ -238,8 +238,12 @@ public final class CommandClient {
     /// that the pause is waited out in a poll (returning at once without a socket, the caller's loop spun through
     /// it).
     private func receive(until deadline: ContinuousClock.Instant) -> [[UInt8]]? {
-        guard let socket = try? openSocket() else { return nil }
         let wait = max(.zero, deadline - .now)
+        guard let socket = try? openSocket() else {
+            // No socket to this daemon (libzmq refused its endpoint): as good as silent; wait out the try.
+            _ = try? Poller([]).poll(timeout: wait)
+            return nil
+        }
         guard let ready = try? Poller([.socket(socket, .readable)]).poll(timeout: wait), ready[0].contains(.readable)
         else { return nil }
         return try? socket.receive(wait: false)

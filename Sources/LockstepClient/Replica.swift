@@ -683,6 +683,11 @@ private struct Link {
         try events.subscribe(topic)
         for daemon in configuration.daemons { try events.connect(daemon.events) }
         commands = try Self.commandSocket(context, configuration, search.endpoint)
+        // Every other command endpoint is tried now: one libzmq cannot connect to (a typo) fails the start, not the
+        // first failover.
+        for endpoint in search.endpoints.dropFirst() {
+            try Self.commandSocket(context, configuration, endpoint).close()
+        }
     }
 
     static func commandSocket(
@@ -744,6 +749,9 @@ private struct Engine<D: Domain> {
     var retryLater: [(at: ContinuousClock.Instant, request: Request, dispatch: Dispatch)] = []
     /// When the sync machine's request goes out again, after a `not_leader` from every daemon that answers.
     var syncResendAt: ContinuousClock.Instant?
+    /// The request id of the sync machine's newest snapshot or range request: an ERROR answers it only with this id
+    /// (an ERROR to an earlier try, or to a dispatch sent twice, says nothing about the store now).
+    var lastSyncRequest: UInt64 = 0
 
     /// What a dispatch in flight waits with: how many actions it sent, who to answer, and whether it is optimistic
     /// (its request number then).
@@ -1033,8 +1041,6 @@ private struct Engine<D: Domain> {
                 try moveOn(.notLeader, &link, now: now)
                 continue
             }
-            // A word from the daemon that serves the store (a standby's `not_leader` is not one).
-            disconnected = false
             link.search.answered()
             if let (request, dispatch) = inFlight.answered(reply.requestID) {
                 complete(request, dispatch, with: reply)
@@ -1057,9 +1063,9 @@ private struct Engine<D: Domain> {
                 try perform(sync.range(epoch: epoch, firstSeq: firstSeq, actions: actions, now: now), on: &link)
             case let .compacted(_, name, epoch, firstAvailable) where name == store:
                 try perform(sync.compacted(epoch: epoch, firstAvailable: firstAvailable, now: now), on: &link)
-            case let .error(_, error) where error.code == .invalidRange:
+            case let .error(requestID, error) where error.code == .invalidRange && requestID == lastSyncRequest:
                 try perform(sync.rangeRefused(now: now), on: &link)
-            case let .error(_, error):
+            case let .error(requestID, error) where requestID == lastSyncRequest:
                 if problem == nil {
                     replica.logger.error(
                         "the daemon refused to serve the store",
@@ -1068,7 +1074,7 @@ private struct Engine<D: Domain> {
                 }
                 problem = "the daemon refused to serve '\(store)': \(error)"
             default:
-                break  // the answer to a dispatch that already timed out, or to an older request
+                break  // the answer to a dispatch that already timed out, or to an older request (a resend's twin)
             }
         }
     }
@@ -1127,10 +1133,14 @@ private struct Engine<D: Domain> {
             if case .apply = output {} else { handOver() }
             switch output {
             case .requestSnapshot:
-                link.send(.snapshot(requestID: replica.nextRequestID(), store: store))
+                syncResendAt = nil
+                lastSyncRequest = replica.nextRequestID()
+                link.send(.snapshot(requestID: lastSyncRequest, store: store))
             case let .requestRange(from, to):
                 repairs += 1
-                link.send(.range(requestID: replica.nextRequestID(), store: store, from: from, to: to))
+                syncResendAt = nil
+                lastSyncRequest = replica.nextRequestID()
+                link.send(.range(requestID: lastSyncRequest, store: store, from: from, to: to))
             case let .install(epoch, seq, digest, bytes):
                 guard StateDigest(of: bytes) == digest else {
                     return try mismatch(seq, "the snapshot's bytes do not match its digest \(digest)", on: &link)
@@ -1233,7 +1243,8 @@ private struct Engine<D: Domain> {
                     metadata: ["store": "\(store)", "silent": "\(duration)", "seq": "\(sync.lastSeq)"]
                 )
             case .requestUnanswered:
-                try moveOn(.syncUnanswered, &link, now: .now)
+                // With one daemon the request goes out again on the same socket, where a slow reply still lands.
+                if link.search.endpoints.count > 1 { try moveOn(.syncUnanswered, &link, now: .now) }
             }
         }
     }

@@ -83,6 +83,7 @@ public struct LazyPirate<Payload> {
     /// every request in flight must go out again on the new socket, at once or, with a `pause`, at `now + pause`.
     /// Their deadlines and tries stand: a `not_leader` ends no try, so a request still gives up after its tries.
     public mutating func redirect(now: ContinuousClock.Instant, pause: Duration) -> [Output] {
+        guard !flights.isEmpty else { return [] }
         guard pause > .zero else {
             resendAt = nil
             return flights.keys.sorted().map { .send(flights[$0]!.request) }

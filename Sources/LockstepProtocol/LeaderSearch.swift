@@ -26,6 +26,8 @@ public struct LeaderSearch: Hashable, Sendable {
     private var standingBy: Set<Int> = []
     /// Daemons that answered `not_leader` in this pass.
     private var refusing: Set<Int> = []
+    /// Whether the current daemon answered anything (but `not_leader`) since requests went to it.
+    private var answeredHere = false
 
     /// A search over `endpoints` (at least one), starting with the first.
     public init(endpoints: [String]) {
@@ -45,12 +47,16 @@ public struct LeaderSearch: Hashable, Sendable {
         silent.removeAll()
         standingBy.removeAll()
         refusing.removeAll()
+        answeredHere = true
     }
 
-    /// The current daemon let a request's timeout pass: requests go to the next one.
+    /// A request's timeout passed at the current daemon: requests go to the next one. The daemon counts as silent
+    /// unless it answered since requests went to it (slow, not gone), or said `not_leader` (a standby is alive; one
+    /// that says nothing more by the next timeout is silent then).
     public mutating func timedOut() {
-        if !standingBy.contains(current) { silent.insert(current) }
+        if standingBy.remove(current) == nil, !answeredHere { silent.insert(current) }
         current = (current + 1) % endpoints.count
+        answeredHere = false
     }
 
     /// The current daemon answered `not_leader`: requests go to the next that may lead. Returns how long to wait
@@ -61,6 +67,7 @@ public struct LeaderSearch: Hashable, Sendable {
         standingBy.insert(current)
         silent.remove(current)
         let others = (1...endpoints.count).map { (current + $0) % endpoints.count }  // the current one last
+        answeredHere = false
         if let next = others.first(where: { !refusing.contains($0) && !silent.contains($0) }) {
             current = next
             return .zero

@@ -20,9 +20,9 @@ public struct SequencedAction: Hashable, Sendable {
 /// It joins without loss (keep events from the subscription, ask for a snapshot, drop kept events at or
 /// below the snapshot's seq, apply the rest in order), then applies only `seq = last + 1`. A gap asks for
 /// the missing range; a compacted range asks for a snapshot. A new epoch or a digest mismatch starts over. A
-/// silent daemon does not: the state is kept, and the replica asks the daemon for the last event it holds, which
-/// says whether the daemon's history (another daemon's, after a failover) still holds it; what was missed
-/// meanwhile is repaired by range. The owner executes the returned ``Output``s in order.
+/// silent daemon does not: the state is kept, and the replica asks the daemon for the events from the last it holds
+/// on, which says whether the daemon's history (another daemon's, after a failover) still holds it and brings what
+/// was missed meanwhile (the rest is repaired by range). The owner executes the returned ``Output``s in order.
 public struct ReplicaSync: Sendable {
     /// Where the replica is in its life.
     public enum Phase: Hashable, Sendable {
@@ -74,20 +74,23 @@ public struct ReplicaSync: Sendable {
         /// Everything held so far is void; a snapshot request follows.
         case resync(ResyncReason)
         /// No event, heartbeat or digest of the store arrived for this long (``Settings/silenceLimit``): the daemon
-        /// is down, stopped, or a failover is under way. The state is kept; a request for the last event held
-        /// follows, unless one is out already.
+        /// is down, stopped, or a failover is under way. The state is kept; a range request from the last event held
+        /// on follows, unless a request is out already.
         case silent(Duration)
-        /// The snapshot or range request sent last went unanswered for ``Settings/requestTimeout``; it is sent
-        /// again next. The owner may move to another daemon first (``LeaderSearch/timedOut()``).
+        /// The snapshot or range request out went unanswered for its timeout (``Settings/requestTimeout``, doubled
+        /// with each repeat in a row up to 8 times it); it is sent again next. The owner may move to another daemon
+        /// first (``LeaderSearch/timedOut()``).
         case requestUnanswered
     }
 
     /// How long to wait, and how much to keep.
     public struct Settings: Hashable, Sendable {
         /// No event or heartbeat for this long means the daemon is gone, or a failover is under way: the replica
-        /// says so (``Output/silent(_:)``) and asks for the last event it holds. Three heartbeat intervals.
+        /// says so (``Output/silent(_:)``) and asks for the events from the last it holds on. Three heartbeat
+        /// intervals.
         public var silenceLimit: Duration
-        /// A snapshot or range request unanswered for this long is sent again.
+        /// A snapshot or range request unanswered for this long is sent again; each repeat in a row waits twice as
+        /// long as the one before, up to 8 times this, so a reply slower than it still gets through.
         public var requestTimeout: Duration
         /// Events kept while joining or repairing; past it, the oldest are dropped and fetched by range later.
         public var maximumBufferedEvents: Int
@@ -147,6 +150,12 @@ public struct ReplicaSync: Sendable {
     private var lastDivergence: ContinuousClock.Instant?
     /// A snapshot request put off after a divergence; ``tick(now:)`` sends it.
     private var snapshotDueAt: ContinuousClock.Instant?
+    /// How many times in a row a snapshot or range request went unanswered: each repeat waits twice as long (up to
+    /// 8 request timeouts), so a reply slower than one timeout (a large snapshot) still gets through.
+    private var unansweredTries = 0
+
+    /// How long the request out now waits before it is sent again.
+    private var currentRequestTimeout: Duration { settings.requestTimeout * (1 << min(unansweredTries, 3)) }
 
     /// A replica that has just subscribed; call ``start(now:)`` next.
     public init(settings: Settings = Settings(), now: ContinuousClock.Instant) {
@@ -265,6 +274,7 @@ public struct ReplicaSync: Sendable {
     ) -> [Output] {
         guard awaiting == .snapshot else { return [] }
         awaiting = nil
+        unansweredTries = 0
         lastHeard = now
         if bufferEpoch != snapshotEpoch { buffer.removeAll() }
         if let pending = pendingDigest, pending.seq <= seq || epoch != snapshotEpoch { pendingDigest = nil }
@@ -284,6 +294,7 @@ public struct ReplicaSync: Sendable {
     ) -> [Output] {
         guard case .range = awaiting else { return [] }
         awaiting = nil
+        unansweredTries = 0
         lastHeard = now
         if let epoch, rangeEpoch != epoch {
             return resync(.newEpoch(old: epoch, new: rangeEpoch), now: now)
@@ -311,6 +322,7 @@ public struct ReplicaSync: Sendable {
     {
         guard case .range = awaiting else { return [] }
         awaiting = nil
+        unansweredTries = 0
         lastHeard = now
         if let epoch, compactedEpoch != epoch {
             return resync(.newEpoch(old: epoch, new: compactedEpoch), now: now)
@@ -324,6 +336,7 @@ public struct ReplicaSync: Sendable {
     public mutating func rangeRefused(now: ContinuousClock.Instant) -> [Output] {
         guard case let .range(from, _) = awaiting else { return [] }
         awaiting = nil
+        unansweredTries = 0
         return resync(.historyShorter(from: from), now: now)
     }
 
@@ -364,11 +377,14 @@ public struct ReplicaSync: Sendable {
         if silence > settings.silenceLimit, epoch != nil {
             lastHeard = now
             guard awaiting == nil else { return [.silent(silence)] }
-            // The last event held: a range of its seq is in the daemon's history unless that history lost it
-            // (`invalid_range`, or another epoch), and answers with the epoch. At seq 0 only a snapshot tells.
-            return [.silent(silence)] + request(lastSeq > 0 ? .range(from: lastSeq, to: lastSeq) : .snapshot, now: now)
+            // From the last event held on: a daemon whose history lost it refuses (`invalid_range`) or answers
+            // with another epoch; one that holds it answers with the events since, up to its last (what a replica
+            // that hears no events would otherwise never learn). At seq 0 only a snapshot tells.
+            let probe: Awaiting = lastSeq > 0 ? .range(from: lastSeq, to: .max) : .snapshot
+            return [.silent(silence)] + request(probe, now: now)
         }
-        if let awaiting, now - requestedAt > settings.requestTimeout {
+        if let awaiting, now - requestedAt > currentRequestTimeout {
+            unansweredTries += 1
             return [.requestUnanswered] + request(awaiting, now: now)
         }
         return []
@@ -376,9 +392,14 @@ public struct ReplicaSync: Sendable {
 
     /// The owner's command socket changed (it moved to another daemon, or renewed the socket after a silence):
     /// a request out on the old one is lost, so it is sent again now.
+    /// Its timeout still counts from the first send: a daemon that only ever says `not_leader` does not keep it
+    /// out forever, the timeout moves the owner on.
     public mutating func resendRequest(now: ContinuousClock.Instant) -> [Output] {
         guard snapshotDueAt == nil, let awaiting else { return [] }
-        return request(awaiting, now: now)
+        switch awaiting {
+        case .snapshot: return [.requestSnapshot]
+        case let .range(from, to): return [.requestRange(from: from, to: to)]
+        }
     }
 
     // MARK: - Internals

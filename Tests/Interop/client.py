@@ -7,8 +7,9 @@
   order, repair gaps by RANGE (asking again when a reply ends short; COMPACTED -> SNAPSHOT), heartbeats
   (a gap up to the heartbeat's seq), digests (compare; a mismatch -> report and resync), a new epoch -> resync.
   Silence for 3 heartbeat intervals is no resync: the replica keeps its state, says it is disconnected, and asks
-  for the last event it holds (RANGE last..last, SNAPSHOT at seq 0); another epoch or `invalid_range` in the
-  answer resyncs. `drop_next_events(n)` loses events on purpose, to force a gap.
+  for the events from the last it holds on (RANGE last..MAX_SEQ, SNAPSHOT at seq 0); another epoch or
+  `invalid_range` in the answer resyncs. A SNAPSHOT or RANGE repeated after a timeout waits twice as long each time
+  in a row (up to 8 timeouts); one sent again after a standby's `not_leader` keeps its first send's timeout. `drop_next_events(n)` loses events on purpose, to force a gap.
 - `LeaderSearch`: both take one daemon or every daemon of a failover group (docs/protocol.md, "Failover"). The
   replica subscribes to every daemon's events; requests go to one daemon at a time, and move to the next on a
   silence, or at once on ERROR `not_leader`, which ends no try; when every daemon that answers said `not_leader`,
@@ -555,10 +556,9 @@ class Replica:
                 ):
                     # A standby: nothing was applied; the request goes on at the next daemon that may lead. A
                     # standby's word says nothing of the store: the replica stays disconnected if it was.
-                    self._retry_later(awaiting, now, self._move_on("not_leader", now))
+                    self._retry_later(awaiting, now, self._move_on("not_leader", now), keep_clock=True)
                     continue
                 self.search.answered()
-                self.disconnected = False
                 self.awaiting = None
                 self.last_heard = now
                 if isinstance(reply, wire.Snapshot) and awaiting["kind"] == "snapshot":
@@ -602,34 +602,46 @@ class Replica:
         except zmq.Again:
             pass  # counts as lost: the request timeout sends it again
 
-    def _request_snapshot(self, now: float) -> None:
+    def _request_snapshot(self, now: float, clock: Optional[dict] = None) -> None:
+        """SNAPSHOT; `clock` (the `sent` and `tries` of an earlier send) keeps that send's timeout running."""
         self.retry = None
         request = wire.SnapshotRequest(self._new_request_id(), self.store)
-        self.awaiting = {"kind": "snapshot", "request_id": request.request_id, "sent": now}
+        self.awaiting = {"kind": "snapshot", "request_id": request.request_id, "sent": now, "tries": 0}
+        self.awaiting.update(clock or {})
         self._send(request)
 
-    def _request_range(self, from_seq: int, to_seq: int, now: float, probe: bool = False) -> None:
-        """RANGE from_seq..to_seq: a repair, or (`probe`) after a silence, the last event held, which leaves the
-        phase as it is (events that come meanwhile apply as usual)."""
+    def _request_range(
+        self, from_seq: int, to_seq: int, now: float, probe: bool = False, clock: Optional[dict] = None
+    ) -> None:
+        """RANGE from_seq..to_seq: a repair, or (`probe`) after a silence, the events from the last held on, which
+        leaves the phase as it is (events that come meanwhile apply as usual)."""
         self.retry = None
         if not probe:
             self.phase = "repairing"
             self.repairs += 1
         request = wire.RangeRequest(self._new_request_id(), self.store, from_seq, to_seq)
-        self.awaiting = {"kind": "range", "request_id": request.request_id, "sent": now, "from": from_seq,
-                         "to": to_seq, "probe": probe}
+        self.awaiting = {"kind": "range", "request_id": request.request_id, "sent": now, "tries": 0,
+                         "from": from_seq, "to": to_seq, "probe": probe}
+        self.awaiting.update(clock or {})
         self._send(request)
 
     def _request_again(self, request: dict, now: float) -> None:
-        """Sends a request of the kind described again (a new request id: SNAPSHOT and RANGE change nothing)."""
+        """Sends a request of the kind described again (a new request id: SNAPSHOT and RANGE change nothing); a
+        description with a `clock` keeps the timeout of its first send running."""
+        clock = request.get("clock")
         if request["kind"] == "snapshot":
-            self._request_snapshot(now)
+            self._request_snapshot(now, clock)
         else:
-            self._request_range(request["from"], request["to"], now, probe=request.get("probe", False))
+            self._request_range(request["from"], request["to"], now, probe=request.get("probe", False), clock=clock)
 
-    def _retry_later(self, awaiting: dict, now: float, delay: float) -> None:
+    def _retry_later(self, awaiting: dict, now: float, delay: float, keep_clock: bool = False) -> None:
+        """Sends `awaiting` again after `delay`; with `keep_clock` (after a standby's not_leader) its timeout still
+        counts from its first send, so standbys that only say not_leader do not keep it out for ever."""
         self.awaiting = None
-        self.retry = (now + delay, dict(awaiting))
+        again = dict(awaiting)
+        if keep_clock:
+            again["clock"] = {"sent": awaiting["sent"], "tries": awaiting.get("tries", 0)}
+        self.retry = (now + delay, again)
 
     def _resync(self, reason: str, now: float, keep: Optional[wire.Event] = None, delay: float = 0.0) -> None:
         log.warning("%s: resync: %s", self.name, reason)
@@ -817,6 +829,11 @@ class Replica:
             if not self._apply(seq, action, now):
                 return
         self._heard(reply.epoch, self.last)
+        if awaiting.get("probe"):
+            # A silence's probe asked for everything from the last event held on: what came is applied; the rest
+            # comes as gaps, or with the next silence's probe.
+            self._drain(now)
+            return
         if self.last < awaiting["to"]:
             if self.last == before:
                 # k = 0 (or nothing usable): "nothing to send now"; ask again a little later.
@@ -861,8 +878,8 @@ class Replica:
             self._request_again(request, now)
             return
         # Silence: nothing from the store for 3 heartbeat intervals. The daemon is down, paused, or a failover is
-        # under way: keep the state, and ask after the last event held unless a request is out already. The
-        # answer's epoch (or invalid_range) tells whether the history that answers still holds it.
+        # under way: keep the state, and ask for the events from the last held on unless a request is out already.
+        # The answer's epoch (or invalid_range) tells whether the history that answers still holds it.
         silence = now - self.last_heard
         if self.epoch is not None and silence > self.silence_limit:
             self.last_heard = now
@@ -874,13 +891,16 @@ class Replica:
             if self.awaiting is None:
                 self.probes += 1
                 if self.last > 0:
-                    self._request_range(self.last, self.last, now, probe=True)
+                    self._request_range(self.last, wire.MAX_SEQ, now, probe=True)
                 else:
                     self._request_snapshot(now)
             return
         # A SNAPSHOT or RANGE unanswered within the timeout is sent again on a fresh socket, to the next daemon
-        # when there are several.
-        if self.awaiting is not None and now - self.awaiting["sent"] > self.request_timeout:
-            awaiting = self.awaiting
+        # when there are several; each repeat in a row waits twice as long, up to 8 timeouts, so a slow reply gets
+        # through.
+        tries = self.awaiting.get("tries", 0) if self.awaiting is not None else 0
+        if self.awaiting is not None and now - self.awaiting["sent"] > self.request_timeout * 2 ** min(tries, 3):
+            awaiting = dict(self.awaiting)
             self._move_on("no answer in time", now)
+            awaiting["clock"] = {"sent": now, "tries": tries + 1}
             self._request_again(awaiting, now)

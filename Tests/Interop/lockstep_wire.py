@@ -97,6 +97,7 @@ MAXIMUM_REASON_BYTES = 4096
 MAXIMUM_STORE_NAME_BYTES = 64
 MAXIMUM_REJECTION_CODE_BYTES = 64
 CLIENT_ID_BYTES = 16
+MAX_SEQ = 2**64 - 1  # the largest seq a RANGE may ask for (a daemon stops at its own last)
 DIGEST_BYTES = 32
 U64_MAX = (1 << 64) - 1
 

@@ -83,6 +83,15 @@ import Testing
         #expect(describe(pirate.tick(now: start + .milliseconds(4_100))) == [])
     }
 
+    @Test func aRedirectWithNothingInFlightLeavesNoResendBehind() {
+        var pirate = LazyPirate<String>(settings)
+        #expect(describe(pirate.redirect(now: start, pause: .milliseconds(200))) == [])
+        #expect(pirate.nextDeadline == nil)
+        // A request submitted during that pause goes out once.
+        #expect(describe(pirate.submit(status(1), "a", now: start + .milliseconds(100))) == ["send 1"])
+        #expect(describe(pirate.tick(now: start + .milliseconds(300))) == [])
+    }
+
     @Test func removeAllHandsBackEveryPayloadInIdOrder() {
         var pirate = LazyPirate<String>(settings)
         _ = pirate.submit(status(3), "c", now: start)

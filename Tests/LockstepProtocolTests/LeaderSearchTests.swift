@@ -50,6 +50,33 @@ import Testing
         #expect(search.endpoint == "b")
     }
 
+    @Test func aDaemonThatAnsweredIsSlowNotSilent() {
+        var search = LeaderSearch(endpoints: ["a", "b"])
+        // a answered something (an `unavailable`, say), then let a request's timeout pass.
+        search.answered()
+        search.timedOut()
+        #expect(search.endpoint == "b")
+        // b stands by: a, slow but alive, is asked again at once.
+        #expect(search.notLeader() == .zero)
+        #expect(search.endpoint == "a")
+    }
+
+    @Test func aStandbyThatFallsSilentCountsAsSilentAtItsNextTimeout() {
+        var search = LeaderSearch(endpoints: ["a", "b"])
+        search.timedOut()
+        #expect(search.notLeader() == LeaderSearch.pause)
+        #expect(search.endpoint == "b")
+        // b said not_leader, then died: its first timeout is forgiven, its next is not.
+        search.timedOut()
+        search.timedOut()
+        #expect(search.endpoint == "b")
+        search.timedOut()
+        // a came back as a standby: b is silent now, so a is asked again after a pause rather than the dead b.
+        #expect(search.endpoint == "a")
+        #expect(search.notLeader() == LeaderSearch.pause)
+        #expect(search.endpoint == "a")
+    }
+
     @Test func aSingleDaemonIsAlwaysTheOneAsked() {
         var search = LeaderSearch(endpoints: ["a"])
         search.timedOut()

@@ -240,34 +240,40 @@ import Testing
         )
     }
 
-    @Test func silenceKeepsTheStateAndAsksForTheLastEventHeld() {
+    @Test func silenceKeepsTheStateAndAsksForTheEventsFromTheLastHeldOn() {
         var sync = ReplicaSync(now: t0)
         _ = sync.start(now: t0)
         // Joining for the first time: nobody answers, so the request goes out again, but there is nothing
         // to keep or ask after.
         #expect(sync.tick(now: at(1_000)) == [])
         #expect(sync.tick(now: at(2_500)) == [.requestUnanswered, .requestSnapshot])
-        #expect(sync.tick(now: at(5_000)) == [.requestUnanswered, .requestSnapshot])
-        _ = sync.snapshot(epoch: epoch, seq: 3, digest: digest, state: [], now: at(5_000))
-        #expect(sync.heartbeat(epoch: epoch, lastSeq: 3, now: at(6_000)) == [])
-        #expect(sync.tick(now: at(8_900)) == [])
-        // Silent: the state stays; the last event held is asked for (a failover's new leader answers it).
-        #expect(sync.tick(now: at(9_100)) == [.silent(.milliseconds(3_100)), .requestRange(from: 3, to: 3)])
+        // Each repeat in a row waits twice as long as the one before: a slow snapshot still gets through.
+        #expect(sync.tick(now: at(4_600)) == [])
+        #expect(sync.tick(now: at(6_600)) == [.requestUnanswered, .requestSnapshot])
+        _ = sync.snapshot(epoch: epoch, seq: 3, digest: digest, state: [], now: at(7_000))
+        #expect(sync.heartbeat(epoch: epoch, lastSeq: 3, now: at(8_000)) == [])
+        #expect(sync.tick(now: at(10_900)) == [])
+        // Silent: the state stays; the events from the last held on are asked for (a new leader answers them).
+        #expect(sync.tick(now: at(11_100)) == [.silent(.milliseconds(3_100)), .requestRange(from: 3, to: .max)])
         #expect((sync.lastSeq, sync.epoch, sync.resyncCount) == (3, epoch, 0))
-        // Unanswered: asked again (the owner moves to another daemon first); silent again, it is still out.
-        #expect(sync.tick(now: at(11_200)) == [.requestUnanswered, .requestRange(from: 3, to: 3)])
-        #expect(sync.tick(now: at(12_300)) == [.silent(.milliseconds(3_200))])
-        // The answer holds seq 3 of the same epoch: nothing to apply, nothing lost; later events go on from it.
-        #expect(sync.range(epoch: epoch, firstSeq: 3, actions: [action(3)], now: at(12_400)) == [])
+        // The answer to the snapshot reset the wait: unanswered after 2 s, asked again (the owner moves to another
+        // daemon first); silent again, it is still out.
+        #expect(sync.tick(now: at(13_200)) == [.requestUnanswered, .requestRange(from: 3, to: .max)])
+        #expect(sync.tick(now: at(14_300)) == [.silent(.milliseconds(3_200))])
+        // The answer holds seq 3 of the same epoch and what came after: applied, nothing lost; events go on from it.
+        #expect(
+            sync.range(epoch: epoch, firstSeq: 3, actions: [action(3), action(4)], now: at(14_400))
+                == [.apply(sequenced(4...4))]
+        )
         #expect(sync.phase == .live)
-        #expect(sync.event(epoch: epoch, seq: 6, action: action(6), now: at(12_500)) == [.requestRange(from: 4, to: 5)])
+        #expect(sync.event(epoch: epoch, seq: 7, action: action(7), now: at(14_500)) == [.requestRange(from: 5, to: 6)])
         #expect(sync.resyncCount == 0)
     }
 
     @Test func aSilenceThatEndsInAnotherHistoryStartsOver() {
         // The daemon that answers lost the last event held (`invalid_range`)...
         var shorter = live(at: 7)
-        #expect(shorter.tick(now: at(3_100)) == [.silent(.milliseconds(3_100)), .requestRange(from: 7, to: 7)])
+        #expect(shorter.tick(now: at(3_100)) == [.silent(.milliseconds(3_100)), .requestRange(from: 7, to: .max)])
         #expect(shorter.rangeRefused(now: at(3_200)) == [.resync(.historyShorter(from: 7)), .requestSnapshot])
         // ...or runs another journal.
         var other = live(at: 7)
@@ -287,9 +293,10 @@ import Testing
         #expect(sync.resendRequest(now: t0) == [])
         _ = sync.event(epoch: epoch, seq: 4, action: action(4), now: t0)
         #expect(sync.resendRequest(now: at(100)) == [.requestRange(from: 2, to: 3)])
-        // Its timeout counts from the resend.
-        #expect(sync.tick(now: at(2_000)) == [])
-        #expect(sync.tick(now: at(2_200)) == [.requestUnanswered, .requestRange(from: 2, to: 3)])
+        // Its timeout still counts from the first send: resends to daemons that only say `not_leader` do not keep
+        // it out for ever.
+        #expect(sync.tick(now: at(1_900)) == [])
+        #expect(sync.tick(now: at(2_100)) == [.requestUnanswered, .requestRange(from: 2, to: 3)])
     }
 
     @Test func whatAnOldEpochSaidIsForgottenWithItsSnapshot() {

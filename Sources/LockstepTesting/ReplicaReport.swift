@@ -112,31 +112,9 @@ public final class ReplicaClient {
     /// The newest report read.
     public private(set) var last: ReplicaReport?
 
-    /// Starts `lockstep demo-client` against the daemon at these endpoints, reporting every 50 ms; on host `host`
-    /// of `hosts` when they are given (`extra` then usually holds `--curve-server-key` and `--curve-key-file`).
-    public convenience init(
-        lockstep: URL,
-        commandEndpoint: String,
-        eventsEndpoint: String,
-        stores: [String],
-        actions: Int,
-        extra: [String] = [],
-        on hosts: TestHosts? = nil,
-        host: String? = nil
-    ) throws {
-        try self.init(
-            lockstep: lockstep,
-            daemons: [(commandEndpoint, eventsEndpoint)],
-            stores: stores,
-            actions: actions,
-            extra: extra,
-            on: hosts,
-            host: host
-        )
-    }
-
-    /// Starts `lockstep demo-client` following the daemons at these (command, events) endpoints (a leader and its
-    /// standbys), reporting every 50 ms; on host `host` of `hosts` when they are given.
+    /// Starts `lockstep demo-client` following the daemons at these (command, events) endpoints (one, or a leader and
+    /// its standbys), reporting every 50 ms; on host `host` of `hosts` when they are given (`extra` then usually holds
+    /// `--curve-server-key` and `--curve-key-file`).
     public init(
         lockstep: URL,
         daemons: [(command: String, events: String)],

@@ -31,11 +31,12 @@ struct DaemonOptions: ParsableArguments {
     /// The command endpoints given, or the daemon's default.
     var endpoints: [String] { commandEndpoints.isEmpty ? [DaemonEndpoints.defaults.command] : commandEndpoints }
 
-    /// A client for the daemon (the leader of those given), with CURVE when the options give keys; it owns a
-    /// socket, so one per command run. A single `ipc://` endpoint with no socket file exits 69 at once: no daemon is
-    /// there to wait for.
-    func client() throws -> CommandClient {
-        if endpoints.count == 1 { try requireSocket(endpoints[0], flag: "--command-endpoint") }
+    /// A client for the daemon (the leader of those given, or of `only`), with CURVE when the options give keys; it
+    /// owns a socket, so one per command run. A single `ipc://` endpoint given with no socket file exits 69 at once:
+    /// no daemon is there to wait for.
+    func client(only: [String]? = nil) throws -> CommandClient {
+        let endpoints = only ?? self.endpoints
+        if only == nil, endpoints.count == 1 { try requireSocket(endpoints[0], flag: "--command-endpoint") }
         return CommandClient(
             context: try Context(),
             endpoints: endpoints,

@@ -2,7 +2,6 @@ import ArgumentParser
 import Foundation
 import LockstepClient
 import LockstepProtocol
-import ZeroMQ
 
 /// Asks a running daemon for its status.
 struct StatsCommand: ParsableCommand {
@@ -18,24 +17,13 @@ struct StatsCommand: ParsableCommand {
 
     func run() throws {
         // Each daemon of a failover group for itself: which leads, and what each sees.
-        guard daemon.endpoints.count > 1 else { return try show(daemon.status(daemon.client())) }
-        let curve = try daemon.curve.clientCurve()
+        guard daemon.endpoints.count > 1 else { return show(try daemon.status(daemon.client())) }
         var answered = 0
         for (index, endpoint) in daemon.endpoints.enumerated() {
             if !json { print("\(index > 0 ? "\n" : "")daemon   \(endpoint)") }
-            do {
-                let client = CommandClient(
-                    context: try Context(),
-                    endpoint: endpoint,
-                    timeout: .milliseconds(daemon.timeoutMs),
-                    retries: daemon.retries,
-                    curve: curve
-                )
-                let reply = try client.call(.status(requestID: 1))
-                guard case let .status(_, body) = reply, let status = DaemonStatus(reply) else {
-                    throw ClientError(code: .protocolViolation, "not a readable status: \(reply)")
-                }
-                try show((status, body))
+            let client = try daemon.client(only: [endpoint])
+            do throws(ClientError) {
+                show(try client.leaderStatus())
                 answered += 1
             } catch {
                 printError("\(Tool.commandName): \(endpoint): \(error)")
@@ -44,7 +32,7 @@ struct StatsCommand: ParsableCommand {
         if answered == 0 { throw ExitCodes.unavailable }
     }
 
-    private func show(_ answer: (status: DaemonStatus, body: [UInt8])) throws {
+    private func show(_ answer: (status: DaemonStatus, body: [UInt8])) {
         let (status, body) = answer
         if json {
             print(String(decoding: body, as: UTF8.self))

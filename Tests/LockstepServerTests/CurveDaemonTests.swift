@@ -168,8 +168,7 @@ import Glibc
         #expect(stats?.standardOutput.contains("role     leader") == true)
         let replica = try ReplicaClient(
             lockstep: productURL("lockstep"),
-            commandEndpoint: command,
-            eventsEndpoint: events,
+            daemons: [(command, events)],
             stores: ["counter"],
             actions: 20,
             extra: curve

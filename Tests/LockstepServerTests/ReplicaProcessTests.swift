@@ -16,8 +16,7 @@ extension ReplicaClient {
     convenience init(_ daemon: DaemonProcess, stores: [String], actions: Int, extra: [String] = []) throws {
         try self.init(
             lockstep: productURL("lockstep"),
-            commandEndpoint: daemon.command,
-            eventsEndpoint: daemon.events,
+            daemons: [(daemon.command, daemon.events)],
             stores: stores,
             actions: actions,
             extra: ["--timeout-ms", "1000", "--retries", "8"] + extra

@@ -537,7 +537,10 @@ public final class Replica<D: Domain>: Service, Sendable {
             if !removed.isEmpty { optimistic.send(.remove(removed)) }
             return
         }
-        let leaving = Set(rebase.settled.map(\.0) + rebase.lost.map(\.0)).union(removed)
+        // Closures, not key paths: a key path into a tuple of generic types is built at run time on every call.
+        var leaving = removed
+        for (requestNumber, _, _) in rebase.settled { leaving.insert(requestNumber) }
+        for (requestNumber, _) in rebase.lost { leaving.insert(requestNumber) }
         optimistic.send(.rebase(rebase.base, sequence: rebase.sequence, settled: leaving))
         for (_, seqs, outcome) in rebase.settled { outcome.resolve(.success(seqs)) }
         for (requestNumber, record) in rebase.lost {

@@ -4,14 +4,18 @@
 /// cannot be crashed by its input even if a caller forgets to check a frame's length up front.
 struct ByteReader {
     private let bytes: Frame
-    /// Names the frame in error reasons, e.g. "frame 0 of DISPATCH".
-    private let context: String
+    /// Which frame this is, and of what message when known: they name the frame in error reasons, e.g. "header
+    /// (frame 0) of DISPATCH". The reason's text is made only when it is thrown; made for every header read, it was a
+    /// client's most costly string.
+    private let frameIndex: Int
+    private let type: MessageType?
     /// Always within `0...bytes.count`.
     private(set) var offset: Int
 
-    init(_ bytes: Frame, from offset: Int, context: String) {
+    init(_ bytes: Frame, from offset: Int, frameIndex: Int, type: MessageType?) {
         self.bytes = bytes
-        self.context = context
+        self.frameIndex = frameIndex
+        self.type = type
         self.offset = min(max(offset, 0), bytes.count)
     }
 
@@ -41,9 +45,10 @@ struct ByteReader {
     private func requireRemaining(_ count: Int, field: String) throws(ProtocolError) {
         // `bytes.count - offset` cannot overflow: offset never leaves 0...bytes.count.
         guard count >= 0, count <= bytes.count - offset else {
+            let frame = "header (frame \(frameIndex))" + (type.map { " of \($0.fullName)" } ?? "")
             throw ProtocolError(
                 code: .malformed,
-                "\(context) ends at byte \(bytes.count), inside \(field) (bytes \(offset)..<\(offset + count))"
+                "\(frame) ends at byte \(bytes.count), inside \(field) (bytes \(offset)..<\(offset + count))"
             )
         }
     }

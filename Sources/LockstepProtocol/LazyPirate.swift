@@ -7,7 +7,9 @@
 /// so the daemon applies it at most once. A request unanswered ``Settings/retries`` + 1 times is given up.
 ///
 /// `CommandClient` (one request at a time, blocking) and the replica's dispatcher (many at once) both drive it;
-/// `Payload` is what the owner keeps with each request (a continuation, a count).
+/// `Payload` is what the owner keeps with each request (a continuation, a count). Its methods are `@inlinable`, so
+/// each owner gets a copy specialized for its `Payload`: unspecialized, a client's every call went through the
+/// runtime's generic metadata lookups, a third of its user-space CPU.
 public struct LazyPirate<Payload> {
     /// How long to wait, and how often to try.
     public struct Settings: Hashable, Sendable {
@@ -17,6 +19,7 @@ public struct LazyPirate<Payload> {
         public var retries: Int
 
         /// Settings with `timeout` per try and `retries` more tries after the first; a negative count is taken as 0.
+        @inlinable
         public init(timeout: Duration = .seconds(2), retries: Int = 3) {
             self.timeout = timeout
             self.retries = max(0, retries)
@@ -33,28 +36,46 @@ public struct LazyPirate<Payload> {
         case gaveUp(Request, Payload, tries: Int)
     }
 
-    fileprivate struct Flight {
+    @usableFromInline
+    struct Flight {
+        @usableFromInline
         var request: Request
+        @usableFromInline
         var payload: Payload
+        @usableFromInline
         var deadline: ContinuousClock.Instant
+        @usableFromInline
         var triesLeft: Int
+
+        @inlinable
+        init(request: Request, payload: Payload, deadline: ContinuousClock.Instant, triesLeft: Int) {
+            self.request = request
+            self.payload = payload
+            self.deadline = deadline
+            self.triesLeft = triesLeft
+        }
     }
 
     /// The timeout and retry count this machine runs with.
     public let settings: Settings
-    private var flights: [UInt64: Flight] = [:]
+    @usableFromInline
+    var flights: [UInt64: Flight] = [:]
     /// When every request in flight is sent again after a ``redirect(now:pause:)`` with a pause.
-    private var resendAt: ContinuousClock.Instant?
+    @usableFromInline
+    var resendAt: ContinuousClock.Instant?
 
     /// A machine with nothing in flight.
+    @inlinable
     public init(_ settings: Settings) {
         self.settings = settings
     }
 
     /// How many requests wait for a reply.
+    @inlinable
     public var count: Int { flights.count }
 
     /// When ``tick(now:)`` has something to do next; `nil` with nothing in flight.
+    @inlinable
     public var nextDeadline: ContinuousClock.Instant? {
         let deadline = flights.values.lazy.map { $0.deadline }.min()
         guard let resendAt, let deadline else { return deadline }
@@ -62,6 +83,7 @@ public struct LazyPirate<Payload> {
     }
 
     /// A new request: send it. Its request id must not be in flight already.
+    @inlinable
     public mutating func submit(_ request: Request, _ payload: Payload, now: ContinuousClock.Instant) -> [Output] {
         precondition(flights[request.requestID] == nil, "request \(request.requestID) is in flight already")
         flights[request.requestID] = Flight(
@@ -75,6 +97,7 @@ public struct LazyPirate<Payload> {
 
     /// A reply to request `requestID` arrived: the request and its payload, no longer in flight; `nil` when no
     /// such request waits (a late reply to one given up, or to another owner's).
+    @inlinable
     public mutating func answered(_ requestID: UInt64) -> (request: Request, payload: Payload)? {
         flights.removeValue(forKey: requestID).map { ($0.request, $0.payload) }
     }
@@ -82,6 +105,7 @@ public struct LazyPirate<Payload> {
     /// The owner moved its socket to another daemon (one answered `not_leader`, docs/protocol.md "Failover"):
     /// every request in flight must go out again on the new socket, at once or, with a `pause`, at `now + pause`.
     /// Their deadlines and tries stand: a `not_leader` ends no try, so a request still gives up after its tries.
+    @inlinable
     public mutating func redirect(now: ContinuousClock.Instant, pause: Duration) -> [Output] {
         guard !flights.isEmpty else { return [] }
         guard pause > .zero else {
@@ -95,6 +119,7 @@ public struct LazyPirate<Payload> {
     /// Time passed. When a request's wait is over: give up those out of tries, renew the socket, and send every
     /// request still in flight again (in request id order) with a new deadline. When a redirect's pause is over,
     /// send them again.
+    @inlinable
     public mutating func tick(now: ContinuousClock.Instant) -> [Output] {
         guard flights.values.contains(where: { $0.deadline <= now }) else {
             guard let resendAt, resendAt <= now else { return [] }
@@ -120,6 +145,7 @@ public struct LazyPirate<Payload> {
     }
 
     /// Every request in flight, taken out (the owner is stopping and answers them all).
+    @inlinable
     public mutating func removeAll() -> [(request: Request, payload: Payload)] {
         defer {
             flights.removeAll()

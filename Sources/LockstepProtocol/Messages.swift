@@ -168,7 +168,7 @@ enum Wire {
                     + "expected exactly \(type.headerSize)"
             )
         }
-        return ByteReader(frame, from: 4, context: "header (frame \(frameIndex)) of \(type.fullName)")
+        return ByteReader(frame, from: 4, frameIndex: frameIndex, type: type)
     }
 
     /// Refuses a message whose frame count differs from `count`; `layout` lists the frames for the reason.

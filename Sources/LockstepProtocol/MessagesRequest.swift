@@ -62,7 +62,7 @@ public enum Request: Hashable, Sendable {
         let type = try Wire.messageType(of: first, frameIndex: 0, family: .request)
         // Every request's header is 12 bytes or more: a shorter one is refused as the wrong size it is.
         if first.count < 12 { _ = try Wire.headerReader(first, type: type, frameIndex: 0) }
-        var idReader = ByteReader(first, from: 4, context: "header (frame 0) of \(type.fullName)")
+        var idReader = ByteReader(first, from: 4, frameIndex: 0, type: type)
         let requestID = try idReader.read(UInt64.self, field: "request id")
         guard droppedFrames == 0 else {
             throw ProtocolError(
@@ -148,7 +148,7 @@ public enum Request: Hashable, Sendable {
         guard let first = body.first, first.count >= 12,
             first[0] == WireFormat.magic[0], first[1] == WireFormat.magic[1]
         else { return 0 }
-        var reader = ByteReader(first, from: 4, context: "header (frame 0)")
+        var reader = ByteReader(first, from: 4, frameIndex: 0, type: nil)
         return (try? reader.read(UInt64.self, field: "request id")) ?? 0
     }
 }

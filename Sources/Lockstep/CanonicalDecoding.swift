@@ -90,9 +90,11 @@ struct CanonicalCodingKey: CodingKey {
 final class CanonicalDocument {
     let bytes: [UInt8]
     let tokens: [CanonicalToken]
+    // The two vars skip the runtime's exclusivity checks, which cost more than the rest of a small decoding: each
+    // access is one append or one store by a method of this class, and none is open while other code runs.
     /// Every coding path handed out, as a tree: each entry is its parent's path plus one key.
-    private var paths: [(parent: Int32, key: PathKey)] = []
-    private(set) var isOffFastPath = false
+    @exclusivity(unchecked) private var paths: [(parent: Int32, key: PathKey)] = []
+    @exclusivity(unchecked) private(set) var isOffFastPath = false
 
     /// Parses `bytes`; `nil` unless they are one value in the canonical form.
     init?(_ bytes: [UInt8]) {
@@ -250,12 +252,31 @@ final class CanonicalDocument {
     /// business, but the error it saw was not Foundation's.
     func decode<T: Decodable>(_: T.Type, _ token: UInt32, path: Int32) throws -> T {
         if CanonicalDecoding.isSpecialCased(T.self) { throw leaveFastPath() }
+        // What their own init(from:) would read, without the decoder in between.
+        if T.self == String.self { return unsafeBitCast(try string(token), to: T.self) }
+        if T.self == Int.self { return unsafeBitCast(try integer(token, as: Int.self), to: T.self) }
+        if T.self == Bool.self { return unsafeBitCast(try bool(token), to: T.self) }
+        if T.self == [String].self { return unsafeBitCast(try array(token) { try string($0) }, to: T.self) }
+        if T.self == [Int].self { return unsafeBitCast(try array(token) { try integer($0, as: Int.self) }, to: T.self) }
         do {
             return try T(from: CanonicalDecoder(document: self, token: token, path: path))
         } catch {
             isOffFastPath = true
             throw error
         }
+    }
+
+    /// The elements of an array, as `Array.init(from:)` reads them: each in turn through `element`.
+    func array<Element>(_ token: UInt32, _ element: (UInt32) throws -> Element) throws -> [Element] {
+        guard tokens[Int(token)].kind == .array else { throw leaveFastPath() }
+        var elements: [Element] = []
+        elements.reserveCapacity(Int(tokens[Int(token)].count))
+        var cursor = token + 1
+        for _ in 0..<tokens[Int(token)].count {
+            elements.append(try element(cursor))
+            cursor = tokens[Int(cursor)].next
+        }
+        return elements
     }
 
     // MARK: Members
@@ -290,17 +311,18 @@ final class CanonicalDocument {
         }
     }
 
-    /// The members' names, in document (sorted) order.
-    func memberNames(of object: UInt32) -> [String] {
-        var names: [String] = []
-        names.reserveCapacity(Int(tokens[Int(object)].count))
+    /// The keys of the members' names that `Key` has, in document (sorted) order.
+    func keys<Key: CodingKey>(of object: UInt32, as _: Key.Type) -> [Key] {
+        var keys: [Key] = []
+        keys.reserveCapacity(Int(tokens[Int(object)].count))
         var index = Int(object) + 1
         for _ in 0..<tokens[Int(object)].count {
             let nameToken = tokens[index]
-            names.append(String(decoding: bytes[Int(nameToken.start)..<Int(nameToken.end)], as: UTF8.self))
+            let name = String(decoding: bytes[Int(nameToken.start)..<Int(nameToken.end)], as: UTF8.self)
+            if let key = Key(stringValue: name) { keys.append(key) }
             index = Int(tokens[index + 1].next)
         }
-        return names
+        return keys
     }
 }
 
@@ -611,11 +633,37 @@ struct CanonicalDecoder: Decoder, SingleValueDecodingContainer {
 struct CanonicalKeyedDecodingContainer<Key: CodingKey>: KeyedDecodingContainerProtocol {
     let document: CanonicalDocument
     let object: UInt32
-    let path: Int32
+    /// The container's coding path is `parent` followed by `lastKey`, if any: a nested container keeps its key here
+    /// and puts it in the document only when a value in it needs the path, as few do.
+    private let parent: Int32
+    private let lastKey: (any CodingKey)?
 
-    var codingPath: [any CodingKey] { document.codingPath(path) }
+    init(document: CanonicalDocument, object: UInt32, path: Int32) {
+        self.document = document
+        self.object = object
+        parent = path
+        lastKey = nil
+    }
 
-    var allKeys: [Key] { document.memberNames(of: object).compactMap { Key(stringValue: $0) } }
+    init(document: CanonicalDocument, object: UInt32, parent: Int32, key: some CodingKey) {
+        self.document = document
+        self.object = object
+        self.parent = parent
+        lastKey = key
+    }
+
+    private var path: Int32 {
+        guard let lastKey else { return parent }
+        return document.path(parent, lastKey)
+    }
+
+    var codingPath: [any CodingKey] {
+        var path = document.codingPath(parent)
+        if let lastKey { path.append(lastKey) }
+        return path
+    }
+
+    var allKeys: [Key] { document.keys(of: object, as: Key.self) }
 
     func contains(_ key: Key) -> Bool { document.member(of: object, key) != nil }
 
@@ -662,11 +710,7 @@ struct CanonicalKeyedDecodingContainer<Key: CodingKey>: KeyedDecodingContainerPr
         let token = try value(key)
         guard document.tokens[Int(token)].kind == .object else { throw document.leaveFastPath() }
         return KeyedDecodingContainer(
-            CanonicalKeyedDecodingContainer<NestedKey>(
-                document: document,
-                object: token,
-                path: document.path(path, key)
-            )
+            CanonicalKeyedDecodingContainer<NestedKey>(document: document, object: token, parent: path, key: key)
         )
     }
 

@@ -61,12 +61,15 @@ final class CanonicalTree {
         var next: Int32 = -1
     }
 
-    var nodes: [Node] = []
-    var scratch: [UInt8] = []
+    // The vars skip the runtime's exclusivity checks, which cost more than the rest of a small encoding: each access
+    // is made by a method of this class and ends before any other code (a value's encode(to:), a key's stringValue)
+    // runs.
+    @exclusivity(unchecked) var nodes: [Node] = []
+    @exclusivity(unchecked) var scratch: [UInt8] = []
     /// Members being sorted: a stack, one run per object being written.
-    private var order: [Int32] = []
-    private var paths: [(parent: Int32, key: CanonicalDocument.PathKey)] = []
-    private(set) var isOffFastPath = false
+    @exclusivity(unchecked) private var order: [Int32] = []
+    @exclusivity(unchecked) private var paths: [(parent: Int32, key: CanonicalDocument.PathKey)] = []
+    @exclusivity(unchecked) private(set) var isOffFastPath = false
 
     /// Deeper than this is left to Foundation, which refuses 512.
     static let maximumDepth = 256
@@ -235,6 +238,16 @@ final class CanonicalTree {
     /// holds what the value wrote before it threw, where Foundation keeps nothing.
     func encode<T: Encodable>(_ value: T, into slot: Int32, path: Int32) throws {
         if CanonicalDecoding.isSpecialCased(T.self) { throw leaveFastPath() }
+        // What their own encode(to:) would write, without the encoder in between.
+        if T.self == String.self { return try setString(slot, unsafeBitCast(value, to: String.self)) }
+        if T.self == Int.self { return try setInteger(slot, unsafeBitCast(value, to: Int.self)) }
+        if T.self == Bool.self { return try setBool(slot, unsafeBitCast(value, to: Bool.self)) }
+        if T.self == [String].self {
+            return try setArray(slot, unsafeBitCast(value, to: [String].self)) { try setString($0, $1) }
+        }
+        if T.self == [Int].self {
+            return try setArray(slot, unsafeBitCast(value, to: [Int].self)) { try setInteger($0, $1) }
+        }
         do {
             try value.encode(to: CanonicalEncoder(tree: self, slot: slot, path: path))
         } catch {
@@ -242,6 +255,17 @@ final class CanonicalTree {
             throw error
         }
         if nodes[Int(slot)].kind == .empty { nodes[Int(slot)].kind = .object }
+    }
+
+    /// `elements` as `Array.encode(to:)` writes them: an array in `slot`, each element in turn through `set`.
+    private func setArray<Element>(
+        _ slot: Int32,
+        _ elements: [Element],
+        _ set: (Int32, Element) throws -> Void
+    ) throws {
+        guard nodes[Int(slot)].kind == .empty else { throw leaveFastPath() }
+        nodes[Int(slot)].kind = .array
+        for element in elements { try set(self.element(of: slot), element) }
     }
 
     // MARK: Writing
@@ -274,40 +298,54 @@ final class CanonicalTree {
             out.append(UInt8(ascii: "]"))
         case .object:
             guard depth < Self.maximumDepth else { throw leaveFastPath() }
-            let base = order.count
-            var member = node.first
-            while member >= 0 {
-                order.append(member)
-                member = nodes[Int(member)].next
-            }
-            try sortMembers(base..<order.count, hasNonASCIINames: node.hasNonASCIINames)
             out.append(UInt8(ascii: "{"))
-            for position in base..<base + Int(node.count) {
-                if position != base { out.append(UInt8(ascii: ",")) }
-                let member = nodes[Int(order[position])]
-                scratch.withUnsafeBufferPointer {
-                    Self.appendQuoted(
-                        UnsafeBufferPointer(rebasing: $0[Int(member.nameStart)..<Int(member.nameEnd)]),
-                        to: &out
-                    )
+            if node.count == 1 {
+                try writeMember(node.first, depth: depth, to: &out)
+            } else if node.count > 1 {
+                let base = order.count
+                var member = node.first
+                while member >= 0 {
+                    order.append(member)
+                    member = nodes[Int(member)].next
                 }
-                out.append(UInt8(ascii: ":"))
-                try write(order[position], depth: depth + 1, to: &out)
+                try sortMembers(base..<order.count, hasNonASCIINames: node.hasNonASCIINames)
+                for position in base..<order.count {
+                    if position != base { out.append(UInt8(ascii: ",")) }
+                    try writeMember(order[position], depth: depth, to: &out)
+                }
+                order.removeSubrange(base...)
             }
             out.append(UInt8(ascii: "}"))
-            order.removeSubrange(base...)
         }
     }
 
-    /// Sorts the members in `range` of ``order`` by the bytes of their names; off the fast path if a name is there
-    /// twice, in bytes or (with names that are not ASCII) as equal Strings, where Foundation's dictionary keeps one.
-    private func sortMembers(_ range: Range<Int>, hasNonASCIINames: Bool) throws(OffTheFastPath) {
-        let precedes: (Int32, Int32) -> Bool = { [nodes, scratch] left, right in
-            let (l, r) = (nodes[Int(left)], nodes[Int(right)])
-            return scratch[Int(l.nameStart)..<Int(l.nameEnd)].lexicographicallyPrecedes(
-                scratch[Int(r.nameStart)..<Int(r.nameEnd)]
-            )
+    private func writeMember(_ member: Int32, depth: Int, to out: inout [UInt8]) throws(OffTheFastPath) {
+        let node = nodes[Int(member)]
+        scratch.withUnsafeBufferPointer {
+            Self.appendQuoted(UnsafeBufferPointer(rebasing: $0[Int(node.nameStart)..<Int(node.nameEnd)]), to: &out)
         }
+        out.append(UInt8(ascii: ":"))
+        try write(member, depth: depth + 1, to: &out)
+    }
+
+    /// Whether the name of member `left` comes before that of `right`: JSONWriter's order,
+    /// `a.key.utf8.lexicographicallyPrecedes(b.key.utf8)`.
+    private func precedes(_ left: Int32, _ right: Int32) -> Bool {
+        let (left, right) = (nodes[Int(left)], nodes[Int(right)])
+        return scratch.withUnsafeBufferPointer { scratch in
+            var (l, r) = (Int(left.nameStart), Int(right.nameStart))
+            while l < Int(left.nameEnd), r < Int(right.nameEnd) {
+                if scratch[l] != scratch[r] { return scratch[l] < scratch[r] }
+                l += 1
+                r += 1
+            }
+            return l == Int(left.nameEnd) && r < Int(right.nameEnd)
+        }
+    }
+
+    /// Sorts the members in `range` of ``order`` by their names; off the fast path if a name is there twice, in
+    /// bytes or (with names that are not ASCII) as equal Strings, where Foundation's dictionary keeps one.
+    private func sortMembers(_ range: Range<Int>, hasNonASCIINames: Bool) throws(OffTheFastPath) {
         if range.count <= 16 {
             // Insertion sort: members mostly arrive in an order close to sorted, and few.
             for position in range.dropFirst() {
@@ -320,12 +358,12 @@ final class CanonicalTree {
                 order[slot] = member
             }
         } else {
-            order[range].sort(by: precedes)
+            order[range].sort { precedes($0, $1) }
         }
         for position in range.dropFirst() where !precedes(order[position - 1], order[position]) {
             throw leaveFastPath()
         }
-        if hasNonASCIINames, range.count > 1 {
+        if hasNonASCIINames {
             var names = Set<String>()
             for position in range {
                 let member = nodes[Int(order[position])]

@@ -6,9 +6,16 @@ import Foundation
 /// Two processes holding equal states produce equal bytes, and so equal digests — provided the state's
 /// `Encodable` conformance is itself deterministic. `Set`, and `Dictionary` with keys other than `String`
 /// or `Int`, encode in hash order, which Swift seeds per process; the replay harness catches that.
+///
+/// The bytes are those of Foundation's `JSONEncoder` with `[.sortedKeys, .withoutEscapingSlashes]`, and a value
+/// decoded is the one Foundation's `JSONDecoder` makes of them. A faster coder of the package's own does the work
+/// where it is certain to do exactly that (well-behaved senders' bytes, every example domain's values); for
+/// anything else, and for every error, the call is redone with Foundation's, whose result or error stands.
 public enum CanonicalEncoding {
     /// The canonical bytes of `value`.
     public static func encode<Value: Encodable>(_ value: Value) throws -> Data {
+        if let bytes = CanonicalWriting.encode(value) { return Data(bytes) }
+        Fallbacks.current?.recordEncoding()
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
         return try encoder.encode(value)
@@ -16,7 +23,9 @@ public enum CanonicalEncoding {
 
     /// Decodes bytes written by ``encode(_:)`` (or any JSON of the same shape).
     public static func decode<Value: Decodable>(_ type: Value.Type, from data: Data) throws -> Value {
-        try JSONDecoder().decode(type, from: data)
+        if let value = CanonicalDecoding.decode(type, from: Array(data)) { return value }
+        Fallbacks.current?.recordDecoding()
+        return try JSONDecoder().decode(type, from: data)
     }
 
     /// A decoding error as one line a person can act on: what was wrong, and where in the JSON.
@@ -55,7 +64,7 @@ public enum CanonicalEncoding {
     ) throws(NormalizationError) -> (value: Value, canonical: [UInt8]) {
         let value: Value
         do {
-            value = try coder.decoder.decode(Value.self, from: Data(bytes))
+            value = try coder.decode(Value.self, from: bytes)
         } catch let decodingError {
             // JSONDecoder's own words for bad syntax are vague; the strict parser names the byte.
             do {
@@ -75,7 +84,7 @@ public enum CanonicalEncoding {
         }
         let canonical: [UInt8]
         do {
-            canonical = Array(try coder.encoder.encode(value))
+            canonical = try coder.encode(value)
         } catch {
             throw NormalizationError(reason: "it decodes, but does not encode again: \(error)")
         }
@@ -142,12 +151,35 @@ public enum CanonicalEncoding {
         }
 
         /// The canonical bytes of `value`.
-        public func encode<Value: Encodable>(_ value: Value) throws -> [UInt8] { Array(try encoder.encode(value)) }
+        public func encode<Value: Encodable>(_ value: Value) throws -> [UInt8] {
+            if let bytes = CanonicalWriting.encode(value) { return bytes }
+            Fallbacks.current?.recordEncoding()
+            return Array(try encoder.encode(value))
+        }
 
         /// Decodes JSON bytes.
         public func decode<Value: Decodable>(_ type: Value.Type, from bytes: [UInt8]) throws -> Value {
-            try decoder.decode(type, from: Data(bytes))
+            if let value = CanonicalDecoding.decode(type, from: bytes) { return value }
+            Fallbacks.current?.recordDecoding()
+            return try decoder.decode(type, from: Data(bytes))
         }
+    }
+
+    /// Counts, for the task that binds one, the calls the fast coders left to Foundation's: a test's proof that the
+    /// fast path is taken. Read only when a call falls back.
+    package final class Fallbacks: Sendable {
+        @TaskLocal package static var current: Fallbacks?
+
+        private let counts = LockedValue((encodes: 0, decodes: 0))
+
+        package init() {}
+
+        /// Encodings and decodings redone with Foundation's coders.
+        package var encodes: Int { counts.withLockedValue { $0.encodes } }
+        package var decodes: Int { counts.withLockedValue { $0.decodes } }
+
+        func recordEncoding() { counts.withLockedValue { $0.encodes += 1 } }
+        func recordDecoding() { counts.withLockedValue { $0.decodes += 1 } }
     }
 
     /// Why bytes were refused by ``normalize(_:_:with:)``: a sentence a person can act on.

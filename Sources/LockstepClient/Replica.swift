@@ -741,7 +741,8 @@ private struct Engine<D: Domain> {
     /// not one change per event. Anything else the sync machine asks for hands them over first.
     var unapplied: (epoch: Epoch, firstSeq: SequenceNumber, lastSeq: SequenceNumber, actions: [D.Action])?
     var batching = false
-    let decoder = JSONDecoder()
+    /// Reads the events' actions: the canonical form's own coder, with Foundation's behind it for anything else.
+    let coder = CanonicalEncoding.Coder()
     /// With ``ReplicaConfiguration/evidenceDirectory``: what a divergence's evidence file is made of.
     var evidence: EvidenceRecorder?
     /// How many confirmed changes were handed to the local store: the number of the next one, less one.
@@ -1150,7 +1151,7 @@ private struct Engine<D: Domain> {
                 }
                 let state: D.State
                 do {
-                    state = try JSONDecoder().decode(D.State.self, from: Data(bytes))
+                    state = try coder.decode(D.State.self, from: bytes)
                 } catch {
                     let reason = CanonicalEncoding.describe(error)
                     return try mismatch(
@@ -1175,7 +1176,7 @@ private struct Engine<D: Domain> {
                 actions.reserveCapacity(actions.count + events.count)
                 for event in events {
                     do {
-                        actions.append(try decoder.decode(D.Action.self, from: Data(event.action)))
+                        actions.append(try coder.decode(D.Action.self, from: event.action))
                     } catch {
                         let reason = CanonicalEncoding.describe(error)
                         return try mismatch(

@@ -90,11 +90,13 @@ struct CanonicalCodingKey: CodingKey {
 final class CanonicalDocument {
     let bytes: [UInt8]
     let tokens: [CanonicalToken]
-    // The two vars skip the runtime's exclusivity checks, which cost more than the rest of a small decoding: each
+    // The vars skip the runtime's exclusivity checks, which cost more than the rest of a small decoding: each
     // access is one append or one store by a method of this class, and none is open while other code runs.
     /// Every coding path handed out, as a tree: each entry is its parent's path plus one key.
     @exclusivity(unchecked) private var paths: [(parent: Int32, key: PathKey)] = []
     @exclusivity(unchecked) private(set) var isOffFastPath = false
+    /// The name tokens of the members of each large object looked into, by the object's token.
+    @exclusivity(unchecked) private var memberIndexes: [UInt32: [UInt32]] = [:]
 
     /// Parses `bytes`; `nil` unless they are one value in the canonical form.
     init?(_ bytes: [UInt8]) {
@@ -282,9 +284,11 @@ final class CanonicalDocument {
     // MARK: Members
 
     /// The token of the value of the member named `key`, or `nil`; off the fast path when the name is not ASCII
-    /// (it may equal an ASCII name as a String without being the same bytes).
+    /// (it may equal an ASCII name as a String without being the same bytes). A large object's members are found
+    /// by binary search: the parser let names through only in increasing order.
     func member(of object: UInt32, _ key: some CodingKey) -> UInt32? {
         var name = key.stringValue
+        let index = tokens[Int(object)].count > 16 ? memberIndex(of: object) : nil
         return name.withUTF8 { name -> UInt32? in
             for byte in name where byte >= 0x80 {
                 isOffFastPath = true
@@ -292,23 +296,49 @@ final class CanonicalDocument {
             }
             return tokens.withUnsafeBufferPointer { tokens in
                 bytes.withUnsafeBufferPointer { bytes in
-                    var index = Int(object) + 1
-                    for _ in 0..<tokens[Int(object)].count {
-                        let nameToken = tokens[index]
-                        let start = Int(nameToken.start)
-                        var equal = Int(nameToken.end) - start == name.count
-                        var offset = 0
-                        while equal, offset < name.count {
-                            equal = bytes[start + offset] == name[offset]
-                            offset += 1
+                    /// How the name of the member whose name token is `token` compares with `name`.
+                    func compare(_ token: Int) -> Int {
+                        let (start, end) = (Int(tokens[token].start), Int(tokens[token].end))
+                        for offset in 0..<min(end - start, name.count) where bytes[start + offset] != name[offset] {
+                            return bytes[start + offset] < name[offset] ? -1 : 1
                         }
-                        if equal { return UInt32(index + 1) }
-                        index = Int(tokens[index + 1].next)
+                        return end - start == name.count ? 0 : (end - start < name.count ? -1 : 1)
+                    }
+                    if let index {
+                        var (low, high) = (0, index.count)
+                        while low < high {
+                            let middle = (low + high) / 2
+                            switch compare(Int(index[middle])) {
+                            case 0: return index[middle] + 1
+                            case ..<0: low = middle + 1
+                            default: high = middle
+                            }
+                        }
+                        return nil
+                    }
+                    var token = Int(object) + 1
+                    for _ in 0..<tokens[Int(object)].count {
+                        if compare(token) == 0 { return UInt32(token + 1) }
+                        token = Int(tokens[token + 1].next)
                     }
                     return nil
                 }
             }
         }
+    }
+
+    /// The name tokens of the members of a large `object`, made once.
+    private func memberIndex(of object: UInt32) -> [UInt32] {
+        if let index = memberIndexes[object] { return index }
+        var index: [UInt32] = []
+        index.reserveCapacity(Int(tokens[Int(object)].count))
+        var token = object + 1
+        for _ in 0..<tokens[Int(object)].count {
+            index.append(token)
+            token = tokens[Int(token) + 1].next
+        }
+        memberIndexes[object] = index
+        return index
     }
 
     /// The keys of the members' names that `Key` has, in document (sorted) order.

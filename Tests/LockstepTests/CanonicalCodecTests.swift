@@ -199,6 +199,57 @@ import Testing
         #expect(fallbacks.encodes + fallbacks.decodes == 0)
     }
 
+    /// More members than a linear search is kept for: found by binary search, absent ones too.
+    struct Wide: Codable, Equatable {
+        var field0: Int? = nil
+        var field1: Int? = 1
+        var field2: Int? = 2
+        var field3: Int? = nil
+        var field4: Int? = 4
+        var field5: Int? = 5
+        var field6: Int? = nil
+        var field7: Int? = 7
+        var field8: Int? = 8
+        var field9: Int? = nil
+        var field10: Int? = 10
+        var field11: Int? = 11
+        var field12: Int? = nil
+        var field13: Int? = 13
+        var field14: Int? = 14
+        var field15: Int? = nil
+        var field16: Int? = 16
+        var field17: Int? = 17
+        var field18: Int? = nil
+        var field19: Int? = 19
+        var field20: Int? = 20
+        var field21: Int? = nil
+        var field22: Int? = 22
+        var field23: Int? = 23
+    }
+
+    @Test func largeObjects() throws {
+        var random = SplitMix64(seed: 8)
+        var byName: [String: Int] = [:]
+        var byNumber: [Int: String] = [:]
+        for _ in 0..<3000 {
+            byName["k\(random.next() % 100_000)"] = Int(random.next() % 1000)
+            byNumber[Int(Int64(bitPattern: random.next()) >> 40)] = "v\(random.next() % 100)"
+        }
+        for fallbacks in [
+            try Self.expectSameEncoding(byName), try Self.expectSameEncoding(byNumber),
+            try Self.expectSameEncoding(Wide()),
+            try Self.expectSameEncoding([Wide(), Wide()]),
+        ] {
+            #expect(fallbacks.encodes + fallbacks.decodes == 0)
+        }
+        // Each member name, and names before, between and after them.
+        var text = "{" + (0..<24).map { #""field\#($0)":\#($0)"# }.sorted().joined(separator: ",") + "}"
+        Self.expectSameDecoding(Wide.self, text.utf8)
+        text =
+            "{" + (0..<24).filter { $0 % 2 == 0 }.map { #""field\#($0)":\#($0)"# }.sorted().joined(separator: ",") + "}"
+        #expect(Self.expectSameDecoding(Wide.self, text.utf8).decodes == 0)
+    }
+
     @Test func valuesAtTheTopLevel() throws {
         for fallbacks in [
             try Self.expectSameEncoding(5), try Self.expectSameEncoding("x"), try Self.expectSameEncoding(true),

@@ -424,7 +424,7 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
             }
             try checkDigest(snapshot, operation)
             do {
-                state = try JSONDecoder().decode(X.State.self, from: Data(snapshot.state))
+                state = try CanonicalEncoding.Coder().decode(X.State.self, from: snapshot.state)
             } catch {
                 throw self.error(
                     .undecodableState,
@@ -441,7 +441,7 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
         var expected = start + 1
         var replayed = 0
         var bytes = 0
-        let decoder = JSONDecoder()
+        let decoder = CanonicalEncoding.Coder()
         try storage.forEachEvent(store: name, from: start + 1, through: through) {
             (stored: StoredEvent) throws(JournalError) in
             let seq = stored.event.seq
@@ -460,7 +460,7 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
             }
             let action: X.Action
             do {
-                action = try decoder.decode(X.Action.self, from: Data(stored.event.action))
+                action = try decoder.decode(X.Action.self, from: stored.event.action)
             } catch {
                 throw self.error(
                     .undecodableAction,

@@ -93,7 +93,7 @@ final class CanonicalDocument {
     // The vars skip the runtime's exclusivity checks, which cost more than the rest of a small decoding: each
     // access is one append or one store by a method of this class, and none is open while other code runs.
     /// Every coding path handed out, as a tree: each entry is its parent's path plus one key.
-    @exclusivity(unchecked) private var paths: [(parent: Int32, key: PathKey)] = []
+    @exclusivity(unchecked) private var paths = CodingPaths()
     @exclusivity(unchecked) private(set) var isOffFastPath = false
     /// The name tokens of the members of each large object looked into, by the object's token.
     @exclusivity(unchecked) private var memberIndexes: [UInt32: [UInt32]] = [:]
@@ -121,36 +121,13 @@ final class CanonicalDocument {
         return OffTheFastPath()
     }
 
-    /// A key of a coding path; an element's is kept as its index, which fits where a key would take a box.
-    enum PathKey {
-        case key(any CodingKey)
-        case index(Int)
-    }
-
     /// The path `parent` followed by `key`.
-    func path(_ parent: Int32, _ key: some CodingKey) -> Int32 {
-        paths.append((parent, .key(key)))
-        return Int32(paths.count - 1)
-    }
+    func path(_ parent: Int32, _ key: some CodingKey) -> Int32 { paths.append(parent, .key(key)) }
 
     /// The path `parent` followed by the key of element `index`.
-    func path(_ parent: Int32, index: Int) -> Int32 {
-        paths.append((parent, .index(index)))
-        return Int32(paths.count - 1)
-    }
+    func path(_ parent: Int32, index: Int) -> Int32 { paths.append(parent, .index(index)) }
 
-    func codingPath(_ path: Int32) -> [any CodingKey] {
-        var keys: [any CodingKey] = []
-        var path = path
-        while path >= 0 {
-            switch paths[Int(path)].key {
-            case let .key(key): keys.append(key)
-            case let .index(index): keys.append(CanonicalCodingKey(index: index))
-            }
-            path = paths[Int(path)].parent
-        }
-        return keys.reversed()
-    }
+    func codingPath(_ path: Int32) -> [any CodingKey] { paths.codingPath(path) }
 
     // MARK: Scalars
 
@@ -834,10 +811,35 @@ struct CanonicalUnkeyedDecodingContainer: UnkeyedDecodingContainer {
         return try read { try $0.decode(T.self, $1, path: path) }
     }
 
-    // `nil` for `null`, without asking `T`. Past the end, Foundation versions differ on whether the index moves.
+    // `nil` for `null`, without asking `T`. Past the end, Foundation versions differ on whether the index moves, so
+    // `decodeNil` leaves the fast path there.
     mutating func decodeIfPresent<T: Decodable>(_: T.Type) throws -> T? {
+        try present { try $0.decode(T.self) }
+    }
+
+    // The standard library's defaults for these return `nil` past the end without moving; Foundation's own moves the
+    // index. Each goes through `present`, which leaves the fast path there.
+    mutating func decodeIfPresent(_: Bool.Type) throws -> Bool? { try present { try $0.decode(Bool.self) } }
+    mutating func decodeIfPresent(_: String.Type) throws -> String? { try present { try $0.decode(String.self) } }
+    mutating func decodeIfPresent(_: Double.Type) throws -> Double? { try present { try $0.decode(Double.self) } }
+    mutating func decodeIfPresent(_: Float.Type) throws -> Float? { try present { try $0.decode(Float.self) } }
+    mutating func decodeIfPresent(_: Int.Type) throws -> Int? { try present { try $0.decode(Int.self) } }
+    mutating func decodeIfPresent(_: Int8.Type) throws -> Int8? { try present { try $0.decode(Int8.self) } }
+    mutating func decodeIfPresent(_: Int16.Type) throws -> Int16? { try present { try $0.decode(Int16.self) } }
+    mutating func decodeIfPresent(_: Int32.Type) throws -> Int32? { try present { try $0.decode(Int32.self) } }
+    mutating func decodeIfPresent(_: Int64.Type) throws -> Int64? { try present { try $0.decode(Int64.self) } }
+    mutating func decodeIfPresent(_: Int128.Type) throws -> Int128? { throw document.leaveFastPath() }
+    mutating func decodeIfPresent(_: UInt.Type) throws -> UInt? { try present { try $0.decode(UInt.self) } }
+    mutating func decodeIfPresent(_: UInt8.Type) throws -> UInt8? { try present { try $0.decode(UInt8.self) } }
+    mutating func decodeIfPresent(_: UInt16.Type) throws -> UInt16? { try present { try $0.decode(UInt16.self) } }
+    mutating func decodeIfPresent(_: UInt32.Type) throws -> UInt32? { try present { try $0.decode(UInt32.self) } }
+    mutating func decodeIfPresent(_: UInt64.Type) throws -> UInt64? { try present { try $0.decode(UInt64.self) } }
+    mutating func decodeIfPresent(_: UInt128.Type) throws -> UInt128? { throw document.leaveFastPath() }
+
+    /// `nil` for a `null` element (moved past), else what `body` reads; past the end it leaves the fast path.
+    private mutating func present<T>(_ body: (inout Self) throws -> T) throws -> T? {
         if try decodeNil() { return nil }
-        return try decode(T.self)
+        return try body(&self)
     }
 
     mutating func nestedContainer<NestedKey: CodingKey>(
@@ -863,5 +865,37 @@ struct CanonicalUnkeyedDecodingContainer: UnkeyedDecodingContainer {
     mutating func superDecoder() throws -> any Decoder {
         let path = document.path(path, index: Int(index))
         return CanonicalDecoder(document: document, token: try advance(), path: path)
+    }
+}
+
+/// The coding paths a decode or an encode hands out, each a parent and one key, so that a path costs one entry
+/// however deep it is; -1 is the top level.
+struct CodingPaths {
+    /// A key of a coding path; an element's is kept as its index, which fits where a key would take a box.
+    enum Key {
+        case key(any CodingKey)
+        case index(Int)
+    }
+
+    private var entries: [(parent: Int32, key: Key)] = []
+
+    /// The path `parent` followed by `key`.
+    mutating func append(_ parent: Int32, _ key: Key) -> Int32 {
+        entries.append((parent, key))
+        return Int32(entries.count - 1)
+    }
+
+    /// The keys of `path`, from the top level down.
+    func codingPath(_ path: Int32) -> [any CodingKey] {
+        var keys: [any CodingKey] = []
+        var path = path
+        while path >= 0 {
+            switch entries[Int(path)].key {
+            case let .key(key): keys.append(key)
+            case let .index(index): keys.append(CanonicalCodingKey(index: index))
+            }
+            path = entries[Int(path)].parent
+        }
+        return keys.reversed()
     }
 }

@@ -68,7 +68,7 @@ final class CanonicalTree {
     @exclusivity(unchecked) var scratch: [UInt8] = []
     /// Members being sorted: a stack, one run per object being written.
     @exclusivity(unchecked) private var order: [Int32] = []
-    @exclusivity(unchecked) private var paths: [(parent: Int32, key: CanonicalDocument.PathKey)] = []
+    @exclusivity(unchecked) private var paths = CodingPaths()
     @exclusivity(unchecked) private(set) var isOffFastPath = false
 
     /// Deeper than this is left to Foundation, which refuses 512.
@@ -90,28 +90,11 @@ final class CanonicalTree {
 
     // MARK: Coding paths
 
-    func path(_ parent: Int32, _ key: some CodingKey) -> Int32 {
-        paths.append((parent, .key(key)))
-        return Int32(paths.count - 1)
-    }
+    func path(_ parent: Int32, _ key: some CodingKey) -> Int32 { paths.append(parent, .key(key)) }
 
-    func path(_ parent: Int32, index: Int) -> Int32 {
-        paths.append((parent, .index(index)))
-        return Int32(paths.count - 1)
-    }
+    func path(_ parent: Int32, index: Int) -> Int32 { paths.append(parent, .index(index)) }
 
-    func codingPath(_ path: Int32) -> [any CodingKey] {
-        var keys: [any CodingKey] = []
-        var path = path
-        while path >= 0 {
-            switch paths[Int(path)].key {
-            case let .key(key): keys.append(key)
-            case let .index(index): keys.append(CanonicalCodingKey(index: index))
-            }
-            path = paths[Int(path)].parent
-        }
-        return keys.reversed()
-    }
+    func codingPath(_ path: Int32) -> [any CodingKey] { paths.codingPath(path) }
 
     // MARK: Building
 

@@ -546,6 +546,27 @@ import Testing
         #expect(fallbacks.encodes == 1)
     }
 
+    /// Reads an `Int`, then maybe another, and insists the array ended there: past the end, Foundation's
+    /// `decodeIfPresent(Int.self)` moves the index on, the standard library's default does not.
+    struct OptionalSecond: Decodable, Equatable {
+        var first: Int
+        var second: Int?
+        init(from decoder: any Decoder) throws {
+            var container = try decoder.unkeyedContainer()
+            first = try container.decode(Int.self)
+            second = try container.decodeIfPresent(Int.self)
+            guard container.currentIndex == container.count else {
+                throw DecodingError.dataCorrupted(.init(codingPath: [], debugDescription: "index moved past the end"))
+            }
+        }
+    }
+
+    @Test func concreteDecodeIfPresentPastTheEndIsFoundations() {
+        Self.expectSameDecoding(OptionalSecond.self, "[1]".utf8)
+        Self.expectSameDecoding(OptionalSecond.self, "[1,2]".utf8)
+        Self.expectSameDecoding(OptionalSecond.self, "[1,null]".utf8)
+    }
+
     /// Encodes its elements' supers through an array's superEncoder(), which Foundation places at a remembered index.
     struct ArraySupers: Codable, Equatable {
         var values: [Int]

@@ -87,14 +87,11 @@ struct CanonicalCodingKey: CodingKey {
 
 /// The parsed bytes, and what decoding them has built up: the coding paths handed out, and whether the fast path
 /// was left.
-final class CanonicalDocument {
+final class CanonicalDocument: CanonicalCodingState {
     let bytes: [UInt8]
     let tokens: [CanonicalToken]
     // The vars skip the runtime's exclusivity checks, which cost more than the rest of a small decoding: each
     // access is one append or one store by a method of this class, and none is open while other code runs.
-    /// Every coding path handed out, as a tree: each entry is its parent's path plus one key.
-    @exclusivity(unchecked) private var paths = CodingPaths()
-    @exclusivity(unchecked) private(set) var isOffFastPath = false
     /// The name tokens of the members of each large object looked into, by the object's token.
     @exclusivity(unchecked) private var memberIndexes: [UInt32: [UInt32]] = [:]
 
@@ -114,20 +111,6 @@ final class CanonicalDocument {
         self.bytes = bytes
         tokens = parsed
     }
-
-    /// Marks the document as off the fast path; the error is for the caller to throw.
-    func leaveFastPath() -> OffTheFastPath {
-        isOffFastPath = true
-        return OffTheFastPath()
-    }
-
-    /// The path `parent` followed by `key`.
-    func path(_ parent: Int32, _ key: some CodingKey) -> Int32 { paths.append(parent, .key(key)) }
-
-    /// The path `parent` followed by the key of element `index`.
-    func path(_ parent: Int32, index: Int) -> Int32 { paths.append(parent, .index(index)) }
-
-    func codingPath(_ path: Int32) -> [any CodingKey] { paths.codingPath(path) }
 
     // MARK: Scalars
 
@@ -866,6 +849,29 @@ struct CanonicalUnkeyedDecodingContainer: UnkeyedDecodingContainer {
         let path = document.path(path, index: Int(index))
         return CanonicalDecoder(document: document, token: try advance(), path: path)
     }
+}
+
+/// What a decoding's document and an encoding's tree both keep: the coding paths handed out, and whether the call
+/// left the fast path (Foundation's coder then makes it again).
+class CanonicalCodingState {
+    // Unchecked: each access is one append or one store by a method of the subclass or of this class, and none is open
+    // while other code (a value's `init(from:)` or `encode(to:)`, a key's `stringValue`) runs.
+    @exclusivity(unchecked) private final var paths = CodingPaths()
+    @exclusivity(unchecked) final var isOffFastPath = false
+
+    /// Marks the call as off the fast path; the error is for the caller to throw.
+    final func leaveFastPath() -> OffTheFastPath {
+        isOffFastPath = true
+        return OffTheFastPath()
+    }
+
+    /// The path `parent` followed by `key`.
+    final func path(_ parent: Int32, _ key: some CodingKey) -> Int32 { paths.append(parent, .key(key)) }
+
+    /// The path `parent` followed by the key of element `index`.
+    final func path(_ parent: Int32, index: Int) -> Int32 { paths.append(parent, .index(index)) }
+
+    final func codingPath(_ path: Int32) -> [any CodingKey] { paths.codingPath(path) }
 }
 
 /// The coding paths a decode or an encode hands out, each a parent and one key, so that a path costs one entry

@@ -16,9 +16,14 @@ public enum CanonicalEncoding {
     public static func encode<Value: Encodable>(_ value: Value) throws -> Data {
         if let bytes = CanonicalWriting.encode(value) { return Data(bytes) }
         Fallbacks.current?.recordEncoding()
+        return try foundationEncoder().encode(value)
+    }
+
+    /// Foundation's encoder set up for the canonical form: what the fast path falls back to, and what it matches.
+    static func foundationEncoder() -> JSONEncoder {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        return try encoder.encode(value)
+        return encoder
     }
 
     /// Decodes bytes written by ``encode(_:)`` (or any JSON of the same shape).
@@ -145,8 +150,7 @@ public enum CanonicalEncoding {
         /// A coder for the canonical form: it encodes with sorted keys and unescaped slashes, as
         /// ``CanonicalEncoding/encode(_:)`` does.
         public init() {
-            encoder = JSONEncoder()
-            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+            encoder = CanonicalEncoding.foundationEncoder()
             decoder = JSONDecoder()
         }
 

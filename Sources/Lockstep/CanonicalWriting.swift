@@ -39,7 +39,7 @@ enum CanonicalWriting {
 }
 
 /// The value being encoded: nodes whose scalars and member names are bytes in ``scratch``.
-final class CanonicalTree {
+final class CanonicalTree: CanonicalCodingState {
     struct Node {
         enum Kind: UInt8 {
             case empty, scalar, array, object
@@ -68,33 +68,17 @@ final class CanonicalTree {
     @exclusivity(unchecked) var scratch: [UInt8] = []
     /// Members being sorted: a stack, one run per object being written.
     @exclusivity(unchecked) private var order: [Int32] = []
-    @exclusivity(unchecked) private var paths = CodingPaths()
-    @exclusivity(unchecked) private(set) var isOffFastPath = false
 
     /// Deeper than this is left to Foundation, which refuses 512.
     static let maximumDepth = 256
     /// More bytes than the nodes' 32-bit offsets hold are left to Foundation.
     static let maximumScratch = Int(Int32.max)
 
-    init() {
+    override init() {
         nodes.reserveCapacity(16)
         nodes.append(Node())
         scratch.reserveCapacity(64)
     }
-
-    /// Marks the tree as off the fast path; the error is for the caller to throw.
-    func leaveFastPath() -> OffTheFastPath {
-        isOffFastPath = true
-        return OffTheFastPath()
-    }
-
-    // MARK: Coding paths
-
-    func path(_ parent: Int32, _ key: some CodingKey) -> Int32 { paths.append(parent, .key(key)) }
-
-    func path(_ parent: Int32, index: Int) -> Int32 { paths.append(parent, .index(index)) }
-
-    func codingPath(_ path: Int32) -> [any CodingKey] { paths.codingPath(path) }
 
     // MARK: Building
 

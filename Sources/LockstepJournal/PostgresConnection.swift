@@ -121,14 +121,14 @@ final class PostgresRows {
 /// ``JournalError`` naming the operation.
 ///
 /// Not thread-safe, as libpq's connections are not.
-// Why this Sendable conformance, which the compiler does not check, is safe: a connection moves between threads but
-// is never used by two at once. Every use is inside one of PostgresStorage's two owners: the writer is only reached
-// inside `writer.withLockedValue` (the lock is held for the whole call, a commit's pipeline included), and a reader
-// is only reached after `readers.withLockedValue { popLast }` took it out of the pool — no other thread can see it
-// then — until `giveBack` appends it again as the last use; `PostgresJournal.execute(_:connection:)` makes its own
-// and closes it before it returns. Nothing else keeps a reference (the type is internal; PostgresStorage's two
-// owners are private). The compiler cannot prove this: a value that crossed a lock once cannot be `sending` back
-// (tried: region errors at both places).
+// Why `@unchecked Sendable` is safe here (the compiler does not check this conformance): a connection moves between
+// threads but is never used by two at once. Every use is inside one of PostgresStorage's two owners: the writer is only
+// reached inside `writer.withLockedValue` (the lock is held for the whole call, a commit's pipeline included), and a
+// reader is only reached after `readers.withLockedValue { popLast }` took it out of the pool — no other thread can see
+// it then — until `giveBack` appends it again as the last use; `PostgresJournal.execute(_:connection:)` makes its own
+// and closes it before it returns. Nothing else keeps a reference (the type is internal; PostgresStorage's two owners
+// are private). The compiler cannot prove this: a value that crossed a lock once cannot be `sending` back (tried:
+// region errors at both places).
 final class PostgresConnection: @unchecked Sendable {
     private var handle: OpaquePointer?
     /// Statements prepared on this session, by name; prepared again after a reset.

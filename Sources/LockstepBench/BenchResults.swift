@@ -57,9 +57,10 @@ package struct BenchResults: Codable {
         var acknowledged: Int
         var committed: Int
         var failures: Int
-        /// CPU time of the daemon's loop thread (`lockstepd loop`, from /proc) per committed action.
+        /// CPU time of the daemon's loop thread (`lockstepd loop`, from /proc) per committed action; with SQLite
+        /// the commits, fsync included, are made there.
         var loopCpuPerActionUs: Double?
-        /// …of its journal thread (`lockstepd journal`: the commits, fsync included).
+        /// …of its journal thread (`lockstepd journal`: a PostgreSQL journal's commits; ~0 with SQLite).
         var journalCpuPerActionUs: Double?
         /// …of the whole daemon process: loop, journal, libzmq's I/O thread, readers.
         var daemonCpuPerActionUs: Double?

@@ -284,8 +284,15 @@ private struct LoopState {
     var streams: [StoreName: (oneByOne: Bool, runs: Bool)] = [:]
     /// Each store's last seq published: durable, and what heartbeats announce.
     var publishedSeq: [StoreName: SequenceNumber] = [:]
-    /// Commits the journal on its own thread while the loop sequences the next group.
+    /// Commits a PostgreSQL journal on its own thread while the loop sequences the next group, and renews its
+    /// lease; see ``commitsOnLoop``.
     let writer: JournalWriter
+    /// Whether the loop commits on its own thread. A local journal's commit (SQLite: a few WAL writes and one
+    /// `fdatasync`, ~200 µs) is made right here: handing it to the writer and back costs two thread wake-ups per
+    /// group, and measured on 2 cores that cost more than the overlap bought (docs/performance.md, "Commit on the
+    /// loop"). A PostgreSQL journal's commit waits on the network and on another machine's disk, for as long as
+    /// they take: it goes to the writer, so the loop keeps reading, sequencing and heartbeating meanwhile.
+    let commitsOnLoop: Bool
     /// Requests sequenced since the group in the writer's hands; handed over when the writer is idle.
     var open = Group()
     /// The group the writer is committing, if any.
@@ -312,6 +319,7 @@ private struct LoopState {
         self.journal = journal
         self.sockets = sockets
         self.writer = writer
+        commitsOnLoop = !(journal is PostgresJournal)
         self.takeover = takeover
         startedAt = loop.startedAt
         failpoint = loop.failpoint
@@ -601,8 +609,9 @@ struct LoopSockets {
 
 extension LoopState {
     /// One turn: wait for requests, the writer or the next heartbeat; answer and publish what the writer made
-    /// durable; sequence every waiting request into the open group; hand the open group to the writer if it is
-    /// idle. While the writer commits one group (fsync included), the loop sequences the next.
+    /// durable; sequence every waiting request into the open group; commit the open group unless the writer is
+    /// still busy with the last one (``commitsOnLoop``: here, or on the writer's thread while the loop sequences the
+    /// next).
     mutating func turn() throws {
         let accepting = open.entries.count < Self.maximumOpen
         var items: [Poller.Item] = [.fileDescriptor(loop.wakeup.descriptor, .readable)]
@@ -738,8 +747,8 @@ extension LoopState {
         open.entries.append((envelope, work))
     }
 
-    /// With the writer idle: hands it the open group's batch (and relaxed durability's sync when due), or,
-    /// with nothing to commit, answers the open group at once — what it was decided against is durable.
+    /// With the writer idle: commits the open group's batch (and relaxed durability's sync when due), or, with
+    /// nothing to commit, answers the open group at once — what it was decided against is durable.
     mutating func advance() throws {
         guard committing == nil else { return }
         let syncNow = syncDue.map { ContinuousClock.now >= $0 } ?? false
@@ -759,8 +768,10 @@ extension LoopState {
             release(group, committed: true)
             if syncNow {
                 syncDue = nil
-                writer.submit { [journal] () throws(JournalError) in try journal.sync() }
-                committing = Committing(group: Group(), snapshots: [:], digests: [], synced: true)
+                try commit(
+                    Committing(group: Group(), snapshots: [:], digests: [], synced: true),
+                    { [journal] () throws(JournalError) in try journal.sync() }
+                )
             } else if let lease, ContinuousClock.now >= lease.renewAt {
                 // Idle for a third of the lease: renewed on the writer's thread, never by the loop waiting for it.
                 let now = ContinuousClock.now
@@ -782,16 +793,33 @@ extension LoopState {
         }
         failpoint?.pass(.beforeCommit)
         if syncNow { syncDue = nil }
-        writer.submit { [journal] () throws(JournalError) in
-            try journal.commit(batch)
-            if syncNow { try journal.sync() }
-        }
-        committing = Committing(
-            group: group,
-            snapshots: snapshots,
-            digests: digestsDue(after: group.commits, snapshots: snapshots),
-            synced: syncNow
+        try commit(
+            Committing(
+                group: group,
+                snapshots: snapshots,
+                digests: digestsDue(after: group.commits, snapshots: snapshots),
+                synced: syncNow
+            ),
+            { [journal] () throws(JournalError) in
+                try journal.commit(batch)
+                if syncNow { try journal.sync() }
+            }
         )
+    }
+
+    /// Makes `work` (a commit, a sync) for `done`: here, answering and publishing at once, or on the writer's
+    /// thread, answered in a later turn; see ``commitsOnLoop``.
+    mutating func commit(_ done: Committing, _ work: @escaping JournalWriter.Work) throws {
+        committing = done
+        guard commitsOnLoop else { return writer.submit(work) }
+        let result: Result<Void, JournalError>
+        do throws(JournalError) {
+            try work()
+            result = .success(())
+        } catch {
+            result = .failure(error)
+        }
+        try complete(result)
     }
 
     /// How long after its last fence the lease is surely still this daemon's by the database's clock: its duration

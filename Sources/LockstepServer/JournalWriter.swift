@@ -4,9 +4,11 @@ import Lockstep
 import LockstepJournal
 import ZeroMQ
 
-/// The journal's own thread. The loop hands it one piece of work at a time — a commit, fsync included — and
-/// goes on sequencing the next requests meanwhile; the writer wakes the loop when the work is done or failed.
-/// The loop only hands it work while it is idle, so there is at most one commit in flight.
+/// The journal's own thread, for work that waits on the network: a PostgreSQL journal's commits, lease renewals
+/// and a takeover's recovery (a local journal commits on the loop; `LoopState.commitsOnLoop` says why). The loop
+/// hands it one piece of work at a time and goes on sequencing the next requests meanwhile; the writer wakes the
+/// loop when the work is done or failed. The loop only hands it work while it is idle, so there is at most one
+/// commit in flight.
 final class JournalWriter: Sendable {
     typealias Work = @Sendable () throws(JournalError) -> Void
 

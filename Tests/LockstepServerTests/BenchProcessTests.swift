@@ -39,13 +39,12 @@ import Testing
             #expect(row["acknowledged"] as? Int == row["committed"] as? Int, "\(row)")
             #expect(row["failures"] as? Int == 0, "\(row)")
             #expect((row["actions_per_s"] as? Double ?? 0) > 0)
-            // The daemon's threads were found by their names and, with the clients, used some CPU per action.
-            for key in [
-                "loop_cpu_per_action_us", "journal_cpu_per_action_us", "daemon_cpu_per_action_us",
-                "client_cpu_per_action_us",
-            ] {
+            // The daemon's threads were found by their names and, with the clients, used some CPU per action. The
+            // journal thread is found too, but with SQLite the loop commits and it stays (nearly) idle.
+            for key in ["loop_cpu_per_action_us", "daemon_cpu_per_action_us", "client_cpu_per_action_us"] {
                 #expect((row[key] as? Double ?? 0) > 0, "\(key): \(row)")
             }
+            #expect((row["journal_cpu_per_action_us"] as? Double).map { $0 >= 0 } == true, "\(row)")
         }
         #expect((baselines["router8_req_client_cpu_per_round_trip_us"] ?? 0) > 0)
         // Optimistic dispatch through a replica: both latencies of every dispatch, none failed or rolled back.

@@ -592,47 +592,6 @@ public final class Replica<D: Domain>: Service, Sendable {
 
     // MARK: - Shared between the loop and callers
 
-    fileprivate struct Outgoing: Sendable {
-        /// The request number of its idempotency key.
-        var number: UInt64
-        var actions: [Frame]
-        var outcome: DispatchOutcome
-        var optimistic = false
-    }
-
-    /// An accepted dispatch waiting for this replica to apply its seqs.
-    fileprivate struct Waiter: Sendable {
-        var epoch: Epoch
-        var seqs: ClosedRange<SequenceNumber>
-        var deadline: ContinuousClock.Instant
-        var outcome: DispatchOutcome
-    }
-
-    /// An optimistic dispatch the confirmed state does not hold yet.
-    fileprivate struct PendingRecord: Sendable {
-        var actions: [Frame]
-        var dispatchedAt: ContinuousClock.Instant
-        var outcome: DispatchOutcome
-        /// How many confirmed changes the replica had handed to its store when it last sent the dispatch after a
-        /// time it could not be in the daemon's history (its first send, or a send after `unavailable`).
-        var heardAtSend: UInt64?
-        var tries = 0
-        var accepted: (epoch: Epoch, seqs: ClosedRange<SequenceNumber>)?
-        /// When it is rolled back `notApplied` if the confirmed state does not hold it by then.
-        var confirmBy: ContinuousClock.Instant?
-        /// Whether the confirmed state was of the epoch it was accepted in since: leaving it then loses it.
-        var epochSeen = false
-
-        var texts: [String] { actions.map { String(decoding: $0, as: UTF8.self) } }
-
-        /// Whether it holds up a rebase onto confirmed change `number`: unanswered, and sent before that change
-        /// arrived, so the change may hold it.
-        func holdsUp(_ number: UInt64) -> Bool {
-            guard accepted == nil, let heard = heardAtSend else { return false }
-            return heard < number
-        }
-    }
-
     fileprivate struct Shared: Sendable {
         var started = false
         var stopRequested = false
@@ -663,6 +622,50 @@ public final class Replica<D: Domain>: Service, Sendable {
             pendingActions -= record.actions.count
             return record
         }
+    }
+}
+
+// What the replica's thread and its callers share, outside the generic `Replica<D>`: types nested in a generic
+// type are generic themselves, and unspecialized code looks up their metadata at run time on every use.
+
+private struct Outgoing: Sendable {
+    /// The request number of its idempotency key.
+    var number: UInt64
+    var actions: [Frame]
+    var outcome: DispatchOutcome
+    var optimistic = false
+}
+
+/// An accepted dispatch waiting for this replica to apply its seqs.
+private struct Waiter: Sendable {
+    var epoch: Epoch
+    var seqs: ClosedRange<SequenceNumber>
+    var deadline: ContinuousClock.Instant
+    var outcome: DispatchOutcome
+}
+
+/// An optimistic dispatch the confirmed state does not hold yet.
+private struct PendingRecord: Sendable {
+    var actions: [Frame]
+    var dispatchedAt: ContinuousClock.Instant
+    var outcome: DispatchOutcome
+    /// How many confirmed changes the replica had handed to its store when it last sent the dispatch after a
+    /// time it could not be in the daemon's history (its first send, or a send after `unavailable`).
+    var heardAtSend: UInt64?
+    var tries = 0
+    var accepted: (epoch: Epoch, seqs: ClosedRange<SequenceNumber>)?
+    /// When it is rolled back `notApplied` if the confirmed state does not hold it by then.
+    var confirmBy: ContinuousClock.Instant?
+    /// Whether the confirmed state was of the epoch it was accepted in since: leaving it then loses it.
+    var epochSeen = false
+
+    var texts: [String] { actions.map { String(decoding: $0, as: UTF8.self) } }
+
+    /// Whether it holds up a rebase onto confirmed change `number`: unanswered, and sent before that change
+    /// arrived, so the change may hold it.
+    func holdsUp(_ number: UInt64) -> Bool {
+        guard accepted == nil, let heard = heardAtSend else { return false }
+        return heard < number
     }
 }
 
@@ -725,6 +728,16 @@ private struct Link {
     }
 }
 
+/// What a dispatch in flight waits with: how many actions it sent, who to answer, and whether it is optimistic
+/// (its request number then).
+private struct Dispatch {
+    var count: Int
+    var outcome: DispatchOutcome
+    var optimistic: UInt64?
+    /// When it was first sent: an optimistic dispatch is sent again until ``ReplicaConfiguration/pendingTimeout``.
+    var firstSent: ContinuousClock.Instant
+}
+
 /// The replica thread's state: the sync machine, the requests in flight, and what they wait for.
 private struct Engine<D: Domain> {
     unowned let replica: Replica<D>
@@ -756,16 +769,6 @@ private struct Engine<D: Domain> {
     /// The request id of the sync machine's newest snapshot or range request: an ERROR answers it only with this id
     /// (an ERROR to an earlier try, or to a dispatch sent twice, says nothing about the store now).
     var lastSyncRequest: UInt64 = 0
-
-    /// What a dispatch in flight waits with: how many actions it sent, who to answer, and whether it is optimistic
-    /// (its request number then).
-    struct Dispatch {
-        var count: Int
-        var outcome: DispatchOutcome
-        var optimistic: UInt64?
-        /// When it was first sent: an optimistic dispatch is sent again until ``ReplicaConfiguration/pendingTimeout``.
-        var firstSent: ContinuousClock.Instant
-    }
 
     init(replica: Replica<D>, sync: ReplicaSync) {
         self.replica = replica
@@ -810,7 +813,7 @@ private struct Engine<D: Domain> {
 
     // MARK: Dispatches
 
-    mutating func send(_ outbox: [Replica<D>.Outgoing], on link: inout Link) throws {
+    mutating func send(_ outbox: [Outgoing], on link: inout Link) throws {
         let now = ContinuousClock.now
         for outgoing in outbox {
             let request = Request.dispatch(
@@ -930,7 +933,7 @@ private struct Engine<D: Domain> {
         }
     }
 
-    mutating func failAll(_ outbox: [Replica<D>.Outgoing], _ error: ClientError) {
+    mutating func failAll(_ outbox: [Outgoing], _ error: ClientError) {
         for outgoing in outbox { outgoing.outcome.fail(error) }
         for (_, dispatch) in inFlight.removeAll() { dispatch.outcome.fail(error) }
         for (_, _, dispatch) in retryLater { dispatch.outcome.fail(error) }
@@ -958,7 +961,7 @@ private struct Engine<D: Domain> {
                 replica.rebase()
                 return
             }
-            let waiter = Replica<D>.Waiter(epoch: epoch, seqs: seqs, deadline: deadline, outcome: flight.outcome)
+            let waiter = Waiter(epoch: epoch, seqs: seqs, deadline: deadline, outcome: flight.outcome)
             replica.shared.withLockedValue { $0.waiters.append(waiter) }
             // It may have been applied already (the event can overtake the reply).
             let current = replica.local.state
@@ -1100,7 +1103,7 @@ private struct Engine<D: Domain> {
             }
         }
         let late = replica.shared.withLockedValue { shared in
-            var late: [Replica<D>.Waiter] = []
+            var late: [Waiter] = []
             shared.waiters.removeAll { waiter in
                 guard waiter.deadline <= now else { return false }
                 late.append(waiter)

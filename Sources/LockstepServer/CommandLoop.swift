@@ -73,6 +73,9 @@ final class CommandLoop: Sendable {
         return true
     }
 
+    /// SNAPSHOT and RANGE requests a reader thread is answering now.
+    var offloadedInFlight: Int { outbox.withLockedValue { $0.inFlight } }
+
     /// Replies ready to send, and how many are still being made.
     func takeReplies() -> (replies: [(envelope: [Frame], reply: Reply)], inFlight: Int) {
         outbox.withLockedValue { outbox in
@@ -287,15 +290,17 @@ private struct LoopState {
     /// Commits a PostgreSQL journal on its own thread while the loop sequences the next group, and renews its
     /// lease; see ``commitsOnLoop``.
     let writer: JournalWriter
-    /// Whether the loop commits on its own thread. A local journal's commit (SQLite: a few WAL writes and one
+    /// Whether the loop commits a local journal on its own thread. Its commit (SQLite: a few WAL writes and one
     /// `fdatasync`, ~200 µs) is made right here: handing it to the writer and back costs two thread wake-ups per
     /// group, and measured on 2 cores that cost more than the overlap bought (docs/performance.md, "Commit on the
-    /// loop"). A PostgreSQL journal's commit waits on the network and on another machine's disk, for as long as
-    /// they take: it goes to the writer, so the loop keeps reading, sequencing and heartbeating meanwhile.
+    /// loop"). Not while a reader thread answers a SNAPSHOT or RANGE: a RANGE holds the journal's connection while
+    /// it reads (up to 10,000 events), and the loop must not wait behind it. A PostgreSQL journal's commit waits on
+    /// the network and on another machine's disk, for as long as they take: it always goes to the writer, so the
+    /// loop keeps reading, sequencing and heartbeating meanwhile.
     let commitsOnLoop: Bool
-    /// Requests sequenced since the group in the writer's hands; handed over when the writer is idle.
+    /// Requests sequenced since the last group committed; committed when no commit is in flight.
     var open = Group()
-    /// The group the writer is committing, if any.
+    /// The group being committed, if any: on the writer's thread, or, on the loop, for the moment of its commit.
     var committing: Committing?
     var sinceDigest: [StoreName: Int] = [:]
     var committedEvents: [StoreName: UInt64] = [:]
@@ -610,8 +615,8 @@ struct LoopSockets {
 extension LoopState {
     /// One turn: wait for requests, the writer or the next heartbeat; answer and publish what the writer made
     /// durable; sequence every waiting request into the open group; commit the open group unless the writer is
-    /// still busy with the last one (``commitsOnLoop``: here, or on the writer's thread while the loop sequences the
-    /// next).
+    /// still busy with the last one — here, answering and publishing it at once, or on the writer's thread while
+    /// the loop sequences the next (``commitsOnLoop``).
     mutating func turn() throws {
         let accepting = open.entries.count < Self.maximumOpen
         var items: [Poller.Item] = [.fileDescriptor(loop.wakeup.descriptor, .readable)]
@@ -641,7 +646,7 @@ extension LoopState {
     }
 
     /// Requests the open group may hold before the loop stops reading more until the writer is done: a stalled
-    /// disk makes clients wait in libzmq's queues, not the daemon's memory grow.
+    /// disk or database makes clients wait in libzmq's queues, not the daemon's memory grow.
     static let maximumOpen = 4_096
 
     /// Waits for the writer and answers everything sequenced: the last turn before the daemon stops.
@@ -690,7 +695,7 @@ extension LoopState {
         var commits: [Sequencer.Commit] = []
     }
 
-    /// A group in the writer's hands, with the snapshots its batch carries and the digests to publish after it.
+    /// A group being committed, with the snapshots its batch carries and the digests to publish after it.
     struct Committing {
         var group: Group
         var snapshots: [StoreName: JournalSnapshot]
@@ -811,15 +816,8 @@ extension LoopState {
     /// thread, answered in a later turn; see ``commitsOnLoop``.
     mutating func commit(_ done: Committing, _ work: @escaping JournalWriter.Work) throws {
         committing = done
-        guard commitsOnLoop else { return writer.submit(work) }
-        let result: Result<Void, JournalError>
-        do throws(JournalError) {
-            try work()
-            result = .success(())
-        } catch {
-            result = .failure(error)
-        }
-        try complete(result)
+        guard commitsOnLoop, loop.offloadedInFlight == 0 else { return writer.submit(work) }
+        try complete(Result(catching: work))
     }
 
     /// How long after its last fence the lease is surely still this daemon's by the database's clock: its duration
@@ -829,8 +827,8 @@ extension LoopState {
         lease.duration - lease.duration / 3
     }
 
-    /// The writer is done with the group it had: answer and publish it, or answer it and everything sequenced
-    /// after it `unavailable`.
+    /// The commit of the group in hand is done: answer and publish it, or answer it and everything sequenced
+    /// after it (while the writer had it) `unavailable`.
     mutating func complete(_ result: Result<Void, JournalError>) throws {
         guard let done = committing else { return }
         committing = nil
@@ -1036,7 +1034,7 @@ extension LoopState {
     }
 
     /// The digest of each store past its digest interval or snapshotted by these commits, at the group's last
-    /// seq: taken as the group is handed to the writer, while the stores still stand there (a snapshot's digest
+    /// seq: taken as the group is committed, while the stores still stand there (a snapshot's digest
     /// is reused rather than the state encoded again).
     mutating func digestsDue(
         after commits: [Sequencer.Commit],

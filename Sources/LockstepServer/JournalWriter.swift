@@ -4,8 +4,9 @@ import Lockstep
 import LockstepJournal
 import ZeroMQ
 
-/// The journal's own thread, for work that waits on the network: a PostgreSQL journal's commits, lease renewals
-/// and a takeover's recovery (a local journal commits on the loop; `LoopState.commitsOnLoop` says why). The loop
+/// The journal's own thread, for work the loop must not wait on: a PostgreSQL journal's commits, lease renewals
+/// and a takeover's recovery, and a local journal's commit while a reader holds its connection (otherwise a local
+/// journal commits on the loop; `LoopState.commitsOnLoop` says why). The loop
 /// hands it one piece of work at a time and goes on sequencing the next requests meanwhile; the writer wakes the
 /// loop when the work is done or failed. The loop only hands it work while it is idle, so there is at most one
 /// commit in flight.
@@ -75,13 +76,7 @@ final class JournalWriter: Sendable {
             ready.wait()
             let (work, stopping) = slot.withLockedValue { slot in (slot.work, slot.stopping) }
             if let work {
-                let result: Result<Void, JournalError>
-                do throws(JournalError) {
-                    try work()
-                    result = .success(())
-                } catch {
-                    result = .failure(error)
-                }
+                let result = Result(catching: work)
                 slot.withLockedValue { slot in
                     slot.work = nil
                     slot.result = result

@@ -337,8 +337,8 @@ struct CanonicalParser {
     mutating func value(depth: Int) throws(OffTheFastPath) {
         guard depth <= Self.maximumDepth, let byte = next else { throw OffTheFastPath() }
         switch byte {
-        case UInt8(ascii: "{"): try object(depth: depth)
-        case UInt8(ascii: "["): try array(depth: depth)
+        case UInt8(ascii: "{"): try container(.object, depth: depth)
+        case UInt8(ascii: "["): try container(.array, depth: depth)
         case UInt8(ascii: "\""): try string()
         case UInt8(ascii: "t"): try literal("true", .trueLiteral)
         case UInt8(ascii: "f"): try literal("false", .falseLiteral)
@@ -371,26 +371,31 @@ struct CanonicalParser {
         position += count
     }
 
-    private mutating func object(depth: Int) throws(OffTheFastPath) {
+    /// An object or an array: its token, then each element — for an object a member name (in order, none twice),
+    /// `:` and its value — up to the closer.
+    private mutating func container(_ kind: CanonicalToken.Kind, depth: Int) throws(OffTheFastPath) {
         let index = tokens.count
-        append(.object, start: position, end: position)
+        append(kind, start: position, end: position)
         position += 1
+        let closer = kind == .object ? UInt8(ascii: "}") : UInt8(ascii: "]")
         var count: UInt32 = 0
-        if next == UInt8(ascii: "}") {
+        var previous: Range<Int>? = nil
+        if next == closer {
             position += 1
         } else {
-            var previous: Range<Int>? = nil
             while true {
-                let name = try memberName()
-                if let previous, !Self.precedes(bytes, previous, name) { throw OffTheFastPath() }
-                previous = name
-                guard next == UInt8(ascii: ":") else { throw OffTheFastPath() }
-                position += 1
+                if kind == .object {
+                    let name = try memberName()
+                    if let previous, !Self.precedes(bytes, previous, name) { throw OffTheFastPath() }
+                    previous = name
+                    guard next == UInt8(ascii: ":") else { throw OffTheFastPath() }
+                    position += 1
+                }
                 try value(depth: depth + 1)
                 count += 1
                 if next == UInt8(ascii: ",") {
                     position += 1
-                } else if next == UInt8(ascii: "}") {
+                } else if next == closer {
                     position += 1
                     break
                 } else {
@@ -428,31 +433,6 @@ struct CanonicalParser {
             if l != r { return l < r }
         }
         return left.count < right.count
-    }
-
-    private mutating func array(depth: Int) throws(OffTheFastPath) {
-        let index = tokens.count
-        append(.array, start: position, end: position)
-        position += 1
-        var count: UInt32 = 0
-        if next == UInt8(ascii: "]") {
-            position += 1
-        } else {
-            while true {
-                try value(depth: depth + 1)
-                count += 1
-                if next == UInt8(ascii: ",") {
-                    position += 1
-                } else if next == UInt8(ascii: "]") {
-                    position += 1
-                    break
-                } else {
-                    throw OffTheFastPath()
-                }
-            }
-        }
-        tokens[index].count = count
-        tokens[index].next = UInt32(tokens.count)
     }
 
     static func hexValue(_ byte: UInt8) -> UInt8 {

@@ -121,14 +121,18 @@ final class PostgresRows {
 /// ``JournalError`` naming the operation.
 ///
 /// Not thread-safe, as libpq's connections are not.
-// Why `@unchecked Sendable` is safe here (the compiler does not check this conformance): a connection moves between
-// threads but is never used by two at once. Every use is inside one of PostgresStorage's two owners: the writer is only
-// reached inside `writer.withLockedValue` (the lock is held for the whole call, a commit's pipeline included), and a
-// reader is only reached after `readers.withLockedValue { popLast }` took it out of the pool — no other thread can see
-// it then — until `giveBack` appends it again as the last use; `PostgresJournal.execute(_:connection:)` makes its own
-// and closes it before it returns. Nothing else keeps a reference (the type is internal; PostgresStorage's two owners
-// are private). The compiler cannot prove this: a value that crossed a lock once cannot be `sending` back (tried:
-// region errors at both places).
+// @unchecked Sendable, proved here since the compiler cannot check it: a connection moves between threads but no two
+// threads ever use it at once. Every connection has exactly one owner at a time:
+// - PostgresStorage's writer is reached only inside `writer.withLockedValue`, whose lock is held for the whole call
+//   (a commit's pipeline included), `close()` too;
+// - a reader is used only after `readers.withLockedValue { popLast }` (or `close()`, or the stale-pool flush) took it
+//   out of the pool under the lock, so no other thread can reach it, until `giveBack` appends it again as its last
+//   use or closes it;
+// - `PostgresJournal.execute(_:connection:)` makes its own and closes it before it returns, and
+//   `PostgresJournal.Session` (tests only) keeps its own in a class that is not `Sendable`, so one thread uses it.
+// Nothing else holds a reference: the type is internal and PostgresStorage's two owners are private. The compiler
+// cannot prove this because a value that crossed a lock once cannot be `sending` back (tried: region errors at both
+// places).
 final class PostgresConnection: @unchecked Sendable {
     private var handle: OpaquePointer?
     /// Statements prepared on this session, by name; prepared again after a reset.

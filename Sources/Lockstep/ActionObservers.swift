@@ -87,7 +87,7 @@ public final class ActionObservers: Sendable {
 public final class Cancellation: Sendable {
     private let action: LockedValue<(@Sendable () -> Void)?>
 
-    init(_ action: @escaping @Sendable () -> Void) {
+    package init(_ action: @escaping @Sendable () -> Void) {
         self.action = LockedValue(action)
     }
 

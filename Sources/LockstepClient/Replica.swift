@@ -154,7 +154,7 @@ public final class Replica<D: Domain>: Service, Sendable {
     ) -> Cancellation {
         switch view {
         case .confirmed: local.subscribe({ select($0.state) }, onChange: onChange)
-        case .optimistic: optimistic.subscribe({ select($0.view.state) }, onChange: onChange)
+        case .optimistic: watchingOptimistic { optimistic.subscribe({ select($0.view.state) }, onChange: onChange) }
         }
     }
 
@@ -172,9 +172,23 @@ public final class Replica<D: Domain>: Service, Sendable {
                 of: Replicated<D.State>.self,
                 bufferingPolicy: bufferingPolicy
             )
-            let subscription = optimistic.subscribe({ $0.view }, onChange: { continuation.yield($0) })
+            let subscription = watchingOptimistic {
+                optimistic.subscribe({ $0.view }, onChange: { continuation.yield($0) })
+            }
             continuation.onTermination = { _ in subscription.cancel() }
             return stream
+        }
+    }
+
+    /// `subscribe`'s subscription to the optimistic store, made once the store is rebuilt on the newest confirmed
+    /// state; while it lasts, the store is rebuilt on every confirmed change (see ``rebase(removing:)``).
+    private func watchingOptimistic(_ subscribe: () -> Cancellation) -> Cancellation {
+        shared.withLockedValue { $0.optimisticWatchers += 1 }
+        rebase()
+        let subscription = subscribe()
+        return Cancellation { [shared] in
+            subscription.cancel()
+            shared.withLockedValue { $0.optimisticWatchers -= 1 }
         }
     }
 
@@ -274,17 +288,17 @@ public final class Replica<D: Domain>: Service, Sendable {
     /// state, the handle throws the rejection and ``rollbacks()`` tells. docs/optimistic.md has the whole model.
     public func dispatchOptimistically(batch actions: [D.Action]) async throws -> OptimisticDispatch {
         let frames = try Self.encode(actions, "dispatchOptimistically(batch:)")
-        // Validated against the optimistic state, which means nothing before the first confirmed state is here.
-        guard optimistic.state.base.epoch != nil else {
-            throw ClientError(
-                code: .unavailable,
-                "the replica of '\(store)' has not joined the daemon yet, so it cannot validate an action against its "
-                    + "state; wait for waitUntilLive() first"
-            )
-        }
         let outcome = DispatchOutcome()
         let number = try shared.withLockedValue { shared throws(ClientError) in
             guard !shared.stopped else { throw ClientError(code: .stopped, "the replica of '\(store)' has stopped") }
+            // Validated against the optimistic state, which means nothing before the first confirmed state is here.
+            guard shared.lastConfirmed?.base.epoch != nil else {
+                throw ClientError(
+                    code: .unavailable,
+                    "the replica of '\(store)' has not joined the daemon yet, so it cannot validate an action "
+                        + "against its state; wait for waitUntilLive() first"
+                )
+            }
             guard shared.pendingActions + actions.count <= configuration.maximumPending else {
                 throw ClientError(
                     code: .tooManyPending,
@@ -303,6 +317,9 @@ public final class Replica<D: Domain>: Service, Sendable {
             )
             return shared.lastRequestID
         }
+        // Pending now, so the optimistic state is rebuilt on the newest confirmed one (it may not have been, while
+        // nothing was pending and no one watched it) before the actions are validated on top.
+        rebase()
         do {
             try await optimistic.dispatch(.add(Projection.Entry(requestNumber: number, actions: actions)))
         } catch {
@@ -508,8 +525,13 @@ public final class Replica<D: Domain>: Service, Sendable {
     /// A dispatch sent after the change arrived cannot be in it and never holds a rebase up.
     ///
     /// `removing` (a rollback) leaves the optimistic state in the same change, or alone when no rebase can go.
+    ///
+    /// Not either while nothing is pending and no subscription watches the optimistic state: it would equal the
+    /// confirmed state, which ``state`` then reads. The rebuilding waits until a subscription or an optimistic
+    /// dispatch starts, and spares a replica that only follows the daemon a second store change per event.
     fileprivate func rebase(removing removed: Set<UInt64> = []) {
         let rebase = shared.withLockedValue { shared -> Rebase? in
+            if removed.isEmpty, shared.pending.isEmpty, shared.optimisticWatchers == 0 { return nil }
             // The newest confirmed change no unanswered dispatch holds up: the last one, or one kept meanwhile.
             let limit = shared.pending.values.compactMap { $0.accepted == nil ? $0.heardAtSend : nil }.min()
             var target = shared.lastConfirmed
@@ -615,6 +637,8 @@ public final class Replica<D: Domain>: Service, Sendable {
         static var maximumHeldBases: Int { 64 }
         /// Rebases sent to the optimistic store, which applies them in this order.
         var rebases: UInt64 = 0
+        /// Subscriptions to the optimistic state: while there are some, it is rebuilt even with nothing pending.
+        var optimisticWatchers = 0
 
         @discardableResult
         mutating func forget(_ number: UInt64) -> PendingRecord? {

@@ -107,8 +107,14 @@ package final class Bench {
         let routerEndpoint = endpoint("echo-router")
         let router = try worker("echo-router", ["--endpoint", routerEndpoint], curve: .server, input: false)
         _ = try awaitLine(router, within: .seconds(30)) { $0 == "ready" }
+        let routerCPU = cpuTime(ofProcess: router.process.processIdentifier)
         let eight = try runClients(
             try (0..<8).map { _ in try worker("req", ["--endpoint", routerEndpoint, "--seconds", "\(seconds)"]) }
+        )
+        results.baselines.router8EchoCpuPerRoundTripUs = cpu(
+            of: router,
+            since: routerCPU,
+            per: eight.reduce(0) { $0 + $1.count }
         )
         router.kill()
         results.baselines.router8ReqRoundTripsPerS = rate(eight)
@@ -353,10 +359,19 @@ package final class Bench {
         let p2Rate = results.p2.first { $0.clients == 8 }?.actionsPerS ?? 0
         for count in [4, 16] {
             say("P3: \(count) replicas while 8 processes dispatch")
+            let rawSub = try worker(
+                "sub",
+                ["--endpoint", daemon.events, "--count", "\(Int.max)", "--seconds", "600"],
+                input: false
+            )
+            defer { rawSub.kill() }
             let replicas = try (0..<count).map { _ in
                 try worker("replica", ["--endpoint", daemon.command, "--events-endpoint", daemon.events])
             }
             for replica in replicas { _ = try awaitLine(replica, within: .seconds(60)) { $0 == "ready" } }
+            // Beside them, a raw SUB on the same events (it connected while the replicas joined): the floor.
+            let rawSubCPU = cpuTime(ofProcess: rawSub.process.processIdentifier)
+            let seqBefore = try seq(of: daemon)
             let dispatchers = try runClients(
                 try (0..<8).map { _ in
                     try worker(
@@ -372,6 +387,7 @@ package final class Bench {
                 }.max() ?? 0
             for replica in replicas { replica.send("until \(lastSeq)") }
             let applied = try replicas.map { try report(of: $0, within: .seconds(60)) }
+            let rawSubCpuPerEvent = cpu(of: rawSub, since: rawSubCPU, per: Int(lastSeq) - Int(seqBefore))
             let timelines = applied.map { AppliedTimeline($0.applied) }
             var latencies: [UInt64] = []
             for sample in dispatchers.flatMap(\.sent) {
@@ -397,7 +413,8 @@ package final class Bench {
                     resyncs: resyncs,
                     repairs: applied.reduce(0) { $0 + $1.repairs },
                     replicaPeakBytes: applied.map(\.peakResident).max() ?? 0,
-                    replicaCpuPerEventUs: replicaCPU(applied)
+                    replicaCpuPerEventUs: replicaCPU(applied),
+                    rawSubCpuPerEventUs: rawSubCpuPerEvent
                 )
             )
             results.p6.replicaPeakBytes = max(results.p6.replicaPeakBytes, applied.map(\.peakResident).max() ?? 0)
@@ -587,6 +604,15 @@ package final class Bench {
         let operations = reports.reduce(0) { $0 + $1.count }
         guard operations > 0 else { return nil }
         return tenths(Double(reports.reduce(0) { $0 + $1.cpuNanos }) / 1_000 / Double(operations))
+    }
+
+    /// The CPU time `process` used since `start` per operation, in µs to a tenth; `nil` without a reading or an
+    /// operation.
+    private func cpu(of process: ChildProcess, since start: Duration?, per operations: Int) -> Double? {
+        guard let start, let now = cpuTime(ofProcess: process.process.processIdentifier), operations > 0 else {
+            return nil
+        }
+        return tenths((now - start) / .microseconds(1) / Double(operations))
     }
 
     /// A replica's process CPU per event it applied, in µs: the mean over `reports`; `nil` without events.

@@ -28,6 +28,8 @@ package struct BenchResults: Codable {
         var router8ReqRoundTripsPerS = 0.0
         /// The 8 REQ processes' own CPU time per round trip: what a client costs with nothing in between.
         var router8ReqClientCpuPerRoundTripUs: Double?
+        /// The echo ROUTER process's own CPU time per round trip: the server's side of the same transport.
+        var router8EchoCpuPerRoundTripUs: Double?
         /// Raw PUB → 4 SUB processes, 200-byte messages each subscriber received per second.
         var pub4SubMsgsPerS = 0.0
         /// write(2) of 200 bytes + fsync(2) to a file in the bench's data directory.
@@ -101,6 +103,9 @@ package struct BenchResults: Codable {
         var replicaPeakBytes: Int
         /// CPU time of a replica's whole process per event it applied, the mean over the replicas.
         var replicaCpuPerEventUs: Double?
+        /// CPU time of a raw libzmq SUB process per event, subscribed to the same events beside the replicas: what
+        /// receiving them costs with nothing applied.
+        var rawSubCpuPerEventUs: Double?
     }
 
     struct P4: Codable {

@@ -21,7 +21,11 @@ package struct BenchTable {
                 "p50 \(b.reqRepP50Us)  p99 \(b.reqRepP99Us)",
                 "\(count(b.reqRepRoundTripsPerS))/s"
             ),
-            row("ROUTER ← 8 REQ processes", "\(count(b.router8ReqRoundTripsPerS)) round trips/s"),
+            row(
+                "ROUTER ← 8 REQ processes",
+                "\(count(b.router8ReqRoundTripsPerS)) round trips/s"
+                    + cpu(("echo", b.router8EchoCpuPerRoundTripUs), ("clients", b.router8ReqClientCpuPerRoundTripUs))
+            ),
             row("PUB → 4 SUB processes", "\(count(b.pub4SubMsgsPerS)) msgs/s to each (200 bytes)"),
             row("write + fsync, 200 bytes", "p50 \(b.fsyncP50Us)  p99 \(b.fsyncP99Us)"),
             "",
@@ -115,6 +119,7 @@ package struct BenchTable {
                     p3.keptUp ? "kept up" : "fell behind",
                     String(format: "last replica %.1f ms after the last ack", p3.catchUpMs)
                         + (p3.replicaCpuPerEventUs.map { String(format: "  replica CPU %.1f µs/event", $0) } ?? "")
+                        + (p3.rawSubCpuPerEventUs.map { String(format: " (raw SUB %.1f)", $0) } ?? "")
                 )
             )
         }

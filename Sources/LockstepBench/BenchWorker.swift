@@ -18,7 +18,8 @@ package struct BenchWorker: Sendable {
         case echoRouter = "echo-router"
         /// Raw libzmq: a REQ sending the bytes of a counter DISPATCH and waiting for them to come back.
         case req
-        /// Raw libzmq: a SUB counting `--count` messages from the bench's PUB.
+        /// Raw libzmq: a SUB counting `--count` messages from the bench's PUB (or, in P3, from lockstepd's, until it
+        /// is killed).
         case sub
         /// Lockstep: DISPATCH of a counter increment, one at a time, through the command client.
         case dispatch

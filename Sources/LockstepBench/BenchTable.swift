@@ -24,7 +24,11 @@ package struct BenchTable {
             row(
                 "ROUTER ← 8 REQ processes",
                 "\(count(b.router8ReqRoundTripsPerS)) round trips/s"
-                    + cpu(("echo", b.router8EchoCpuPerRoundTripUs), ("clients", b.router8ReqClientCpuPerRoundTripUs))
+                    + cpu(
+                        per: "round trip",
+                        ("echo", b.router8EchoCpuPerRoundTripUs),
+                        ("clients", b.router8ReqClientCpuPerRoundTripUs)
+                    )
             ),
             row("PUB → 4 SUB processes", "\(count(b.pub4SubMsgsPerS)) msgs/s to each (200 bytes)"),
             row("write + fsync, 200 bytes", "p50 \(b.fsyncP50Us)  p99 \(b.fsyncP99Us)"),
@@ -119,7 +123,7 @@ package struct BenchTable {
                     p3.keptUp ? "kept up" : "fell behind",
                     String(format: "last replica %.1f ms after the last ack", p3.catchUpMs)
                         + (p3.replicaCpuPerEventUs.map { String(format: "  replica CPU %.1f µs/event", $0) } ?? "")
-                        + (p3.rawSubCpuPerEventUs.map { String(format: " (raw SUB %.1f)", $0) } ?? "")
+                        + (p3.rawSubCpuPerEventUs.map { String(format: "  raw SUB CPU %.1f µs/event", $0) } ?? "")
                 )
             )
         }
@@ -164,9 +168,9 @@ package struct BenchTable {
     }
 
     /// "  CPU µs/action: loop 35.6, journal 37.2, …" for the figures that were read; empty when none was.
-    private func cpu(_ figures: (String, Double?)...) -> String {
+    private func cpu(per unit: String = "action", _ figures: (String, Double?)...) -> String {
         let read = figures.compactMap { name, value in value.map { String(format: "\(name) %.1f", $0) } }
-        return read.isEmpty ? "" : "  CPU µs/action: " + read.joined(separator: ", ")
+        return read.isEmpty ? "" : "  CPU µs/\(unit): " + read.joined(separator: ", ")
     }
 
     private func times(_ ratio: Double?) -> String {

@@ -34,7 +34,8 @@ public final class Replica<D: Domain>: Service, Sendable {
     public let clientID: ClientID
     fileprivate let logger: Logger
     fileprivate let local: Store<Replicated<D.State>, Change>
-    /// The optimistic view: the confirmed state and this replica's pending optimistic dispatches on top.
+    /// The optimistic view: the confirmed state and this replica's pending optimistic dispatches on top. Its base
+    /// lags while nothing is pending and no subscription watches it (see ``rebase(removing:)``).
     fileprivate let optimistic: Store<Projection<D>, Projection<D>.Change>
     fileprivate let shared = LockedValue(Shared())
     private let wakeup: Wakeup
@@ -154,7 +155,7 @@ public final class Replica<D: Domain>: Service, Sendable {
     ) -> Cancellation {
         switch view {
         case .confirmed: local.subscribe({ select($0.state) }, onChange: onChange)
-        case .optimistic: watchingOptimistic { optimistic.subscribe({ select($0.view.state) }, onChange: onChange) }
+        case .optimistic: watchingOptimistic({ select($0.view.state) }, onChange: onChange)
         }
     }
 
@@ -172,20 +173,25 @@ public final class Replica<D: Domain>: Service, Sendable {
                 of: Replicated<D.State>.self,
                 bufferingPolicy: bufferingPolicy
             )
-            let subscription = watchingOptimistic {
-                optimistic.subscribe({ $0.view }, onChange: { continuation.yield($0) })
-            }
+            let subscription = watchingOptimistic({ $0.view }, onChange: { continuation.yield($0) })
             continuation.onTermination = { _ in subscription.cancel() }
             return stream
         }
     }
 
-    /// `subscribe`'s subscription to the optimistic store, made once the store is rebuilt on the newest confirmed
-    /// state; while it lasts, the store is rebuilt on every confirmed change (see ``rebase(removing:)``).
-    private func watchingOptimistic(_ subscribe: () -> Cancellation) -> Cancellation {
+    /// A subscription to the optimistic store (``subscribe(_:view:onChange:)``, ``states(view:bufferingPolicy:)``)
+    /// that starts on the newest confirmed state; while it lasts, the store is rebuilt on every confirmed change
+    /// (see ``rebase(removing:)``).
+    private func watchingOptimistic<Value: Equatable & Sendable>(
+        _ select: @escaping @Sendable (Projection<D>) -> Value,
+        onChange: @escaping @Sendable (Value) -> Void
+    ) -> Cancellation {
         shared.withLockedValue { $0.optimisticWatchers += 1 }
-        rebase()
-        let subscription = subscribe()
+        // Nothing from before the catch-up: a rebase decided on another thread may still be on its way to the store.
+        let due = rebase()
+        let subscription = optimistic.subscribe({ $0.rebases >= due ? select($0) : nil }) { value in
+            if let value { onChange(value) }
+        }
         return Cancellation { [shared] in
             subscription.cancel()
             shared.withLockedValue { $0.optimisticWatchers -= 1 }
@@ -319,7 +325,7 @@ public final class Replica<D: Domain>: Service, Sendable {
         }
         // Pending now, so the optimistic state is rebuilt on the newest confirmed one (it may not have been, while
         // nothing was pending and no one watched it) before the actions are validated on top.
-        rebase()
+        await optimisticRebased(through: rebase())
         do {
             try await optimistic.dispatch(.add(Projection.Entry(requestNumber: number, actions: actions)))
         } catch {
@@ -493,7 +499,7 @@ public final class Replica<D: Domain>: Service, Sendable {
     }
 
     /// Hands `change` (the confirmed change `number`) to the local store; once applied, the dispatches waiting for
-    /// it are answered and the optimistic state is rebuilt on it.
+    /// it are answered and the optimistic state is rebuilt on it (when something is pending or watches it).
     fileprivate func apply(_ change: Change, number: UInt64, epoch: Epoch, seq: SequenceNumber) {
         local.send(change) { [self] _ in
             // Still on the thread that applied the change, before the store takes its next one: this is its state.
@@ -529,16 +535,20 @@ public final class Replica<D: Domain>: Service, Sendable {
     /// Not either while nothing is pending and no subscription watches the optimistic state: it would equal the
     /// confirmed state, which ``state`` then reads. The rebuilding waits until a subscription or an optimistic
     /// dispatch starts, and spares a replica that only follows the daemon a second store change per event.
-    fileprivate func rebase(removing removed: Set<UInt64> = []) {
-        let rebase = shared.withLockedValue { shared -> Rebase? in
-            if removed.isEmpty, shared.pending.isEmpty, shared.optimisticWatchers == 0 { return nil }
+    ///
+    /// Returns the number of rebases decided by now, by this call or another. Each is sent to the optimistic store
+    /// right after the lock that decided it, so one may still be on its way: ``optimisticRebased(through:)`` waits.
+    @discardableResult
+    fileprivate func rebase(removing removed: Set<UInt64> = []) -> UInt64 {
+        let (rebase, decided) = shared.withLockedValue { shared -> (Rebase?, UInt64) in
+            if removed.isEmpty, shared.pending.isEmpty, shared.optimisticWatchers == 0 { return (nil, shared.rebases) }
             // The newest confirmed change no unanswered dispatch holds up: the last one, or one kept meanwhile.
             let limit = shared.pending.values.compactMap { $0.accepted == nil ? $0.heardAtSend : nil }.min()
             var target = shared.lastConfirmed
             if let limit, let last = target, last.number > limit {
                 target = shared.heldBases.last { $0.number <= limit }
             }
-            guard let (number, base) = target, number > shared.rebasedThrough else { return nil }
+            guard let (number, base) = target, number > shared.rebasedThrough else { return (nil, shared.rebases) }
             shared.heldBases.removeAll { $0.number <= number }
             shared.rebasedThrough = number
             shared.rebases += 1
@@ -553,11 +563,11 @@ public final class Replica<D: Domain>: Service, Sendable {
             }
             for (requestNumber, _, _) in rebase.settled { shared.forget(requestNumber) }
             for (requestNumber, _) in rebase.lost { shared.forget(requestNumber) }
-            return rebase
+            return (rebase, shared.rebases)
         }
         guard let rebase else {
             if !removed.isEmpty { optimistic.send(.remove(removed)) }
-            return
+            return decided
         }
         // Closures, not key paths: a key path into a tuple of generic types is built at run time on every call.
         var leaving = removed
@@ -576,6 +586,28 @@ public final class Replica<D: Domain>: Service, Sendable {
             record.outcome.fail(error)
             tell(OptimisticRollback(requestNumber: requestNumber, actions: record.texts, error: error))
         }
+        return decided
+    }
+
+    /// Returns once the optimistic store has applied rebase `sequence` and every one before it.
+    private func optimisticRebased(through sequence: UInt64) async {
+        guard optimistic.state.rebases < sequence else { return }
+        let waiting = LockedValue<(reached: Bool, continuation: CheckedContinuation<Void, Never>?)>((false, nil))
+        let subscription = optimistic.subscribe({ $0.rebases >= sequence }) { reached in
+            guard reached else { return }
+            waiting.withLockedValue { waiting in
+                waiting.reached = true
+                return waiting.continuation.take()
+            }?.resume()
+        }
+        await withCheckedContinuation { continuation in
+            let reached = waiting.withLockedValue { waiting in
+                if !waiting.reached { waiting.continuation = continuation }
+                return waiting.reached
+            }
+            if reached { continuation.resume() }
+        }
+        subscription.cancel()
     }
 
     /// What one rebase does, worked out under the lock and carried out after it.

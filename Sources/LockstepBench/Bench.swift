@@ -609,10 +609,7 @@ package final class Bench {
     /// The CPU time `process` used since `start` per operation, in µs to a tenth; `nil` without a reading or an
     /// operation.
     private func cpu(of process: ChildProcess, since start: Duration?, per operations: Int) -> Double? {
-        guard let start, let now = cpuTime(ofProcess: process.process.processIdentifier), operations > 0 else {
-            return nil
-        }
-        return tenths((now - start) / .microseconds(1) / Double(operations))
+        microseconds(from: start, to: cpuTime(ofProcess: process.process.processIdentifier), per: operations)
     }
 
     /// A replica's process CPU per event it applied, in µs: the mean over `reports`; `nil` without events.
@@ -739,12 +736,18 @@ private struct DaemonCPU {
 
     /// Each figure's growth since `start` per action, in µs to a tenth; `nil` where either reading is missing.
     func perAction(since start: DaemonCPU, actions: Int) -> (loop: Double?, journal: Double?, process: Double?) {
-        func per(_ after: Duration?, _ before: Duration?) -> Double? {
-            guard let after, let before, actions > 0 else { return nil }
-            return tenths(((after - before) / .microseconds(1)) / Double(actions))
-        }
-        return (per(loop, start.loop), per(journal, start.journal), per(process, start.process))
+        (
+            microseconds(from: start.loop, to: loop, per: actions),
+            microseconds(from: start.journal, to: journal, per: actions),
+            microseconds(from: start.process, to: process, per: actions)
+        )
     }
+}
+
+/// The CPU time from `start` to `end` per operation, in µs to a tenth; `nil` without either reading or an operation.
+private func microseconds(from start: Duration?, to end: Duration?, per operations: Int) -> Double? {
+    guard let start, let end, operations > 0 else { return nil }
+    return tenths((end - start) / .microseconds(1) / Double(operations))
 }
 
 /// `value` rounded to a tenth.

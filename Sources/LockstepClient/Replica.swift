@@ -592,22 +592,10 @@ public final class Replica<D: Domain>: Service, Sendable {
     /// Returns once the optimistic store has applied rebase `sequence` and every one before it.
     private func optimisticRebased(through sequence: UInt64) async {
         guard optimistic.state.rebases < sequence else { return }
-        let waiting = LockedValue<(reached: Bool, continuation: CheckedContinuation<Void, Never>?)>((false, nil))
-        let subscription = optimistic.subscribe({ $0.rebases >= sequence }) { reached in
-            guard reached else { return }
-            waiting.withLockedValue { waiting in
-                waiting.reached = true
-                return waiting.continuation.take()
-            }?.resume()
+        for await projection in optimistic.states(bufferingPolicy: .bufferingNewest(1))
+        where projection.rebases >= sequence {
+            return
         }
-        await withCheckedContinuation { continuation in
-            let reached = waiting.withLockedValue { waiting in
-                if !waiting.reached { waiting.continuation = continuation }
-                return waiting.reached
-            }
-            if reached { continuation.resume() }
-        }
-        subscription.cancel()
     }
 
     /// What one rebase does, worked out under the lock and carried out after it.

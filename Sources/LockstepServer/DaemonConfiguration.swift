@@ -98,7 +98,7 @@ public struct DaemonConfiguration: Hashable, Sendable {
     /// Settings from a configuration file (docs/operations.md, deploy/lockstepd.toml) over these ones.
     ///
     /// Unknown keys and tables are errors, so a typo never passes silently; each error names the key.
-    public mutating func apply(_ document: TOMLDocument, file: String) throws(ConfigurationError) {
+    package mutating func apply(_ document: TOMLDocument, file: String) throws(ConfigurationError) {
         var reader = Reader(document: document, file: file)
         try reader.string("", "data_dir") { dataDirectory = $0 }
         try reader.string("", "runtime_dir") { runtime in

@@ -9,7 +9,7 @@
 /// 0.6.0 tag names it for its tests, and SwiftPM resolves every dependency of a manifest). It would also bring
 /// toml++ in through a C++ target built with exceptions, for a file of a dozen keys. If the dependency resolves
 /// one day, `DaemonConfiguration.apply(_:file:)` is the only reader to move.
-public enum TOMLValue: Hashable, Sendable, CustomStringConvertible {
+package enum TOMLValue: Hashable, Sendable, CustomStringConvertible {
     /// A basic (`"…"`) or literal (`'…'`) string, escapes resolved.
     case string(String)
     /// A whole number, with an optional sign, that fits 64 bits.
@@ -20,7 +20,7 @@ public enum TOMLValue: Hashable, Sendable, CustomStringConvertible {
     case array([TOMLValue])
 
     /// The value written back as TOML, for error messages ("expected a string, got 5").
-    public var description: String {
+    package var description: String {
         switch self {
         case let .string(value): "\"\(value)\""
         case let .integer(value): "\(value)"
@@ -31,24 +31,24 @@ public enum TOMLValue: Hashable, Sendable, CustomStringConvertible {
 }
 
 /// A TOML document read by ``TOMLDocument/parse(_:)``: tables of keys, the root table named "".
-public struct TOMLDocument: Hashable, Sendable {
+package struct TOMLDocument: Hashable, Sendable {
     /// Table name → key → value. Keys at the top of the file are in the table "".
-    public private(set) var tables: [String: [String: TOMLValue]] = ["": [:]]
+    package private(set) var tables: [String: [String: TOMLValue]] = ["": [:]]
 
     /// What is wrong with a configuration file, and where.
-    public struct ParseError: Error, Hashable, Sendable, CustomStringConvertible {
+    package struct ParseError: Error, Hashable, Sendable, CustomStringConvertible {
         /// The line of the problem, from 1.
-        public var line: Int
+        package var line: Int
         /// The column of the problem, in bytes from 1.
-        public var column: Int
+        package var column: Int
         /// What was found, and what was expected.
-        public var reason: String
+        package var reason: String
         /// `line L, column C: reason`.
-        public var description: String { "line \(line), column \(column): \(reason)" }
+        package var description: String { "line \(line), column \(column): \(reason)" }
     }
 
     /// Parses `text`; the error names the line and column of the first problem.
-    public static func parse(_ text: String) throws(ParseError) -> TOMLDocument {
+    package static func parse(_ text: String) throws(ParseError) -> TOMLDocument {
         var parser = Parser(Array(text.utf8))
         return try parser.document()
     }
@@ -66,6 +66,9 @@ public struct TOMLDocument: Hashable, Sendable {
         }
 
         var current: UInt8? { index < bytes.count ? bytes[index] : nil }
+
+        /// The byte `offset` past the current one, if any.
+        func peek(_ offset: Int) -> UInt8? { index + offset < bytes.count ? bytes[index + offset] : nil }
 
         mutating func advance() {
             if current == UInt8(ascii: "\n") {
@@ -218,6 +221,9 @@ public struct TOMLDocument: Hashable, Sendable {
             throw fail("expected true or false")
         }
 
+        /// A decimal integer as TOML writes one: an optional sign, then `0` or digits that do not start with `0`, an
+        /// underscore only between two digits (`1_000`; `01`, `1_`, `1__0` and `_1` are not TOML), and no fraction or
+        /// exponent.
         mutating func integer() throws(ParseError) -> Int64 {
             let start = index
             var digits: [UInt8] = []
@@ -225,18 +231,33 @@ public struct TOMLDocument: Hashable, Sendable {
                 digits.append(sign)
                 advance()
             }
+            let firstDigit = index
+            var afterDigit = false
             while let byte = current,
                 (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(byte) || byte == UInt8(ascii: "_")
             {
-                if byte != UInt8(ascii: "_") { digits.append(byte) }
+                if byte == UInt8(ascii: "_") {
+                    guard afterDigit, let next = peek(1), (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(next) else {
+                        throw fail("an underscore in a number must stand between two digits")
+                    }
+                    afterDigit = false
+                } else {
+                    digits.append(byte)
+                    afterDigit = true
+                }
                 advance()
             }
             if let byte = current, byte == UInt8(ascii: ".") || byte == UInt8(ascii: "e") || byte == UInt8(ascii: "E") {
                 throw fail("only whole numbers are supported")
             }
+            let written = String(decoding: bytes[start..<index], as: UTF8.self)
+            if index - firstDigit > 1, bytes[firstDigit] == UInt8(ascii: "0") {
+                index = start
+                throw fail("'\(written)' has a leading zero, which TOML does not allow; write it without")
+            }
             guard let value = Int64(String(decoding: digits, as: UTF8.self)) else {
                 index = start
-                throw fail("'\(String(decoding: digits, as: UTF8.self))' is not a 64-bit integer")
+                throw fail("'\(written)' is not a 64-bit integer")
             }
             return value
         }

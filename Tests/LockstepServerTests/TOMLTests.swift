@@ -52,6 +52,12 @@ import Testing
         ("a 1", 1, "expected '=' after key 'a'"),
         ("a = \"\\q\"", 1, "unknown escape"),
         ("\n\n = 1", 3, "expected a key"),
+        ("a = 01", 1, "leading zero"),
+        ("a = -007", 1, "leading zero"),
+        ("a = 1_", 1, "underscore in a number must stand between two digits"),
+        ("a = 1__0", 1, "underscore in a number must stand between two digits"),
+        ("a = _1", 1, "expected a string, an integer"),
+        ("a = +_1", 1, "underscore in a number must stand between two digits"),
     ])
     func refusesWhatItDoesNotReadNamingTheLine(text: String, line: Int, reason: String) {
         let error = #expect(throws: TOMLDocument.ParseError.self) { try TOMLDocument.parse(text) }

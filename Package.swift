@@ -1,6 +1,10 @@
 // swift-tools-version:6.0
 import PackageDescription
 
+// The fault suite's crash points and its journal that never fsyncs (`LOCKSTEP_FAILPOINT`) exist only in test
+// (debug) builds: a release daemon has no switch that turns durability off.
+let testBuildFailpoints: [SwiftSetting] = [.define("LOCKSTEP_FAILPOINTS", .when(configuration: .debug))]
+
 let package = Package(
     name: "Lockstep",
     platforms: [.macOS(.v15)],
@@ -44,7 +48,8 @@ let package = Package(
             dependencies: [
                 "Lockstep", "CLibPQ", .product(name: "GRDB", package: "GRDB.swift"),
                 .product(name: "GRDBSQLite", package: "GRDB.swift"),
-            ]
+            ],
+            swiftSettings: testBuildFailpoints
         ),
         .target(
             name: "LockstepServer",
@@ -53,7 +58,8 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-            ]
+            ],
+            swiftSettings: testBuildFailpoints
         ),
         .target(
             name: "LockstepClient",

@@ -51,14 +51,17 @@ public final class SQLiteJournal: EngineJournal {
         )
     }
 
+    #if LOCKSTEP_FAILPOINTS
     /// A journal that never fsyncs (SQLite `synchronous = OFF`): only for the fault suite's proof that its
-    /// power-cut class loses acknowledged actions when the journal does not sync. Never for data.
+    /// power-cut class loses acknowledged actions when the journal does not sync. Never for data: only test (debug)
+    /// builds have it.
     package init(unsyncedForTestingIn directory: String, policy: JournalPolicy) throws(JournalError) {
         engine = JournalEngine(
             storage: try SQLiteStorage(directory: directory, readOnly: false, synchronous: .off),
             policy: policy
         )
     }
+    #endif
 
     /// The open connection, for tests that must reach under the journal (e.g. `PRAGMA max_page_count`).
     package var databaseQueue: DatabaseQueue { storage.queue }
@@ -746,13 +749,13 @@ final class SQLiteStorage: JournalStorage {
                     """
             )
             for event in plan.batch.events {
-                try Self.step(insert, in: db) { handle in
-                    Self.bind(event.store, to: handle, at: 1)
-                    sqlite3_bind_int64(handle, 2, Int64(event.seq))
-                    Self.bind(event.action, to: handle, at: 3)
-                    Self.bind(event.clientID, to: handle, at: 4)
-                    sqlite3_bind_int64(handle, 5, Int64(bitPattern: event.requestNumber))
-                    sqlite3_bind_int64(handle, 6, Int64(event.checksum))
+                try Self.step(insert, in: db) { values in
+                    values.text(event.store, at: 1)
+                    values.int64(Int64(event.seq), at: 2)
+                    values.blob(event.action, at: 3)
+                    values.blob(event.clientID, at: 4)
+                    values.int64(Int64(bitPattern: event.requestNumber), at: 5)
+                    values.int64(Int64(event.checksum), at: 6)
                 }
             }
         }
@@ -764,20 +767,20 @@ final class SQLiteStorage: JournalStorage {
                     ? "INSERT INTO snapshots (store, seq, state, digest) VALUES (?, ?, ?, ?)"
                     : "INSERT OR REPLACE INTO snapshots (store, seq, state, digest) VALUES (?, ?, ?, ?)"
             )
-            try Self.step(insert, in: db) { handle in
-                Self.bind(snapshot.store, to: handle, at: 1)
-                sqlite3_bind_int64(handle, 2, Int64(snapshot.seq))
-                Self.bind(snapshot.state, to: handle, at: 3)
-                Self.bind(snapshot.digest.bytes, to: handle, at: 4)
+            try Self.step(insert, in: db) { values in
+                values.text(snapshot.store, at: 1)
+                values.int64(Int64(snapshot.seq), at: 2)
+                values.blob(snapshot.state, at: 3)
+                values.blob(snapshot.digest.bytes, at: 4)
             }
         }
         for compaction in plan.compactions {
             for sql in [
                 "DELETE FROM snapshots WHERE store = ? AND seq < ?", "DELETE FROM events WHERE store = ? AND seq <= ?",
             ] {
-                try Self.step(try db.cachedStatement(sql: sql), in: db) { handle in
-                    Self.bind(compaction.store, to: handle, at: 1)
-                    sqlite3_bind_int64(handle, 2, Int64(compaction.throughSeq))
+                try Self.step(try db.cachedStatement(sql: sql), in: db) { values in
+                    values.text(compaction.store, at: 1)
+                    values.int64(Int64(compaction.throughSeq), at: 2)
                 }
             }
         }
@@ -801,48 +804,73 @@ final class SQLiteStorage: JournalStorage {
                 """
         )
         for record in plan.batch.idempotency {
-            try Self.step(insert, in: db) { handle in
-                Self.bind(record.key.clientID, to: handle, at: 1)
-                sqlite3_bind_int64(handle, 2, Int64(bitPattern: record.key.requestNumber))
-                Self.bind(record.fingerprint, to: handle, at: 3)
-                Self.bind(record.reply, to: handle, at: 4)
+            try Self.step(insert, in: db) { values in
+                values.blob(record.key.clientID, at: 1)
+                values.int64(Int64(bitPattern: record.key.requestNumber), at: 2)
+                values.blob(record.fingerprint, at: 3)
+                values.blob(record.reply, at: 4)
             }
         }
         // Positions are contiguous (an entry replaced keeps its own), so this keeps exactly the newest N.
         let trim = try db.cachedStatement(
             sql: "DELETE FROM idempotency WHERE position <= (SELECT max(position) FROM idempotency) - ?"
         )
-        try Self.step(trim, in: db) { sqlite3_bind_int64($0, 1, Int64(plan.idempotencyKept)) }
+        try Self.step(trim, in: db) { $0.int64(Int64(plan.idempotencyKept), at: 1) }
     }
 
-    /// Runs `statement` once with the values `bind` sets: every C call of the commit path goes through here.
-    /// A failure becomes GRDB's `DatabaseError`, which ``map(_:file:operation:store:)`` explains.
-    private static func step(_ statement: Statement, in db: Database, _ bind: (SQLiteStatement) -> Void) throws {
+    /// Runs `statement` once with the values `bind` sets: every C call of the commit path goes through here, and
+    /// every one's result is checked. A failure (a bind SQLite refused, a step that did not finish) becomes GRDB's
+    /// `DatabaseError`, which ``map(_:file:operation:store:)`` explains.
+    private static func step(_ statement: Statement, in db: Database, _ bind: (inout Values) -> Void) throws {
         let handle = statement.sqliteStatement
-        sqlite3_reset(handle)
-        bind(handle)
-        let code = sqlite3_step(handle)
+        var values = Values(handle: handle)
+        // sqlite3_reset returns the outcome of the statement's last step again, which was reported then (a
+        // statement whose step failed once would otherwise be refused for ever): its result says nothing new.
+        _ = sqlite3_reset(handle)
+        bind(&values)
+        let code = values.code == SQLITE_OK ? sqlite3_step(handle) : values.code
         let message = code == SQLITE_DONE ? nil : String(cString: sqlite3_errmsg(db.sqliteConnection))
-        sqlite3_reset(handle)
-        sqlite3_clear_bindings(handle)
+        _ = sqlite3_reset(handle)
+        _ = sqlite3_clear_bindings(handle)
         if let message {
-            throw DatabaseError(resultCode: ResultCode(rawValue: code), message: message, sql: statement.sql)
+            let what = values.code == SQLITE_OK ? "" : " (binding parameter \(values.failedIndex))"
+            throw DatabaseError(resultCode: ResultCode(rawValue: code), message: message + what, sql: statement.sql)
         }
     }
 
-    /// SQLite copies the bytes (SQLITE_TRANSIENT); an empty blob is bound as a zero-length blob, not NULL.
-    private static func bind(_ bytes: [UInt8], to handle: SQLiteStatement, at index: Int32) {
-        bytes.withUnsafeBytes { buffer in
-            if let base = buffer.baseAddress {
-                _ = sqlite3_bind_blob(handle, index, base, Int32(buffer.count), transient)
-            } else {
-                _ = sqlite3_bind_zeroblob(handle, index, 0)
+    /// Binds a statement's parameters, keeping the first failure: ``step(_:in:_:)`` checks it before stepping.
+    struct Values {
+        let handle: SQLiteStatement
+        private(set) var code = SQLITE_OK
+        private(set) var failedIndex: Int32 = 0
+
+        init(handle: SQLiteStatement) { self.handle = handle }
+
+        mutating func int64(_ value: Int64, at index: Int32) {
+            check(sqlite3_bind_int64(handle, index, value), index)
+        }
+
+        /// SQLite copies the bytes (SQLITE_TRANSIENT); an empty blob is bound as a zero-length blob, not NULL.
+        mutating func blob(_ bytes: [UInt8], at index: Int32) {
+            let result = bytes.withUnsafeBytes { buffer in
+                if let base = buffer.baseAddress {
+                    sqlite3_bind_blob(handle, index, base, Int32(buffer.count), transient)
+                } else {
+                    sqlite3_bind_zeroblob(handle, index, 0)
+                }
             }
+            check(result, index)
         }
-    }
 
-    private static func bind(_ text: String, to handle: SQLiteStatement, at index: Int32) {
-        _ = sqlite3_bind_text(handle, index, text, -1, transient)
+        mutating func text(_ text: String, at index: Int32) {
+            check(sqlite3_bind_text(handle, index, text, -1, transient), index)
+        }
+
+        private mutating func check(_ result: Int32, _ index: Int32) {
+            guard result != SQLITE_OK, code == SQLITE_OK else { return }
+            code = result
+            failedIndex = index
+        }
     }
 
     /// SQLITE_TRANSIENT, which the C header defines as a cast the importer cannot bring over.

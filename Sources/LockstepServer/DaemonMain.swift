@@ -14,31 +14,51 @@ import ServiceLifecycle
 /// ```
 ///
 /// The executable then takes every flag of `lockstepd` (`--help` lists them) and `--config` TOML files, logs to
-/// standard error, speaks systemd's notify protocol (READY=1 after recovery and binding, the watchdog, STOPPING=1),
-/// drains the batch in flight on SIGTERM or SIGINT, and exits 0 after a clean stop, 64 for a wrong flag, 78 for a
-/// configuration it cannot serve and 1 when it cannot go on (the log says why). `lockstepd` is this call with the
-/// example domains.
+/// standard error (or to the handler given), speaks systemd's notify protocol (READY=1 after recovery and binding,
+/// the watchdog, STOPPING=1), drains the batch in flight on SIGTERM or SIGINT, and exits 0 after a clean stop, 64 for
+/// a wrong flag, 78 for a configuration it cannot serve and 1 when it cannot go on (the log says why). `lockstepd` is
+/// this call with the example domains.
+///
+/// It leaves the process's global logging alone (it never calls `LoggingSystem.bootstrap`): the daemon's loggers
+/// are made with the handler given, so an application that bootstraps its own logging, or sends the daemon's
+/// lines elsewhere, keeps control of it.
 public enum LockstepDaemonMain {
+    /// Makes the log handler for a logger of this label: e.g. `StreamLogHandler.standardOutput(label:)`, or a
+    /// handler of a logging backend. The daemon sets its level from `--log-level`.
+    public typealias LogHandlerFactory = @Sendable (_ label: String) -> any LogHandler
+
     /// Runs the daemon hosting `domains` (by default all of them; `--domain` picks some) with this process's
     /// arguments, and exits the process when it stops.
     ///
     /// - Parameters:
     ///   - domains: every domain the executable links; their names must differ.
-    ///   - commandName: the name `--help` shows; the executable's file name when `nil`.
-    public static func run(domains: [any Domain.Type], commandName: String? = nil) async -> Never {
+    ///   - commandName: the daemon's name in its messages and its log's label; the executable's file name when
+    ///     `nil`.
+    ///   - logHandler: what the daemon's log lines go to; standard error when `nil`.
+    public static func run(
+        domains: [any Domain.Type],
+        commandName: String? = nil,
+        logHandler: LogHandlerFactory? = nil
+    ) async -> Never {
         let names = domains.map { $0.name }
         precondition(Set(names).count == names.count, "two domains share a name: \(names)")
-        DaemonCommand.hosting.withLockedValue {
-            $0 = DaemonCommand.Hosting(
-                domains: domains.map { HostedDomain($0) },
-                commandName: commandName ?? CommandLine.arguments.first.map {
-                    URL(fileURLWithPath: $0).lastPathComponent
-                }
-                    ?? "lockstepd"
-            )
+        let name = commandName ?? DaemonCommand.executableName
+        let command: DaemonCommand
+        do {
+            command = try DaemonCommand.parse(Array(CommandLine.arguments.dropFirst()))
+        } catch {
+            if DaemonCommand.exitCode(for: error) == .success, !(error is ExitCode) {
+                // --help: which domains this daemon hosts, then the flags.
+                print("\(name) hosts the Lockstep domains \(names.joined(separator: ", ")).\n")
+            }
+            DaemonCommand.exit(withError: error)
         }
-        await DaemonCommand.main()
-        exit(0)
+        let status = await command.serve(
+            domains: domains.map { HostedDomain($0) },
+            name: name,
+            logHandler: logHandler ?? { StreamLogHandler.standardError(label: $0) }
+        )
+        exit(status)
     }
 }
 
@@ -162,25 +182,21 @@ public struct DaemonFlags: ParsableArguments, Sendable {
     }
 }
 
-/// The command behind ``LockstepDaemonMain``.
-struct DaemonCommand: AsyncParsableCommand {
-    /// What the executable hosts, set once by ``LockstepDaemonMain/run(domains:commandName:)`` before parsing.
-    struct Hosting: Sendable {
-        var domains: [HostedDomain]
-        var commandName: String
+/// The command behind ``LockstepDaemonMain``: its flags and help; ``LockstepDaemonMain/run(domains:commandName:logHandler:)``
+/// parses it and calls ``serve(domains:name:logHandler:)`` with what the executable hosts.
+struct DaemonCommand: ParsableCommand {
+    /// A configuration it cannot serve: sysexits' EX_CONFIG.
+    static let configurationExit: Int32 = 78
+
+    /// The executable's file name, e.g. `lockstepd`.
+    static var executableName: String {
+        CommandLine.arguments.first.map { URL(fileURLWithPath: $0).lastPathComponent } ?? "lockstepd"
     }
 
-    static let hosting = LockedValue(Hosting(domains: [], commandName: "lockstepd"))
-
-    /// A configuration it cannot serve: sysexits' EX_CONFIG.
-    static let configurationExit = ExitCode(78)
-
     static var configuration: CommandConfiguration {
-        let hosting = hosting.withLockedValue { $0 }
-        return CommandConfiguration(
-            commandName: hosting.commandName,
-            abstract: "A Lockstep daemon: validates, sequences, journals and publishes every action of "
-                + hosting.domains.map(\.name).joined(separator: ", ") + ".",
+        CommandConfiguration(
+            commandName: executableName,
+            abstract: "A Lockstep daemon: validates, sequences, journals and publishes every action of its domains.",
             discussion: """
                 With no flags it keeps its journal in $STATE_DIRECTORY or ./.lockstep/data and listens on ipc:// \
                 sockets in $RUNTIME_DIRECTORY or ./.lockstep/run, hosting every domain it links. Flags win over \
@@ -193,30 +209,35 @@ struct DaemonCommand: AsyncParsableCommand {
 
     @OptionGroup var options: DaemonFlags
 
-    func run() async throws {
-        let hosting = Self.hosting.withLockedValue { $0 }
+    /// Serves `domains` as the flags say until SIGTERM or SIGINT; the exit status.
+    func serve(
+        domains: [HostedDomain],
+        name: String,
+        logHandler: @escaping LockstepDaemonMain.LogHandlerFactory
+    ) async
+        -> Int32
+    {
         let settings: DaemonConfiguration
         let level: Logger.Level
         do {
             level = try options.level()
             settings = try options.configuration(
                 environment: ProcessInfo.processInfo.environment,
-                domains: hosting.domains.map(\.name)
+                domains: domains.map(\.name)
             )
         } catch {
-            FileHandle.standardError.write(Data("\(hosting.commandName): \(error)\n".utf8))
-            throw Self.configurationExit
+            FileHandle.standardError.write(Data("\(name): \(error)\n".utf8))
+            return Self.configurationExit
         }
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
+        let logger = Logger(label: name) { label in
+            var handler = logHandler(label)
             handler.logLevel = level
             return handler
         }
-        let logger = Logger(label: hosting.commandName)
         do {
             let daemon = try LockstepDaemon(
                 configuration: settings,
-                domains: hosting.domains,
+                domains: domains,
                 environment: ProcessInfo.processInfo.environment,
                 logger: logger
             )
@@ -228,9 +249,10 @@ struct DaemonCommand: AsyncParsableCommand {
                 )
             )
             try await group.run()
+            return 0
         } catch {
-            logger.critical("\(hosting.commandName) cannot run", metadata: ["error": "\(error)"])
-            throw ExitCode.failure
+            logger.critical("\(name) cannot run", metadata: ["error": "\(error)"])
+            return 1
         }
     }
 }

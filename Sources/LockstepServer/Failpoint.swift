@@ -2,9 +2,13 @@
 import Glibc
 #endif
 
-/// A crash on purpose, for the fault suite: with `LOCKSTEP_FAILPOINT=POINT:N` in its environment the daemon
-/// kills itself (SIGKILL, no clean-up) the N-th time a turn that commits reaches POINT. Unset, it costs one
+/// A crash on purpose, for the fault suite: with `LOCKSTEP_FAILPOINT=POINT:N` in its environment a daemon of a test
+/// build kills itself (SIGKILL, no clean-up) the N-th time a turn that commits reaches POINT. Unset, it costs one
 /// comparison per turn.
+///
+/// Failpoints exist only in test builds: `LOCKSTEP_FAILPOINTS` is defined for debug builds alone (Package.swift),
+/// so a release daemon — what runs in production — has no code that reads the variable or acts on it, and
+/// ``init(environment:)`` returns `nil` there whatever it says (the daemon logs that it ignored it).
 struct Failpoint: Sendable {
     enum Point: String, Sendable, CaseIterable {
         /// Requests sequenced, nothing written.
@@ -18,11 +22,22 @@ struct Failpoint: Sendable {
         case noSync = "no-sync"
     }
 
+    /// Whether this build has failpoints: a debug (test) build.
+    static var compiledIn: Bool {
+        #if LOCKSTEP_FAILPOINTS
+        true
+        #else
+        false
+        #endif
+    }
+
     let point: Point
     private var remaining: Int
 
-    /// The failpoint `LOCKSTEP_FAILPOINT` names, `nil` when it is unset; a malformed value is an error.
+    /// The failpoint `LOCKSTEP_FAILPOINT` names, `nil` when it is unset or this is not a test build; a malformed
+    /// value is an error in a test build.
     init?(environment: [String: String]) throws(ServerError) {
+        #if LOCKSTEP_FAILPOINTS
         guard let value = environment["LOCKSTEP_FAILPOINT"], !value.isEmpty else { return nil }
         let parts = value.split(separator: ":", maxSplits: 1).map(String.init)
         guard let point = Point(rawValue: parts[0]), let count = parts.count == 2 ? Int(parts[1]) : 1, count >= 1
@@ -35,12 +50,17 @@ struct Failpoint: Sendable {
         }
         self.point = point
         remaining = count
+        #else
+        return nil
+        #endif
     }
 
     /// The loop reached `point`.
     mutating func pass(_ point: Point) {
+        #if LOCKSTEP_FAILPOINTS
         guard point == self.point else { return }
         remaining -= 1
         if remaining == 0 { kill(getpid(), SIGKILL) }
+        #endif
     }
 }

@@ -2,6 +2,7 @@ import Dispatch
 import Foundation
 import Lockstep
 import LockstepJournal
+import LockstepProtocol
 import ZeroMQ
 
 /// The journal's own thread, for work the loop must not wait on: a PostgreSQL journal's commits, lease renewals
@@ -11,11 +12,22 @@ import ZeroMQ
 /// loop when the work is done or failed. The loop only hands it work while it is idle, so there is at most one
 /// commit in flight.
 final class JournalWriter: Sendable {
-    typealias Work = @Sendable () throws(JournalError) -> Void
+    /// What a piece of work came to, for the value that asked for it.
+    enum Completion: Sendable {
+        /// A commit, sync or lease renewal: for the ``CommitPipeline``.
+        case commit(Result<Void, CommitFailure>)
+        /// An attempt to take the lease: for ``Leadership``.
+        case leaseAttempt(Result<LeaseOutcome, Leadership.Failure>)
+        /// A takeover's renewal and recovery: for ``Leadership``, with the stores recovered and when the fence that
+        /// renewed the lease was sent.
+        case recovery(Result<(sequencer: Sequencer, fencedAt: ContinuousClock.Instant), Leadership.Failure>)
+    }
+
+    typealias Work = @Sendable () -> Completion
 
     private struct Slot {
         var work: Work?
-        var result: Result<Void, JournalError>?
+        var result: Completion?
         var stopping = false
     }
 
@@ -47,7 +59,7 @@ final class JournalWriter: Sendable {
     }
 
     /// The result of the work handed over, once it is done; `nil` while it runs.
-    func takeResult() -> Result<Void, JournalError>? {
+    func takeResult() -> Completion? {
         let result = slot.withLockedValue { slot in
             defer { slot.result = nil }
             return slot.result
@@ -58,7 +70,7 @@ final class JournalWriter: Sendable {
 
     /// Blocks until the work handed over is done — as long as the journal takes: a daemon stopping waits for its
     /// last commit — and returns its result.
-    func waitForResult() -> Result<Void, JournalError> {
+    func waitForResult() -> Completion {
         done.wait()
         done.signal()  // takeResult consumes it
         return takeResult()!
@@ -76,7 +88,7 @@ final class JournalWriter: Sendable {
             ready.wait()
             let (work, stopping) = slot.withLockedValue { slot in (slot.work, slot.stopping) }
             if let work {
-                let result = Result(catching: work)
+                let result = work()
                 slot.withLockedValue { slot in
                     slot.work = nil
                     slot.result = result

@@ -19,6 +19,12 @@ public final class LockstepDaemon: Service, Sendable {
         let known = domains.map(\.name)
         try configuration.validate(knownDomains: known)
         let hosted = configuration.domains.compactMap { name in domains.first { $0.name == name } }
+        if !Failpoint.compiledIn, let value = environment["LOCKSTEP_FAILPOINT"], !value.isEmpty {
+            logger.warning(
+                "LOCKSTEP_FAILPOINT is ignored: failpoints exist only in test (debug) builds, not in this one",
+                metadata: ["LOCKSTEP_FAILPOINT": "\(value)"]
+            )
+        }
         loop = try CommandLoop(
             configuration: configuration,
             domains: hosted,

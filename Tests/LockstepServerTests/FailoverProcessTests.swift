@@ -56,7 +56,7 @@ import Glibc
 
     /// The daemon's STATUS once its role is `role` and it knows who leads, polled for at most `timeout`; `nil` if it
     /// never was.
-    func status(_ daemon: DaemonProcess, role: String, within timeout: Duration) async throws -> DaemonStatus? {
+    func status(_ daemon: DaemonProcess, role: DaemonStatus.Role, within timeout: Duration) async throws -> DaemonStatus? {
         var found: DaemonStatus?
         let seen = try await eventually(within: timeout, every: .milliseconds(50)) {
             found = daemon.status()

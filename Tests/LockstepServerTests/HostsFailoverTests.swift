@@ -2,6 +2,7 @@ import Foundation
 import Lockstep
 import LockstepClient
 import LockstepJournal
+import LockstepProtocol
 import LockstepTesting
 import TestSupport
 import Testing
@@ -231,7 +232,7 @@ import Glibc
     /// `nil` after `limit`. The test is synchronous, so this holds its thread: the takeover is timed with it, and an
     /// async wait could sit behind other tests for a thread of the cooperative pool (two on a two-core machine).
     func waitForRole(
-        _ role: String,
+        _ role: DaemonStatus.Role,
         of host: String,
         in site: Site,
         limit: Duration

@@ -1,0 +1,114 @@
+import Foundation
+import Lockstep
+import LockstepJournal
+import LockstepProtocol
+
+/// The replies the daemon makes in more than one place, with the words that tell a client what to do.
+enum Replies {
+    /// `not_leader` from a leader whose leadership ends (`reason` says why): nothing it holds can be trusted, and
+    /// no dispatch it held was applied.
+    static func notLeader(_ requestID: UInt64, _ reason: String) -> Reply {
+        .error(
+            requestID: requestID,
+            ProtocolError(
+                code: .notLeader,
+                "this daemon no longer leads the journal (\(reason)), so nothing of this request was applied or "
+                    + "read; send it to the leader, or again here later, with the same request number"
+            )
+        )
+    }
+
+    /// `not_leader` from a standby: `refusal` (``Leadership/refusal(holder:)``) says who leads.
+    static func standingBy(_ requestID: UInt64, _ refusal: String) -> Reply {
+        .error(requestID: requestID, ProtocolError(code: .notLeader, refusal))
+    }
+
+    static func unavailable(_ requestID: UInt64) -> Reply {
+        .error(
+            requestID: requestID,
+            ProtocolError(
+                code: .unavailable,
+                "the journal could not make this dispatch durable, so nothing was applied; retry with the same "
+                    + "request number later, and see the daemon's log"
+            )
+        )
+    }
+
+    static func busy(_ requestID: UInt64) -> Reply {
+        .error(
+            requestID: requestID,
+            ProtocolError(
+                code: .unavailable,
+                "\(CommandLoop.maximumOffloaded) snapshot and range requests are already being answered; ask again"
+            )
+        )
+    }
+
+    /// A SNAPSHOT of `store` as it stood when the request was read: encoded on a reader thread.
+    static func snapshot(requestID: UInt64, store: any SequencedStore) -> Reply {
+        let name = store.name
+        do {
+            let state = try store.encodedState()
+            return .snapshot(
+                requestID: requestID,
+                SnapshotReply(
+                    store: name,
+                    epoch: store.epoch,
+                    seq: store.lastSeq,
+                    digest: StateDigest(of: state),
+                    state: state
+                )
+            )
+        } catch {
+            return .error(
+                requestID: requestID,
+                ProtocolError(code: .internal, "cannot encode store '\(name)': \(error)")
+            )
+        }
+    }
+
+    /// A RANGE of `store` from `from` up to `to` and at most `lastSeq`, read from the journal on a reader thread.
+    static func range(
+        requestID: UInt64,
+        store name: StoreName,
+        epoch: Epoch,
+        lastSeq: SequenceNumber,
+        from: SequenceNumber,
+        to: SequenceNumber,
+        journal: any Journal
+    ) -> Reply {
+        guard from <= lastSeq else {
+            return .error(
+                requestID: requestID,
+                ProtocolError(
+                    code: .invalidRange,
+                    "store '\(name)' is at seq \(lastSeq); a range from seq \(from) is empty"
+                )
+            )
+        }
+        do {
+            // At most 10,000 events and 16 MiB of actions (at least one event): a RANGE of large actions must
+            // not make a reader thread hold gigabytes.
+            switch try journal.events(
+                store: name.rawValue,
+                from: from,
+                to: min(to, lastSeq),
+                limit: 10_000,
+                maximumBytes: 16 << 20
+            ) {
+            case let .events(events):
+                return .range(
+                    requestID: requestID,
+                    store: name,
+                    epoch: epoch,
+                    firstSeq: from,
+                    actions: events.map(\.action)
+                )
+            case let .compacted(firstAvailable):
+                return .compacted(requestID: requestID, store: name, epoch: epoch, firstAvailable: firstAvailable)
+            }
+        } catch {
+            return .error(requestID: requestID, ProtocolError(code: .internal, "cannot read store '\(name)': \(error)"))
+        }
+    }
+}

@@ -1,0 +1,596 @@
+import Foundation
+import Lockstep
+import LockstepJournal
+import LockstepProtocol
+import Logging
+import ZeroMQ
+
+/// A request read by the leader, waiting for its group to be answered.
+struct Waiting {
+    var envelope: [Frame]
+    var work: Serving.Pending
+}
+
+/// What the loop owns while the daemon leads: the stores (``Sequencer``), the ``CommitPipeline`` and what was
+/// published. It sequences each request into the pipeline's open group and carries out what the pipeline decides —
+/// commits, answers, publication — through the loop's sockets; the pipeline decides, this does.
+struct Serving {
+    typealias Pipeline = CommitPipeline<Waiting, Sequencer.Commit>
+
+    let loop: CommandLoop
+    let journal: any Journal
+    var sequencer: Sequencer
+    var pipeline: Pipeline
+    let limits: Limits
+    /// When this leadership began: what `eventsPerSecond` counts from, as `committedEvents` do.
+    let servingSince = ContinuousClock.now
+    /// How this leadership began, logged once the daemon serves; `nil` on a local journal.
+    let takeover: Leadership.Takeover?
+    var lastPublished: [StoreName: ContinuousClock.Instant] = [:]
+    /// Which of each store's streams (one by one, in runs) someone follows, as ``LoopSockets/subscriptions`` say.
+    var streams: [StoreName: (oneByOne: Bool, runs: Bool)] = [:]
+    /// Each store's last seq published: durable, and what heartbeats announce.
+    var publishedSeq: [StoreName: SequenceNumber] = [:]
+    var sinceDigest: [StoreName: Int] = [:]
+    var committedEvents: [StoreName: UInt64] = [:]
+    /// The snapshots and digests of the group being committed, published with it.
+    var committing: (snapshots: [StoreName: JournalSnapshot], digests: [Digest])?
+    /// The fault suite's crash point, in a test build.
+    var failpoint: Failpoint?
+
+    typealias Digest = (store: StoreName, epoch: Epoch, seq: SequenceNumber, digest: StateDigest)
+
+    var configuration: DaemonConfiguration { loop.configuration }
+    var logger: Logger { loop.logger }
+
+    /// This leadership ended: the daemon stands by, recovering at once when it still holds the lease in term
+    /// `stillHeld`.
+    struct SteppedDown: Error {
+        var reason: String
+        var stillHeld: UInt64?
+    }
+
+    /// The leader's state over `sequencer` (the stores as the journal proves them), with a PostgreSQL journal's
+    /// `lease`.
+    init(
+        loop: CommandLoop,
+        journal: any Journal,
+        sequencer: Sequencer,
+        lease: Pipeline.Lease?,
+        takeover: Leadership.Takeover?,
+        sockets: LoopSockets
+    ) {
+        self.loop = loop
+        self.journal = journal
+        self.sequencer = sequencer
+        self.takeover = takeover
+        failpoint = loop.failpoint
+        limits = Limits(
+            maximumBatch: loop.configuration.maximumBatch,
+            maximumActionBytes: loop.configuration.maximumMessageBytes
+        )
+        pipeline = Pipeline(
+            commitsOnLoop: !(journal is PostgresJournal),
+            relaxed: loop.configuration.durability == .relaxed,
+            lease: lease
+        )
+        let now = ContinuousClock.now
+        for (name, store) in sequencer.stores {
+            lastPublished[name] = now
+            publishedSeq[name] = store.lastSeq
+        }
+        // A subscriber that stayed connected while the daemon stood by sends its subscriptions no more.
+        followSubscriptions(sockets)
+    }
+
+    /// The stores as the journal proves them, with the idempotency entries that answer retries.
+    static func recover(_ domains: [HostedDomain], journal: any Journal, logger: Logger) throws -> Sequencer {
+        // Every store's version first: a store that cannot be taken over refuses the start before any other
+        // store is upgraded, so the journal stays readable by the build that wrote it.
+        for domain in domains {
+            do {
+                try domain.checkTakeOver(journal)
+            } catch {
+                throw ServerError(
+                    code: .journal,
+                    "cannot recover store '\(domain.name)' from \(journal.location): \(error)"
+                )
+            }
+        }
+        var stores: [any SequencedStore] = []
+        for domain in domains {
+            do {
+                let (store, upgradedFrom) = try domain.recover(journal)
+                if let upgradedFrom {
+                    logger.notice(
+                        "upgraded store to a new domain version",
+                        metadata: [
+                            "store": "\(store.name)", "from": "\(upgradedFrom)", "to": "\(store.domainVersion)",
+                            "seq": "\(store.lastSeq)",
+                        ]
+                    )
+                }
+                logger.info(
+                    "recovered store",
+                    metadata: ["store": "\(store.name)", "seq": "\(store.lastSeq)", "epoch": "\(store.epoch)"]
+                )
+                stores.append(store)
+            } catch {
+                throw ServerError(
+                    code: .journal,
+                    "cannot recover store '\(domain.name)' from \(journal.location): \(error)"
+                )
+            }
+        }
+        var sequencer = Sequencer(stores: stores, idempotencyCapacity: journal.policy.idempotencyEntriesKept)
+        sequencer.reserveIdempotency(try journal.idempotencyRecordCount())
+        // An entry that cannot be read is a request whose retry could be applied twice: refuse to start.
+        try journal.forEachIdempotencyRecord { (record: IdempotencyRecord) throws(JournalError) in
+            guard let client = ClientID(bytes: record.key.clientID), let reply = ReplyRecord.decode(record.reply),
+                let fingerprint = StateDigest(bytes: record.fingerprint)
+            else {
+                let client = record.key.clientID.map { String(format: "%02x", $0) }.joined()
+                throw JournalError(
+                    code: .corrupt,
+                    file: journal.location,
+                    operation: "recover",
+                    message: "the idempotency entry of client \(client) request \(record.key.requestNumber) is "
+                        + "unreadable (client id of \(record.key.clientID.count) bytes, fingerprint of "
+                        + "\(record.fingerprint.count), reply of \(record.reply.count)): a retry of that request "
+                        + "could be applied twice; restore the data directory from a backup, or, accepting that risk "
+                        + "for this one request, delete the entry: sqlite3 \(journal.location) \"DELETE FROM "
+                        + "idempotency WHERE client_id = x'\(client)' AND request_number = "
+                        + "\(record.key.requestNumber)\""
+                )
+            }
+            sequencer.remember(
+                IdempotencyCache.Key(client: client, requestNumber: record.key.requestNumber),
+                IdempotencyCache.Entry(fingerprint: fingerprint, reply: reply)
+            )
+        }
+        return sequencer
+    }
+
+    var storeSummary: String {
+        sequencer.stores.values.sorted { $0.name < $1.name }.map { "\($0.name)@\($0.lastSeq)" }.joined(separator: " ")
+    }
+
+    /// Logs that the daemon serves (and how it took over, when it did) and tells systemd.
+    func announceReady() {
+        var metadata: Logger.Metadata = [
+            "command": "\(configuration.commandEndpoint)", "events": "\(configuration.eventsEndpoint)",
+            "stores": "\(storeSummary)",
+        ]
+        if let takeover, let leased = journal as? PostgresJournal {
+            let recovery = ContinuousClock.now - takeover.since
+            metadata["term"] = "\(takeover.term)"
+            metadata["name"] = "\(leased.lease.holder)"
+            metadata["previous"] = "\(takeover.previousHolder.isEmpty ? "(none)" : takeover.previousHolder)"
+            metadata["recoveryMs"] = "\(recovery / .milliseconds(1))"
+            if takeover.afterFailedCommit {
+                logger.notice("recovered after a failed commit: leading on", metadata: metadata)
+            } else {
+                logger.notice("took the journal's lease: leading", metadata: metadata)
+            }
+            let leader = "leader \(leased.lease.holder) term \(takeover.term)"
+            loop.notifier.notify("READY=1\nSTATUS=serving \(loop.domains.count) stores, \(leader)")
+        } else {
+            logger.info("daemon ready", metadata: metadata)
+            loop.notifier.notify("READY=1\nSTATUS=serving \(loop.domains.count) stores")
+        }
+    }
+
+    /// When the leader has something to do without a request: a heartbeat, a renewal, a sync.
+    func nextDeadline() -> ContinuousClock.Instant {
+        let heartbeat = (lastPublished.values.min() ?? ContinuousClock.now) + configuration.heartbeatInterval
+        return pipeline.nextDeadline.map { min($0, heartbeat) } ?? heartbeat
+    }
+
+    /// A request's answer, as it waits for its group's commit.
+    enum Pending {
+        /// Final whatever the commit does (a request that could not be read).
+        case reply(Reply)
+        /// Decided against the state the group's earlier dispatches (and earlier groups) left: it stands only if
+        /// the group's commit does — an ACCEPTED, a REJECTED, a retry's first reply.
+        case decided(Reply)
+        /// Answered as the daemon stands when the group is answered, whatever its commit did.
+        case status(requestID: UInt64)
+        /// The store as it was when the request was read (a value: the reader encodes it off the loop).
+        case snapshot(requestID: UInt64, store: any SequencedStore)
+        /// Read from the journal up to the store's seq when the request was read, durable once the group is.
+        case range(requestID: UInt64, store: StoreName, epoch: Epoch, lastSeq: SequenceNumber, from: UInt64, to: UInt64)
+    }
+
+    /// Sequences one request into the open group.
+    mutating func sequence(_ request: Result<Request, RefusedRequest>, envelope: [Frame]) {
+        let work: Pending
+        var commit: Sequencer.Commit?
+        switch request {
+        case let .failure(refusal):
+            work = .reply(refusal.reply)
+        case let .success(.dispatch(dispatch)):
+            switch sequencer.dispatch(dispatch) {
+            case let .reply(reply):
+                work = .decided(reply)
+            case let .commit(sequenced):
+                work = .decided(sequenced.reply)
+                commit = sequenced
+            }
+        case let .success(.snapshot(requestID, name)):
+            if let store = sequencer.stores[name] {
+                work = .snapshot(requestID: requestID, store: store)
+            } else {
+                work = .reply(unknownStore(requestID, name))
+            }
+        case let .success(.range(requestID, name, from, to)):
+            if let store = sequencer.stores[name] {
+                work = .range(
+                    requestID: requestID,
+                    store: name,
+                    epoch: store.epoch,
+                    lastSeq: store.lastSeq,
+                    from: from,
+                    to: to
+                )
+            } else {
+                work = .reply(unknownStore(requestID, name))
+            }
+        case let .success(.status(requestID)):
+            work = .status(requestID: requestID)
+        }
+        pipeline.sequenced(Waiting(envelope: envelope, work: work), commit: commit)
+    }
+
+    /// Hands the open group to the pipeline when nothing is in flight, and carries out what it decides.
+    mutating func advance(_ sockets: inout LoopSockets, _ writer: JournalWriter) throws(SteppedDown) {
+        let actions = pipeline.advance(now: .now, readersBusy: loop.offloadedInFlight > 0)
+        try perform(actions, &sockets, writer)
+    }
+
+    /// The work the writer (or the loop) did for the pipeline is done: carries out what its outcome makes of it.
+    mutating func completed(
+        _ result: Result<Void, CommitFailure>,
+        _ sockets: inout LoopSockets,
+        _ writer: JournalWriter
+    ) throws(SteppedDown) {
+        try perform(pipeline.completed(result, now: .now), &sockets, writer)
+    }
+
+    /// Waits for the writer and answers everything sequenced: the last turn before the daemon stops.
+    mutating func finish(_ sockets: inout LoopSockets, _ writer: JournalWriter) throws(SteppedDown) {
+        while !pipeline.isIdle {
+            if pipeline.isBusy, case let .commit(result) = writer.waitForResult() {
+                try completed(result, &sockets, writer)
+            }
+            try advance(&sockets, writer)
+        }
+    }
+
+    /// Carries out `actions` in order, and what the commits made here (on the loop) come to.
+    private mutating func perform(
+        _ actions: [Pipeline.Action],
+        _ sockets: inout LoopSockets,
+        _ writer: JournalWriter
+    ) throws(SteppedDown) {
+        var queue = actions[...]
+        while let action = queue.popFirst() {
+            switch action {
+            case let .commit(group, sync, place):
+                let batch: JournalBatch
+                do {
+                    batch = try self.batch(for: group.commits)
+                } catch {
+                    queue += pipeline.completed(.failure(CommitFailure(.other, "\(error)")), now: .now)
+                    continue
+                }
+                var snapshots: [StoreName: JournalSnapshot] = [:]
+                for snapshot in batch.snapshots {
+                    if let name = try? StoreName(snapshot.store) { snapshots[name] = snapshot }
+                }
+                committing = (snapshots, digestsDue(after: group.commits, snapshots: snapshots))
+                failpoint?.pass(.beforeCommit)
+                let journal = self.journal
+                queue += run(at: place, writer) { () throws(JournalError) in
+                    try journal.commit(batch)
+                    if sync { try journal.sync() }
+                }
+            case let .sync(place):
+                let journal = self.journal
+                queue += run(at: place, writer) { () throws(JournalError) in try journal.sync() }
+            case .renewLease:
+                guard let leased = journal as? PostgresJournal else { continue }
+                _ = run(at: .writer, writer) { () throws(JournalError) in try leased.renewLease() }
+            case let .answer(group, committed, publishing):
+                if publishing { failpoint?.pass(.afterCommit) }
+                release(group, committed: committed, &sockets)
+                if publishing {
+                    failpoint?.pass(.afterReply)
+                    publish(group, &sockets)
+                }
+            case let .refuse(group, reason):
+                release(group, refusing: reason, &sockets)
+            case let .stepDown(reason, stillHeld):
+                throw SteppedDown(reason: reason, stillHeld: stillHeld)
+            case .recoverStores:
+                do {
+                    sequencer = try Self.recover(loop.domains, journal: journal, logger: logger)
+                } catch {
+                    throw SteppedDown(reason: "the stores could not be recovered after a failed commit: \(error)")
+                }
+                for (name, store) in sequencer.stores { publishedSeq[name] = store.lastSeq }
+            case let .stop(reason):
+                throw SteppedDown(reason: Self.diskFailed(reason))
+            case let .renewalFailed(reason):
+                logger.warning("could not renew the lease; trying again", metadata: ["error": "\(reason)"])
+            case let .commitFailed(reason):
+                logger.error("commit failed; nothing of this batch was applied", metadata: ["error": "\(reason)"])
+            }
+        }
+    }
+
+    /// Runs `work` here at once — returning what its outcome comes to — or hands it to the writer, whose result a
+    /// later turn takes.
+    private mutating func run(
+        at place: Pipeline.Place,
+        _ writer: JournalWriter,
+        _ work: @escaping @Sendable () throws(JournalError) -> Void
+    ) -> [Pipeline.Action] {
+        let job: JournalWriter.Work = { .commit(Self.outcome(of: work)) }
+        guard place == .loop else {
+            writer.submit(job)
+            return []
+        }
+        return pipeline.completed(Self.outcome(of: work), now: .now)
+    }
+
+    /// What `work` came to, as the pipeline reads it.
+    static func outcome(of work: () throws(JournalError) -> Void) -> Result<Void, CommitFailure> {
+        do throws(JournalError) {
+            try work()
+            return .success(())
+        } catch {
+            let kind: CommitFailure.Kind =
+                switch error.code {
+                case .fenced: .fenced
+                case .ioError: .disk
+                default: .other
+                }
+            return .failure(CommitFailure(kind, "\(error)"))
+        }
+    }
+
+    static func diskFailed(_ reason: String) -> String {
+        "the journal's disk failed a write or an fsync, so nothing of the last batch was acknowledged (\(reason)); "
+            + "after a failed fsync the kernel's cache no longer tells what the disk holds, so the daemon stops "
+            + "instead of going on: start it again (systemd does) and it recovers from what the disk holds; if it "
+            + "fails again, check the device and the kernel log"
+    }
+
+    /// Sends a group's answers in arrival order: as decided when its commit is durable, `unavailable` when not.
+    mutating func release(_ group: Pipeline.Group, committed: Bool, _ sockets: inout LoopSockets) {
+        for waiting in group.entries {
+            let envelope = waiting.envelope
+            let reply: Reply
+            switch waiting.work {
+            case let .reply(answer):
+                reply = answer
+            case let .decided(answer):
+                reply = committed ? answer : Replies.unavailable(answer.requestID)
+            case let .status(requestID):
+                reply = status(sockets).reply(to: requestID)
+            case let .snapshot(requestID, store):
+                guard committed else {
+                    reply = Replies.unavailable(requestID)
+                    break
+                }
+                if loop.offload(envelope, { Replies.snapshot(requestID: requestID, store: store) }) { continue }
+                reply = Replies.busy(requestID)
+            case let .range(requestID, name, epoch, lastSeq, from, to):
+                guard committed else {
+                    reply = Replies.unavailable(requestID)
+                    break
+                }
+                let journal = self.journal
+                let offloaded = loop.offload(envelope) {
+                    Replies.range(
+                        requestID: requestID,
+                        store: name,
+                        epoch: epoch,
+                        lastSeq: lastSeq,
+                        from: from,
+                        to: to,
+                        journal: journal
+                    )
+                }
+                if offloaded { continue }
+                reply = Replies.busy(requestID)
+            }
+            sockets.send(reply, to: envelope)
+        }
+    }
+
+    /// Answers a group `not_leader` — all but the requests that could not be read — when this daemon leads no more.
+    func release(_ group: Pipeline.Group, refusing reason: String, _ sockets: inout LoopSockets) {
+        for waiting in group.entries {
+            switch waiting.work {
+            case let .reply(answer):
+                sockets.send(answer, to: waiting.envelope)
+            case let .decided(answer):
+                sockets.send(Replies.notLeader(answer.requestID, reason), to: waiting.envelope)
+            case let .status(requestID), let .snapshot(requestID, _), let .range(requestID, _, _, _, _, _):
+                sockets.send(Replies.notLeader(requestID, reason), to: waiting.envelope)
+            }
+        }
+    }
+
+    func batch(for commits: [Sequencer.Commit]) throws -> JournalBatch {
+        var batch = JournalBatch()
+        for commit in commits {
+            for event in commit.events {
+                batch.events.append(
+                    JournalEvent(
+                        store: commit.store.rawValue,
+                        seq: event.seq,
+                        action: event.action,
+                        clientID: commit.clientID.bytes,
+                        requestNumber: commit.requestNumber
+                    )
+                )
+            }
+            batch.idempotency.append(
+                IdempotencyRecord(
+                    key: IdempotencyKey(clientID: commit.clientID.bytes, requestNumber: commit.requestNumber),
+                    fingerprint: commit.fingerprint.bytes,
+                    reply: ReplyRecord.encode(commit.reply)
+                )
+            )
+        }
+        for name in Set(commits.map(\.store)) where journal.snapshotDue(store: name.rawValue, in: batch) {
+            guard let store = sequencer.stores[name] else { continue }
+            batch.snapshots.append(
+                JournalSnapshot(store: name.rawValue, seq: store.lastSeq, state: try store.encodedState())
+            )
+        }
+        return batch
+    }
+
+    /// The digest of each store past its digest interval or snapshotted by these commits, at the group's last
+    /// seq: taken as the group is committed, while the stores still stand there (a snapshot's digest
+    /// is reused rather than the state encoded again).
+    mutating func digestsDue(
+        after commits: [Sequencer.Commit],
+        snapshots: [StoreName: JournalSnapshot]
+    ) -> [Digest] {
+        var due: [Digest] = []
+        for commit in commits { sinceDigest[commit.store, default: 0] += commit.events.count }
+        for name in Set(commits.map(\.store)) {
+            let snapshot = snapshots[name]
+            guard (sinceDigest[name] ?? 0) >= configuration.digestEveryEvents || snapshot != nil,
+                let store = sequencer.stores[name]
+            else { continue }
+            let digest: StateDigest
+            if let snapshot, snapshot.seq == store.lastSeq {
+                digest = snapshot.digest
+            } else if let state = try? store.encodedState() {
+                digest = StateDigest(of: state)
+            } else {
+                continue
+            }
+            due.append((name, store.epoch, store.lastSeq, digest))
+            sinceDigest[name] = 0
+        }
+        return due
+    }
+
+    /// Events — an EVENT each on the one-by-one stream, one EVENTS per store on the stream in runs — then the
+    /// digests taken when the group was handed over.
+    mutating func publish(_ group: Pipeline.Group, _ sockets: inout LoopSockets) {
+        readSubscriptions(&sockets)
+        let now = ContinuousClock.now
+        var runs: [(store: StoreName, epoch: Epoch, firstSeq: SequenceNumber, actions: [Frame])] = []
+        for commit in group.commits {
+            let streams = streams[commit.store] ?? (false, false)
+            if streams.oneByOne {
+                for event in commit.events {
+                    sockets.publish(
+                        Event.event(store: commit.store, epoch: commit.epoch, seq: event.seq, action: event.action)
+                            .encode()
+                    )
+                }
+            }
+            if streams.runs, let first = commit.events.first {
+                // The group's commits of one store are consecutive seqs: one run, unless it is over the limit.
+                if let last = runs.indices.last(where: { runs[$0].store == commit.store }),
+                    runs[last].actions.count + commit.events.count <= Event.maximumRun
+                {
+                    runs[last].actions += commit.events.map(\.action)
+                } else {
+                    runs.append((commit.store, commit.epoch, first.seq, commit.events.map(\.action)))
+                }
+            }
+            lastPublished[commit.store] = now
+            publishedSeq[commit.store] = commit.events.last?.seq ?? publishedSeq[commit.store]
+            committedEvents[commit.store, default: 0] += UInt64(commit.events.count)
+        }
+        for run in runs {
+            sockets.publish(
+                Event.events(store: run.store, epoch: run.epoch, firstSeq: run.firstSeq, actions: run.actions).encode()
+            )
+        }
+        for digest in committing?.digests ?? [] {
+            announce(Event.digest(store: digest.store, epoch: digest.epoch, seq: digest.seq, digest.digest), sockets)
+        }
+        committing = nil
+    }
+
+    /// Reads what the XPUB says of subscriptions and, if they changed, which streams someone follows.
+    mutating func readSubscriptions(_ sockets: inout LoopSockets) {
+        if sockets.readSubscriptions() { followSubscriptions(sockets) }
+    }
+
+    /// Works out which streams of each store someone follows: a subscription to a prefix of a stream's topic
+    /// (even the empty one) follows it.
+    mutating func followSubscriptions(_ sockets: LoopSockets) {
+        let subscriptions = sockets.subscriptions
+        func followed(_ topic: Frame) -> Bool { subscriptions.contains { topic.starts(with: $0) } }
+        for name in sequencer.stores.keys {
+            streams[name] = (followed(Event.topic(for: name)), followed(Event.runTopic(for: name)))
+        }
+    }
+
+    /// A heartbeat for each store silent for the interval, announcing the last seq published (not the last
+    /// sequenced: a replica that hears of a seq asks for it).
+    mutating func publishHeartbeats(_ sockets: inout LoopSockets) {
+        readSubscriptions(&sockets)
+        let now = ContinuousClock.now
+        for (name, store) in sequencer.stores
+        where now - (lastPublished[name] ?? now) >= configuration.heartbeatInterval {
+            announce(
+                Event.heartbeat(store: name, epoch: store.epoch, lastSeq: publishedSeq[name] ?? store.lastSeq),
+                sockets
+            )
+            lastPublished[name] = now
+        }
+    }
+
+    /// Publishes a HEARTBEAT or DIGEST on each stream of its store that someone follows.
+    func announce(_ event: Event, _ sockets: LoopSockets) {
+        let streams = streams[event.store] ?? (false, false)
+        if streams.oneByOne { sockets.publish(event.encode()) }
+        if streams.runs { sockets.publish(event.encodeForRuns()) }
+    }
+
+    /// The leader's STATUS: its stores as published, its journal, its refusals and settings.
+    func status(_ sockets: LoopSockets) -> DaemonStatus {
+        let serving = ContinuousClock.now - servingSince
+        let seconds = max(Double(serving.components.seconds) + Double(serving.components.attoseconds) / 1e18, 1e-3)
+        let stores = sequencer.stores.values.sorted { $0.name < $1.name }.map { store in
+            let rate = Double(committedEvents[store.name] ?? 0) / seconds
+            return DaemonStatus.Store(
+                name: store.name.rawValue,
+                // The seq published: durable, unlike one the writer is still committing.
+                seq: publishedSeq[store.name] ?? store.lastSeq,
+                epoch: "\(store.epoch)",
+                domainVersion: store.domainVersion,
+                eventsPerSecond: (rate * 10).rounded() / 10
+            )
+        }
+        var status = loop.status(role: .leader, stores: stores, sockets: sockets, journal: journal)
+        if let leased = journal as? PostgresJournal, let lease = pipeline.lease {
+            status.name = leased.lease.holder
+            status.leader = DaemonStatus.Leader(name: leased.lease.holder, term: lease.term)
+        }
+        return status
+    }
+
+    func unknownStore(_ requestID: UInt64, _ name: StoreName) -> Reply {
+        .error(
+            requestID: requestID,
+            ProtocolError(
+                code: .unknownStore,
+                "no store named '\(name)'; this daemon hosts "
+                    + sequencer.stores.keys.sorted().map(\.rawValue).joined(separator: ", ")
+            )
+        )
+    }
+}

@@ -87,10 +87,12 @@ public struct ClientCurve: Hashable, Sendable {
 /// the same request again, up to `retries` times; then give up with ``ClientError/Code/unavailable``. Because a
 /// dispatch carries the same idempotency key on every try, the daemon applies it at most once.
 ///
-/// Given the command endpoints of several daemons (a leader and its standbys on one PostgreSQL journal), it finds
-/// the leader by asking (``LeaderSearch``): a silence moves it to the next daemon, and so does an ERROR
-/// `not_leader`, which ends no try; the request goes on until a daemon that leads answers it or its tries are over.
-/// With one endpoint, a `not_leader` is the reply, as any other ERROR.
+/// Requests go to the daemon that leads (``LeaderSearch``). Given the command endpoints of several daemons (a leader
+/// and its standbys on one PostgreSQL journal), a silence moves the client to the next daemon, and so does an ERROR
+/// `not_leader`, which ends no try; given one, a `not_leader` (a lone standby waiting for the lease) is asked again
+/// after ``LeaderSearch/pause``. Either way a request goes on until a daemon that leads answers it or its tries are
+/// over, so a takeover shorter than `timeout` × (`retries` + 1) is waited out, and a standby's answer is never
+/// taken for the leader's.
 ///
 /// Owned by one thread: it holds a socket.
 public final class CommandClient {
@@ -139,11 +141,67 @@ public final class CommandClient {
         self.curve = curve
     }
 
-    /// Sends `request` and returns the daemon's reply to it: the leader's, when several daemons were given.
+    /// Sends `request` and returns the leading daemon's reply to it; a `not_leader` is never the reply.
     public func call(_ request: Request) throws(ClientError) -> Reply {
+        try exchange(request) { reply in
+            guard case let .error(_, error) = reply, error.code == .notLeader else { return nil }
+            return error.reason
+        }
+    }
+
+    /// The STATUS of the daemon that leads, and its body as it came (docs/operations.md, "Status"). A standby
+    /// answers STATUS too, as it stands by: that answer counts as a `not_leader`, so the request goes on to the next
+    /// daemon — or, with one endpoint, to the same one after a pause — until one that leads answers or the tries are
+    /// over.
+    public func leaderStatus() throws(ClientError) -> (status: DaemonStatus, body: [UInt8]) {
+        statusRequests += 1
+        let request = Request.status(requestID: statusRequests)
+        let reply = try exchange(request) { reply in
+            switch reply {
+            case let .error(_, error) where error.code == .notLeader:
+                return error.reason
+            case .status:
+                guard let status = DaemonStatus(reply), !status.leads else { return nil }
+                return Self.standingBy(status)
+            default:
+                return nil
+            }
+        }
+        return try Self.readStatus(reply, from: endpoint)
+    }
+
+    /// The STATUS of the daemon requests go to now (with one endpoint, that daemon), whatever its role, and its body
+    /// as it came: a standby's says who it believes leads.
+    public func status() throws(ClientError) -> (status: DaemonStatus, body: [UInt8]) {
+        statusRequests += 1
+        return try Self.readStatus(call(.status(requestID: statusRequests)), from: endpoint)
+    }
+
+    private static func readStatus(_ reply: Reply, from endpoint: String) throws(ClientError) -> (DaemonStatus, [UInt8])
+    {
+        guard case let .status(_, body) = reply, let status = DaemonStatus(reply) else {
+            throw ClientError(
+                code: .protocolViolation,
+                "the daemon at \(endpoint) answered STATUS with a reply that is not a readable status: \(reply)"
+            )
+        }
+        return (status, body)
+    }
+
+    /// Why a standby's STATUS is not the leader's, in its own terms.
+    private static func standingBy(_ status: DaemonStatus) -> String {
+        let name = status.name.map { " \($0)" } ?? ""
+        guard let leader = status.leader else { return "the daemon\(name) stands by, and knows of no leader" }
+        let expiry = leader.expiresAt.map { ", its lease expiring at \($0) unless renewed" } ?? ""
+        return "the daemon\(name) stands by: \(leader.name) leads (term \(leader.term)\(expiry))"
+    }
+
+    /// Sends `request` until a reply comes that `refusal` does not call a refusal to lead (it returns why); a
+    /// refused request goes on at the daemon the search points at next, its try still running.
+    private func exchange(_ request: Request, refusal: (Reply) -> String?) throws(ClientError) -> Reply {
         var pirate = LazyPirate<Void>(LazyPirate.Settings(timeout: timeout, retries: retries))
         var outputs = pirate.submit(request, (), now: .now)
-        var refusal: Reply?
+        var refused: String?
         while true {
             for output in outputs {
                 switch output {
@@ -154,7 +212,7 @@ public final class CommandClient {
                     search.timedOut()
                     closeSocket()
                 case let .gaveUp(_, _, tries):
-                    throw ClientError(code: .unavailable, gaveUp(tries, refused: refusal))
+                    throw ClientError(code: .unavailable, gaveUp(tries, refused: refused))
                 }
             }
             if let frames = receive(until: pirate.nextDeadline ?? .now) {
@@ -172,9 +230,9 @@ public final class CommandClient {
                         "the reply answers request \(reply.requestID), not \(request.requestID)"
                     )
                 }
-                if case let .error(_, error) = reply, error.code == .notLeader, search.endpoints.count > 1 {
+                if let reason = refusal(reply) {
                     // Not applied; the request goes on at the next daemon that may lead, its try still running.
-                    refusal = reply
+                    refused = reason
                     let pause = search.notLeader()
                     closeSocket()
                     outputs = pirate.redirect(now: .now, pause: pause)
@@ -188,44 +246,21 @@ public final class CommandClient {
         }
     }
 
-    /// The STATUS of the daemon that leads, and its body as it came (docs/operations.md, "Status"). A standby answers
-    /// STATUS too, so with several endpoints each is asked in turn, from the current one, until one does not stand
-    /// by; requests go to that one next. With one endpoint, or when every daemon that answers stands by, it is the
-    /// last answer.
-    public func leaderStatus() throws(ClientError) -> (status: DaemonStatus, body: [UInt8]) {
-        var answer: (DaemonStatus, [UInt8])?
-        for _ in search.endpoints {
-            statusRequests += 1
-            let reply = try call(.status(requestID: statusRequests))
-            guard case let .status(_, body) = reply, let status = DaemonStatus(reply) else {
-                throw ClientError(
-                    code: .protocolViolation,
-                    "the daemon at \(endpoint) answered STATUS with a reply that is not a readable status: \(reply)"
-                )
-            }
-            answer = (status, body)
-            guard status.role == "standby", search.endpoints.count > 1 else { break }
-            _ = search.notLeader()
-            closeSocket()
-        }
-        return answer!
-    }
-
     /// Why a request was given up after `tries`.
-    private func gaveUp(_ tries: Int, refused refusal: Reply?) -> String {
+    private func gaveUp(_ tries: Int, refused refusal: String?) -> String {
         let each = "\(tries) \(tries == 1 ? "try" : "tries") of \(timeout) each"
-        guard search.endpoints.count > 1 else {
-            return "no reply from the daemon at \(endpoint) after \(each); is the daemon running, and is the endpoint "
-                + "right?"
-        }
         let daemons = search.endpoints.joined(separator: ", ")
-        guard case let .error(_, error)? = refusal else {
+        guard let refusal else {
+            guard search.endpoints.count > 1 else {
+                return "no reply from the daemon at \(endpoint) after \(each); is the daemon running, and is the "
+                    + "endpoint right?"
+            }
             return "no reply from any of the daemons at \(daemons) after \(each); are they running, and are the "
                 + "endpoints right?"
         }
-        return
-            "no daemon at \(daemons) would lead after \(each) (the last said: \(error.reason)); is a leader running, "
-            + "and can the standbys reach the journal's database to take over?"
+        let which = search.endpoints.count > 1 ? "no daemon at \(daemons)" : "the daemon at \(daemons)"
+        return "\(which) would lead after \(each) (the last said: \(refusal)); is a leader running, and can the "
+            + "standbys reach the journal's database to take over?"
     }
 
     private func closeSocket() {

@@ -10,7 +10,10 @@ struct DaemonOptions: ParsableArguments {
         name: .customLong("command-endpoint"),
         help: ArgumentHelp(
             "The daemon's command endpoint (default ipc://.lockstep/run/command).",
-            discussion: "Give it once for each daemon of a failover group: requests go to whichever leads."
+            discussion: """
+                Give it once for each daemon of a failover group: dispatch, state and tail go to whichever leads, \
+                and stats asks each.
+                """
         )
     )
     var commandEndpoints: [String] = []
@@ -18,7 +21,15 @@ struct DaemonOptions: ParsableArguments {
     @Option(help: "How long to wait for each reply, in milliseconds.")
     var timeoutMs = 2_000
 
-    @Option(help: "How many times to ask again, on a fresh socket, after a silence.")
+    @Option(
+        help: ArgumentHelp(
+            "How many times to ask again, on a fresh socket, after a silence.",
+            discussion: """
+                A request goes on until a leading daemon answers or its (retries + 1) tries of --timeout-ms are \
+                over, so a takeover shorter than that is waited out: e.g. --timeout-ms 1000 --retries 20.
+                """
+        )
+    )
     var retries = 3
 
     @OptionGroup var curve: CurveClientOptions
@@ -31,15 +42,25 @@ struct DaemonOptions: ParsableArguments {
     /// The command endpoints given, or the daemon's default.
     var endpoints: [String] { commandEndpoints.isEmpty ? [DaemonEndpoints.defaults.command] : commandEndpoints }
 
-    /// A client for the daemon (the leader of those given, or of `only`), with CURVE when the options give keys; it
-    /// owns a socket, so one per command run. A single `ipc://` endpoint given with no socket file exits 69 at once:
-    /// no daemon is there to wait for.
-    func client(only: [String]? = nil) throws -> CommandClient {
-        let endpoints = only ?? self.endpoints
-        if only == nil, endpoints.count == 1 { try requireSocket(endpoints[0], flag: "--command-endpoint") }
+    /// A client of the daemon that leads among those given, with CURVE when the options give keys; it owns a socket,
+    /// so one per command run. A single `ipc://` endpoint given with no socket file exits 69 at once: no daemon is
+    /// there to wait for.
+    func client() throws -> CommandClient {
+        if endpoints.count == 1 { try requireSocket(endpoints[0], flag: "--command-endpoint") }
         return CommandClient(
             context: try Context(),
             endpoints: endpoints,
+            timeout: .milliseconds(timeoutMs),
+            retries: retries,
+            curve: try curve.clientCurve()
+        )
+    }
+
+    /// A client of the daemon at `endpoint` alone, whatever its role.
+    func client(at endpoint: String) throws -> CommandClient {
+        CommandClient(
+            context: try Context(),
+            endpoint: endpoint,
             timeout: .milliseconds(timeoutMs),
             retries: retries,
             curve: try curve.clientCurve()
@@ -64,18 +85,37 @@ struct DaemonOptions: ParsableArguments {
         }
     }
 
-    /// Prints `error` and returns the exit to throw: 69 for no answer, 1 for anything else.
+    /// Prints `error` and returns the exit to throw: 69 when no daemon led within the tries, 1 for anything else.
     func exit(_ error: ClientError) -> ExitCode {
         printError("\(Tool.commandName): \(error)")
         return error.code == .unavailable ? ExitCodes.unavailable : ExitCode.failure
     }
+
+    /// The status of the daemon that leads, or exit 64 when it hosts no store `name` (no daemon of the group does:
+    /// they share one journal).
+    func requireStore(_ name: StoreName, _ client: CommandClient) throws -> DaemonStatus.Store {
+        let status = try status(client).status
+        guard let store = status.stores.first(where: { $0.name == name.rawValue }) else {
+            printError(
+                "\(Tool.commandName): the leading daemon (at \(client.endpoint)) hosts no store '\(name)'; it hosts "
+                    + status.stores.map(\.name).joined(separator: ", ")
+            )
+            throw ExitCodes.unknownStore
+        }
+        return store
+    }
 }
 
-/// Reports a reply the command did not ask for (an ERROR, or another kind) and returns the exit to throw.
+/// Reports a reply the command did not ask for (an ERROR, or another kind) and returns the exit to throw: 65 for an
+/// action the store cannot read, 64 for a store the leader does not host, 1 for the rest.
 func unexpected(_ reply: Reply, to request: String) -> ExitCode {
     if case let .error(_, error) = reply {
         printError("\(Tool.commandName): the daemon refused the \(request) request: \(error)")
-        return error.code == .undecodableAction ? ExitCodes.badInput : .failure
+        switch error.code {
+        case .undecodableAction: return ExitCodes.badInput
+        case .unknownStore: return ExitCodes.unknownStore
+        default: return .failure
+        }
     }
     printError("\(Tool.commandName): unexpected reply to \(request): \(reply)")
     return .failure

@@ -11,9 +11,14 @@ struct DispatchCommand: ParsableCommand {
         abstract: "Send actions to the daemon's store and print the seq each got.",
         discussion: """
             The actions are the store's JSON, e.g. lockstep dispatch todos '{"add":{"text":"Eat food"}}'. Several \
-            actions form one batch, applied all or none. A silent daemon is asked again with a fresh socket and \
-            the same idempotency key (--retries), so an action is applied at most once. Exit 3 when the \
-            store's validator rejects it, 65 when it is not an action of that store, 69 when no daemon answers.
+            actions form one batch, applied all or none. The dispatch goes to the daemon that leads (give every \
+            daemon of a failover group with --command-endpoint); a silent daemon is asked again with a fresh \
+            socket and the same idempotency key, and a standby again after a pause, until one leads or the \
+            (--retries + 1) tries of --timeout-ms are over, so an action is applied at most once and a takeover \
+            within that time is waited out. A store of one of this tool's domains is sent with the tool's own \
+            domain version (a daemon of another version refuses it); any other store with the leader's. Exit 3 \
+            when the store's validator rejects it, 64 when the leader hosts no such store, 65 when it is not an \
+            action of that store, 69 when no daemon leads within the tries.
             """
     )
 
@@ -44,8 +49,9 @@ struct DispatchCommand: ParsableCommand {
                 _ = try JSONSerialization.jsonObject(with: Data(text.utf8))
             } catch {
                 printError(
-                    "\(Tool.commandName): action \(index + 1) is not JSON (\(error.localizedDescription)); it was "
-                        + "\(text); write it as the store's JSON, e.g. '{\"add\":{\"text\":\"Eat food\"}}'"
+                    "\(Tool.commandName): action \(index) is not JSON (\(error.localizedDescription)); it was "
+                        + "\(text); write it as the store's JSON: {\"CASE\":{\"LABEL\":VALUE,…}}, one of its action cases "
+                        + "with its labelled values"
                 )
                 throw ExitCodes.badInput
             }
@@ -84,16 +90,11 @@ struct DispatchCommand: ParsableCommand {
         }
     }
 
-    /// The store's domain version, from the daemon's status, so the CLI needs no domain code.
+    /// The store's domain version: this tool's own when it has the store's domain, so a daemon of another version
+    /// refuses the dispatch rather than take it; otherwise the leader's, from its status, so the tool needs no
+    /// domain code.
     private func domainVersion(of name: StoreName, _ client: CommandClient) throws -> UInt32 {
-        let status = try daemon.status(client).status
-        guard let store = status.stores.first(where: { $0.name == name.rawValue }) else {
-            printError(
-                "\(Tool.commandName): the daemon hosts no store '\(name)'; it has "
-                    + status.stores.map(\.name).joined(separator: ", ")
-            )
-            throw ExitCode.failure
-        }
-        return store.domainVersion
+        if let domain = Tool.domain(named: name.rawValue) { return domain.version }
+        return try daemon.requireStore(name, client).domainVersion
     }
 }

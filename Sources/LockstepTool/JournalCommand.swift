@@ -69,7 +69,7 @@ struct JournalLocation: ParsableArguments {
 }
 
 /// A JSON string literal for `text`.
-private func jsonString(_ text: String) -> String {
+func jsonString(_ text: String) -> String {
     let encoder = JSONEncoder()
     encoder.outputFormatting = [.withoutEscapingSlashes]
     return (try? String(decoding: encoder.encode(text), as: UTF8.self)) ?? "\"\""

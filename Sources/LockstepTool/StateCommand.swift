@@ -10,7 +10,11 @@ struct StateCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "state",
         abstract: "Print a store's state, seq, epoch and digest, from the daemon's snapshot.",
-        discussion: "Works for any domain: the state is printed as the daemon encodes it (canonical JSON)."
+        discussion: """
+            Works for any domain: the state is printed as the daemon encodes it (canonical JSON). The snapshot comes \
+            from the daemon that leads, a takeover waited out as dispatch does. Exit 64 when the leader hosts no \
+            such store, 69 when no daemon leads within the tries.
+            """
     )
 
     @Argument(help: "The store's name.")
@@ -56,7 +60,13 @@ struct TailCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "tail",
         abstract: "Print a store's events as the daemon publishes them, one per line.",
-        discussion: "Stops after --count events, or runs until interrupted. Heartbeats and digests are not printed."
+        discussion: """
+            Stops after --count events, or runs until interrupted. Heartbeats and digests are not printed. First it \
+            asks the leading daemon (--command-endpoint, as dispatch does) whether it hosts the store: exit 64 when \
+            not, 69 when no daemon leads within the tries; with --events-endpoint given and no --command-endpoint \
+            it does not ask. It listens on every events endpoint (only the leader publishes, so it follows a \
+            takeover) and exits 69 when nothing arrives for --silence-ms.
+            """
     )
 
     @Argument(help: "The store's name.")
@@ -80,16 +90,19 @@ struct TailCommand: ParsableCommand {
     @Flag(help: "Print {\"store\":…,\"epoch\":…,\"seq\":…,\"action\":…} per event.")
     var json = false
 
-    @OptionGroup var curve: CurveClientOptions
+    @OptionGroup var daemon: DaemonOptions
 
     func run() throws {
         let name = try storeName(store)
         if let count, count < 1 { throw ValidationError("--count must be at least 1, got \(count)") }
+        if eventsEndpoints.isEmpty || !daemon.commandEndpoints.isEmpty {
+            _ = try daemon.requireStore(name, try daemon.client())
+        }
         let context = try Context()
         let socket = try Socket(context, type: .subscriber)
         try socket.set(.receiveTimeout, Int32(clamping: silenceMs))
         try socket.set(.receiveHighWaterMark, 0)
-        try curve.clientCurve()?.configure(socket)
+        try daemon.curve.clientCurve()?.configure(socket)
         try socket.subscribe(Event.topic(for: name))
         let endpoints = eventsEndpoints.isEmpty ? [DaemonEndpoints.defaults.events] : eventsEndpoints
         if endpoints.count == 1 { try requireSocket(endpoints[0], flag: "--events-endpoint") }

@@ -3,43 +3,60 @@ import Foundation
 import LockstepClient
 import LockstepProtocol
 
-/// Asks a running daemon for its status.
+/// Asks each running daemon for its status.
 struct StatsCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "stats",
-        abstract: "Print a running daemon's status: per store seq, epoch and events/s; journal size; uptime."
+        abstract: "Print each daemon's status: its role; per store seq, epoch and events/s; journal size; uptime.",
+        discussion: """
+            Every --command-endpoint is asked, leader and standbys alike, one after another; a daemon silent for \
+            (--retries + 1) tries of --timeout-ms is marked silent. With --json, one object per daemon and line: \
+            its status with "endpoint" added, or {"endpoint":…,"silent":true,"error":…}. Exit 0 when a leading \
+            daemon answered, 69 when none did.
+            """
     )
 
     @OptionGroup var daemon: DaemonOptions
 
-    @Flag(help: "Print the daemon's status JSON as it came.")
+    @Flag(help: "Print each daemon's status JSON, with its endpoint, one per line.")
     var json = false
 
     func run() throws {
-        // Each daemon of a failover group for itself: which leads, and what each sees.
-        guard daemon.endpoints.count > 1 else { return show(try daemon.status(daemon.client())) }
-        var answered = 0
+        if daemon.endpoints.count == 1 { try requireSocket(daemon.endpoints[0], flag: "--command-endpoint") }
+        var led = false
         for (index, endpoint) in daemon.endpoints.enumerated() {
             if !json { print("\(index > 0 ? "\n" : "")daemon   \(endpoint)") }
-            let client = try daemon.client(only: [endpoint])
+            let client = try daemon.client(at: endpoint)
             do throws(ClientError) {
-                show(try client.leaderStatus())
-                answered += 1
+                let answer = try client.status()
+                led = led || answer.status.leads
+                show(answer, endpoint: endpoint)
             } catch {
+                if json {
+                    print(#"{"endpoint":\#(jsonString(endpoint)),"silent":true,"error":\#(jsonString("\(error)"))}"#)
+                } else {
+                    print("silent   \(error)")
+                }
                 printError("\(Tool.commandName): \(endpoint): \(error)")
             }
         }
-        if answered == 0 { throw ExitCodes.unavailable }
+        guard led else {
+            printError("\(Tool.commandName): no daemon at \(daemon.endpoints.joined(separator: ", ")) leads")
+            throw ExitCodes.unavailable
+        }
     }
 
-    private func show(_ answer: (status: DaemonStatus, body: [UInt8])) {
+    private func show(_ answer: (status: DaemonStatus, body: [UInt8]), endpoint: String) {
         let (status, body) = answer
         if json {
-            print(String(decoding: body, as: UTF8.self))
+            // The daemon's own JSON, as it came, with the endpoint first: readers ignore fields they do not know.
+            let text = String(decoding: body, as: UTF8.self)
+            let rest = text.drop { $0 != "{" }.dropFirst().drop { $0 == " " }
+            print(#"{"endpoint":\#(jsonString(endpoint))\#(rest.first == "}" ? "" : ",")\#(rest)"#)
             return
         }
         let leader = status.leader.map { " (leader \($0.name), term \($0.term))" } ?? ""
-        print("role     \(status.role ?? "leader")\(status.name.map { " as \($0)" } ?? "")\(leader)")
+        print("role     \(status.role ?? .leader)\(status.name.map { " as \($0)" } ?? "")\(leader)")
         print("uptime   \(status.uptimeSeconds) s")
         print("journal  \(status.journal)\(status.journalBytes.map { " (\($0) bytes)" } ?? "")")
         let refused = (status.refused ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }

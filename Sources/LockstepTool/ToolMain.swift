@@ -97,9 +97,10 @@ struct ToolCommand: AsyncParsableCommand {
                   3   an action was rejected by its domain's validator
                   4   replay: two replicas diverged (the output names the seq)
                   5   journal verify: the journal is damaged (the output names store, seq and what)
-                  64  bad usage: unknown option, missing argument, unknown store
+                  64  bad usage: unknown option, missing argument, a store no domain of the tool or no daemon \
+                of the group hosts
                   65  bad input: an action or file that could not be read or decoded
-                  69  no daemon answered at the command endpoint
+                  69  no daemon answered, or none of those given led, within --retries × --timeout-ms
                 """,
             subcommands: own + tool.commands
         )
@@ -110,6 +111,7 @@ struct ToolCommand: AsyncParsableCommand {
 package enum ExitCodes {
     package static let rejected = ExitCode(3)
     package static let diverged = ExitCode(4)
+    package static let unknownStore = ExitCode(64)
     package static let badInput = ExitCode(65)
     package static let unavailable = ExitCode(69)
 }

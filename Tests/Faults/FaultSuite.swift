@@ -44,6 +44,7 @@ struct FaultSuite: ParsableCommand {
             ("SIGSTOP of the daemon", faults.stopDaemon),
             ("SIGSTOP of a replica", faults.stopReplica),
             ("failover", faults.failover),
+            ("tool through takeovers", faults.toolThroughTakeovers),
             ("journal surgery", faults.journalSurgery),
             ("disk full", faults.diskFull),
             ("power cut", { try faults.powerCut() }),

@@ -14,7 +14,7 @@ import Glibc
 final class Faults {
     let folder: URL
     let long: Bool
-    private var random: SplitMix64
+    var random: SplitMix64
 
     init(folder: URL, long: Bool, seed: UInt64) {
         self.folder = folder
@@ -25,7 +25,7 @@ final class Faults {
     /// No snapshot (so no compaction) for a long while: the suite checks the whole history.
     static let keepHistory = "[snapshots]\nevery_events = 100000000\n"
 
-    private func pause(_ range: ClosedRange<Int>) {
+    func pause(_ range: ClosedRange<Int>) {
         Thread.sleep(forTimeInterval: Double(Int.random(in: range, using: &random)) / 1_000)
     }
 
@@ -310,7 +310,7 @@ final class Faults {
 
     /// The daemon whose STATUS says it leads, and its term: each is asked in turn, with a second to answer (a
     /// leader busy with a commit and a digest can take longer than the usual 300 ms), for at most 10 s.
-    private func leader(of daemons: [Daemon]) -> (daemon: Daemon, term: UInt64)? {
+    func leader(of daemons: [Daemon]) -> (daemon: Daemon, term: UInt64)? {
         let deadline = ContinuousClock.now + .seconds(10)
         while ContinuousClock.now < deadline {
             for daemon in daemons {

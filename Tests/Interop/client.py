@@ -13,7 +13,8 @@
 - `LeaderSearch`: both take one daemon or every daemon of a failover group (docs/protocol.md, "Failover"). The
   replica subscribes to every daemon's events; requests go to one daemon at a time, and move to the next on a
   silence, or at once on ERROR `not_leader`, which ends no try; when every daemon that answers said `not_leader`,
-  they are asked again after 200 ms.
+  they are asked again after 200 ms. Given one daemon, a `not_leader` is asked again there after 200 ms (a lone
+  standby may take over).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ log.addHandler(logging.NullHandler())  # quiet unless the application configures
 
 
 class NoReply(Exception):
-    """Every try of a request went unanswered (or, with several daemons, was refused `not_leader`)."""
+    """Every try of a request went unanswered, or was refused `not_leader` (no daemon would lead)."""
 
 
 LEADER_PAUSE = 0.2  # seconds: how long to wait when every daemon that answers said not_leader
@@ -115,8 +116,8 @@ class Dispatcher:
     `endpoints` is one daemon's command endpoint or the command endpoints of every daemon of a failover group.
     With several, the leader is found by asking (`LeaderSearch`): a silence or an ERROR `not_leader` moves the
     request to the next daemon on a fresh socket, with the same request id; a `not_leader` ends no try, so a
-    request is given up after `retries` + 1 timeouts, as with one daemon. With one, `not_leader` (a lone standby,
-    which may take over) is retried later like `unavailable`.
+    request is given up after `retries` + 1 timeouts. With one, a `not_leader` (a lone standby, which may take
+    over) is asked again after the same 200 ms pause, within the tries.
     """
 
     def __init__(
@@ -201,9 +202,10 @@ class Dispatcher:
                 reply = wire.decode_reply(frames)
                 if reply.request_id not in (request_id, 0):
                     continue  # a late reply to an earlier request (DEALER only): not ours
-                if several and isinstance(reply, wire.Error) and reply.code == wire.NOT_LEADER:
-                    # A standby: nothing applied. The request goes on at the next daemon that may lead, in this
-                    # try (a not_leader ends no try), after a pause when every daemon that answers refused.
+                if isinstance(reply, wire.Error) and reply.code == wire.NOT_LEADER:
+                    # A standby: nothing applied. The request goes on at the next daemon that may lead (with one
+                    # daemon, the same one), in this try (a not_leader ends no try), after a pause when every daemon
+                    # that answers refused.
                     refusal = reply
                     self.refusals += 1
                     pause = self.search.not_leader()
@@ -221,15 +223,16 @@ class Dispatcher:
             self.search.timed_out()
             self.close()
         tries = f"{self.retries + 1} tries of {self.timeout} s"
-        if not several:
-            raise NoReply(f"no reply from {self.endpoint} after {tries}; is the daemon running, and is the endpoint "
-                          f"right?")
         daemons = ", ".join(self.endpoints)
         if refusal is None:
+            if not several:
+                raise NoReply(f"no reply from {self.endpoint} after {tries}; is the daemon running, and is the "
+                              f"endpoint right?")
             raise NoReply(f"no reply from any of the daemons at {daemons} after {tries}; are they running, and are "
                           f"the endpoints right?")
-        raise NoReply(f"no daemon at {daemons} would lead after {tries} (the last said: {refusal.reason}); is a "
-                      f"leader running, and can the standbys reach the journal's database to take over?")
+        which = f"no daemon at {daemons}" if several else f"the daemon at {daemons}"
+        raise NoReply(f"{which} would lead after {tries} (the last said: {refusal.reason}); is a leader running, and "
+                      f"can the standbys reach the journal's database to take over?")
 
     def call(self, request: wire.Request) -> wire.Reply:
         return self.call_frames(wire.encode_request(request), request.request_id)
@@ -248,8 +251,8 @@ class Dispatcher:
         delay = 0.05
         for attempt in range(self.unavailable_retries + 1):
             reply = self.call(request)
-            # With several daemons call() has followed not_leader itself; with one, a standby may take over.
-            if not (isinstance(reply, wire.Error) and reply.code in (wire.UNAVAILABLE, wire.NOT_LEADER)):
+            # call() has followed not_leader itself, within its tries.
+            if not (isinstance(reply, wire.Error) and reply.code == wire.UNAVAILABLE):
                 return reply
             if attempt < self.unavailable_retries:
                 time.sleep(delay)

@@ -814,6 +814,16 @@ class FailoverTest(unittest.TestCase):
             a.kill9()
             killed = time.monotonic()
             streamed_before_kill = len(streamed)
+            # Fresh client processes started mid-takeover: given both daemons, and given only the standby (which
+            # answers not_leader until it takes over). Each must wait the takeover out within its tries.
+            started = {
+                text: subprocess.Popen(
+                    [sys.executable, os.path.join(HERE, "dispatch.py")]
+                    + [arg for endpoint in endpoints for arg in ("--endpoint", endpoint)]
+                    + ["--timeout", "1.0", "--retries", "20", "todos", add(text).decode()],
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for text, endpoints in [("mid both", [b.command, a.command]), ("mid standby", [b.command])]
+            }
             first_after = add_one(client, "after 0")
             applied_after = time.monotonic() - killed
             for i in range(1, 3):
@@ -829,11 +839,21 @@ class FailoverTest(unittest.TestCase):
         self.assertFalse(streamer.is_alive(), "the streaming dispatcher did not finish within 40 s")
         self.assertEqual(stream_errors, [])
         self.assertEqual(client.endpoint, b.command)
+        for text, process in started.items():
+            try:
+                out, err = process.communicate(timeout=40)
+            finally:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+            self.assertEqual(process.returncode, 0, f"the client process for {text!r} exited "
+                                                    f"{process.returncode}: {err}")
+            sent[text] = wire.Accepted(0, epoch, json.loads(out)["seq"], 1)
 
         led = b.wait_role("leader", timeout=5)
         self.assertEqual((led["leader"]["name"], led["leader"]["term"]), ("b", 2))
         store = next(s for s in led["stores"] if s["name"] == "todos")
-        total = 5 + 12 + 3
+        total = 5 + 12 + 3 + 2
         self.assertEqual((int(store["epoch"], 16), store["seq"]), (epoch, total), "the same epoch: the same journal")
         # Every dispatch once, at the seq its ACCEPTED named, in the history b continued.
         journal = journal_dump(self.connection, "todos")

@@ -12,8 +12,9 @@ import Glibc
 /// A `CommandClient` given several daemons, against fake daemons in this process: inproc ROUTERs on a thread of
 /// their own.
 @Suite struct CommandClientTests {
-    /// Fake standbys that answer every request `not_leader` and count what they heard, until stopped. Their sockets
-    /// are made, used and closed by their thread.
+    /// Fake standbys that answer every request `not_leader` — STATUS too, unless `statusAsStandby`, when they answer
+    /// it as a standby does — and count what they heard, until stopped. Their sockets are made, used and closed by
+    /// their thread.
     final class Standbys {
         let endpoints: [String]
         private let heard: LockedValue<[Int]>
@@ -22,7 +23,7 @@ import Glibc
         private let stopping = LockedValue(false)
 
         /// Starts `count` standbys on `context` and returns once they are bound (at most 5 s).
-        init(_ context: Context, count: Int) throws {
+        init(_ context: Context, count: Int, statusAsStandby: Bool = false) throws {
             let endpoints = (0..<count).map { "inproc://standby-\($0)-\(UInt32.random(in: 0...UInt32.max))" }
             self.endpoints = endpoints
             heard = LockedValue(Array(repeating: 0, count: count))
@@ -50,11 +51,25 @@ import Glibc
                             let request = try? Request.decode(Array(frames.dropFirst(2)))
                         else { continue }
                         heard.withLockedValue { $0[index] += 1 }
-                        let refusal = Reply.error(
+                        var answer = Reply.error(
                             requestID: request.requestID,
                             ProtocolError(code: .notLeader, "standby \(index) applies nothing")
                         )
-                        _ = try? router.send(Array(frames.prefix(2)) + refusal.encode(), wait: false)
+                        if statusAsStandby, case .status = request {
+                            answer = DaemonStatus(
+                                uptimeSeconds: 1,
+                                role: .standby,
+                                name: "standby \(index)",
+                                leader: DaemonStatus.Leader(
+                                    name: "gone",
+                                    term: 1,
+                                    expiresAt: "2026-11-27T00:00:00.000Z"
+                                ),
+                                journal: "postgres",
+                                stores: []
+                            ).reply(to: request.requestID)
+                        }
+                        _ = try? router.send(Array(frames.prefix(2)) + answer.encode(), wait: false)
                     }
                 }
             }
@@ -106,11 +121,67 @@ import Glibc
         let used = threadCPUTime() - before
         #expect(error?.code == .unavailable)
         #expect(error?.reason.contains("would lead") == true, "\(String(describing: error))")
-        // Spinning, the thread used most of the second (a quarter of it on a loaded machine); waiting, a few ms.
+        // Spinning through the pauses used most of the second (a quarter of it on a loaded machine); waiting in a
+        // poll, a few ms: 100 ms is far from both.
         #expect(used < .milliseconds(100), "the client's thread used \(used) of CPU in a search of \(searched)")
-        // Asked again after every pause of 200 ms, and no more often: about 8 requests in the second.
+        // Each pass asks each standby once, and a pass starts a pause after the last: at most one more pass than
+        // the pauses the search lasted (spinning asked hundreds of times). Every standby is asked again.
         let requests = standbys.requests
-        #expect((4...16).contains(requests.reduce(0, +)), "\(requests)")
+        let passes = Int(searched / LeaderSearch.pause) + 1
+        #expect(requests.reduce(0, +) <= 2 * passes, "\(requests) in \(searched)")
         #expect(requests.allSatisfy { $0 >= 2 }, "\(requests)")
+    }
+
+    /// A standby's STATUS is never taken for the leader's: `leaderStatus()` goes on asking, the standbys in turn and
+    /// then again after a pause, until the tries are over — with one endpoint (a lone standby) as with two — and
+    /// says that no daemon would lead and what the last one said. `status()` takes any daemon's.
+    @Test(arguments: [1, 2])
+    func aStandbysStatusIsNotTheLeaders(count: Int) throws {
+        let context = try Context()
+        let standbys = try Standbys(context, count: count, statusAsStandby: true)
+        defer { standbys.stop() }
+        let client = CommandClient(
+            context: context,
+            endpoints: standbys.endpoints,
+            timeout: .milliseconds(300),
+            retries: 1
+        )
+        let error = #expect(throws: ClientError.self) { try client.leaderStatus() }
+        #expect(error?.code == .unavailable)
+        #expect(error?.reason.contains("would lead") == true, "\(String(describing: error))")
+        #expect(error?.reason.contains("stands by: gone leads (term 1") == true, "\(String(describing: error))")
+        #expect(standbys.requests.allSatisfy { $0 >= 2 }, "asked again after a pause: \(standbys.requests)")
+        let (status, _) = try client.status()
+        #expect(status.role == .standby && status.name?.hasPrefix("standby") == true)
+    }
+
+    /// A lone standby's `not_leader` is not the reply either: a dispatch given one endpoint waits for it to lead,
+    /// within its tries, and never returns the refusal.
+    @Test func aLoneStandbysRefusalIsAskedAgainUntilTheTriesAreOver() throws {
+        let context = try Context()
+        let standbys = try Standbys(context, count: 1)
+        defer { standbys.stop() }
+        let client = CommandClient(
+            context: context,
+            endpoint: standbys.endpoints[0],
+            timeout: .milliseconds(300),
+            retries: 1
+        )
+        let dispatch = Request.dispatch(
+            DispatchRequest(
+                requestID: 7,
+                domainVersion: 1,
+                clientID: .random(),
+                store: try StoreName("counter"),
+                actions: [Array(#"{"increment":{}}"#.utf8)]
+            )
+        )
+        let error = #expect(throws: ClientError.self) { try client.call(dispatch) }
+        #expect(error?.code == .unavailable)
+        #expect(
+            error?.reason.contains("the daemon at \(standbys.endpoints[0]) would lead") == true,
+            "\(String(describing: error))"
+        )
+        #expect(standbys.requests[0] >= 2, "asked again after a pause: \(standbys.requests)")
     }
 }

@@ -143,17 +143,19 @@ import Glibc
         }
 
         /// The STATUS of the daemon on `host`, as `lockstep stats --json` reads it from host c; `nil` if it does not
-        /// answer within 500 ms.
+        /// answer within 500 ms. Stats exits 0 for a leader and 69 for a standby (no leader answered), printing
+        /// either's status.
         func status(_ host: String) throws -> DaemonStatus? {
             let output = try tool(
                 ["stats", "--json", "--command-endpoint", command(host), "--timeout-ms", "500", "--retries", "0"]
                     + toolCurve
             )
-            guard output.status == 0 else {
-                lastStatusFailure = "exit \(output.status): \(output.standardError)"
+            let status = try? JSONDecoder().decode(DaemonStatus.self, from: Data(output.standardOutput.utf8))
+            guard let status, status.leads == (output.status == 0) else {
+                lastStatusFailure = "exit \(output.status): \(output.standardOutput) \(output.standardError)"
                 return nil
             }
-            return try? JSONDecoder().decode(DaemonStatus.self, from: Data(output.standardOutput.utf8))
+            return status
         }
 
         /// What the last ``status(_:)`` that got no status said.
@@ -386,9 +388,11 @@ import Glibc
             )
         }
         for replica in [watcher, first, second] { #expect(try replica.stop().status == 0) }
-        // a is gone: stats says so for a (on standard error) and prints b's status.
+        // a is gone: stats marks it silent (and says so on standard error) and prints b's status; b leads, so it
+        // exits 0.
         let leads = try site.tool(["stats", "--timeout-ms", "500", "--retries", "0"] + both + site.toolCurve)
         #expect(leads.status == 0 && leads.standardError.contains(site.command("a")), "\(leads.standardError)")
+        #expect(leads.standardOutput.contains("silent   no reply from the daemon at"), "\(leads.standardOutput)")
         #expect(leads.standardOutput.contains("role     leader as b (leader b, term 2)"), "\(leads.standardOutput)")
         #expect(b.stop() == 0, "\(b.output)")
         func seqs(_ states: [String: StoreState]) -> String {

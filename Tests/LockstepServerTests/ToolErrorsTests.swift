@@ -87,7 +87,41 @@ import Testing
 
         let notJSON = try runProduct("lockstep", ["dispatch", "todos", #"{"add":"#, "--command-endpoint", endpoint])
         #expect(notJSON.status == 65)
-        #expect(notJSON.standardError.contains(#"action 1 is not JSON"#), "\(notJSON.standardError)")
+        #expect(notJSON.standardError.contains(#"action 0 is not JSON"#), "\(notJSON.standardError)")
+    }
+}
+
+/// The commands that ask a daemon exit as documented: 64 for a store the leader does not host, whether the tool
+/// knows the store's domain or not; a store of the tool's own domains is dispatched with the tool's own version.
+@Suite struct ToolDaemonExitTests {
+    @Test func aStoreTheLeaderDoesNotHostIsAUsageErrorForEveryCommand() async throws {
+        let directory = try temporaryDirectory("tool-exits")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let daemon = try DaemonProcess(
+            directory: directory.path,
+            arguments: ["--journal", "memory", "--domain", "counter"]
+        )
+        try await daemon.waitUntilServing()
+        let endpoint = ["--command-endpoint", daemon.command]
+        let hosted = try runProduct("lockstep", ["dispatch", "counter", #"{"increment":{}}"#] + endpoint)
+        #expect(hosted.status == 0 && hosted.standardOutput.contains("counter: seq 1"), "\(hosted.standardError)")
+        // todos is a domain of the tool, sent with the tool's version: the daemon refuses the store.
+        for arguments in [["dispatch", "todos", #"{"add":{"text":"milk"}}"#], ["state", "todos"], ["tail", "todos"]] {
+            let refused = try runProduct("lockstep", arguments + endpoint)
+            #expect(refused.status == 64, "\(arguments): \(refused.status) \(refused.standardError)")
+            #expect(refused.standardError.contains("todos"), "\(refused.standardError)")
+        }
+        // cart is not: its version comes from the leader's status, which has no such store.
+        let unknown = try runProduct("lockstep", ["dispatch", "cart", #"{"add":{}}"#] + endpoint)
+        #expect(unknown.status == 64)
+        #expect(
+            unknown.standardError.contains("hosts no store 'cart'; it hosts counter"),
+            "\(unknown.standardError)"
+        )
+        let stats = try runProduct("lockstep", ["stats", "--json"] + endpoint)
+        #expect(stats.status == 0, "\(stats.standardError)")
+        #expect(stats.standardOutput.hasPrefix(#"{"endpoint":"\#(daemon.command)","#), "\(stats.standardOutput)")
+        #expect(await daemon.stop() == 0)
     }
 }
 

@@ -127,6 +127,11 @@ let package = Package(
             ]
         ),
         .testTarget(name: "LockstepProtocolTests", dependencies: ["LockstepProtocol", "LockstepExamples"]),
+        // The replica's sans-I/O values (the optimistic ledger), without sockets.
+        .testTarget(
+            name: "LockstepClientTests",
+            dependencies: ["LockstepClient", "LockstepProtocol", "LockstepExamples", "Lockstep"]
+        ),
         // Runs this package's executables from tests, with bounded waits.
         .target(name: "TestSupport", dependencies: ["LockstepTesting"], path: "Tests/TestSupport"),
         // Deliberately nondeterministic domains, and a child-replica executable that hosts them.

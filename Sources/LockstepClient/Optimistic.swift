@@ -17,15 +17,53 @@ public enum ReplicaView: Sendable, Hashable {
 /// The answer to an optimistic dispatch, on its way: the seqs the daemon gives the actions, once this replica's
 /// confirmed state holds them, or why they were rolled back.
 public struct OptimisticDispatch: Sendable {
-    /// The request number of the dispatch's idempotency key: how ``Replica/pending`` and
+    /// The request number of the dispatch's idempotency key: how ``OptimisticRead/pending`` and
     /// ``Replica/rollbacks()`` name it.
     public let requestNumber: UInt64
     let outcome: DispatchOutcome
+    /// Where it stands in the replica's pending list, while it is there.
+    let pendingStatus: @Sendable () -> PendingStatus?
+
+    /// Where a dispatch stands, read at once.
+    public enum Status: Sendable, CustomStringConvertible {
+        /// In the pending list: queued, sent, or accepted and not yet in the confirmed state.
+        case pending(PendingStatus)
+        /// In the confirmed state, at these seqs.
+        case confirmed(ClosedRange<SequenceNumber>)
+        /// Rolled back: the domain's `Rejection` or a ``ClientError``, as ``seqs`` throws it.
+        case rolledBack(any Error)
+
+        /// `pending: sent (2 tries)`, `confirmed at seqs 4...4`, `rolled back: …`.
+        public var description: String {
+            switch self {
+            case let .pending(status): "pending: \(status)"
+            case let .confirmed(seqs): "confirmed at seqs \(seqs)"
+            case let .rolledBack(error): "rolled back: \(error)"
+            }
+        }
+    }
+
+    /// Where the dispatch stands now, without waiting: a handle leaves the pending list in the same step that
+    /// resolves it, so this and ``OptimisticRead/pending`` never disagree.
+    public var status: Status {
+        if let answer = outcome.answer { return Self.status(answer) }
+        if let pending = pendingStatus() { return .pending(pending) }
+        // It left the list since the first look: its answer was set before it did.
+        return outcome.answer.map(Self.status) ?? .pending(.queued)
+    }
+
+    private static func status(_ answer: Result<ClosedRange<SequenceNumber>, any Error>) -> Status {
+        switch answer {
+        case let .success(seqs): .confirmed(seqs)
+        case let .failure(error): .rolledBack(error)
+        }
+    }
 
     /// The seqs of the actions, once they are in this replica's confirmed state. Throws the domain's `Rejection`
     /// when the daemon refused them, a ``ClientError`` when they were rolled back for another reason
-    /// (`refused`: another domain version or an unknown store; `notApplied`: the daemon's journal was lost after
-    /// it accepted them; `stopped`: the replica stopped first). Any number of tasks may wait.
+    /// (`unavailable`: no daemon accepted them within ``ReplicaConfiguration/pendingTimeout``; `refused`: another
+    /// domain version or an unknown store; `notApplied`: the daemon's journal was lost after it accepted them;
+    /// `stopped`: the replica stopped first). Any number of tasks may wait.
     public var seqs: ClosedRange<SequenceNumber> {
         get async throws { try await outcome.value }
     }
@@ -36,64 +74,95 @@ public struct OptimisticDispatch: Sendable {
     }
 }
 
-/// One of a replica's optimistic dispatches that the confirmed state does not hold yet.
-public struct PendingAction: Sendable, Hashable, CustomStringConvertible {
-    /// Where it stands.
-    public enum Status: Sendable, Hashable, CustomStringConvertible {
-        /// Applied locally, not sent yet.
-        case queued
-        /// Sent; `tries` counts the sends, the first one included (more than one: a retry after a silence, with
-        /// the same idempotency key).
-        case sent(tries: Int)
-        /// Accepted by the daemon at `seqs` of `epoch`; confirmed once the replica applies those seqs.
-        case accepted(epoch: Epoch, seqs: ClosedRange<SequenceNumber>)
+/// Where a pending optimistic dispatch stands.
+public enum PendingStatus: Sendable, Hashable, CustomStringConvertible {
+    /// Applied locally, not sent yet.
+    case queued
+    /// Sent; `tries` counts the sends, the first one included (more than one: a retry after a silence, with the
+    /// same idempotency key).
+    case sent(tries: Int)
+    /// Accepted by the daemon at `seqs` of `epoch`; confirmed once the replica applies those seqs.
+    case accepted(epoch: Epoch, seqs: ClosedRange<SequenceNumber>)
 
-        /// `queued`, `sent (2 tries)` or `accepted at seqs 4...4`.
-        public var description: String {
-            switch self {
-            case .queued: "queued"
-            case let .sent(tries): tries == 1 ? "sent" : "sent (\(tries) tries)"
-            case let .accepted(_, seqs): "accepted at seqs \(seqs)"
-            }
+    /// `queued`, `sent (2 tries)` or `accepted at seqs 4...4`.
+    public var description: String {
+        switch self {
+        case .queued: "queued"
+        case let .sent(tries): tries == 1 ? "sent" : "sent (\(tries) tries)"
+        case let .accepted(_, seqs): "accepted at seqs \(seqs)"
         }
     }
+}
 
+/// One of a replica's optimistic dispatches that the confirmed state does not hold yet.
+public struct PendingDispatch<D: Domain>: Sendable, CustomStringConvertible {
     /// The request number of its idempotency key.
     public var requestNumber: UInt64
-    /// Its actions in canonical JSON.
-    public var actions: [String]
+    /// Its actions, in order.
+    public var actions: [D.Action]
     /// When it was dispatched.
     public var dispatchedAt: ContinuousClock.Instant
     /// Where it stands.
-    public var status: Status
+    public var status: PendingStatus
+    /// Whether it is left out of the optimistic state: on the base it now follows, it no longer passes the
+    /// domain's validator (another process's action came first), so none of its actions are applied until the
+    /// daemon decides it — almost always a rejection.
+    public var isLeftOut: Bool
 
     /// How long ago it was dispatched.
     public var age: Duration { .now - dispatchedAt }
 
     /// `#7 {"add":…} sent (2 tries), 1200 ms old`, for logs.
     public var description: String {
-        "#\(requestNumber) \(actions.joined(separator: " ")) \(status), \(Int(age / .milliseconds(1))) ms old"
+        let texts = actions.map {
+            (try? CanonicalEncoding.encode($0)).map { String(decoding: $0, as: UTF8.self) } ?? "?"
+        }
+        let out = isLeftOut ? ", left out" : ""
+        return
+            "#\(requestNumber) \(texts.joined(separator: " ")) \(status)\(out), \(Int(age / .milliseconds(1))) ms old"
     }
+}
+
+/// One consistent read of a replica's optimistic side: the confirmed state it is built on, the pending dispatches,
+/// and the optimistic state — ``base`` with every pending dispatch not ``PendingDispatch/isLeftOut`` applied, in
+/// order. The three are made together, under one lock, so they always agree: re-applying ``pending`` to ``base``
+/// with the domain's own validate and reduce gives ``state``. ``Replica/optimistic`` reads one;
+/// ``Replica/reads(bufferingPolicy:)`` and ``Replica/subscribe(optimistic:onChange:)`` deliver each new one.
+public struct OptimisticRead<D: Domain>: Sendable, Equatable {
+    /// The confirmed state the optimistic one is built on, with its epoch and seq.
+    public var base: Replicated<D.State>
+    /// The optimistic dispatches the base does not hold, oldest first.
+    public var pending: [PendingDispatch<D>]
+    /// The optimistic state: what a UI shows.
+    public var state: D.State
+    /// One more at every change: a later read has a higher version.
+    public var version: UInt64
+
+    /// Reads of the same version are the same read.
+    public static func == (left: Self, right: Self) -> Bool { left.version == right.version }
 }
 
 /// An optimistic dispatch taken back out of the optimistic state: the daemon rejected it, or it could not be
 /// confirmed. ``Replica/rollbacks()`` tells a UI, which may say so to its user.
-public struct OptimisticRollback: Sendable, CustomStringConvertible {
+public struct OptimisticRollback<D: Domain>: Sendable, CustomStringConvertible {
     /// The request number of its idempotency key.
     public var requestNumber: UInt64
-    /// Its actions in canonical JSON.
-    public var actions: [String]
+    /// Its actions.
+    public var actions: [D.Action]
     /// Why: the domain's `Rejection` (with the daemon's reason) or a ``ClientError``.
     public var error: any Error
 
     /// `#7 {"delete":…} rolled back: …`, for logs.
     public var description: String {
-        "#\(requestNumber) \(actions.joined(separator: " ")) rolled back: \(error)"
+        let texts = actions.map {
+            (try? CanonicalEncoding.encode($0)).map { String(decoding: $0, as: UTF8.self) } ?? "?"
+        }
+        return "#\(requestNumber) \(texts.joined(separator: " ")) rolled back: \(error)"
     }
 }
 
 /// Where a dispatch's answer arrives: resolved once, awaited by any number of tasks.
-final class DispatchOutcome: Sendable {
+package final class DispatchOutcome: Sendable {
     private typealias Answer = Result<ClosedRange<SequenceNumber>, any Error>
     private let state = LockedValue<
         (answer: Answer?, waiting: [CheckedContinuation<ClosedRange<SequenceNumber>, any Error>])
@@ -101,8 +170,11 @@ final class DispatchOutcome: Sendable {
         (nil, [])
     )
 
+    /// An outcome nobody has settled yet.
+    package init() {}
+
     /// Settles the outcome; later calls change nothing.
-    func resolve(_ answer: Result<ClosedRange<SequenceNumber>, any Error>) {
+    package func resolve(_ answer: Result<ClosedRange<SequenceNumber>, any Error>) {
         let waiting = state.withLockedValue { state in
             guard state.answer == nil else { return [CheckedContinuation<ClosedRange<SequenceNumber>, any Error>]() }
             state.answer = answer
@@ -112,9 +184,12 @@ final class DispatchOutcome: Sendable {
         for continuation in waiting { continuation.resume(with: answer) }
     }
 
-    func fail(_ error: any Error) { resolve(.failure(error)) }
+    package func fail(_ error: any Error) { resolve(.failure(error)) }
 
-    var value: ClosedRange<SequenceNumber> {
+    /// The answer, once settled.
+    package var answer: Result<ClosedRange<SequenceNumber>, any Error>? { state.withLockedValue { $0.answer } }
+
+    package var value: ClosedRange<SequenceNumber> {
         get async throws {
             try await withCheckedThrowingContinuation { continuation in
                 let answer = state.withLockedValue { state in
@@ -123,110 +198,6 @@ final class DispatchOutcome: Sendable {
                 }
                 if let answer { continuation.resume(with: answer) }
             }
-        }
-    }
-}
-
-/// The optimistic state and what it is made of: a confirmed state (the base) and the pending dispatches applied on
-/// top of it, in dispatch order. Only changed through ``Change``, in the order of a ``Store``.
-struct Projection<D: Domain>: Equatable, Sendable {
-    struct Entry: Sendable {
-        var requestNumber: UInt64
-        var actions: [D.Action]
-    }
-
-    /// The confirmed state it is built on.
-    var base: Replicated<D.State>
-    /// Rebases applied; one that arrives before the one due waits in `early`, so they apply in the order the
-    /// replica worked them out even when two threads send them.
-    var rebases: UInt64 = 0
-    var early: [UInt64: (base: Replicated<D.State>, settled: Set<UInt64>)] = [:]
-    var pending: [Entry] = []
-    /// `base` with `pending` applied: what the optimistic view shows, with the base's epoch and seq.
-    var view: Replicated<D.State>
-
-    init(base: Replicated<D.State>) {
-        self.base = base
-        view = base
-    }
-
-    static func == (left: Self, right: Self) -> Bool {
-        left.view == right.view && left.rebases == right.rebases
-            && left.pending.map(\.requestNumber) == right.pending.map(\.requestNumber)
-    }
-
-    enum Change: Encodable, Sendable {
-        /// A new optimistic dispatch, validated against the optimistic state and applied to it.
-        case add(Entry)
-        /// The confirmed state moved to `base`: `settled` (confirmed in it, or lost) leave the pending list and the
-        /// rest are applied again on top. Rebase `sequence` applies after rebase `sequence - 1`.
-        case rebase(Replicated<D.State>, sequence: UInt64, settled: Set<UInt64>)
-        /// Rolled back: rejected by the daemon, refused, lost.
-        case remove(Set<UInt64>)
-
-        func encode(to encoder: any Encoder) throws {
-            var container = encoder.singleValueContainer()
-            switch self {
-            case let .add(entry): try container.encode("add #\(entry.requestNumber)")
-            case let .rebase(base, sequence, settled):
-                try container.encode("rebase \(sequence) on seq \(base.seq), \(settled.sorted()) settled")
-            case let .remove(numbers): try container.encode("remove \(numbers.sorted())")
-            }
-        }
-    }
-
-    static var reducer: Reducer<Projection, Change> {
-        Reducer(
-            validate: { change, projection throws(Rejection) in
-                guard case let .add(entry) = change else { return }
-                try validate(entry.actions, on: projection.view.state)
-            },
-            reduce: { projection, change in
-                switch change {
-                case let .add(entry):
-                    projection.pending.append(entry)
-                    for action in entry.actions { D.reduce(into: &projection.view.state, action) }
-                case let .rebase(base, sequence, settled):
-                    projection.early[sequence] = (base, settled)
-                    while let (base, settled) = projection.early.removeValue(forKey: projection.rebases + 1) {
-                        projection.rebases += 1
-                        projection.base = base
-                        projection.pending.removeAll { settled.contains($0.requestNumber) }
-                    }
-                    projection.replay()
-                case let .remove(numbers):
-                    projection.pending.removeAll { numbers.contains($0.requestNumber) }
-                    projection.replay()
-                }
-            }
-        )
-    }
-
-    /// Validates `actions` in turn, each on the state the ones before it leave: as the daemon validates a batch.
-    static func validate(_ actions: [D.Action], on state: D.State) throws(Rejection) {
-        guard actions.count > 1 else {
-            if let action = actions.first { try D.validate(action, in: state) }
-            return
-        }
-        var scratch = state
-        for (index, action) in actions.enumerated() {
-            do throws(Rejection) {
-                try D.validate(action, in: scratch)
-            } catch {
-                throw Rejection(code: error.code, "action \(index) of the batch: \(error.reason)")
-            }
-            D.reduce(into: &scratch, action)
-        }
-    }
-
-    /// The view again: the base and every pending entry that still validates on what is before it. An entry the
-    /// new base no longer allows is left out, whole, until the daemon decides it (a reducer only ever sees actions
-    /// its validator accepted on that very state).
-    mutating func replay() {
-        view = base
-        for entry in pending {
-            guard (try? Self.validate(entry.actions, on: view.state)) != nil else { continue }
-            for action in entry.actions { D.reduce(into: &view.state, action) }
         }
     }
 }

@@ -80,10 +80,11 @@ public struct ReplicaConfiguration: Sendable {
     /// `dispatchOptimistically` throws `tooManyPending`. Each is applied again on every confirmed change, so this
     /// also bounds that work.
     public var maximumPending = 1_000
-    /// How long an optimistic dispatch without an answer is sent again (with its idempotency key, through daemon
-    /// restarts) before it is rolled back with `unavailable`, its outcome unknown. Keep it well inside the time the
-    /// daemon keeps idempotency keys (its newest `idempotency_entries` replies): a dispatch sent again after its key
-    /// was dropped would be applied a second time.
+    /// How long after its dispatch an optimistic dispatch the daemon has not accepted stays pending: it is sent
+    /// again (with its idempotency key, through daemon restarts) until then, and at the bound rolled back with
+    /// `unavailable` and sent no more, even while the daemon is silent. Keep it well inside the time the daemon keeps
+    /// idempotency keys (its newest `idempotency_entries` replies): no dispatch is sent after its bound, so none
+    /// comes back after its key was dropped.
     public var pendingTimeout = Duration.seconds(60)
     /// Join, repair and silence settings.
     public var sync = ReplicaSync.Settings()

@@ -29,6 +29,16 @@ package struct DemoClient: Sendable {
     package var conflictCommands: Bool
     /// What the replicas log, to standard error: a takeover's moves (`sending to another daemon`) are at notice.
     package var logLevel: Logger.Level
+    /// Dispatch through `dispatchOptimistically`, waiting for each handle's answer.
+    package var optimistic = false
+    /// Check every optimistic read a subscriber gets (``OptimisticReadCheck``), counting reads and problems in the
+    /// report.
+    package var checkReads = false
+    /// A control: drop the first pending dispatch from each read before it is checked, so the check must find
+    /// problems.
+    package var breakReads = false
+    /// How long an optimistic dispatch stays pending without an acceptance.
+    package var pendingTimeout = Duration.seconds(60)
 
     package init(
         stores: String,
@@ -70,13 +80,18 @@ package struct DemoClient: Sendable {
         configuration.curve = curve
         configuration.requestTimeout = .milliseconds(timeoutMs)
         configuration.retries = retries
+        configuration.pendingTimeout = pendingTimeout
         var replicas: [any DemoReplica] = []
+        var checks: [Cancellation] = []
+        defer { for check in checks { check.cancel() } }
         for name in stores.split(separator: ",").map(String.init) {
             guard let domain = Examples.domain(named: name) else {
                 let known = Examples.domains.map { $0.name }.joined(separator: ", ")
                 throw CommandFailure("--stores: no example store '\(name)'; the examples are \(known)")
             }
-            replicas.append(try makeReplica(domain, configuration: configuration, logger: logger))
+            let replica = try makeReplica(domain, configuration: configuration, logger: logger)
+            if checkReads || breakReads { checks.append(replica.checkReads(breaking: breakReads)) }
+            replicas.append(replica)
         }
         var conflict: ConflictPlayer?
         if conflictCommands {
@@ -91,6 +106,7 @@ package struct DemoClient: Sendable {
             concurrency: concurrency,
             seed: seed,
             tag: tag,
+            optimistic: optimistic,
             reportInterval: .milliseconds(reportMs),
             printState: printState,
             conflict: conflict
@@ -118,14 +134,20 @@ package struct DemoClient: Sendable {
 protocol DemoReplica: Sendable {
     var name: String { get }
     var service: any Service { get }
-    /// Dispatches an action generated from the replica's state; `false` if the domain rejected it.
-    func dispatchGenerated(using random: inout SplitMix64, tag: String?) async throws -> Bool
+    /// Dispatches an action generated from the replica's state (optimistically, waiting for the handle's answer,
+    /// when `optimistic`); `false` if the domain rejected it.
+    func dispatchGenerated(using random: inout SplitMix64, tag: String?, optimistic: Bool) async throws -> Bool
     func report(withState: Bool) -> ReplicaReport.Store
+    /// Checks every optimistic read from now on (``OptimisticReadCheck``) until cancelled; with `breaking`, each
+    /// read loses its first pending dispatch before it is checked.
+    func checkReads(breaking: Bool) -> Cancellation
 }
 
 final class DemoReplicaOf<D: ActionGenerating>: DemoReplica {
     let replica: Replica<D>
     private let digest = LockedValue<(seq: SequenceNumber, epoch: Epoch?, hex: String)?>(nil)
+    /// Optimistic reads checked, the problems found, and the first one.
+    private let checked = LockedValue((reads: 0, problems: 0, first: String?.none))
 
     init(replica: Replica<D>) {
         self.replica = replica
@@ -134,7 +156,7 @@ final class DemoReplicaOf<D: ActionGenerating>: DemoReplica {
     var name: String { D.name }
     var service: any Service { replica }
 
-    func dispatchGenerated(using random: inout SplitMix64, tag: String?) async throws -> Bool {
+    func dispatchGenerated(using random: inout SplitMix64, tag: String?, optimistic: Bool) async throws -> Bool {
         var action = D.randomAction(for: replica.state, using: &random)
         if let tag, case let .add(text)? = action as? Todos.Action,
             let tagged = Todos.Action.add(text: "\(tag) \(text)")
@@ -143,10 +165,27 @@ final class DemoReplicaOf<D: ActionGenerating>: DemoReplica {
             action = tagged
         }
         do {
-            try await replica.dispatch(action)
+            if optimistic {
+                _ = try await replica.dispatchOptimistically(action).seqs
+            } else {
+                try await replica.dispatch(action)
+            }
             return true
         } catch is Rejection {
             return false
+        }
+    }
+
+    func checkReads(breaking: Bool) -> Cancellation {
+        replica.subscribe(optimistic: { $0 }) { [checked] read in
+            var read = read
+            if breaking, !read.pending.isEmpty { read.pending.removeFirst() }
+            let problems = OptimisticReadCheck.problems(read)
+            checked.withLockedValue { checked in
+                checked.reads += 1
+                checked.problems += problems.count
+                if checked.first == nil { checked.first = problems.first }
+            }
         }
     }
 
@@ -173,7 +212,8 @@ final class DemoReplicaOf<D: ActionGenerating>: DemoReplica {
             divergences: status.divergences,
             state: withState
                 ? (try? CanonicalEncoding.encode(current.state)).map { String(decoding: $0, as: UTF8.self) } : nil,
-            pending: pending.isEmpty ? nil : pending.map(\.description)
+            pending: pending.isEmpty ? nil : pending.map(\.description),
+            checkedReads: checked.withLockedValue { $0.reads == 0 ? nil : ($0.reads, $0.problems, $0.first) }
         )
     }
 }
@@ -186,6 +226,7 @@ struct DemoWorkload: Service {
     let concurrency: Int
     let seed: UInt64
     let tag: String?
+    let optimistic: Bool
     let reportInterval: Duration
     let printState: Bool
     let conflict: ConflictPlayer?
@@ -197,6 +238,7 @@ struct DemoWorkload: Service {
         concurrency: Int,
         seed: UInt64,
         tag: String?,
+        optimistic: Bool = false,
         reportInterval: Duration,
         printState: Bool,
         conflict: ConflictPlayer? = nil
@@ -206,6 +248,7 @@ struct DemoWorkload: Service {
         self.concurrency = concurrency
         self.seed = seed
         self.tag = tag
+        self.optimistic = optimistic
         self.reportInterval = reportInterval
         self.printState = printState
         self.conflict = conflict
@@ -244,7 +287,9 @@ struct DemoWorkload: Service {
                         let replica = replicas[Int(random.next() % UInt64(replicas.count))]
                         var outcome: Result<Bool, any Error>
                         do {
-                            outcome = .success(try await replica.dispatchGenerated(using: &random, tag: tag))
+                            outcome = .success(
+                                try await replica.dispatchGenerated(using: &random, tag: tag, optimistic: optimistic)
+                            )
                         } catch {
                             outcome = .failure(error)
                             printError("lockstep demo-client: dispatch to \(replica.name) failed: \(error)")

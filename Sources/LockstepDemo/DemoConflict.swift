@@ -151,7 +151,12 @@ struct ConflictPlayer: Sendable {
                 return emit(failure: "the optimistic view is not past seq \(prepared.seq) after \(Self.patience)")
             }
             var line = ConflictLine(.rolledBack)
-            line.rollback = "#\(rollback.requestNumber) " + rollback.actions.joined(separator: " ")
+            line.rollback =
+                "#\(rollback.requestNumber) "
+                + rollback.actions.map {
+                    (try? CanonicalEncoding.encode($0)).map { String(decoding: $0, as: UTF8.self) } ?? "?"
+                }
+                .joined(separator: " ")
             line.code = rejection.code
             line.reason = rejection.reason
             line.seq = view.seq
@@ -164,7 +169,10 @@ struct ConflictPlayer: Sendable {
     }
 
     /// The rollback of `request` told on `stream`, or `nil` after ``patience``.
-    private func first(of stream: AsyncStream<OptimisticRollback>, request: UInt64) async -> OptimisticRollback? {
+    private func first(
+        of stream: AsyncStream<OptimisticRollback<Numbers>>,
+        request: UInt64
+    ) async -> OptimisticRollback<Numbers>? {
         await Self.first(of: stream) { $0.requestNumber == request }
     }
 

@@ -102,6 +102,13 @@ public struct LazyPirate<Payload> {
         flights.removeValue(forKey: requestID).map { ($0.request, $0.payload) }
     }
 
+    /// Request `requestID` is given up by its owner (it will not be sent again, whatever comes): its request and
+    /// payload, no longer in flight; `nil` when no such request waits.
+    @inlinable
+    public mutating func cancel(_ requestID: UInt64) -> (request: Request, payload: Payload)? {
+        answered(requestID)
+    }
+
     /// The owner moved its socket to another daemon (one answered `not_leader`, docs/protocol.md "Failover"):
     /// every request in flight must go out again on the new socket, at once or, with a `pause`, at `now + pause`.
     /// Their deadlines and tries stand: a `not_leader` ends no try, so a request still gives up after its tries.

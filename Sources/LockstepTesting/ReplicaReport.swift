@@ -30,9 +30,15 @@ public struct ReplicaReport: Codable, Sendable {
         public var divergences: Int
         /// The state's canonical JSON, in the final report when asked for.
         public var state: String?
-        /// Its optimistic dispatches the confirmed state does not hold yet, one line each (`PendingAction`'s
+        /// Its optimistic dispatches the confirmed state does not hold yet, one line each (`PendingDispatch`'s
         /// description: request number, actions, status, age); `nil` when there are none.
         public var pending: [String]?
+        /// With `--check-reads`: the optimistic reads its subscriber checked (``OptimisticReadCheck``).
+        public var checkedReads: Int?
+        /// With `--check-reads`: the problems the check found in them (0 is right).
+        public var readProblems: Int?
+        /// With `--check-reads`: the first problem found, if any.
+        public var firstReadProblem: String?
 
         /// A report of one replica, field by field.
         public init(
@@ -46,7 +52,8 @@ public struct ReplicaReport: Codable, Sendable {
             repairs: Int,
             divergences: Int,
             state: String?,
-            pending: [String]? = nil
+            pending: [String]? = nil,
+            checkedReads: (reads: Int, problems: Int, first: String?)? = nil
         ) {
             self.store = store
             self.phase = phase
@@ -59,6 +66,9 @@ public struct ReplicaReport: Codable, Sendable {
             self.divergences = divergences
             self.state = state
             self.pending = pending
+            self.checkedReads = checkedReads?.reads
+            readProblems = checkedReads?.problems
+            firstReadProblem = checkedReads?.first
         }
     }
 

@@ -71,6 +71,18 @@ struct DemoClientCommand: AsyncParsableCommand {
     @Flag(help: "Once every dispatch is answered, play the demo's optimistic conflict on commands from standard input.")
     var conflictCommands = false
 
+    @Flag(help: "Dispatch optimistically (dispatchOptimistically), waiting for each handle's answer.")
+    var optimistic = false
+
+    @Flag(help: "Check every optimistic read a subscriber gets; the report counts reads and problems.")
+    var checkReads = false
+
+    @Flag(help: "A control for --check-reads: each read loses its first pending dispatch before it is checked.")
+    var breakReads = false
+
+    @Option(help: "How long an optimistic dispatch stays pending without an acceptance, in milliseconds.")
+    var pendingTimeoutMs = 60_000
+
     func validate() throws {
         guard actions >= 0 else { throw ValidationError("--actions must be 0 or more, got \(actions)") }
         guard (1...1_000).contains(concurrency) else { throw ValidationError("--concurrency must be 1...1000") }
@@ -88,7 +100,7 @@ struct DemoClientCommand: AsyncParsableCommand {
     }
 
     func run() async throws {
-        let client = DemoClient(
+        var client = DemoClient(
             stores: stores,
             actions: actions,
             concurrency: concurrency,
@@ -106,6 +118,10 @@ struct DemoClientCommand: AsyncParsableCommand {
             conflictCommands: conflictCommands,
             logLevel: Logger.Level(rawValue: logLevel) ?? .warning
         )
+        client.optimistic = optimistic
+        client.checkReads = checkReads
+        client.breakReads = breakReads
+        client.pendingTimeout = .milliseconds(pendingTimeoutMs)
         try await client.run()
     }
 }

@@ -33,6 +33,16 @@ import Testing
         #expect(pirate.answered(7) == nil)
     }
 
+    @Test func aCancelledRequestIsNeverSentAgain() {
+        var pirate = LazyPirate<String>(settings)
+        _ = pirate.submit(status(1), "a", now: start)
+        _ = pirate.submit(status(2), "b", now: start)
+        #expect(pirate.cancel(1)?.payload == "a")
+        #expect(pirate.cancel(1) == nil)
+        #expect(describe(pirate.tick(now: start + .seconds(2))) == ["renew", "send 2"])
+        #expect(describe(pirate.redirect(now: start + .seconds(3), pause: .zero)) == ["send 2"])
+    }
+
     @Test func silenceRenewsTheSocketAndSendsTheSameRequestUntilTheTriesRunOut() {
         var pirate = LazyPirate<String>(settings)
         _ = pirate.submit(status(1), "a", now: start)

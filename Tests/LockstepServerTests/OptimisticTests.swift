@@ -97,7 +97,7 @@ import ZeroMQ
             try await replica.dispatchOptimistically(.delete(index: 0))
             #expect(replica.state.numbers == [])
             #expect(replica.confirmedState == Numbers.initialState)
-            #expect(replica.pending.map(\.actions) == [[#"{"add":{"number":7}}"#], [#"{"delete":{"index":0}}"#]])
+            #expect(replica.pending.map(\.actions) == [[.add(number: 7)], [.delete(index: 0)]])
             let full = await #expect(throws: ClientError.self) {
                 try await replica.dispatchOptimistically(.add(number: 8))
             }
@@ -167,7 +167,7 @@ import ZeroMQ
             #expect(replica.pending.isEmpty)
             let told = await collect(rollbacks, within: .seconds(10)) { !$0.isEmpty }
             #expect(told.first?.requestNumber == handle.requestNumber)
-            #expect(told.first?.actions == [#"{"delete":{"index":1}}"#])
+            #expect(told.first?.actions == [.delete(index: 1)])
             #expect(told.first?.error is Rejection)
         }
         #expect(await daemon.stop() == 0)
@@ -323,6 +323,75 @@ import ZeroMQ
             return restarted
         }
         daemon = try #require(restarted)
+        #expect(await daemon.stop() == 0)
+    }
+
+    /// `pendingTimeout` is a bound: with the daemon down longer than it, every optimistic dispatch made meanwhile is
+    /// rolled back `unavailable` within the bound of its dispatch (plus a stated slack), is sent no more, and is
+    /// neither in the journal nor applied once the daemon is back.
+    @Test func aDispatchNotAcceptedWithinThePendingTimeoutIsRolledBackInTimeAndNeverApplied() async throws {
+        let directory = try TestSupport.temporaryDirectory("optimistic-timeout").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let daemon = try DaemonProcess(directory: directory)
+        try await daemon.waitUntilServing()
+        let bound = Duration.seconds(2)
+        // The replica's thread wakes at the earliest bound (it is one of its deadlines); the slack covers its wake-up
+        // and the handing over of the read on a loaded 2-core machine, and is far from the next bound a missed one
+        // would wait for (the LazyPirate's give-up, 3 tries of 500 ms, or the restart).
+        let slack = Duration.milliseconds(500)
+        try await withReplica(
+            Todos.self,
+            daemon,
+            {
+                $0.pendingTimeout = bound
+                $0.retries = 2
+            }
+        ) { replica in
+            _ = try await replica.dispatchOptimistically(.add(text: "before")).seq
+            // When each dispatch left the pending list, seen by a subscriber, which the replica's thread calls at the
+            // change.
+            let left = LockedValue([UInt64: ContinuousClock.Instant]())
+            let present = LockedValue(Set<UInt64>())
+            let watching = replica.subscribe(optimistic: { $0.pending.map(\.requestNumber) }) { numbers in
+                let now = ContinuousClock.now
+                let gone = present.withLockedValue { present in
+                    let gone = present.subtracting(numbers)
+                    present.formUnion(numbers)
+                    return gone
+                }
+                left.withLockedValue { left in for number in gone where left[number] == nil { left[number] = now } }
+            }
+            defer { watching.cancel() }
+            daemon.kill()
+            var handles: [(handle: OptimisticDispatch, at: ContinuousClock.Instant)] = []
+            for index in 0..<20 {
+                let at = ContinuousClock.now
+                handles.append((try await replica.dispatchOptimistically(.add(text: "down \(index)")), at))
+            }
+            for (handle, at) in handles {
+                let error = await #expect(throws: ClientError.self) { try await handle.seqs }
+                #expect(error?.code == .unavailable, "\(String(describing: error))")
+                // The handle fails under the ledger's lock; the read without it reaches the subscriber just after.
+                _ = try await eventually(within: .seconds(10)) {
+                    left.withLockedValue { $0[handle.requestNumber] != nil }
+                }
+                let gone = try #require(left.withLockedValue { $0[handle.requestNumber] })
+                #expect(gone - at >= bound, "rolled back \(gone - at) after its dispatch, before the bound")
+                #expect(gone - at <= bound + slack, "rolled back \(gone - at) after its dispatch")
+                guard case .rolledBack = handle.status else {
+                    Issue.record("#\(handle.requestNumber) is \(handle.status)")
+                    continue
+                }
+            }
+            #expect(replica.pending.isEmpty && replica.state == replica.confirmedState)
+            // Back: nothing queued for the rolled-back dispatches reaches it. A dispatch made now goes after anything
+            // still on the replica's socket, so once it is confirmed, nothing older can come.
+            try daemon.start()
+            try await daemon.waitUntilServing()
+            _ = try await replica.dispatchOptimistically(.add(text: "after")).seq
+            #expect(try await agrees(replica, with: daemon))
+            #expect(replica.confirmedState.list.items.map(\.text) == ["before", "after"])
+        }
         #expect(await daemon.stop() == 0)
     }
 

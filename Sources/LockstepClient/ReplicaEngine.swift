@@ -1,0 +1,552 @@
+import Foundation
+import Lockstep
+import LockstepProtocol
+import Logging
+import ZeroMQ
+
+/// What a dispatch in flight waits with: how many actions it sent, who to answer, and whether it is optimistic
+/// (its request number then).
+struct Dispatch {
+    var count: Int
+    var outcome: DispatchOutcome
+    var optimistic: UInt64?
+    /// When it was first sent: an optimistic dispatch is sent again until ``ReplicaConfiguration/pendingTimeout``.
+    var firstSent: ContinuousClock.Instant
+}
+
+/// The replica thread's state: the sync machine, the requests in flight, and what they wait for.
+struct Engine<D: Domain> {
+    unowned let replica: Replica<D>
+    var sync: ReplicaSync
+    /// The dispatches waiting for their reply, retried the Lazy Pirate way.
+    var inFlight: LazyPirate<Dispatch>
+    var repairs = 0
+    var divergences = 0
+    var disconnected = false
+    var problem: String?
+    var divergenceDetail: String?
+    /// Actions read in this pass over the events socket and not yet handed to the local store: a pass
+    /// applies its in-order events as one change, so the store (and its subscribers) see one run per pass,
+    /// not one change per event. Anything else the sync machine asks for hands them over first.
+    var unapplied: (epoch: Epoch, firstSeq: SequenceNumber, lastSeq: SequenceNumber, actions: [D.Action])?
+    var batching = false
+    /// Reads the events' actions: the canonical form's own coder, with Foundation's behind it for anything else.
+    let coder = CanonicalEncoding.Coder()
+    /// With ``ReplicaConfiguration/evidenceDirectory``: what a divergence's evidence file is made of.
+    var evidence: EvidenceRecorder?
+    /// How many confirmed changes were handed to the local store: the number of the next one, less one.
+    var handed: UInt64 = 0
+    /// The optimistic dispatches waiting for a reply, by request number.
+    var optimisticInFlight: Set<UInt64> = []
+    /// Optimistic dispatches the daemon could not take for now (`unavailable`), sent again at their time.
+    var retryLater: [(at: ContinuousClock.Instant, request: Request, dispatch: Dispatch)] = []
+    /// When the sync machine's request goes out again, after a `not_leader` from every daemon that answers.
+    var syncResendAt: ContinuousClock.Instant?
+    /// The request id of the sync machine's newest snapshot or range request: an ERROR answers it only with this id
+    /// (an ERROR to an earlier try, or to a dispatch sent twice, says nothing about the store now).
+    var lastSyncRequest: UInt64 = 0
+
+    init(replica: Replica<D>, sync: ReplicaSync) {
+        self.replica = replica
+        self.sync = sync
+        inFlight = LazyPirate(
+            LazyPirate.Settings(timeout: replica.configuration.requestTimeout, retries: replica.configuration.retries)
+        )
+        evidence = replica.configuration.evidenceDirectory.map {
+            EvidenceRecorder(
+                directory: $0,
+                maximumFiles: replica.configuration.maximumEvidenceFiles,
+                maximumBytes: replica.configuration.maximumEvidenceBytes
+            )
+        }
+    }
+
+    var store: StoreName { replica.store }
+    var configuration: ReplicaConfiguration { replica.configuration }
+
+    var status: ReplicaStatus {
+        var status = ReplicaStatus()
+        switch sync.phase {
+        case _ where disconnected: status.phase = .disconnected
+        case .joining: status.phase = .joining
+        case .live: status.phase = .live
+        case .repairing: status.phase = .repairing
+        }
+        status.epoch = sync.epoch
+        status.lastSeq = sync.lastSeq
+        status.daemonSeq = sync.daemonSeq
+        status.resyncs = sync.resyncCount
+        status.repairs = repairs
+        status.divergences = divergences
+        status.problem = problem
+        return status
+    }
+
+    func nextDeadline(after now: ContinuousClock.Instant) -> ContinuousClock.Instant {
+        var next = min(inFlight.nextDeadline ?? now + .seconds(1), syncResendAt ?? now + .seconds(1))
+        if let pending = replica.ledger.withLockedValue({ $0.nextDeadline }) { next = min(next, pending) }
+        return retryLater.reduce(next) { min($0, $1.at) }
+    }
+
+    // MARK: Dispatches
+
+    mutating func send(_ outbox: [Outgoing], on link: inout Link) throws {
+        let now = ContinuousClock.now
+        for outgoing in outbox {
+            let request = Request.dispatch(
+                DispatchRequest(
+                    requestID: outgoing.number,
+                    domainVersion: D.version,
+                    clientID: replica.clientID,
+                    store: store,
+                    actions: outgoing.actions
+                )
+            )
+            let dispatch = Dispatch(
+                count: outgoing.actions.count,
+                outcome: outgoing.outcome,
+                optimistic: outgoing.optimistic ? outgoing.number : nil,
+                firstSent: now
+            )
+            if outgoing.optimistic { optimisticInFlight.insert(outgoing.number) }
+            try perform(inFlight.submit(request, dispatch, now: now), on: &link)
+        }
+    }
+
+    /// Carries out what the Lazy Pirate machine asks for.
+    mutating func perform(_ outputs: [LazyPirate<Dispatch>.Output], on link: inout Link) throws {
+        var again: [(Request, Dispatch)] = []
+        for output in outputs {
+            switch output {
+            case let .send(request):
+                link.send(request)
+                if optimisticInFlight.contains(request.requestID) { sentOptimistic(request.requestID) }
+            case .renewSocket:
+                try moveOn(.dispatchUnanswered, &link, now: .now)
+            case let .gaveUp(request, dispatch, _)
+            where dispatch.optimistic != nil && .now - dispatch.firstSent < configuration.pendingTimeout:
+                // An optimistic dispatch stays pending through a daemon restart: sent again, with its key.
+                again.append((request, dispatch))
+            case let .gaveUp(_, dispatch, tries):
+                guard let number = dispatch.optimistic else {
+                    dispatch.outcome.fail(
+                        ClientError(
+                            code: .unavailable,
+                            "no reply from \(configuration.daemonsPhrase) after \(tries) tries of "
+                                + "\(configuration.requestTimeout) each; is the daemon running, and is the endpoint "
+                                + "right?"
+                        )
+                    )
+                    continue
+                }
+                optimisticInFlight.remove(number)
+                replica.rolledBack(
+                    number,
+                    ClientError(
+                        code: .unavailable,
+                        "no reply from \(configuration.daemonsPhrase) for "
+                            + "\(configuration.pendingTimeout) (ReplicaConfiguration.pendingTimeout): given up, its "
+                            + "outcome unknown (the confirmed state holds it if the daemon applied it); is the daemon "
+                            + "running?"
+                    )
+                )
+            }
+        }
+        // After the outputs above, so on the renewed socket.
+        let now = ContinuousClock.now
+        for (request, dispatch) in again { try perform(inFlight.submit(request, dispatch, now: now), on: &link) }
+    }
+
+    /// Why requests move to another daemon's command socket.
+    enum Move {
+        /// A dispatch's try timed out (the Lazy Pirate machine sends what is in flight again itself).
+        case dispatchUnanswered
+        /// A snapshot or range request timed out (the sync machine sends it again itself).
+        case syncUnanswered
+        /// The daemon answered `not_leader`.
+        case notLeader
+    }
+
+    /// Requests go to the next daemon (``LeaderSearch``) on a fresh socket, and what was out on the old one is sent
+    /// again there; after a `not_leader` from every daemon that answers, after a pause.
+    mutating func moveOn(_ move: Move, _ link: inout Link, now: ContinuousClock.Instant) throws {
+        let from = link.search.endpoint
+        let because =
+            switch move {
+            case .notLeader: "not the leader"
+            case _ where link.search.currentIsStandingBy: "a standby, and a request's try ran out"
+            default: "no answer in time"
+            }
+        var pause = Duration.zero
+        if move == .notLeader {
+            pause = link.search.notLeader()
+        } else {
+            link.search.timedOut()
+        }
+        try link.renewCommandSocket()
+        if link.search.endpoint != from {
+            replica.logger.notice(
+                "sending to another daemon",
+                metadata: [
+                    "from": "\(from)", "to": "\(link.search.endpoint)",
+                    "because": "\(because)",
+                ]
+            )
+        }
+        if move != .dispatchUnanswered { try perform(inFlight.redirect(now: now, pause: pause), on: &link) }
+        guard move != .syncUnanswered else { return }
+        if pause > .zero {
+            syncResendAt = now + pause
+        } else {
+            try perform(sync.resendRequest(now: now), on: &link)
+        }
+    }
+
+    /// Optimistic dispatch `number` went out (again): counted, and the first time, when.
+    func sentOptimistic(_ number: UInt64) {
+        replica.carryOut(replica.withLedger { [handed] in $0.sent(number, heard: handed) })
+    }
+
+    /// Optimistic dispatches the ledger gave up (``ReplicaConfiguration/pendingTimeout``): sent no more. What is
+    /// still queued on the command socket for them is dropped with the socket, and the requests still in flight
+    /// go out again on a fresh one.
+    mutating func abandon(_ numbers: [UInt64], on link: inout Link) throws {
+        guard !numbers.isEmpty else { return }
+        for number in numbers {
+            _ = inFlight.cancel(number)
+            optimisticInFlight.remove(number)
+        }
+        retryLater.removeAll { numbers.contains($0.request.requestID) }
+        try link.renewCommandSocket()
+        try perform(inFlight.redirect(now: .now, pause: .zero), on: &link)
+    }
+
+    mutating func failAll(_ outbox: [Outgoing], _ error: ClientError) {
+        for outgoing in outbox { outgoing.outcome.fail(error) }
+        for (_, dispatch) in inFlight.removeAll() { dispatch.outcome.fail(error) }
+        for (_, _, dispatch) in retryLater { dispatch.outcome.fail(error) }
+        retryLater.removeAll()
+        optimisticInFlight.removeAll()
+    }
+
+    /// Answers a dispatch: a rejection or refusal at once (an optimistic one rolled back), an acceptance once this
+    /// replica applied it.
+    mutating func complete(_ request: Request, _ flight: Dispatch, with reply: Reply) {
+        if let number = flight.optimistic { optimisticInFlight.remove(number) }
+        let error: any Error
+        switch reply {
+        case let .accepted(_, epoch, firstSeq, count) where count == flight.count && count > 0:
+            let seqs = firstSeq...(firstSeq + SequenceNumber(count) - 1)
+            let deadline = ContinuousClock.now + configuration.readYourWritesTimeout
+            if let number = flight.optimistic {
+                // Confirmed by the rebase onto a confirmed state that holds its seqs; that may be the one this
+                // answer held up.
+                replica.carryOut(
+                    replica.withLedger { $0.accepted(number, epoch: epoch, seqs: seqs, confirmBy: deadline) }
+                )
+                return
+            }
+            let waiter = Waiter(epoch: epoch, seqs: seqs, deadline: deadline, outcome: flight.outcome)
+            replica.shared.withLockedValue { $0.waiters.append(waiter) }
+            // It may have been applied already (the event can overtake the reply).
+            let current = replica.local.state
+            if let applied = current.epoch, applied == epoch, current.seq >= seqs.upperBound {
+                replica.applied(epoch: applied, seq: current.seq)
+            }
+            return
+        case let .rejected(_, index, rejection):
+            error =
+                flight.count == 1
+                ? rejection : Rejection(code: rejection.code, "action \(index) of the batch: \(rejection.reason)")
+        case let .error(_, refusal) where refusal.code == .unavailable || refusal.code == .notLeader:
+            // Nothing was applied and a retry with the same key is safe: an optimistic dispatch is sent again after
+            // a request's timeout; the caller of another may try again later.
+            if let number = flight.optimistic {
+                retryLater.append((.now + configuration.requestTimeout, request, flight))
+                // Not in any history until it is sent again: it holds no rebase up meanwhile.
+                replica.carryOut(replica.withLedger { $0.notTaken(number) })
+                return
+            }
+            error = ClientError(code: .unavailable, "the daemon could not take the dispatch now: \(refusal)")
+        case let .error(_, refusal):
+            error = ClientError(code: .refused, "the daemon refused the dispatch to '\(store)': \(refusal)")
+        default:
+            error = ClientError(code: .protocolViolation, "the daemon answered a dispatch with \(reply)")
+        }
+        if let number = flight.optimistic { replica.rolledBack(number, error) } else { flight.outcome.fail(error) }
+    }
+
+    // MARK: Inputs
+
+    mutating func readEvents(from link: inout Link) throws {
+        batching = true
+        defer {
+            batching = false
+            handOver()
+        }
+        for _ in 0..<10_000 {
+            guard let frames = try link.events.receive(wait: false) else { return }
+            let now = ContinuousClock.now
+            disconnected = false
+            let event: Event
+            do {
+                event = try Event.decode(frames)
+            } catch {
+                // A daemon of a later protocol would be refused here, by name, not followed blindly.
+                replica.logger.warning(
+                    "ignored an unreadable message on the events socket",
+                    metadata: ["frames": "\(frames.count)", "error": "\(error)"]
+                )
+                continue
+            }
+            guard event.store == store else { continue }
+            switch event {
+            case let .events(_, epoch, firstSeq, actions):
+                try perform(sync.events(epoch: epoch, firstSeq: firstSeq, actions: actions, now: now), on: &link)
+            case let .event(_, epoch, seq, action):
+                try perform(sync.event(epoch: epoch, seq: seq, action: action, now: now), on: &link)
+            case let .heartbeat(_, epoch, lastSeq):
+                try perform(sync.heartbeat(epoch: epoch, lastSeq: lastSeq, now: now), on: &link)
+            case let .digest(_, epoch, seq, digest):
+                try perform(sync.digest(epoch: epoch, seq: seq, digest: digest, now: now), on: &link)
+            }
+        }
+    }
+
+    mutating func readReplies(from link: inout Link) throws {
+        for _ in 0..<10_000 {
+            guard let frames = try link.commands.receive(wait: false) else { return }
+            let now = ContinuousClock.now
+            let reply: Reply
+            do {
+                reply = try Reply.decode(frames)
+            } catch {
+                replica.logger.warning(
+                    "ignored an unreadable reply",
+                    metadata: ["endpoint": "\(link.search.endpoint)", "error": "\(error)"]
+                )
+                continue
+            }
+            if case let .error(_, error) = reply, error.code == .notLeader, link.search.endpoints.count > 1 {
+                // A standby: nothing was applied; the request goes on at the next daemon that may lead.
+                try moveOn(.notLeader, &link, now: now)
+                continue
+            }
+            link.search.answered()
+            if let (request, dispatch) = inFlight.answered(reply.requestID) {
+                complete(request, dispatch, with: reply)
+                continue
+            }
+            switch reply {
+            case let .snapshot(_, snapshot) where snapshot.store == store:
+                problem = nil
+                try perform(
+                    sync.snapshot(
+                        epoch: snapshot.epoch,
+                        seq: snapshot.seq,
+                        digest: snapshot.digest,
+                        state: snapshot.state,
+                        now: now
+                    ),
+                    on: &link
+                )
+            case let .range(_, name, epoch, firstSeq, actions) where name == store:
+                try perform(sync.range(epoch: epoch, firstSeq: firstSeq, actions: actions, now: now), on: &link)
+            case let .compacted(_, name, epoch, firstAvailable) where name == store:
+                try perform(sync.compacted(epoch: epoch, firstAvailable: firstAvailable, now: now), on: &link)
+            case let .error(requestID, error) where error.code == .invalidRange && requestID == lastSyncRequest:
+                try perform(sync.rangeRefused(now: now), on: &link)
+            case let .error(requestID, error) where requestID == lastSyncRequest:
+                if problem == nil {
+                    replica.logger.error(
+                        "the daemon refused to serve the store",
+                        metadata: ["store": "\(store)", "error": "\(error)"]
+                    )
+                }
+                problem = "the daemon refused to serve '\(store)': \(error)"
+            default:
+                break  // the answer to a dispatch that already timed out, or to an older request (a resend's twin)
+            }
+        }
+    }
+
+    /// Resends what went unanswered, gives up on what ran out of tries, and lets the sync machine see time pass.
+    mutating func tick(on link: inout Link) throws {
+        let now = ContinuousClock.now
+        try perform(inFlight.tick(now: now), on: &link)
+        if let at = syncResendAt, at <= now {
+            syncResendAt = nil
+            try perform(sync.resendRequest(now: now), on: &link)
+        }
+        if retryLater.contains(where: { $0.at <= now }) {
+            let due = retryLater.filter { $0.at <= now }
+            retryLater.removeAll { $0.at <= now }
+            for (_, request, dispatch) in due {
+                if let number = dispatch.optimistic { optimisticInFlight.insert(number) }
+                try perform(inFlight.submit(request, dispatch, now: now), on: &link)
+            }
+        }
+        let late = replica.shared.withLockedValue { shared in
+            var late: [Waiter] = []
+            shared.waiters.removeAll { waiter in
+                guard waiter.deadline <= now else { return false }
+                late.append(waiter)
+                return true
+            }
+            return late
+        }
+        func notApplied(_ seqs: ClosedRange<SequenceNumber>) -> ClientError {
+            ClientError(
+                code: .notApplied,
+                "the daemon committed seqs \(seqs), but this replica has not applied them within "
+                    + "\(configuration.readYourWritesTimeout) (it is \(status.phase) at seq \(sync.lastSeq))"
+            )
+        }
+        for waiter in late { waiter.outcome.fail(notApplied(waiter.seqs)) }
+        try abandon(replica.carryOut(replica.withLedger { $0.tick(now: now) }), on: &link)
+        try perform(sync.tick(now: now), on: &link)
+    }
+
+    // MARK: Outputs
+
+    /// Does what the sync machine asked, in order. A check that fails hands the machine the mismatch and
+    /// drops the rest: the machine has started over, so what followed is void.
+    mutating func perform(_ outputs: [ReplicaSync.Output], on link: inout Link) throws {
+        for output in outputs {
+            if case .apply = output {} else { handOver() }
+            switch output {
+            case .requestSnapshot:
+                syncResendAt = nil
+                lastSyncRequest = replica.nextRequestID()
+                link.send(.snapshot(requestID: lastSyncRequest, store: store))
+            case let .requestRange(from, to):
+                repairs += 1
+                syncResendAt = nil
+                lastSyncRequest = replica.nextRequestID()
+                link.send(.range(requestID: lastSyncRequest, store: store, from: from, to: to))
+            case let .install(epoch, seq, digest, bytes):
+                guard StateDigest(of: bytes) == digest else {
+                    return try mismatch(seq, "the snapshot's bytes do not match its digest \(digest)", on: &link)
+                }
+                let state: D.State
+                do {
+                    state = try coder.decode(D.State.self, from: bytes)
+                } catch {
+                    let reason = CanonicalEncoding.describe(error)
+                    return try mismatch(
+                        seq,
+                        "the snapshot is not a \(D.name) v\(D.version) state: \(reason)",
+                        on: &link
+                    )
+                }
+                handed += 1
+                replica.apply(
+                    .install(Replicated(epoch: epoch, seq: seq, state: state)),
+                    number: handed,
+                    epoch: epoch,
+                    seq: seq
+                )
+                evidence?.agree(epoch: epoch, seq: seq, state: bytes)
+            case let .apply(events):
+                guard let epoch = sync.epoch, let first = events.first, let last = events.last else { continue }
+                evidence?.applied(events)
+                if let pending = unapplied, pending.epoch != epoch || pending.lastSeq + 1 != first.seq { handOver() }
+                var actions = unapplied?.actions ?? []
+                actions.reserveCapacity(actions.count + events.count)
+                for event in events {
+                    do {
+                        actions.append(try coder.decode(D.Action.self, from: event.action))
+                    } catch {
+                        let reason = CanonicalEncoding.describe(error)
+                        return try mismatch(
+                            event.seq,
+                            "the action is not a \(D.name) v\(D.version) action (\(reason)); does the daemon run "
+                                + "another version of the domain?",
+                            on: &link
+                        )
+                    }
+                }
+                unapplied = (epoch, unapplied?.firstSeq ?? first.seq, last.seq, actions)
+                if !batching { handOver() }
+            case let .verifyDigest(seq, digest):
+                let current = replica.local.state
+                // Not applied yet when another thread is draining the local store; the next digest checks.
+                guard current.seq == seq, let epoch = current.epoch,
+                    let bytes = try? Array(CanonicalEncoding.encode(current.state))
+                else { continue }
+                let mine = StateDigest(of: bytes)
+                guard mine != digest else {
+                    evidence?.agree(epoch: epoch, seq: seq, state: bytes)
+                    continue
+                }
+                var location = ""
+                do {
+                    if let file = try evidence?.write(
+                        store: store.rawValue,
+                        domainVersion: D.version,
+                        seq: seq,
+                        daemonDigest: digest,
+                        replicaState: bytes
+                    ) {
+                        location = "; evidence in \(file.path)"
+                        replica.logger.error(
+                            "wrote the evidence of a divergence",
+                            metadata: ["store": "\(store)", "seq": "\(seq)", "file": "\(file.path)"]
+                        )
+                    }
+                } catch {
+                    replica.logger.error(
+                        "could not write the evidence of a divergence",
+                        metadata: [
+                            "store": "\(store)", "directory": "\(evidence?.directory ?? "")", "error": "\(error)",
+                        ]
+                    )
+                }
+                return try mismatch(
+                    seq,
+                    "the daemon's digest is \(digest), this replica's is \(mine)\(location)",
+                    on: &link
+                )
+            case let .reportDivergence(seq):
+                divergences += 1
+                let detail = divergenceDetail ?? "the state differs from the daemon's"
+                divergenceDetail = nil
+                replica.logger.error(
+                    "diverged from the daemon; resyncing",
+                    metadata: ["store": "\(store)", "seq": "\(seq)", "detail": "\(detail)"]
+                )
+                replica.notify(.diverged(seq: seq, detail: detail))
+            case let .resync(reason):
+                replica.logger.warning("replica resyncs", metadata: ["store": "\(store)", "reason": "\(reason)"])
+                replica.notify(.resynced(reason))
+            case let .silent(duration):
+                disconnected = true
+                replica.logger.warning(
+                    "no word from the daemon; keeping the state and asking after it",
+                    metadata: ["store": "\(store)", "silent": "\(duration)", "seq": "\(sync.lastSeq)"]
+                )
+            case .requestUnanswered:
+                // With one daemon the request goes out again on the same socket, where a slow reply still lands.
+                if link.search.endpoints.count > 1 { try moveOn(.syncUnanswered, &link, now: .now) }
+            }
+        }
+    }
+
+    /// Gives the local store the actions read so far, as one change.
+    mutating func handOver() {
+        guard let pending = unapplied else { return }
+        unapplied = nil
+        handed += 1
+        replica.apply(
+            .apply(firstSeq: pending.firstSeq, pending.actions),
+            number: handed,
+            epoch: pending.epoch,
+            seq: pending.lastSeq
+        )
+    }
+
+    private mutating func mismatch(_ seq: SequenceNumber, _ detail: String, on link: inout Link) throws {
+        divergenceDetail = detail
+        try perform(sync.digestMismatch(at: seq, now: .now), on: &link)
+    }
+}

@@ -7,16 +7,16 @@ SWIFT ?= swift
 # through GRDB), PostgreSQL's server and its libpq5 (the PostgreSQL journal opens libpq when used; its tests
 # start a throwaway server),
 # libfaketime (the fault suite's clock jumps), pyzmq for Debian's python3 (the Python client), and FUSE with
-# fusepy (the power-cut filesystem, Tests/PowerCut).
+# fusepy (the power-cut filesystem, Tests/PowerCut), and iproute2 (`ip netns`, `ss`: the tests' hosts).
 deps:
 	@pkg-config --atleast-version=4.3.3 libzmq 2>/dev/null && pkg-config --exists sqlite3 2>/dev/null \
 		&& ls /usr/lib/*/libpq.so.5 /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
 		&& ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 && /usr/bin/python3 -c 'import zmq, fusepy' 2>/dev/null \
-		&& command -v fusermount3 >/dev/null || { \
-		echo "make: installing libzmq3-dev libsqlite3-dev postgresql faketime python3-zmq fuse3 python3-fusepy"; \
+		&& command -v fusermount3 >/dev/null && command -v ip >/dev/null && command -v ss >/dev/null || { \
+		echo "make: installing libzmq3-dev libsqlite3-dev postgresql faketime python3-zmq fuse3 python3-fusepy iproute2"; \
 		SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq libzmq3-dev libsqlite3-dev libpq5 postgresql \
-			pkg-config faketime python3 python3-zmq fuse3 python3-fusepy; \
+			pkg-config faketime python3 python3-zmq fuse3 python3-fusepy iproute2; \
 	}
 
 build: deps
@@ -27,11 +27,15 @@ demo: build
 
 # The unit and integration tests, the Python client against a real lockstepd, the power-cut filesystem's own
 # tests, the fault suite's quick mode (it mounts a tmpfs and the power-cut filesystem: run as root), lockstepd's
-# unit under a real systemd (root; it says SKIP where systemd-nspawn cannot run), alone and as a failover pair on
-# PostgreSQL, then the template.
+# unit under a real systemd (root; it says SKIP where systemd-nspawn cannot run, unless SYSTEMD_TEST_REQUIRED=1),
+# alone and as a failover pair on PostgreSQL, then the template. lockstepd is also built in the release configuration
+# (in .build-release-check, unoptimized to spare CI minutes: failpoints are a matter of configuration, not of
+# optimization) for the test that shows a production build has none.
 test: deps
 	$(SWIFT) build --build-tests
-	$(SWIFT) test --skip-build
+	$(SWIFT) build -c release -Xswiftc -Onone --product lockstepd --scratch-path .build-release-check
+	LOCKSTEP_RELEASE_LOCKSTEPD="$$($(SWIFT) build -c release --scratch-path .build-release-check --show-bin-path)/lockstepd" \
+		$(SWIFT) test --skip-build
 	$(MAKE) interop
 	Tests/PowerCut/run.sh
 	$$($(SWIFT) build --show-bin-path)/lockstep-faults
@@ -85,4 +89,4 @@ docs: deps
 	$(SWIFT) package $(SWIFTPM_FLAGS) generate-documentation $(addprefix --target ,$(DOC_TARGETS)) --warnings-as-errors
 
 clean:
-	rm -rf .build .lockstep docs/tutorial/.build
+	rm -rf .build .build-release-check .lockstep docs/tutorial/.build

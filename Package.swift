@@ -31,10 +31,11 @@ let package = Package(
         .package(url: "https://github.com/swiftlang/swift-docc-plugin", from: "1.5.0"),
     ],
     targets: [
-        // libzmq through pkg-config; imported only by ZeroMQ.
+        // libzmq (zmq.h in the system's include path, linked by the module map); imported only by ZeroMQ. Not through
+        // pkg-config: Debian's libzmq.pc adds `-isystem /usr/include/mit-krb5`, which SwiftPM refuses with a warning
+        // in every build of every package that depends on Lockstep, and zmq.h needs none of its flags.
         .systemLibrary(
             name: "CZeroMQ",
-            pkgConfig: "libzmq",
             providers: [.apt(["libzmq3-dev"])]
         ),
         .target(name: "ZeroMQ", dependencies: ["CZeroMQ"]),

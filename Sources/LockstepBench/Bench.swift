@@ -79,8 +79,14 @@ package final class Bench {
         let p6 = results.p4.last.map { $0.stateBytes } ?? 0
         results.p6.stateBytes = p6
         results.p6.budgetBytes = 64 << 20 + 3 * p6
-        results.p6.withinBudget =
-            max(results.p6.daemonPeakBytes, results.p6.replicaPeakBytes) <= results.p6.budgetBytes
+        if results.p4.isEmpty {
+            results.p6.notJudged = "P4 did not run, so the largest state is not known"
+        } else if results.p6.daemonPeakBytes == 0 || results.p6.replicaPeakBytes == 0 {
+            results.p6.notJudged = "no part that runs a daemon and a replica process ran"
+        } else {
+            results.p6.withinBudget =
+                max(results.p6.daemonPeakBytes, results.p6.replicaPeakBytes) <= results.p6.budgetBytes
+        }
         results.totalSeconds = ((ContinuousClock.now - started) / .milliseconds(100)).rounded() / 10
         if keep { say("kept \(folder.path)") }
         return results

@@ -135,7 +135,11 @@ package struct BenchResults: Codable {
         var stateBytes = 0
         /// 64 MiB + 3 × state bytes.
         var budgetBytes = 0
-        var withinBudget = false
+        /// Whether both peaks are within the budget; `nil` (not judged) when P4 did not run (no state size) or a peak
+        /// was not measured (the parts that run a daemon or a replica process did not).
+        var withinBudget: Bool?
+        /// Why the budget was not judged, when it was not.
+        var notJudged: String?
     }
 
     struct PostgresJournalFigures: Codable {

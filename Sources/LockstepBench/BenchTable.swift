@@ -145,16 +145,17 @@ package struct BenchTable {
             lines.append(row("\(p5.subscribers) subscribers", "\(count(p5.dispatchesPerS)) dispatches/s"))
         }
         let p6 = r.p6
+        func judged(_ peak: Int) -> String {
+            guard p6.notJudged == nil, peak > 0 else { return "not judged" }
+            return peak <= p6.budgetBytes ? "within" : "over"
+        }
         lines += [
             "",
             "P6 peak resident memory (budget 64 MiB + 3 × \(bytes(p6.stateBytes)) = \(mebibytes(p6.budgetBytes)))",
-            row("lockstepd", mebibytes(p6.daemonPeakBytes), p6.daemonPeakBytes <= p6.budgetBytes ? "within" : "over"),
-            row(
-                "replica process",
-                mebibytes(p6.replicaPeakBytes),
-                p6.replicaPeakBytes <= p6.budgetBytes ? "within" : "over"
-            ),
+            row("lockstepd", mebibytes(p6.daemonPeakBytes), judged(p6.daemonPeakBytes)),
+            row("replica process", mebibytes(p6.replicaPeakBytes), judged(p6.replicaPeakBytes)),
         ]
+        if let reason = p6.notJudged { lines.append("  not judged: \(reason)") }
         return lines.joined(separator: "\n")
     }
 

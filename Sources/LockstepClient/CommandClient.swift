@@ -87,10 +87,10 @@ public struct ClientCurve: Hashable, Sendable {
 /// the same request again, up to `retries` times; then give up with ``ClientError/Code/unavailable``. Because a
 /// dispatch carries the same idempotency key on every try, the daemon applies it at most once.
 ///
-/// Requests go to the daemon that leads (``LeaderSearch``). Given the command endpoints of several daemons (a leader
+/// Requests go to the daemon that leads (`LeaderSearch`). Given the command endpoints of several daemons (a leader
 /// and its standbys on one PostgreSQL journal), a silence moves the client to the next daemon, and so does an ERROR
 /// `not_leader`, which ends no try; given one, a `not_leader` (a lone standby waiting for the lease) is asked again
-/// after ``LeaderSearch/pause``. Either way a request goes on until a daemon that leads answers it or its tries are
+/// after `LeaderSearch.pause`. Either way a request goes on until a daemon that leads answers it or its tries are
 /// over, so a takeover shorter than `timeout` × (`retries` + 1) is waited out, and a standby's answer is never
 /// taken for the leader's.
 ///

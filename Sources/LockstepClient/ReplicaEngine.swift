@@ -167,7 +167,7 @@ struct Engine<D: Domain> {
         case notLeader
     }
 
-    /// Requests go to the next daemon (``LeaderSearch``) on a fresh socket, and what was out on the old one is sent
+    /// Requests go to the next daemon (`LeaderSearch`) on a fresh socket, and what was out on the old one is sent
     /// again there; after a `not_leader` from every daemon that answers, after a pause.
     mutating func moveOn(_ move: Move, _ link: inout Link, now: ContinuousClock.Instant) throws {
         let from = link.search.endpoint

@@ -48,7 +48,7 @@ public struct DaemonEndpoints: Hashable, Sendable, CustomStringConvertible {
 public struct ReplicaConfiguration: Sendable {
     /// The daemons the replica follows: one, or the leader and standbys of one PostgreSQL journal, in any order
     /// (never daemons of different journals). The replica hears the events of them all and sends its requests to
-    /// whichever leads, found by asking (``LeaderSearch``); after a takeover it goes on from its seq, repairing
+    /// whichever leads, found by asking (`LeaderSearch`); after a takeover it goes on from its seq, repairing
     /// what it missed by range. The default is one daemon at the daemon's own default endpoints.
     public var daemons = [DaemonEndpoints.defaults]
     /// The first daemon's command endpoint (ROUTER); setting it sets the first of ``daemons``.

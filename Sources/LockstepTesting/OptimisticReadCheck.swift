@@ -2,13 +2,13 @@ import Lockstep
 import LockstepClient
 import LockstepProtocol
 
-/// Checks an ``OptimisticRead`` from outside the replica, by the domain's own rules: the optimistic state must be
+/// Checks an `OptimisticRead` from outside the replica, by the domain's own rules: the optimistic state must be
 /// the base with every pending dispatch that passes the domain's validator (on the state before it) applied by its
 /// reducer, in order; the dispatches it leaves out must be exactly those that do not pass; and no dispatch the base
 /// already holds (accepted in its epoch at seqs up to its seq) may still be pending.
 ///
 /// A UI that shows pending badges beside the state relies on exactly this. Call it in a subscriber of
-/// ``Replica/subscribe(optimistic:onChange:)`` or on each element of ``Replica/reads(bufferingPolicy:)``.
+/// `Replica.subscribe(optimistic:onChange:)` or on each element of `Replica.reads(bufferingPolicy:)`.
 public enum OptimisticReadCheck {
     /// What is wrong with `read`, one line each; empty when it agrees with itself.
     public static func problems<D: Domain>(_ read: OptimisticRead<D>) -> [String] {

@@ -1,12 +1,17 @@
 #!/bin/sh
 # Runs the unsyncedfs tests (Tests/PowerCut/README.md). Installs fuse3 and python3-fusepy with apt when missing.
 # Exits non-zero when a test fails. Skips (with a message, exit 0) only when FUSE cannot be used on this machine:
-# not root, no /dev/fuse, /dev/fuse not openable, or no CAP_SYS_ADMIN (mount(2) would be refused).
+# not root, no /dev/fuse, /dev/fuse not openable, or no CAP_SYS_ADMIN (mount(2) would be refused) — unless
+# POWERCUT_REQUIRED=1 (CI sets it), when that fails the run, naming what is missing.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 python=${PYTHON:-/usr/bin/python3}
 
 skip() {
+    if [ "${POWERCUT_REQUIRED:-0}" = 1 ]; then
+        echo "run.sh: the power-cut filesystem tests cannot run, and POWERCUT_REQUIRED=1: $*" >&2
+        exit 1
+    fi
     echo "run.sh: SKIPPED the power-cut filesystem tests: $*" >&2
     exit 0
 }

@@ -184,20 +184,10 @@ final class Faults {
     /// or stopped, in turn. The other must lead within 5 s; a killed leader comes back as a standby; a stopped one,
     /// woken, must commit nothing — not even a dispatch queued at its own socket while it slept — and stand by.
     func failover() throws -> FaultResult {
-        let server = try PostgresServer.start()
+        let (server, connection, daemons) = try pair("failover")
         defer { server.stop() }
-        let connection = try server.createDatabase()
-        let daemons = try ["a", "b"].map { name in
-            try Daemon(
-                folder: folder.appendingPathComponent("failover-\(name)"),
-                configuration: "journal = \"postgres\"\npostgres = \"\(connection)\"\ndomains = [\"todos\"]\n"
-                    + "[lease]\nname = \"\(name)\"\n" + Self.keepHistory
-            )
-        }
         // Killed (stopped ones too) before the server stops, whatever happens.
         defer { for daemon in daemons { daemon.kill() } }
-        try daemons[0].start()
-        try daemons[1].start()
         let watchers = try (0..<4).map { _ in try ReplicaClient(watching: daemons, stores: ["todos"]) }
         let load = Load(endpoints: daemons.map(\.command), label: "failover")
         load.start()
@@ -306,6 +296,33 @@ final class Faults {
             try PostgresJournal(connection: connection, readOnly: true)
         }
         return result
+    }
+
+    /// A PostgreSQL server of its own and two daemons, `a` and `b`, serving `todos` on one journal in it, started (a
+    /// leads): the failover classes' set-up. The caller stops the server and kills the daemons.
+    func pair(_ label: String) throws -> (server: PostgresServer, connection: String, daemons: [Daemon]) {
+        let server = try PostgresServer.start()
+        do {
+            let connection = try server.createDatabase()
+            let daemons = try ["a", "b"].map { name in
+                try Daemon(
+                    folder: folder.appendingPathComponent("\(label)-\(name)"),
+                    configuration: "journal = \"postgres\"\npostgres = \"\(connection)\"\ndomains = [\"todos\"]\n"
+                        + "[lease]\nname = \"\(name)\"\n" + Self.keepHistory
+                )
+            }
+            do {
+                try daemons[0].start()
+                try daemons[1].start()
+            } catch {
+                for daemon in daemons { daemon.kill() }
+                throw error
+            }
+            return (server, connection, daemons)
+        } catch {
+            server.stop()
+            throw error
+        }
     }
 
     /// The daemon whose STATUS says it leads, and its term: each is asked in turn, with a second to answer (a

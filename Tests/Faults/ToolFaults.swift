@@ -19,19 +19,9 @@ extension Faults {
     /// stats 0 with a leader in its output or 69 without; every dispatch a tool acknowledged is in the journal
     /// once, at the seq it printed.
     func toolThroughTakeovers() throws -> FaultResult {
-        let server = try PostgresServer.start()
+        let (server, connection, daemons) = try pair("tool")
         defer { server.stop() }
-        let connection = try server.createDatabase()
-        let daemons = try ["a", "b"].map { name in
-            try Daemon(
-                folder: folder.appendingPathComponent("tool-\(name)"),
-                configuration: "journal = \"postgres\"\npostgres = \"\(connection)\"\ndomains = [\"todos\"]\n"
-                    + "[lease]\nname = \"\(name)\"\n" + Self.keepHistory
-            )
-        }
         defer { for daemon in daemons { daemon.kill() } }
-        try daemons[0].start()
-        try daemons[1].start()
         let tries = ["--timeout-ms", "1000", "--retries", "20"]
         let nudger = CommandClient(
             context: try Context(),

@@ -17,6 +17,9 @@ import Glibc
 /// let stats = try hosts.run(on: "c", lockstep, ["stats", "--command-endpoint", "tcp://\(hosts["a"].address):7400"])
 /// ```
 ///
+/// An async test makes them with `try await TestHosts.make(names)` and ends with `await hosts.tearDown()`, which
+/// run the `ip` commands without holding a thread of the cooperative pool.
+///
 /// Namespaces are named `lockstep-PID-N` (the switch) and `lockstep-PID-N-HOST`, with this process's id and a
 /// number of its own, so parallel runs and several sets in one process never meet; the subnet is `10.231.X.0/24`
 /// with `X` from the process id, and since no route leads out of the switch, two sets on one subnet never meet
@@ -126,6 +129,12 @@ public final class TestHosts {
         }
     }
 
+    /// Makes the hosts as ``init(_:)`` does, for async callers: the `ip` commands run on a thread of their own
+    /// (``offPool(_:_:)``), and the calling task waits for them without holding a thread of the cooperative pool.
+    public static func make(_ names: [String]) async throws -> sending TestHosts {
+        try await offPool("test hosts") { try TestHosts(names) }
+    }
+
     deinit { tearDown() }
 
     /// The host named `name`; it must be one of those made.
@@ -200,6 +209,12 @@ public final class TestHosts {
             }
         }
         made = []
+    }
+
+    /// The same, for async callers: it runs on a thread of its own (``offPool(_:lending:_:)``), not on one of the
+    /// cooperative pool.
+    public func tearDown() async {
+        await offPool("hosts teardown", lending: self) { $0.tearDown() }
     }
 
     private func addNamespace(_ namespace: String) throws {

@@ -120,7 +120,10 @@ let package = Package(
                 "TestSupport", "lockstepd", "LockstepCLI",
             ]
         ),
-        .testTarget(name: "LockstepProtocolTests", dependencies: ["LockstepProtocol", "LockstepExamples"]),
+        .testTarget(
+            name: "LockstepProtocolTests",
+            dependencies: ["LockstepProtocol", "LockstepExamples", "TestSupport"]
+        ),
         // Runs this package's executables from tests, with bounded waits.
         .target(name: "TestSupport", dependencies: ["LockstepTesting"], path: "Tests/TestSupport"),
         // Deliberately nondeterministic domains, and a child-replica executable that hosts them.

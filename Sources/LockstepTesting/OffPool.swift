@@ -21,17 +21,18 @@ import Foundation
 /// every wait in `body` must be bounded.
 ///
 /// - Parameters:
-///   - name: The thread's name, as `ps` and a debugger show it (Linux keeps its first 15 bytes).
+///   - name: The thread's name, as `ps` and a debugger show it, cut to the 15 bytes Linux keeps.
 ///   - body: The blocking work. It may capture only `Sendable` values; ``offPool(_:lending:_:)`` lends it one that
 ///     is not.
 /// - Returns: What `body` returned.
 /// - Throws: What `body` threw.
 public func offPool<T, E: Error>(
-    _ name: String = "lockstep offPool",
+    _ name: String = "offPool",
     _ body: @escaping @Sendable () throws(E) -> sending T
 ) async throws(E) -> sending T {
     let result: Result<T, E> = await withCheckedContinuation { continuation in
         let thread = Thread {
+            nameThisThread(name)
             do throws(E) {
                 let value = try body()
                 continuation.resume(returning: .success(value))
@@ -39,7 +40,6 @@ public func offPool<T, E: Error>(
                 continuation.resume(returning: .failure(error))
             }
         }
-        thread.name = name
         thread.start()
     }
     return try result.get()
@@ -54,19 +54,27 @@ public func offPool<T, E: Error>(
 /// ```
 ///
 /// - Parameters:
-///   - name: The thread's name, as `ps` and a debugger show it (Linux keeps its first 15 bytes).
+///   - name: The thread's name, as `ps` and a debugger show it, cut to the 15 bytes Linux keeps.
 ///   - value: What `body` works on; the caller, suspended meanwhile, has it back once `body` has returned.
 ///   - body: The blocking work, given `value`. It may capture only `Sendable` values.
 /// - Returns: What `body` returned.
 /// - Throws: What `body` threw.
 @concurrent
 public func offPool<Value, T, E: Error>(
-    _ name: String = "lockstep offPool",
+    _ name: String = "offPool",
     lending value: Value,
     _ body: @escaping @Sendable (Value) throws(E) -> sending T
 ) async throws(E) -> sending T {
     let lent = Lent(value: value)
     return try await offPool(name) { () throws(E) -> sending T in try body(lent.value) }
+}
+
+/// Names the current thread `name`, cut to whole characters within the 15 bytes Linux keeps (a longer name would
+/// not be set at all); Foundation names a thread only from the thread itself.
+func nameThisThread(_ name: String) {
+    var name = name
+    while name.utf8.count > 15 { name.removeLast() }
+    Thread.current.name = name
 }
 
 /// A value of ``offPool(_:lending:_:)``'s caller, carried to its thread.

@@ -34,8 +34,13 @@ private final class ThreadExecutor: TaskExecutor {
     private let signals = DispatchSemaphore(value: 0)
 
     init(name: String) {
-        let thread = Thread { [self] in run() }
-        thread.name = name
+        let thread = Thread { [self] in
+            // Foundation names a thread only from the thread itself; Linux keeps 15 bytes.
+            var name = name
+            while name.utf8.count > 15 { name.removeLast() }
+            Thread.current.name = name
+            run()
+        }
         thread.start()
     }
 

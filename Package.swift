@@ -127,7 +127,10 @@ let package = Package(
                 "TestSupport", "lockstepd", "LockstepCLI",
             ]
         ),
-        .testTarget(name: "LockstepProtocolTests", dependencies: ["LockstepProtocol", "LockstepExamples"]),
+        .testTarget(
+            name: "LockstepProtocolTests",
+            dependencies: ["LockstepProtocol", "LockstepExamples", "TestSupport"]
+        ),
         // The replica's sans-I/O values (the optimistic ledger), without sockets.
         .testTarget(
             name: "LockstepClientTests",

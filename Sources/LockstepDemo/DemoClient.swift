@@ -141,6 +141,8 @@ protocol DemoReplica: Sendable {
     /// Checks every optimistic read from now on (``OptimisticReadCheck``) until cancelled; with `breaking`, each
     /// read loses its first pending dispatch before it is checked.
     func checkReads(breaking: Bool) -> Cancellation
+    /// Returns once the replica has joined (an optimistic dispatch needs a confirmed state to validate on).
+    func waitUntilLive() async throws
 }
 
 final class DemoReplicaOf<D: ActionGenerating>: DemoReplica {
@@ -174,6 +176,10 @@ final class DemoReplicaOf<D: ActionGenerating>: DemoReplica {
         } catch is Rejection {
             return false
         }
+    }
+
+    func waitUntilLive() async throws {
+        try await replica.waitUntilLive(timeout: .seconds(60))
     }
 
     func checkReads(breaking: Bool) -> Cancellation {
@@ -273,6 +279,16 @@ struct DemoWorkload: Service {
     }
 
     private func dispatchAll() async {
+        if optimistic {
+            // Nothing is dispatched optimistically before a replica joined: there is no state to validate on.
+            for replica in replicas {
+                do {
+                    try await replica.waitUntilLive()
+                } catch {
+                    printError("lockstep demo-client: \(replica.name) did not join: \(error)")
+                }
+            }
+        }
         let remaining = LockedValue(actions)
         await withTaskGroup(of: Void.self) { group in
             for worker in 0..<concurrency {

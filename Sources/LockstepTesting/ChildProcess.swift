@@ -25,7 +25,8 @@ public struct ProcessTimeout: Error, CustomStringConvertible {
 /// A child process whose standard output is read with bounded waits; its standard error goes to a file.
 ///
 /// Tests, the demo and the fault suite start this package's executables with it; it is killed (if still
-/// running) and reaped when it is released.
+/// running) and reaped when it is released. Each blocking wait has an async overload of the same name, for async
+/// callers, which waits on a thread of its own (``offPool(_:lending:_:)``) instead of one of the cooperative pool.
 public final class ChildProcess {
     /// The Foundation process, for its id, its status and whether it runs.
     public let process = Process()
@@ -113,6 +114,12 @@ public final class ChildProcess {
         }
     }
 
+    /// The same, for async callers: it waits on a thread of its own (``offPool(_:lending:_:)``), not on one of the
+    /// cooperative pool.
+    public func read(for timeout: Duration) async {
+        await offPool("child read", lending: self) { $0.read(for: timeout) }
+    }
+
     /// The complete lines that arrived since the last call.
     public func takeLines() -> [String] {
         guard let end = output.lastIndex(of: UInt8(ascii: "\n")), end >= consumed else { return [] }
@@ -131,6 +138,12 @@ public final class ChildProcess {
             Thread.sleep(forTimeInterval: 0.002)
         }
         return process.terminationStatus
+    }
+
+    /// The same, for async callers: it waits on a thread of its own (``offPool(_:lending:_:)``), not on one of the
+    /// cooperative pool.
+    public func waitForExit(within timeout: Duration) async -> Int32? {
+        await offPool("child wait", lending: self) { $0.waitForExit(within: timeout) }
     }
 
     /// Sends SIGKILL (if it still runs) and reaps it, waiting at most 10 s.
@@ -166,5 +179,11 @@ public final class ChildProcess {
             standardOutput: String(decoding: output, as: UTF8.self),
             standardError: errors()
         )
+    }
+
+    /// The same, for async callers: it waits on a thread of its own (``offPool(_:lending:_:)``), not on one of the
+    /// cooperative pool.
+    public func finish(within timeout: Duration) async throws -> ProcessOutput {
+        try await offPool("child finish", lending: self) { try $0.finish(within: timeout) }
     }
 }

@@ -14,7 +14,8 @@ import Glibc
 ///
 /// Each ``start(arguments:environment:)`` runs the executable in ``folder`` (so its default journal and
 /// sockets are `.lockstep/data` and `.lockstep/run` there) and writes its standard output and error to a log
-/// of its own, `daemon-N.log` for the N-th start.
+/// of its own, `daemon-N.log` for the N-th start. Each blocking wait has an async overload of the same name, for
+/// async callers, which waits without holding a thread of the cooperative pool.
 ///
 /// Built on ``ChildProcess`` rather than swift-subprocess: a daemon here outlives the scope that started it (a
 /// fault class kills and restarts it from synchronous code, a test holds it across awaits), and it must be killed
@@ -92,6 +93,12 @@ public final class DaemonProcess {
         return (try? client.call(.status(requestID: 1))).flatMap(DaemonStatus.init)
     }
 
+    /// The same, for async callers: it waits on a thread of its own (``offPool(_:lending:_:)``), not on one of the
+    /// cooperative pool.
+    public func status(timeout: Duration = .milliseconds(300)) async -> DaemonStatus? {
+        await offPool("daemon status", lending: self) { $0.status(timeout: timeout) }
+    }
+
     /// Waits until the daemon answers STATUS; throws, naming the log, if it exits first or `timeout` passes.
     @discardableResult
     public func waitUntilServing(within timeout: Duration = .seconds(30)) throws -> DaemonStatus {
@@ -103,15 +110,11 @@ public final class DaemonProcess {
         }
     }
 
-    /// The same, for async callers: it sleeps without holding a thread of the cooperative pool.
+    /// The same, for async callers: it asks and waits on a thread of its own (``offPool(_:lending:_:)``), not on
+    /// one of the cooperative pool, so a busy pool does not use up `timeout` between two questions.
     @discardableResult
     public func waitUntilServing(within timeout: Duration = .seconds(30)) async throws -> DaemonStatus {
-        let deadline = ContinuousClock.now + timeout
-        while true {
-            if let status = status() { return status }
-            try checkStillStarting(deadline: deadline, timeout: timeout)
-            try await Task.sleep(for: .milliseconds(20))
-        }
+        try await offPool("daemon serving", lending: self) { try $0.waitUntilServing(within: timeout) }
     }
 
     private func checkStillStarting(deadline: ContinuousClock.Instant, timeout: Duration) throws {
@@ -147,11 +150,23 @@ public final class DaemonProcess {
         return digests
     }
 
+    /// The same, for async callers: it waits on a thread of its own (``offPool(_:lending:_:)``), not on one of the
+    /// cooperative pool.
+    public func digests(of stores: [String]) async throws -> [String: (seq: SequenceNumber, digest: StateDigest)] {
+        try await offPool("daemon digests", lending: self) { try $0.digests(of: stores) }
+    }
+
     /// Sends `signal` if the daemon runs.
     public func signal(_ signal: Int32) { child?.signal(signal) }
 
     /// The exit status once the daemon has exited, waiting at most `timeout`; `nil` if it still runs.
     public func waitForExit(within timeout: Duration) -> Int32? { child?.waitForExit(within: timeout) }
+
+    /// The same, for async callers: it waits on a thread of its own (``offPool(_:lending:_:)``), not on one of the
+    /// cooperative pool.
+    public func waitForExit(within timeout: Duration) async -> Int32? {
+        await offPool("daemon wait", lending: self) { $0.waitForExit(within: timeout) }
+    }
 
     /// SIGTERM, then the exit status within `timeout` (0 after a clean stop); SIGKILL after that, and `nil`.
     @discardableResult
@@ -164,20 +179,11 @@ public final class DaemonProcess {
         return status
     }
 
-    /// The same, for async callers: it waits with `Task.sleep`, never holding a thread of the cooperative pool.
+    /// The same, for async callers: it waits on a thread of its own (``offPool(_:lending:_:)``), not on one of the
+    /// cooperative pool, so a busy pool does not use up `timeout` before the daemon is seen to exit.
     @discardableResult
     public func stop(within timeout: Duration = .seconds(10)) async -> Int32? {
-        guard let child else { return nil }
-        if child.process.isRunning {
-            child.signal(SIGTERM)
-            let deadline = ContinuousClock.now + timeout
-            while child.process.isRunning, ContinuousClock.now < deadline {
-                try? await Task.sleep(for: .milliseconds(5))
-            }
-        }
-        let status = child.waitForExit(within: .zero)
-        child.kill()
-        return status
+        await offPool("daemon stop", lending: self) { $0.stop(within: timeout) }
     }
 
     /// SIGKILL, and reaped.

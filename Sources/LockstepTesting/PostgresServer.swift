@@ -16,6 +16,9 @@ import Glibc
 /// let journal = try PostgresJournal(connection: try server.createDatabase())
 /// ```
 ///
+/// An async test calls the async overloads, `try await PostgresServer.start()` and `await server.stop()`, which
+/// wait for `initdb`, the start and the stop without holding a thread of the cooperative pool.
+///
 /// On a ``TestHosts`` host, listening on its address for the other hosts' clients (the Unix socket stays, for the
 /// test's own administration: `createDatabase`, `createRole`):
 ///
@@ -105,6 +108,21 @@ public final class PostgresServer: Sendable {
             },
             tcp: tcp
         )
+    }
+
+    /// The same, for async callers: `initdb` and the start run on a thread of their own
+    /// (``offPool(_:lending:_:)``), and the calling task waits for them without holding a thread of the
+    /// cooperative pool.
+    public static func start(
+        settings: [String: String] = [:],
+        timeout: Duration = .seconds(60),
+        on hosts: TestHosts? = nil,
+        host: String? = nil,
+        tcp: TCP? = nil
+    ) async throws -> PostgresServer {
+        try await offPool("postgres start", lending: hosts) { hosts in
+            try PostgresServer.start(settings: settings, timeout: timeout, on: hosts, host: host, tcp: tcp)
+        }
     }
 
     private init(
@@ -246,6 +264,12 @@ public final class PostgresServer: Sendable {
             server = nil
         }
         try? FileManager.default.removeItem(at: folder)
+    }
+
+    /// The same, for async callers: it waits on a thread of its own (``offPool(_:_:)``), not on one of the
+    /// cooperative pool.
+    public func stop() async {
+        await offPool("postgres stop") { self.stop() }
     }
 
     /// The newest `/usr/lib/postgresql/VERSION/bin` that has `initdb`, else the directory of `initdb` on `$PATH`.

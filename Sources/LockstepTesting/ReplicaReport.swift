@@ -112,6 +112,12 @@ extension ChildProcess {
             try? JSONDecoder().decode(ReplicaReport.self, from: Data($0.utf8))
         }.first
     }
+
+    /// The same, for async callers: it waits on a thread of its own (``offPool(_:lending:_:)``), not on one of the
+    /// cooperative pool.
+    public func newestReport(waiting timeout: Duration) async -> ReplicaReport? {
+        await offPool("child report", lending: self) { $0.newestReport(waiting: timeout) }
+    }
 }
 
 /// A `lockstep demo-client` process (replicas of some example stores, dispatching or only watching) whose
@@ -163,9 +169,28 @@ public final class ReplicaClient {
         return last
     }
 
+    /// The same, for async callers: it waits on a thread of its own (``offPool(_:lending:_:)``), not on one of the
+    /// cooperative pool, and calls `condition` there.
+    @discardableResult
+    public func wait(
+        within timeout: Duration,
+        until condition: @escaping @Sendable (ReplicaReport) -> Bool
+    ) async -> ReplicaReport? {
+        await offPool("replica wait", lending: self) { $0.wait(within: timeout, until: condition) }
+    }
+
     /// Whether every store reaches the given (seq, digest) within `timeout`.
     public func converge(on expected: [String: (seq: UInt64, digest: String)], within timeout: Duration) -> Bool {
         wait(within: timeout) { $0.matches(expected) }?.matches(expected) == true
+    }
+
+    /// The same, for async callers: it waits on a thread of its own (``offPool(_:lending:_:)``), not on one of the
+    /// cooperative pool.
+    public func converge(
+        on expected: [String: (seq: UInt64, digest: String)],
+        within timeout: Duration
+    ) async -> Bool {
+        await offPool("replica wait", lending: self) { $0.converge(on: expected, within: timeout) }
     }
 
     /// SIGTERM, then the final report and the exit status (within 15 s, else it is killed and this throws).
@@ -176,5 +201,11 @@ public final class ReplicaClient {
             try? JSONDecoder().decode(ReplicaReport.self, from: Data($0.utf8))
         }.last
         return (final ?? last, output.status)
+    }
+
+    /// The same, for async callers: it waits on a thread of its own (``offPool(_:lending:_:)``), not on one of the
+    /// cooperative pool.
+    public func stop() async throws -> (report: ReplicaReport?, status: Int32) {
+        try await offPool("replica stop", lending: self) { try $0.stop() }
     }
 }

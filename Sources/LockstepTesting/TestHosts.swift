@@ -17,6 +17,9 @@ import Glibc
 /// let stats = try hosts.run(on: "c", lockstep, ["stats", "--command-endpoint", "tcp://\(hosts["a"].address):7400"])
 /// ```
 ///
+/// An async test makes them with `try await TestHosts.make(names)` and ends with `await hosts.tearDown()`, which
+/// run the `ip` commands without holding a thread of the cooperative pool.
+///
 /// Namespaces are named `lockstep-PID-N` (the switch) and `lockstep-PID-N-HOST`, with this process's id and a
 /// number of its own, so parallel runs and several sets in one process never meet; the subnet is `10.231.X.0/24`
 /// with `X` from the process id, and since no route leads out of the switch, two sets on one subnet never meet
@@ -126,6 +129,12 @@ public final class TestHosts {
         }
     }
 
+    /// Makes the hosts as ``init(_:)`` does, for async callers: the `ip` commands run on a thread of their own
+    /// (``offPool(_:_:)``), and the calling task waits for them without holding a thread of the cooperative pool.
+    public static func make(_ names: [String]) async throws -> sending TestHosts {
+        try await offPool("test hosts") { try TestHosts(names) }
+    }
+
     deinit { tearDown() }
 
     /// The host named `name`; it must be one of those made.
@@ -174,7 +183,7 @@ public final class TestHosts {
         try ip(["netns", "pids", self[name].namespace]).split(separator: "\n").compactMap { Int32($0) }
     }
 
-    /// Runs `ip` with `arguments` to its end (at most 10 s) and returns its standard output.
+    /// Runs `ip` with `arguments` to its end (at most ``ipTimeout``) and returns its standard output.
     ///
     /// - Throws: ``TestHostsError`` naming the command, its exit status and its standard error when it fails or
     ///   does not finish.
@@ -200,6 +209,12 @@ public final class TestHosts {
             }
         }
         made = []
+    }
+
+    /// The same, for async callers: it runs on a thread of its own (``offPool(_:lending:_:)``), not on one of the
+    /// cooperative pool.
+    public func tearDown() async {
+        await offPool("hosts teardown", lending: self) { $0.tearDown() }
     }
 
     private func addNamespace(_ namespace: String) throws {
@@ -238,12 +253,17 @@ public final class TestHosts {
         }
     }
 
+    /// How long one `ip` command may take. It normally takes milliseconds, but every change to links and namespaces
+    /// waits for the kernel's one routing lock (rtnl), which the clean-up of deleted namespaces — other tests', in
+    /// parallel — holds for seconds at a time: 10 s was passed once in a whole `swift test` (`ip link set lo up`).
+    public static let ipTimeout = Duration.seconds(60)
+
     @discardableResult
     private static func ip(_ arguments: [String], at path: URL) throws -> String {
         let command = (["ip"] + arguments).joined(separator: " ")
         let output: ProcessOutput
         do {
-            output = try ChildProcess(executable: path, arguments).finish(within: .seconds(10))
+            output = try ChildProcess(executable: path, arguments).finish(within: ipTimeout)
         } catch let timeout as ProcessTimeout {
             throw TestHostsError(command: command, status: nil, standardError: "\(timeout)")
         }
@@ -293,14 +313,15 @@ public final class TestHosts {
 public struct TestHostsError: Error, CustomStringConvertible {
     /// The command line, e.g. `ip netns add lockstep-42-0-a`.
     public var command: String
-    /// Its exit status; `nil` when it did not finish in 10 s and was killed.
+    /// Its exit status; `nil` when it did not finish in ``TestHosts/ipTimeout`` and was killed.
     public var status: Int32?
     /// What it wrote to standard error.
     public var standardError: String
 
     /// `COMMAND failed (exit status N): STDERR`, and what to look at.
     public var description: String {
-        let ending = status.map { "failed (exit status \($0))" } ?? "did not finish within 10 s and was killed"
+        let ending =
+            status.map { "failed (exit status \($0))" } ?? "did not finish within \(TestHosts.ipTimeout) and was killed"
         let said = standardError.trimmingCharacters(in: .whitespacesAndNewlines)
         return "'\(command)' \(ending): \(said.isEmpty ? "(nothing on standard error)" : said); 'ip netns list' "
             + "shows the namespaces that exist"

@@ -4,6 +4,7 @@ import LockstepDemo
 import LockstepExamples
 import LockstepJournal
 import LockstepProtocol
+import LockstepTesting
 import TestSupport
 import Testing
 
@@ -44,7 +45,7 @@ import Testing
         #expect(result.text.contains("events written   3500"))
     }
 
-    @Test func theDemoConvergesThroughAStoppedClientADaemonCrashAndAnOptimisticConflict() throws {
+    @Test func theDemoConvergesThroughAStoppedClientADaemonCrashAndAnOptimisticConflict() async throws {
         let run = try DemoRun(
             lockstep: productURL("lockstep"),
             lockstepd: productURL("lockstepd"),
@@ -54,7 +55,8 @@ import Testing
             quiet: true
         )
         defer { try? FileManager.default.removeItem(at: run.folder) }
-        let summary = try run.play()
+        // The demo waits for its processes synchronously, for minutes on a loaded machine: off the cooperative pool.
+        let summary = try await offPool("demo", lending: run) { try $0.play() }
         #expect(summary.converged, "see \(run.folder.path)")
         // Then the optimistic conflict: both clients deleted the last number of the same list at one instant; the
         // daemon accepted one delete and rejected the other, which its client rolled back; both ended on the daemon's

@@ -12,8 +12,11 @@ import Testing
 
     /// A journal with the 12 adds of ``names`` written by version 1 in commits of 4, a snapshot due every 5 events
     /// (so at 8 and 12; the first compacts events 1…8 away).
-    func versionOneJournal(_ kind: JournalKind, snapshotEvery: Int = 5) throws -> (JournalFixture, ShelfV1.State) {
-        let fixture = try JournalFixture(kind, policy: JournalPolicy(snapshotEveryEvents: snapshotEvery))
+    func versionOneJournal(
+        _ kind: JournalKind,
+        snapshotEvery: Int = 5
+    ) async throws -> (JournalFixture, ShelfV1.State) {
+        let fixture = try await JournalFixture(kind, policy: JournalPolicy(snapshotEveryEvents: snapshotEvery))
         let journal = try fixture.open()
         var state = try journal.recover(ShelfV1.self).state
         for (offset, chunk) in stride(from: 0, to: 12, by: 4).map({ ($0, Self.names[$0..<$0 + 4]) }) {
@@ -46,8 +49,8 @@ import Testing
     }
 
     @Test(arguments: JournalKind.allCases)
-    func aVersionOneStoreIsUpgradedByTheDomainsRuleAndJournaled(_ kind: JournalKind) throws {
-        let (fixture, old) = try versionOneJournal(kind)
+    func aVersionOneStoreIsUpgradedByTheDomainsRuleAndJournaled(_ kind: JournalKind) async throws {
+        let (fixture, old) = try await versionOneJournal(kind)
         let journal = try fixture.open()
         let recovered = try journal.recover(ShelfV2.self)
         #expect(recovered.upgradedFrom == 1)
@@ -88,9 +91,9 @@ import Testing
     }
 
     @Test(arguments: JournalKind.allCases)
-    func anUpgradeAtAVersionOneSnapshotReplacesIt(_ kind: JournalKind) throws {
+    func anUpgradeAtAVersionOneSnapshotReplacesIt(_ kind: JournalKind) async throws {
         // A snapshot every 4 events in commits of 4: version 1's newest snapshot is at the last seq, 12.
-        let (fixture, old) = try versionOneJournal(kind, snapshotEvery: 4)
+        let (fixture, old) = try await versionOneJournal(kind, snapshotEvery: 4)
         var journal = try fixture.open()
         #expect(try journal.stats().stores.first?.snapshotSeqs == [8, 12])
         let upgraded = try journal.recover(ShelfV2.self)
@@ -107,8 +110,8 @@ import Testing
     }
 
     @Test(arguments: JournalKind.allCases)
-    func anEmptyStoreStartsFromTheNewVersionsInitialState(_ kind: JournalKind) throws {
-        let fixture = try JournalFixture(kind)
+    func anEmptyStoreStartsFromTheNewVersionsInitialState(_ kind: JournalKind) async throws {
+        let fixture = try await JournalFixture(kind)
         var journal = try fixture.open()
         _ = try journal.recover(ShelfV1.self)
         try journal.close()
@@ -121,8 +124,8 @@ import Testing
     }
 
     @Test(arguments: JournalKind.allCases)
-    func aChainOfUpgradesTakesVersionOneToVersionThree(_ kind: JournalKind) throws {
-        let (fixture, old) = try versionOneJournal(kind)
+    func aChainOfUpgradesTakesVersionOneToVersionThree(_ kind: JournalKind) async throws {
+        let (fixture, old) = try await versionOneJournal(kind)
         let journal = try fixture.open()
         let recovered = try journal.recover(ShelfV3.self)
         #expect(recovered.upgradedFrom == 1)
@@ -132,8 +135,8 @@ import Testing
     }
 
     @Test(arguments: JournalKind.allCases)
-    func aVersionWithoutAnUpgradeIsRefusedAndChangesNothing(_ kind: JournalKind) throws {
-        let (fixture, _) = try versionOneJournal(kind)
+    func aVersionWithoutAnUpgradeIsRefusedAndChangesNothing(_ kind: JournalKind) async throws {
+        let (fixture, _) = try await versionOneJournal(kind)
         let journal = try fixture.open()
         let before = try contents(journal)
         let error = journalError { _ = try journal.recover(ShelfV2WithoutUpgrade.self) }
@@ -150,8 +153,8 @@ import Testing
     }
 
     @Test(arguments: JournalKind.allCases)
-    func aNewerStoreIsRefusedByAnOlderBuild(_ kind: JournalKind) throws {
-        let (fixture, _) = try versionOneJournal(kind)
+    func aNewerStoreIsRefusedByAnOlderBuild(_ kind: JournalKind) async throws {
+        let (fixture, _) = try await versionOneJournal(kind)
         var journal = try fixture.open()
         _ = try journal.recover(ShelfV2.self)
         try journal.close()
@@ -164,8 +167,8 @@ import Testing
         try journal.close()
     }
 
-    @Test func aReadOnlyJournalIsNotUpgraded() throws {
-        let (fixture, _) = try versionOneJournal(.sqlite)
+    @Test func aReadOnlyJournalIsNotUpgraded() async throws {
+        let (fixture, _) = try await versionOneJournal(.sqlite)
         let reader = try SQLiteJournal(directory: fixture.dataDirectory, readOnly: true)
         let error = journalError { _ = try reader.recover(ShelfV2.self) }
         #expect(error?.code == .domainVersionMismatch)
@@ -176,8 +179,8 @@ import Testing
         try writer.close()
     }
 
-    @Test func aFormatTwoJournalGainsItsVersionHistoryWhenOpenedForWriting() throws {
-        let (fixture, _) = try versionOneJournal(.sqlite)
+    @Test func aFormatTwoJournalGainsItsVersionHistoryWhenOpenedForWriting() async throws {
+        let (fixture, _) = try await versionOneJournal(.sqlite)
         try tamper(fixture) { db in
             try db.execute(sql: "DROP TABLE store_versions; UPDATE journal_format SET version = 2")
         }
@@ -198,8 +201,8 @@ import Testing
 /// The state of a store at any seq the journal keeps, from a read-only journal.
 @Suite struct StateAtSeqTests {
     @Test(arguments: JournalKind.allCases)
-    func everyKeptSeqGivesTheStateAfterExactlyItsEvents(_ kind: JournalKind) throws {
-        let (fixture, _) = try DomainUpgradeTests().versionOneJournal(kind)
+    func everyKeptSeqGivesTheStateAfterExactlyItsEvents(_ kind: JournalKind) async throws {
+        let (fixture, _) = try await DomainUpgradeTests().versionOneJournal(kind)
         let journal = try fixture.open()
         for seq in UInt64(8)...12 {
             let expected = ShelfV1.State(items: Array(DomainUpgradeTests.names.prefix(Int(seq))))
@@ -217,8 +220,8 @@ import Testing
         try journal.close()
     }
 
-    @Test func aStoreWhoseFirstEventIsKeptIsReadFromTheInitialState() throws {
-        let fixture = try JournalFixture(.memory)
+    @Test func aStoreWhoseFirstEventIsKeptIsReadFromTheInitialState() async throws {
+        let fixture = try await JournalFixture(.memory)
         let journal = try fixture.open()
         _ = try journal.recover(ShelfV1.self)
         try journal.commit(
@@ -228,8 +231,8 @@ import Testing
         #expect(try journal.state(of: ShelfV1.self, at: 2) == ShelfV1.State(items: ["n1", "n2"]))
     }
 
-    @Test func compactedSeqsAreRefusedWithTheOldestStateKept() throws {
-        let fixture = try JournalFixture(.sqlite, policy: JournalPolicy(snapshotEveryEvents: 5, snapshotsKept: 1))
+    @Test func compactedSeqsAreRefusedWithTheOldestStateKept() async throws {
+        let fixture = try await JournalFixture(.sqlite, policy: JournalPolicy(snapshotEveryEvents: 5, snapshotsKept: 1))
         let journal = try fixture.open()
         var state = try journal.recover(ShelfV1.self).state
         for seq in UInt64(1)...12 {

@@ -8,8 +8,8 @@ import Testing
 /// What every journal must do alike: every test runs against SQLite, memory and PostgreSQL.
 @Suite struct JournalBehaviourTests {
     @Test(arguments: JournalKind.allCases)
-    func aNewStoreStartsEmptyWithAnEpoch(kind: JournalKind) throws {
-        let fixture = try JournalFixture(kind)
+    func aNewStoreStartsEmptyWithAnEpoch(kind: JournalKind) async throws {
+        let fixture = try await JournalFixture(kind)
         let journal = try fixture.open()
         let counter = try journal.recover(Counter.self)
         #expect(counter.state == Counter.initialState)
@@ -30,8 +30,8 @@ import Testing
 
     /// A range read stops at its byte budget — but always holds at least one event, however large.
     @Test(arguments: JournalKind.allCases)
-    func aRangeStopsAtItsByteBudgetWithAtLeastOneEvent(kind: JournalKind) throws {
-        let fixture = try JournalFixture(kind)
+    func aRangeStopsAtItsByteBudgetWithAtLeastOneEvent(kind: JournalKind) async throws {
+        let fixture = try await JournalFixture(kind)
         let journal = try fixture.open()
         _ = try journal.recover(Posts.self)
         // Ten appends of 1,000 posts each: about 4 KiB of action per event.
@@ -70,8 +70,8 @@ import Testing
     /// Six commits, each with events for two stores; the counter is due a snapshot every 10 events, and
     /// keeps 2, so at the end it has snapshots at 20 and 30 and events 21…30 only.
     @Test(arguments: JournalKind.allCases)
-    func groupCommitSnapshotsCompactionAndRanges(kind: JournalKind) throws {
-        let fixture = try JournalFixture(kind, policy: JournalPolicy(snapshotEveryEvents: 10, snapshotsKept: 2))
+    func groupCommitSnapshotsCompactionAndRanges(kind: JournalKind) async throws {
+        let fixture = try await JournalFixture(kind, policy: JournalPolicy(snapshotEveryEvents: 10, snapshotsKept: 2))
         let journal = try fixture.open()
         let counterEpoch = try journal.recover(Counter.self).epoch
         _ = try journal.recover(Posts.self)
@@ -167,8 +167,8 @@ import Testing
     }
 
     @Test(arguments: JournalKind.allCases)
-    func aSnapshotIsDueAfterEnoughBytes(kind: JournalKind) throws {
-        let fixture = try JournalFixture(
+    func aSnapshotIsDueAfterEnoughBytes(kind: JournalKind) async throws {
+        let fixture = try await JournalFixture(
             kind,
             policy: JournalPolicy(snapshotEveryEvents: 1_000, snapshotEveryBytes: 100)
         )
@@ -186,8 +186,8 @@ import Testing
     }
 
     @Test(arguments: JournalKind.allCases)
-    func aBatchThatBreaksTheRulesIsRefusedWhole(kind: JournalKind) throws {
-        let fixture = try JournalFixture(kind)
+    func aBatchThatBreaksTheRulesIsRefusedWhole(kind: JournalKind) async throws {
+        let fixture = try await JournalFixture(kind)
         let journal = try fixture.open()
         _ = try journal.recover(Counter.self)
         let first = events(Counter.name, from: 1, count: 3) { _ in Counter.Action.increment }
@@ -252,8 +252,8 @@ import Testing
     }
 
     @Test(arguments: JournalKind.allCases)
-    func rangeArgumentsAreChecked(kind: JournalKind) throws {
-        let fixture = try JournalFixture(kind)
+    func rangeArgumentsAreChecked(kind: JournalKind) async throws {
+        let fixture = try await JournalFixture(kind)
         let journal = try fixture.open()
         _ = try journal.recover(Counter.self)
         #expect(
@@ -268,8 +268,8 @@ import Testing
     }
 
     @Test(arguments: JournalKind.allCases)
-    func idempotencyEntriesSurviveReopenAndOnlyTheNewestAreKept(kind: JournalKind) throws {
-        let fixture = try JournalFixture(kind, policy: JournalPolicy(idempotencyEntriesKept: 3))
+    func idempotencyEntriesSurviveReopenAndOnlyTheNewestAreKept(kind: JournalKind) async throws {
+        let fixture = try await JournalFixture(kind, policy: JournalPolicy(idempotencyEntriesKept: 3))
         let journal = try fixture.open()
         _ = try journal.recover(Counter.self)
         let applied = events(Counter.name, from: 1, count: 3) { _ in Counter.Action.increment }
@@ -326,8 +326,8 @@ import Testing
     }
 
     @Test(arguments: JournalKind.allCases)
-    func aStoreWrittenByAnotherDomainVersionIsRefused(kind: JournalKind) throws {
-        let fixture = try JournalFixture(kind)
+    func aStoreWrittenByAnotherDomainVersionIsRefused(kind: JournalKind) async throws {
+        let fixture = try await JournalFixture(kind)
         let journal = try fixture.open()
         _ = try journal.recover(Counter.self)
         try journal.commit(
@@ -351,8 +351,8 @@ import Testing
     /// batch is there. (A PostgreSQL server's disk cannot be filled from a test this cheaply; its commit's
     /// all-or-nothing is PostgresJournalTests'.)
     @Test(arguments: [JournalKind.sqlite, .memory])
-    func aFullDiskFailsTheCommitCleanly(kind: JournalKind) throws {
-        let fixture = try JournalFixture(kind)
+    func aFullDiskFailsTheCommitCleanly(kind: JournalKind) async throws {
+        let fixture = try await JournalFixture(kind)
         let journal = try fixture.open()
         _ = try journal.recover(Counter.self)
         let before = events(Counter.name, from: 1, count: 10) { _ in Counter.Action.increment }

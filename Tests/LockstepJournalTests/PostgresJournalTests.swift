@@ -10,8 +10,8 @@ import Testing
 /// database, and a schema it shares a database with.
 @Suite struct PostgresJournalTests {
     /// A journal with `count` counter increments, closed; returns its fixture.
-    private func journal(withIncrements count: Int) throws -> JournalFixture {
-        let fixture = try JournalFixture(.postgres)
+    private func journal(withIncrements count: Int) async throws -> JournalFixture {
+        let fixture = try await JournalFixture(.postgres)
         let journal = try fixture.open()
         _ = try journal.recover(Counter.self)
         let batch = events(Counter.name, from: 1, count: count) { _ in Counter.Action.increment }
@@ -25,8 +25,8 @@ import Testing
     /// the whole transaction: the first event and the idempotency entries are not kept either. The commit's
     /// statements go in one pipeline, which the failure aborts; the session is rolled back, not replaced, and
     /// takes the next commit.
-    @Test func aCommitIsOneTransaction() throws {
-        let fixture = try journal(withIncrements: 3)
+    @Test func aCommitIsOneTransaction() async throws {
+        let fixture = try await journal(withIncrements: 3)
         let journal = try #require(try fixture.open() as? PostgresJournal)
         _ = try journal.recover(Counter.self)
         let session = journal.writerBackendPID
@@ -77,12 +77,12 @@ import Testing
 
     /// The server ends every session of the journal while it is idle (as a restart would): the next read and the
     /// next commit find out before they start, reconnect, and succeed.
-    @Test func sessionsTheServerEndedWhileIdleAreReplacedBeforeTheyAreUsed() throws {
-        let fixture = try journal(withIncrements: 2)
+    @Test func sessionsTheServerEndedWhileIdleAreReplacedBeforeTheyAreUsed() async throws {
+        let fixture = try await journal(withIncrements: 2)
         let journal = try recoveredCounter(fixture)
         #expect(try journal.events(store: Counter.name, from: 1, to: 2, limit: 10) != .events([]))
         let pid = journal.writerBackendPID
-        Thread.sleep(forTimeInterval: 1.2)
+        try await Task.sleep(for: .milliseconds(1_200))
         _ = try PostgresJournal.execute(
             """
             SELECT count(pg_terminate_backend(pid))::text FROM pg_stat_activity
@@ -101,8 +101,8 @@ import Testing
 
     /// The server ends the writer's session (as a restart or a failover would): the next commit fails with
     /// `unreachable` and keeps nothing, and the journal reconnects for the one after it.
-    @Test func aLostConnectionFailsOneCommitClearlyAndTheJournalReconnects() throws {
-        let fixture = try journal(withIncrements: 2)
+    @Test func aLostConnectionFailsOneCommitClearlyAndTheJournalReconnects() async throws {
+        let fixture = try await journal(withIncrements: 2)
         let journal = try recoveredCounter(fixture)
         let pid = journal.writerBackendPID
         #expect(pid > 0)
@@ -145,8 +145,8 @@ import Testing
         )
     }
 
-    @Test func aJournalOfAnotherFormatVersionIsRefusedNamingBothVersions() throws {
-        let fixture = try journal(withIncrements: 3)
+    @Test func aJournalOfAnotherFormatVersionIsRefusedNamingBothVersions() async throws {
+        let fixture = try await journal(withIncrements: 3)
         try fixture.tamper("UPDATE journal_format SET version = 99")
         let error = journalError { _ = try fixture.open() }
         #expect(error?.code == .formatVersionMismatch)
@@ -161,8 +161,8 @@ import Testing
 
     /// One writer per journal, the holder of its lease (PostgresLeaseTests); readers are welcome beside it, and so
     /// is the writer of a journal in another schema of the same database.
-    @Test func oneWriterPerJournal() throws {
-        let fixture = try journal(withIncrements: 2)
+    @Test func oneWriterPerJournal() async throws {
+        let fixture = try await journal(withIncrements: 2)
         let writer = try fixture.open()
         let second = journalError { _ = try fixture.open() }
         #expect(second?.code == .inUse)
@@ -185,8 +185,8 @@ import Testing
         try next.close()
     }
 
-    @Test func anotherDatabaseIsNotAJournalAndAnEmptyOneIsNotReadOnly() throws {
-        let fixture = try JournalFixture(.postgres)
+    @Test func anotherDatabaseIsNotAJournalAndAnEmptyOneIsNotReadOnly() async throws {
+        let fixture = try await JournalFixture(.postgres)
         let reader = journalError { _ = try PostgresJournal(connection: fixture.connection!, readOnly: true) }
         #expect(reader?.code == .notFound)
         #expect(
@@ -201,8 +201,8 @@ import Testing
         #expect(error?.message.contains("events") == true)
     }
 
-    @Test func statsNameTheDatabaseAndItsSize() throws {
-        let fixture = try journal(withIncrements: 4)
+    @Test func statsNameTheDatabaseAndItsSize() async throws {
+        let fixture = try await journal(withIncrements: 4)
         let journal = try fixture.open()
         let stats = try journal.stats()
         #expect(stats.location.hasPrefix("postgres host="))
@@ -218,8 +218,8 @@ import Testing
 @Suite struct JournalDamageTests {
     static let kinds = [JournalKind.sqlite, .postgres]
 
-    private func journal(_ kind: JournalKind, withIncrements count: Int) throws -> JournalFixture {
-        let fixture = try JournalFixture(kind)
+    private func journal(_ kind: JournalKind, withIncrements count: Int) async throws -> JournalFixture {
+        let fixture = try await JournalFixture(kind)
         let journal = try fixture.open()
         _ = try journal.recover(Counter.self)
         let batch = events(Counter.name, from: 1, count: count) { _ in Counter.Action.increment }
@@ -241,8 +241,8 @@ import Testing
     /// A byte flipped in a stored action, with its checksum left as it was: verify and recovery both name
     /// the store and the seq, and recovery refuses to return a state.
     @Test(arguments: kinds)
-    func aFlippedByteInAnActionIsCaughtByVerifyAndRecovery(kind: JournalKind) throws {
-        let fixture = try journal(kind, withIncrements: 20)
+    func aFlippedByteInAnActionIsCaughtByVerifyAndRecovery(kind: JournalKind) async throws {
+        let fixture = try await journal(kind, withIncrements: 20)
         var flipped = encoded(Counter.Action.increment)
         flipped[2] ^= 0x01
         try fixture.tamper("UPDATE events SET action = \(literal(flipped, kind)) WHERE store = 'counter' AND seq = 7")
@@ -265,12 +265,12 @@ import Testing
         )
         try journal.close()
 
-        let output = try runProduct("lockstep", ["journal", "verify"] + location(fixture))
+        let output = try await runProduct("lockstep", ["journal", "verify"] + location(fixture))
         #expect(output.status == 5, "\(output.standardOutput) \(output.standardError)")
         #expect(output.standardOutput.contains("store counter, seq 7"), "\(output.standardOutput)")
         #expect(output.standardOutput.contains("checksum_mismatch"), "\(output.standardOutput)")
 
-        let json = try runProduct("lockstep", ["journal", "verify"] + location(fixture) + ["--json"])
+        let json = try await runProduct("lockstep", ["journal", "verify"] + location(fixture) + ["--json"])
         #expect(json.status == 5)
         let reply = try JSONSerialization.jsonObject(with: Data(json.standardOutput.utf8)) as? [String: Any]
         #expect(reply?["intact"] as? Bool == false)
@@ -281,8 +281,8 @@ import Testing
     }
 
     @Test(arguments: kinds)
-    func aMissingEventIsASequenceGap(kind: JournalKind) throws {
-        let fixture = try journal(kind, withIncrements: 10)
+    func aMissingEventIsASequenceGap(kind: JournalKind) async throws {
+        let fixture = try await journal(kind, withIncrements: 10)
         try fixture.tamper("DELETE FROM events WHERE seq = 4")
         let journal = try fixture.open()
         #expect(
@@ -303,8 +303,8 @@ import Testing
     }
 
     @Test(arguments: kinds)
-    func aDamagedSnapshotIsCaughtByItsDigest(kind: JournalKind) throws {
-        let fixture = try JournalFixture(kind, policy: JournalPolicy(snapshotEveryEvents: 5))
+    func aDamagedSnapshotIsCaughtByItsDigest(kind: JournalKind) async throws {
+        let fixture = try await JournalFixture(kind, policy: JournalPolicy(snapshotEveryEvents: 5))
         let journal = try fixture.open()
         _ = try journal.recover(Counter.self)
         let batch = events(Counter.name, from: 1, count: 5) { _ in Counter.Action.increment }
@@ -328,9 +328,9 @@ import Testing
 
     /// `lockstep journal dump` and `stats` read either journal.
     @Test(arguments: kinds)
-    func dumpAndStatsReadEitherJournal(kind: JournalKind) throws {
-        let fixture = try journal(kind, withIncrements: 3)
-        let dump = try runProduct("lockstep", ["journal", "dump"] + location(fixture) + ["--from", "2"])
+    func dumpAndStatsReadEitherJournal(kind: JournalKind) async throws {
+        let fixture = try await journal(kind, withIncrements: 3)
+        let dump = try await runProduct("lockstep", ["journal", "dump"] + location(fixture) + ["--from", "2"])
         #expect(dump.status == 0, "\(dump.standardError)")
         #expect(
             dump.standardOutput == """
@@ -339,10 +339,10 @@ import Testing
 
                 """
         )
-        let stats = try runProduct("lockstep", ["journal", "stats"] + location(fixture) + ["--json"])
+        let stats = try await runProduct("lockstep", ["journal", "stats"] + location(fixture) + ["--json"])
         #expect(stats.status == 0, "\(stats.standardError)")
         #expect(stats.standardOutput.contains("\"lastSeq\":3"), "\(stats.standardOutput)")
-        let none = try runProduct("lockstep", ["journal", "stats"])
+        let none = try await runProduct("lockstep", ["journal", "stats"])
         #expect(none.status != 0)
         #expect(none.standardError.contains("--postgres"), "\(none.standardError)")
     }

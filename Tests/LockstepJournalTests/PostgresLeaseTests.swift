@@ -18,10 +18,10 @@ import Testing
         )
     }
 
-    /// Sleeps until `instant` (at once if it has passed).
-    func sleep(until instant: ContinuousClock.Instant) {
-        let left = instant - ContinuousClock.now
-        if left > .zero { Thread.sleep(forTimeInterval: left / .seconds(1)) }
+    /// Sleeps until `instant` (at once if it has passed) without holding a thread of the cooperative pool. It may
+    /// wake later on a busy machine: each wait here is for a lease to expire, which a later wake does not change.
+    func sleep(until instant: ContinuousClock.Instant) async throws {
+        try await Task.sleep(until: instant, clock: .continuous)
     }
 
     func increments(from seq: UInt64, count: Int, client: [UInt8] = clientA) -> JournalBatch {
@@ -29,8 +29,8 @@ import Testing
         return JournalBatch(events: batch, idempotency: idempotency(for: batch))
     }
 
-    @Test func theLeaseIsTakenOnlyOnceExpiredWithTheNextTermAndAFencedCommitKeepsNothing() throws {
-        let fixture = try JournalFixture(.postgres)
+    @Test func theLeaseIsTakenOnlyOnceExpiredWithTheNextTermAndAFencedCommitKeepsNothing() async throws {
+        let fixture = try await JournalFixture(.postgres)
         let a = try daemonJournal(fixture, "a", lease: .seconds(2))
         let b = try daemonJournal(fixture, "b", lease: .seconds(2))
         defer {
@@ -59,7 +59,7 @@ import Testing
         try a.renewLease()
         let renewed = ContinuousClock.now
         // Renewed, not yet expired: still a's (judged only if the attempt came well within the lease).
-        Thread.sleep(forTimeInterval: 0.5)
+        try await Task.sleep(for: .milliseconds(500))
         let attempt = try b.acquireLease()
         if ContinuousClock.now - renewed < .milliseconds(1_500) {
             guard case .standingBy = attempt else {
@@ -68,7 +68,7 @@ import Testing
             }
         }
         // Past the lease: the renewal ran before `renewed`.
-        sleep(until: renewed + .milliseconds(2_300))
+        try await sleep(until: renewed + .milliseconds(2_300))
         if case .standingBy = attempt {
             #expect(try b.acquireLease() == .leading(term: 2, previousHolder: "a"))
         } else {
@@ -96,8 +96,8 @@ import Testing
     /// that carries the writes, so the server runs none of them nor the COMMIT (a fence that only returned no row
     /// would let them commit). The fenced session is rolled back, not replaced: it commits again once its journal
     /// leads again. A renewal the row refuses names the new term as well.
-    @Test func aCommitTheLeaseRowRefusesKeepsNothingAndItsSessionCommitsOnceItLeadsAgain() throws {
-        let fixture = try JournalFixture(.postgres)
+    @Test func aCommitTheLeaseRowRefusesKeepsNothingAndItsSessionCommitsOnceItLeadsAgain() async throws {
+        let fixture = try await JournalFixture(.postgres)
         let a = try daemonJournal(fixture, "a", lease: .milliseconds(300))
         let b = try daemonJournal(fixture, "b", lease: .milliseconds(300))
         let c = try daemonJournal(fixture, "c", lease: .seconds(30))
@@ -114,9 +114,9 @@ import Testing
         _ = try a.recover(Posts.self)
         try a.commit(increments(from: 1, count: 2))
         let session = a.writerBackendPID
-        Thread.sleep(forTimeInterval: 0.4)
+        try await Task.sleep(for: .milliseconds(400))
         #expect(try b.acquireLease() == .leading(term: 2, previousHolder: "a"))
-        Thread.sleep(forTimeInterval: 0.4)
+        try await Task.sleep(for: .milliseconds(400))
         #expect(try c.acquireLease() == .leading(term: 3, previousHolder: "b"))
 
         let posts = events(Posts.name, from: 1, count: 2, client: clientB) {
@@ -162,8 +162,11 @@ import Testing
     /// The fence is the first statement of the transaction of every write: a trigger on every table a commit or a
     /// registration writes refuses a statement unless the lease row was updated earlier in the same transaction.
     /// A write without the fence, or with it after the writes or in a transaction of its own, fails here.
-    @Test func theFenceRunsFirstInTheTransactionOfEveryWrite() throws {
-        let fixture = try JournalFixture(.postgres, policy: JournalPolicy(snapshotEveryEvents: 2, snapshotsKept: 1))
+    @Test func theFenceRunsFirstInTheTransactionOfEveryWrite() async throws {
+        let fixture = try await JournalFixture(
+            .postgres,
+            policy: JournalPolicy(snapshotEveryEvents: 2, snapshotsKept: 1)
+        )
         let journal = try #require(try fixture.open() as? PostgresJournal)
         defer { try? journal.close() }
         try fixture.tamper(
@@ -211,14 +214,14 @@ import Testing
 
     /// An expired lease nobody took is still the holder's: its next commit extends it. A clean close lets it go,
     /// so the next daemon takes it at once instead of waiting for it to expire.
-    @Test func anExpiredLeaseNobodyTookIsStillTheHoldersAndCloseLetsItGo() throws {
-        let fixture = try JournalFixture(.postgres)
+    @Test func anExpiredLeaseNobodyTookIsStillTheHoldersAndCloseLetsItGo() async throws {
+        let fixture = try await JournalFixture(.postgres)
         let a = try daemonJournal(fixture, "a", lease: .seconds(2))
         let b = try daemonJournal(fixture, "b", lease: .seconds(30))
         defer { try? b.close() }
         _ = try a.acquireLease()
         _ = try a.recover(Counter.self)
-        Thread.sleep(forTimeInterval: 2.3)
+        try await Task.sleep(for: .milliseconds(2_300))
         let committing = ContinuousClock.now
         try a.commit(increments(from: 1, count: 1))
         #expect(try a.leader().expiresIn > .zero)
@@ -240,8 +243,8 @@ import Testing
     /// A takeover waits for the commit in flight: the commit's fence holds the lease row's lock until it ends, so
     /// the acquire, issued after the lease expired by the clock, takes the row only once that commit is durable —
     /// and recovers it — and the old leader's next commit is fenced.
-    @Test func aTakeoverWaitsForTheCommitInFlight() throws {
-        let fixture = try JournalFixture(.postgres)
+    @Test func aTakeoverWaitsForTheCommitInFlight() async throws {
+        let fixture = try await JournalFixture(.postgres)
         let a = try daemonJournal(fixture, "a", lease: .seconds(2))
         let b = try daemonJournal(fixture, "b", lease: .seconds(30))
         defer {
@@ -269,30 +272,30 @@ import Testing
             let result = Result { () throws(JournalError) in try a.commit(increments(from: 1, count: 2)) }
             results.withLockedValue { $0.commit = result }
         }.start()
-        func waiting(_ condition: String) throws -> Bool {
+        func waiting(_ condition: String) async throws -> Bool {
             for _ in 0..<500 {
                 let rows = try PostgresJournal.execute(
                     "SELECT count(*)::text FROM pg_stat_activity WHERE \(condition)",
                     connection: fixture.connection!
                 )
                 if rows == ["1"] { return true }
-                Thread.sleep(forTimeInterval: 0.01)
+                try await Task.sleep(for: .milliseconds(10))
             }
             return false
         }
-        #expect(try waiting("query LIKE 'INSERT INTO events%' AND state = 'active'"), "a's commit never started")
+        #expect(try await waiting("query LIKE 'INSERT INTO events%' AND state = 'active'"), "a's commit never started")
         // Past a's lease by the database's clock (its fence ran before its INSERT was seen waiting).
-        Thread.sleep(forTimeInterval: 2.3)
+        try await Task.sleep(for: .milliseconds(2_300))
         Thread {
             let result = Result { () throws(JournalError) in try b.acquireLease() }
             results.withLockedValue { $0.acquire = result }
         }.start()
-        #expect(try waiting("query LIKE '%SET term = term + 1%' AND wait_event_type = 'Lock'"), "b never waited")
+        #expect(try await waiting("query LIKE '%SET term = term + 1%' AND wait_event_type = 'Lock'"), "b never waited")
         #expect(results.withLockedValue { $0.acquire == nil && $0.commit == nil })
         try fixture.tamper("INSERT INTO go VALUES (1)")
         var done = false
         for _ in 0..<500 where !done {
-            Thread.sleep(forTimeInterval: 0.01)
+            try await Task.sleep(for: .milliseconds(10))
             done = results.withLockedValue { $0.acquire != nil && $0.commit != nil }
         }
         try #require(done, "the commit or the acquire never returned")
@@ -310,9 +313,9 @@ import Testing
 
     /// Two daemons opening an empty database at once: one creates the journal, the other waits for it and finds it
     /// (before, both ran CREATE TABLE and one failed). Repeated on fresh databases, since it is a race.
-    @Test func twoDaemonsOpeningAnEmptyDatabaseAtOnceBothOpenIt() throws {
+    @Test func twoDaemonsOpeningAnEmptyDatabaseAtOnceBothOpenIt() async throws {
         for _ in 0..<5 {
-            let fixture = try JournalFixture(.postgres)
+            let fixture = try await JournalFixture(.postgres)
             let connection = fixture.connection!
             let opened = LockedValue<[Result<PostgresJournal, JournalError>]>([])
             let start = DispatchSemaphore(value: 0)
@@ -334,7 +337,7 @@ import Testing
             }
             start.signal()
             start.signal()
-            #expect(done.wait(timeout: .now() + 30) == .success)
+            #expect(await offPool("opening") { done.wait(timeout: .now() + 30) } == .success)
             let journals = opened.withLockedValue { $0 }.compactMap { result -> PostgresJournal? in
                 switch result {
                 case let .success(journal): return journal
@@ -352,8 +355,8 @@ import Testing
 
     /// A journal of format 1 (step 1: no lease, an advisory lock per writer) is upgraded when opened for writing,
     /// but not while a daemon of that build holds its lock: it would write beside a leader unfenced.
-    @Test func aJournalOfFormat1IsUpgradedOnceNoEarlierDaemonWritesToIt() throws {
-        let fixture = try JournalFixture(.postgres)
+    @Test func aJournalOfFormat1IsUpgradedOnceNoEarlierDaemonWritesToIt() async throws {
+        let fixture = try await JournalFixture(.postgres)
         let first = try fixture.open()
         _ = try first.recover(Counter.self)
         try first.commit(increments(from: 1, count: 3))

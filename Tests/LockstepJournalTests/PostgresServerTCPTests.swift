@@ -9,9 +9,9 @@ import Testing
 /// superuser over tcp; the journal opens there as a role that owns the database. Here the subnet is 127.0.0.1
 /// alone, so it runs anywhere the PostgreSQL tests do.
 @Suite struct PostgresServerTCPTests {
-    @Test func aRoleLogsInOverTcpWithItsPasswordAndTheSuperuserDoesNot() throws {
+    @Test func aRoleLogsInOverTcpWithItsPasswordAndTheSuperuserDoesNot() async throws {
         let port = Int.random(in: 20_000..<60_000)
-        let server = try PostgresServer.start(
+        let server = try await PostgresServer.start(
             tcp: PostgresServer.TCP(
                 address: "127.0.0.1",
                 port: port,
@@ -19,6 +19,7 @@ import Testing
                 authentication: .password
             )
         )
+        // After a failure; otherwise the stop at the end, which waits off the cooperative pool, has done it.
         defer { server.stop() }
         try server.createRole("journalist", password: "s3cret_pw")
         _ = try server.createDatabase(named: "over_tcp", owner: "journalist")
@@ -44,5 +45,6 @@ import Testing
                 try PostgresJournal.execute("SELECT 1", connection: connection + " connect_timeout=5")
             }
         }
+        await server.stop()
     }
 }

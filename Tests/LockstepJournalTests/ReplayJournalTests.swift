@@ -10,8 +10,11 @@ import Testing
 /// `lockstep replay --journal DIR` against a real journal: clean, and with a snapshot the reducers do not
 /// reproduce (what a changed reducer looks like from the journal's side).
 @Suite struct ReplayJournalTests {
-    @Test func replayReproducesTheJournalsSnapshotsAndNamesTheSeqWhenItCannot() throws {
-        let fixture = try JournalFixture(.sqlite, policy: JournalPolicy(snapshotEveryEvents: 10, snapshotsKept: 3))
+    @Test func replayReproducesTheJournalsSnapshotsAndNamesTheSeqWhenItCannot() async throws {
+        let fixture = try await JournalFixture(
+            .sqlite,
+            policy: JournalPolicy(snapshotEveryEvents: 10, snapshotsKept: 3)
+        )
         let journal = try fixture.open()
         _ = try journal.recover(Counter.self)
         var state = Counter.initialState
@@ -30,7 +33,7 @@ import Testing
         }
         try journal.close()
 
-        let clean = try runProduct("lockstep", ["replay", "--journal", fixture.dataDirectory, "--processes", "1"])
+        let clean = try await runProduct("lockstep", ["replay", "--journal", fixture.dataDirectory, "--processes", "1"])
         #expect(clean.status == 0, "\(clean.standardOutput)\(clean.standardError)")
         #expect(
             clean.standardOutput.contains("every digest the journal recorded matched (2 snapshots)"),
@@ -45,7 +48,7 @@ import Testing
                 arguments: [Data(forged), Data(StateDigest(of: forged).bytes)]
             )
         }
-        let diverged = try runProduct("lockstep", ["replay", "--journal", fixture.dataDirectory, "--json"])
+        let diverged = try await runProduct("lockstep", ["replay", "--journal", fixture.dataDirectory, "--json"])
         #expect(diverged.status == 4, "\(diverged.standardOutput)\(diverged.standardError)")
         let object = try JSONSerialization.jsonObject(with: Data(diverged.standardOutput.utf8)) as? [String: Any]
         let divergence = object?["divergence"] as? [String: Any]
@@ -57,8 +60,11 @@ import Testing
     /// A reducer change checked against real history through the library: the journal a ledger wrote, replayed
     /// through the same reducer, matches every recorded digest; through a changed one (same name and version, as a
     /// careless change would be), it names the first snapshot the new code no longer reaches.
-    @Test func aChangedReducerIsCaughtAtTheFirstRecordedDigestItMisses() throws {
-        let fixture = try JournalFixture(.sqlite, policy: JournalPolicy(snapshotEveryEvents: 10, snapshotsKept: 10))
+    @Test func aChangedReducerIsCaughtAtTheFirstRecordedDigestItMisses() async throws {
+        let fixture = try await JournalFixture(
+            .sqlite,
+            policy: JournalPolicy(snapshotEveryEvents: 10, snapshotsKept: 10)
+        )
         let journal = try fixture.open()
         _ = try journal.recover(Ledger.self)
         var state = Ledger.initialState

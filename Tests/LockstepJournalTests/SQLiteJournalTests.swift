@@ -15,8 +15,11 @@ import Glibc
 /// it from outside.
 @Suite struct SQLiteJournalTests {
     /// A journal with `count` counter increments, closed; returns its fixture.
-    private func journal(withIncrements count: Int, policy: JournalPolicy = JournalPolicy()) throws -> JournalFixture {
-        let fixture = try JournalFixture(.sqlite, policy: policy)
+    private func journal(
+        withIncrements count: Int,
+        policy: JournalPolicy = JournalPolicy()
+    ) async throws -> JournalFixture {
+        let fixture = try await JournalFixture(.sqlite, policy: policy)
         let journal = try fixture.open()
         _ = try journal.recover(Counter.self)
         let batch = events(Counter.name, from: 1, count: count) { _ in Counter.Action.increment }
@@ -30,8 +33,8 @@ import Glibc
         return stat(path, &info) == 0 ? info.st_mode & 0o777 : nil
     }
 
-    @Test func theFileIsPrivateInWALModeWithFullSync() throws {
-        let fixture = try JournalFixture(.sqlite)
+    @Test func theFileIsPrivateInWALModeWithFullSync() async throws {
+        let fixture = try await JournalFixture(.sqlite)
         let journal = try SQLiteJournal(directory: fixture.dataDirectory)
         _ = try journal.recover(Counter.self)
         try journal.commit(
@@ -43,7 +46,7 @@ import Glibc
         #expect(mode(path) == 0o600)
         #expect(mode(path + "-wal") == 0o600)
         #expect(mode(path + "-shm") == 0o600)
-        let (journalMode, synchronous, foreignKeys) = try journal.databaseQueue.read { db in
+        let (journalMode, synchronous, foreignKeys) = try await journal.databaseQueue.read { db in
             (
                 try String.fetchOne(db, sql: "PRAGMA journal_mode"), try Int.fetchOne(db, sql: "PRAGMA synchronous"),
                 try Int.fetchOne(db, sql: "PRAGMA foreign_keys")
@@ -55,14 +58,14 @@ import Glibc
         try journal.close()
     }
 
-    @Test func aRelaxedJournalCommitsWithoutSyncAndSyncsOnRequest() throws {
-        let fixture = try JournalFixture(.sqlite)
+    @Test func aRelaxedJournalCommitsWithoutSyncAndSyncsOnRequest() async throws {
+        let fixture = try await JournalFixture(.sqlite)
         let journal = try SQLiteJournal(directory: fixture.dataDirectory, relaxed: true)
         _ = try journal.recover(Counter.self)
         try journal.commit(
             JournalBatch(events: events(Counter.name, from: 1, count: 3) { _ in Counter.Action.increment })
         )
-        #expect(try journal.databaseQueue.read { try Int.fetchOne($0, sql: "PRAGMA synchronous") } == 1)
+        #expect(try await journal.databaseQueue.read { try Int.fetchOne($0, sql: "PRAGMA synchronous") } == 1)
         try journal.sync()
         try journal.close()
         let reopened = try SQLiteJournal(directory: fixture.dataDirectory)
@@ -70,8 +73,8 @@ import Glibc
         try reopened.close()
     }
 
-    @Test func aJournalOfAnotherFormatVersionIsRefusedNamingTheFileAndBothVersions() throws {
-        let fixture = try journal(withIncrements: 3)
+    @Test func aJournalOfAnotherFormatVersionIsRefusedNamingTheFileAndBothVersions() async throws {
+        let fixture = try await journal(withIncrements: 3)
         try tamper(fixture) { try $0.execute(sql: "UPDATE journal_format SET version = 99") }
         let error = journalError { _ = try SQLiteJournal(directory: fixture.dataDirectory) }
         #expect(error?.code == .formatVersionMismatch)
@@ -87,8 +90,8 @@ import Glibc
         )
     }
 
-    @Test func aFormat1JournalIsReadAsItIsAndRebuiltAsTheCurrentFormatWhenOpenedForWriting() throws {
-        let fixture = try journal(withIncrements: 3)
+    @Test func aFormat1JournalIsReadAsItIsAndRebuiltAsTheCurrentFormatWhenOpenedForWriting() async throws {
+        let fixture = try await journal(withIncrements: 3)
         let original = try fixture.open()
         let records = try original.idempotencyRecords()
         try original.close()
@@ -122,7 +125,9 @@ import Glibc
         let writer = try SQLiteJournal(directory: fixture.dataDirectory)
         #expect(try writer.recover(Counter.self).lastSeq == 3)
         #expect(try writer.idempotencyRecords() == records)
-        #expect(try writer.databaseQueue.read { try Int.fetchOne($0, sql: "SELECT version FROM journal_format") } == 3)
+        #expect(
+            try await writer.databaseQueue.read { try Int.fetchOne($0, sql: "SELECT version FROM journal_format") } == 3
+        )
         #expect(
             try writer.stats().stores.map(\.versions) == [
                 [JournalDomainVersion(store: "counter", version: 1, sinceSeq: 0)]
@@ -132,8 +137,8 @@ import Glibc
         #expect(try schema()?.contains("UNIQUE (request_number, client_id)") == true)
     }
 
-    @Test func oneWriterPerDataDirectory() throws {
-        let fixture = try journal(withIncrements: 2)
+    @Test func oneWriterPerDataDirectory() async throws {
+        let fixture = try await journal(withIncrements: 2)
         let writer = try fixture.open()
         let second = journalError { _ = try SQLiteJournal(directory: fixture.dataDirectory) }
         #expect(second?.code == .inUse)
@@ -166,8 +171,8 @@ import Glibc
         #expect(!FileManager.default.fileExists(atPath: directory.appendingPathComponent(SQLiteJournal.fileName).path))
     }
 
-    @Test func aReadOnlyJournalReadsButRefusesCommitsAndNewStores() throws {
-        let fixture = try journal(withIncrements: 4)
+    @Test func aReadOnlyJournalReadsButRefusesCommitsAndNewStores() async throws {
+        let fixture = try await journal(withIncrements: 4)
         let journal = try SQLiteJournal(directory: fixture.dataDirectory, readOnly: true)
         #expect(try journal.recover(Counter.self).state.count == 4)
         let batch = JournalBatch(events: events(Counter.name, from: 5, count: 1) { _ in Counter.Action.increment })
@@ -176,8 +181,8 @@ import Glibc
         try journal.close()
     }
 
-    @Test func dumpPrintsEachEventsActionAsJSONAndStatsDescribesTheStores() throws {
-        let fixture = try JournalFixture(.sqlite)
+    @Test func dumpPrintsEachEventsActionAsJSONAndStatsDescribesTheStores() async throws {
+        let fixture = try await JournalFixture(.sqlite)
         let journal = try fixture.open()
         _ = try journal.recover(Counter.self)
         _ = try journal.recover(Todos.self)
@@ -187,7 +192,7 @@ import Glibc
         try journal.commit(JournalBatch(events: todo + counter))
         try journal.close()
 
-        let dump = try runProduct("lockstep", ["journal", "dump", fixture.dataDirectory])
+        let dump = try await runProduct("lockstep", ["journal", "dump", fixture.dataDirectory])
         #expect(dump.status == 0, "\(dump.standardError)")
         #expect(
             dump.standardOutput == """
@@ -199,13 +204,13 @@ import Glibc
 
                 """
         )
-        let some = try runProduct(
+        let some = try await runProduct(
             "lockstep",
             ["journal", "dump", fixture.dataDirectory, "--store", "counter", "--from", "3"]
         )
         #expect(some.standardOutput == "{\"store\":\"counter\",\"seq\":3,\"action\":{\"increment\":{}}}\n")
 
-        let stats = try runProduct("lockstep", ["journal", "stats", fixture.dataDirectory, "--json"])
+        let stats = try await runProduct("lockstep", ["journal", "stats", fixture.dataDirectory, "--json"])
         #expect(stats.status == 0, "\(stats.standardError)")
         let reply = try JSONSerialization.jsonObject(with: Data(stats.standardOutput.utf8)) as? [String: Any]
         let stores = reply?["stores"] as? [[String: Any]]
@@ -215,13 +220,13 @@ import Glibc
         #expect(stores?.map { $0["domainVersion"] as? Int } == [1, 1])
         #expect((reply?["fileBytes"] as? Int ?? 0) > 0)
 
-        let verify = try runProduct("lockstep", ["journal", "verify", fixture.dataDirectory])
+        let verify = try await runProduct("lockstep", ["journal", "verify", fixture.dataDirectory])
         #expect(verify.status == 0, "\(verify.standardOutput) \(verify.standardError)")
         #expect(verify.standardOutput.contains("intact"))
     }
 
-    @Test func dumpFromBelowTheCompactedHistoryNamesTheFirstSeqKept() throws {
-        let fixture = try JournalFixture(.sqlite, policy: JournalPolicy(snapshotEveryEvents: 5, snapshotsKept: 1))
+    @Test func dumpFromBelowTheCompactedHistoryNamesTheFirstSeqKept() async throws {
+        let fixture = try await JournalFixture(.sqlite, policy: JournalPolicy(snapshotEveryEvents: 5, snapshotsKept: 1))
         let journal = try fixture.open()
         _ = try journal.recover(Counter.self)
         let batch = events(Counter.name, from: 1, count: 5) { _ in Counter.Action.increment }
@@ -235,7 +240,7 @@ import Glibc
             JournalBatch(events: events(Counter.name, from: 6, count: 2) { _ in Counter.Action.increment })
         )
         try journal.close()
-        let dump = try runProduct("lockstep", ["journal", "dump", fixture.dataDirectory, "--from", "2"])
+        let dump = try await runProduct("lockstep", ["journal", "dump", fixture.dataDirectory, "--from", "2"])
         #expect(dump.status == 1)
         #expect(dump.standardError.contains("compacted below seq 6"), "\(dump.standardError)")
     }

@@ -23,12 +23,24 @@ enum JournalKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
 }
 
 /// One PostgreSQL server for the whole test run, started by the first test that needs it and stopped when the
-/// test process exits; each fixture has a database of its own on it.
+/// test process exits; each fixture has a database of its own on it. `initdb` and the start run off the
+/// cooperative pool, and the tests that wait for them meanwhile suspend rather than hold its threads.
 enum SharedPostgres {
-    static let server: Result<PostgresServer, any Error> = {
-        let result = Result { try PostgresServer.start() }
-        atexit { if case let .success(server) = SharedPostgres.server { server.stop() } }
-        return result
+    /// The server, once started; every caller awaits the one start, and gets its error if it failed.
+    static var server: PostgresServer {
+        get async throws { try await starting.value }
+    }
+
+    private static let starting = Task<PostgresServer, any Error> {
+        let server = try await PostgresServer.start()
+        started.withLockedValue { $0 = server }
+        return server
+    }
+
+    /// The server once started, for the stop at exit.
+    private static let started: LockedValue<PostgresServer?> = {
+        atexit { SharedPostgres.started.withLockedValue { $0?.stop() } }
+        return LockedValue(nil)
     }()
 }
 
@@ -39,21 +51,30 @@ final class JournalFixture {
     let policy: JournalPolicy
     let directory: URL
     private var memory: InMemoryJournal?
+    /// The shared PostgreSQL server, for a PostgreSQL journal.
+    private let server: PostgresServer?
     /// The PostgreSQL database's connection string.
     let connection: String?
 
-    init(_ kind: JournalKind, policy: JournalPolicy = JournalPolicy()) throws {
+    /// A fixture of `kind`; for PostgreSQL it waits for the shared server and makes a database on it without holding
+    /// a thread of the cooperative pool.
+    init(_ kind: JournalKind, policy: JournalPolicy = JournalPolicy()) async throws {
         self.kind = kind
         self.policy = policy
         directory = try temporaryDirectory("journal-\(kind.rawValue)")
-        connection = kind == .postgres ? try SharedPostgres.server.get().createDatabase() : nil
+        if kind == .postgres {
+            let server = try await SharedPostgres.server
+            self.server = server
+            connection = try await offPool("create database") { try server.createDatabase() }
+        } else {
+            server = nil
+            connection = nil
+        }
     }
 
     deinit {
         try? FileManager.default.removeItem(at: directory)
-        if let connection, case let .success(server) = SharedPostgres.server,
-            let name = connection.split(separator: "=").last
-        {
+        if let connection, let server, let name = connection.split(separator: "=").last {
             try? server.dropDatabase(String(name))
         }
     }

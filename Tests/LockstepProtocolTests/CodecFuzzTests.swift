@@ -1,5 +1,6 @@
 import Lockstep
 import LockstepProtocol
+import TestSupport
 import Testing
 
 /// Feeds each decoder random and mutated messages from a fixed seed.
@@ -13,40 +14,52 @@ import Testing
     /// Small limits, so random frames cross them and the tooLarge paths run too.
     static let limits = Limits(maximumBatch: 4, maximumActionBytes: 48)
 
-    @Test func requestDecoderSurvivesFuzzing() {
-        let report = Fuzzer.run(
-            seed: 0x5EED_0001,
-            headerFrame: 0,
-            generate: { random in CodecSamples.randomRequest(limits: Self.limits, using: &random).encode() },
-            decode: { frames throws(ProtocolError) in try Request.decode(frames, limits: Self.limits) },
-            encode: { $0.encode() }
-        )
-        report.expect(codes: [.malformed, .unsupportedVersion, .unknownMessageType, .tooLarge, .invalidRange])
+    @Test func requestDecoderSurvivesFuzzing() async {
+        // Seconds of fuzzing: on a thread of its own, in this task, so the cooperative pool stays free.
+        await onOwnThread {
+            let report = Fuzzer.run(
+                seed: 0x5EED_0001,
+                headerFrame: 0,
+                generate: { random in CodecSamples.randomRequest(limits: Self.limits, using: &random).encode() },
+                decode: { frames throws(ProtocolError) in try Request.decode(frames, limits: Self.limits) },
+                encode: { $0.encode() }
+            )
+            report.expect(codes: [.malformed, .unsupportedVersion, .unknownMessageType, .tooLarge, .invalidRange])
+        }
     }
 
-    @Test func replyDecoderSurvivesFuzzing() {
-        let report = Fuzzer.run(
-            seed: 0x5EED_0002,
-            headerFrame: 0,
-            generate: { random in CodecSamples.randomReply(limits: Self.limits, using: &random).encode() },
-            decode: { frames throws(ProtocolError) in try Reply.decode(frames, limits: Self.limits) },
-            encode: { $0.encode() }
-        )
-        report.expect(codes: [.malformed, .unsupportedVersion, .unknownMessageType, .tooLarge])
+    @Test func replyDecoderSurvivesFuzzing() async {
+        // Seconds of fuzzing: on a thread of its own, in this task, so the cooperative pool stays free.
+        await onOwnThread {
+            let report = Fuzzer.run(
+                seed: 0x5EED_0002,
+                headerFrame: 0,
+                generate: { random in CodecSamples.randomReply(limits: Self.limits, using: &random).encode() },
+                decode: { frames throws(ProtocolError) in try Reply.decode(frames, limits: Self.limits) },
+                encode: { $0.encode() }
+            )
+            report.expect(codes: [.malformed, .unsupportedVersion, .unknownMessageType, .tooLarge])
+        }
     }
 
-    @Test func eventDecoderSurvivesFuzzing() {
-        let report = Fuzzer.run(
-            seed: 0x5EED_0003,
-            headerFrame: 1,
-            generate: { random in CodecSamples.randomEvent(limits: Self.limits, using: &random).encode() },
-            // A HEARTBEAT or DIGEST reads the same on either stream: the topic's stream is part of the round trip.
-            decode: { frames throws(ProtocolError) in
-                PublishedEvent(event: try Event.decode(frames, limits: Self.limits), inRuns: frames.first?.last == 1)
-            },
-            encode: { $0.inRuns ? $0.event.encodeForRuns() : $0.event.encode() }
-        )
-        report.expect(codes: [.malformed, .unsupportedVersion, .unknownMessageType, .tooLarge])
+    @Test func eventDecoderSurvivesFuzzing() async {
+        // Seconds of fuzzing: on a thread of its own, in this task, so the cooperative pool stays free.
+        await onOwnThread {
+            let report = Fuzzer.run(
+                seed: 0x5EED_0003,
+                headerFrame: 1,
+                generate: { random in CodecSamples.randomEvent(limits: Self.limits, using: &random).encode() },
+                // A HEARTBEAT or DIGEST reads the same on either stream: the topic's stream is part of the round trip.
+                decode: { frames throws(ProtocolError) in
+                    PublishedEvent(
+                        event: try Event.decode(frames, limits: Self.limits),
+                        inRuns: frames.first?.last == 1
+                    )
+                },
+                encode: { $0.inRuns ? $0.event.encodeForRuns() : $0.event.encode() }
+            )
+            report.expect(codes: [.malformed, .unsupportedVersion, .unknownMessageType, .tooLarge])
+        }
     }
 }
 

@@ -5,8 +5,8 @@ import Testing
 /// `lockstep bench` end to end on a tiny run: every part runs as real processes and reports every figure
 /// docs/performance.md documents. Only completeness and consistency are checked, never a speed.
 @Suite(.serialized) struct BenchProcessTests {
-    @Test func aShortBenchReportsEveryFigureAndLosesNoAcknowledgedDispatch() throws {
-        let output = try runProduct(
+    @Test func aShortBenchReportsEveryFigureAndLosesNoAcknowledgedDispatch() async throws {
+        let output = try await runProduct(
             "lockstep",
             ["bench", "--json", "--seconds", "0.3", "--histories", "300", "--no-redis"],
             timeout: .seconds(300)
@@ -91,11 +91,11 @@ import Testing
         #expect(p6["within_budget"] as? Bool == (max(peaks.0, peaks.1) <= budget), "\(p6)")
     }
 
-    @Test func badOptionsAreRefusedNamingTheValue() throws {
-        let output = try runProduct("lockstep", ["bench", "--only", "p9"])
+    @Test func badOptionsAreRefusedNamingTheValue() async throws {
+        let output = try await runProduct("lockstep", ["bench", "--only", "p9"])
         #expect(output.status == 64)
         #expect(output.standardError.contains("no part 'p9'"))
-        let histories = try runProduct("lockstep", ["bench", "--histories", "10,x"])
+        let histories = try await runProduct("lockstep", ["bench", "--histories", "10,x"])
         #expect(histories.status == 64)
         #expect(histories.standardError.contains("'10,x'"))
     }

@@ -13,7 +13,7 @@ import Glibc
 /// lockstepd on tcp with CURVE: listed clients get in; unlisted keys, plain clients and clients that expect
 /// another server key get nothing; SIGHUP reloads the list.
 @Suite struct CurveDaemonTests {
-    @Test func onlyListedClientsGetThrough() throws {
+    @Test func onlyListedClientsGetThrough() async throws {
         let directory = try temporaryDirectory("curve").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let server = try CurveKeyPair.generate()
@@ -44,7 +44,7 @@ import Glibc
         let context = try Context()
 
         /// One dispatch from a fresh REQ socket; nil when nothing comes back within `wait` ms.
-        func dispatch(keys: CurveKeyPair?, serverKey: [UInt8], number: UInt64, wait: Int32) throws -> Reply? {
+        @Sendable func send(keys: CurveKeyPair?, serverKey: [UInt8], number: UInt64, wait: Int32) throws -> Reply? {
             let socket = try Socket(context, type: .request)
             defer { socket.close() }
             if let keys {
@@ -67,19 +67,33 @@ import Glibc
             return try socket.receive().map { try Reply.decode($0) }
         }
 
-        // The listed client gets in (retrying while the daemon starts).
-        var first: Reply?
-        let deadline = ContinuousClock.now + .seconds(10)
-        while first == nil, ContinuousClock.now < deadline {
-            first = try dispatch(keys: listed, serverKey: server.publicKey, number: 1, wait: 500)
+        /// The same, waiting for the reply on a thread of its own.
+        func dispatch(keys: CurveKeyPair?, serverKey: [UInt8], number: UInt64, wait: Int32) async throws -> Reply? {
+            try await offPool("dispatch") { try send(keys: keys, serverKey: serverKey, number: number, wait: wait) }
         }
+
+        /// Dispatches with `keys` and the server's key, 500 ms per try, until a reply comes or `limit` has passed.
+        /// The tries and the clock run on a thread of their own: a busy cooperative pool does not use up `limit`.
+        func untilAnswered(within limit: Duration, keys: CurveKeyPair, number: UInt64) async throws -> Reply? {
+            try await offPool("dispatch") {
+                var reply: Reply?
+                let deadline = ContinuousClock.now + limit
+                while reply == nil, ContinuousClock.now < deadline {
+                    reply = try send(keys: keys, serverKey: server.publicKey, number: number, wait: 500)
+                }
+                return reply
+            }
+        }
+
+        // The listed client gets in (retrying while the daemon starts).
+        let first = try await untilAnswered(within: .seconds(10), keys: listed, number: 1)
         guard case .accepted = first else {
             Issue.record("the listed client got \(String(describing: first)); log:\n\(daemon.output)")
             return
         }
-        #expect(try dispatch(keys: unlisted, serverKey: server.publicKey, number: 2, wait: 1_000) == nil)
-        #expect(try dispatch(keys: nil, serverKey: [], number: 3, wait: 1_000) == nil)
-        #expect(try dispatch(keys: listed, serverKey: unlisted.publicKey, number: 4, wait: 1_000) == nil)
+        #expect(try await dispatch(keys: unlisted, serverKey: server.publicKey, number: 2, wait: 1_000) == nil)
+        #expect(try await dispatch(keys: nil, serverKey: [], number: 3, wait: 1_000) == nil)
+        #expect(try await dispatch(keys: listed, serverKey: unlisted.publicKey, number: 4, wait: 1_000) == nil)
 
         // Listing the other key and sending SIGHUP lets it in.
         try "\(Z85.encode(listed.publicKey))\n\(Z85.encode(unlisted.publicKey))\n".write(
@@ -88,11 +102,7 @@ import Glibc
             encoding: .utf8
         )
         daemon.signal(SIGHUP)
-        var after: Reply?
-        let reloadDeadline = ContinuousClock.now + .seconds(5)
-        while after == nil, ContinuousClock.now < reloadDeadline {
-            after = try dispatch(keys: unlisted, serverKey: server.publicKey, number: 5, wait: 500)
-        }
+        let after = try await untilAnswered(within: .seconds(5), keys: unlisted, number: 5)
         guard case let .accepted(_, _, seq, _) = after else {
             Issue.record(
                 "after SIGHUP the newly listed client got \(String(describing: after)); log:\n\(daemon.output)"
@@ -101,7 +111,7 @@ import Glibc
         }
         // Only the two accepted dispatches were applied.
         #expect(seq == 2)
-        #expect(daemon.stop() == 0)
+        #expect(await daemon.stop() == 0)
         #expect(daemon.output.contains("refused a connection"))
     }
 
@@ -127,18 +137,18 @@ import Glibc
         )
         let exited = try await eventually(within: .seconds(10)) { !daemon.isRunning }
         try #require(exited, "lockstepd kept running with a readable key file")
-        #expect(daemon.waitForExit(within: .zero) != 0)
+        #expect(await daemon.waitForExit(within: .zero) != 0)
         #expect(daemon.output.contains("must be 0600"), "\(daemon.output)")
     }
 
     /// `lockstep` (stats, dispatch, state, tail) and `lockstep demo-client` reach a tcp daemon with
     /// `--curve-server-key` and `--curve-key-file`; without them, or with a key file others can read, they do not.
-    @Test func theToolAndADemoClientTalkCurveWithKeysFromKeygen() throws {
+    @Test func theToolAndADemoClientTalkCurveWithKeysFromKeygen() async throws {
         let directory = try temporaryDirectory("curve-tool").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
         var publicKeys: [String: String] = [:]
         for name in ["server", "client"] {
-            let made = try runProduct("lockstep", ["keygen", "--out", "\(directory)/\(name)"])
+            let made = try await runProduct("lockstep", ["keygen", "--out", "\(directory)/\(name)"])
             try #require(made.status == 0, "\(made.standardError)")
             publicKeys[name] = try String(contentsOfFile: "\(directory)/\(name).pub", encoding: .utf8)
                 .trimmingCharacters(in: .whitespacesAndNewlines)
@@ -162,7 +172,10 @@ import Glibc
 
         var stats: ProcessOutput?
         for _ in 0..<50 where stats?.status != 0 {
-            stats = try runProduct("lockstep", ["stats", "--command-endpoint", command, "--timeout-ms", "500"] + curve)
+            stats = try await runProduct(
+                "lockstep",
+                ["stats", "--command-endpoint", command, "--timeout-ms", "500"] + curve
+            )
         }
         try #require(stats?.status == 0, "\(String(describing: stats)); log:\n\(daemon.output)")
         #expect(stats?.standardOutput.contains("role     leader") == true)
@@ -173,57 +186,59 @@ import Glibc
             actions: 20,
             extra: curve
         )
-        let done = replica.wait(within: .seconds(30)) { $0.done && $0.store("counter")?.seq == UInt64($0.accepted) }
+        let done = await replica.wait(within: .seconds(30)) {
+            $0.done && $0.store("counter")?.seq == UInt64($0.accepted)
+        }
         #expect(
             done?.accepted ?? 0 > 0 && done?.store("counter")?.seq == UInt64(done?.accepted ?? 0),
             "\(String(describing: done))"
         )
-        #expect(try replica.stop().status == 0)
+        #expect(try await replica.stop().status == 0)
         // tail says nothing until it is subscribed: dispatch until it has printed an event.
         let tail = try ChildProcess(
             "lockstep",
             ["tail", "counter", "--events-endpoint", events, "--count", "1", "--silence-ms", "10000"] + curve
         )
         for _ in 0..<50 where !tail.reachedEndOfOutput {
-            let dispatched = try runProduct(
+            let dispatched = try await runProduct(
                 "lockstep",
                 ["dispatch", "counter", #"{"increment":{}}"#, "--command-endpoint", command] + curve
             )
             #expect(dispatched.status == 0, "\(dispatched.standardError)")
-            tail.read(for: .milliseconds(200))
+            await tail.read(for: .milliseconds(200))
         }
-        let tailed = try tail.finish(within: .seconds(20))
+        let tailed = try await tail.finish(within: .seconds(20))
         #expect(
             tailed.standardOutput.hasSuffix(#"  {"increment":{}}"# + "\n"),
             "\(tailed.standardOutput) \(tailed.standardError)"
         )
 
-        let plain = try runProduct(
+        let plain = try await runProduct(
             "lockstep",
             ["state", "counter", "--command-endpoint", command, "--timeout-ms", "500", "--retries", "0"]
         )
         #expect(plain.status == 69, "without CURVE: \(plain.standardOutput) \(plain.standardError)")
-        let half = try runProduct("lockstep", ["stats", "--command-endpoint", command] + curve.prefix(2))
+        let half = try await runProduct("lockstep", ["stats", "--command-endpoint", command] + curve.prefix(2))
         #expect(
             half.status == 64 && half.standardError.contains("--curve-key-file is missing"),
             "\(half.standardError)"
         )
         chmod("\(directory)/client.key", 0o644)
-        let readable = try runProduct("lockstep", ["stats", "--command-endpoint", command] + curve)
+        let readable = try await runProduct("lockstep", ["stats", "--command-endpoint", command] + curve)
         #expect(readable.status == 64 && readable.standardError.contains("must be 0600"), "\(readable.standardError)")
-        #expect(daemon.stop() == 0)
+        #expect(await daemon.stop() == 0)
     }
 
     /// One Z85 key in 85 begins with '-': the tool takes it as the value of `--curve-server-key`, not as an option
     /// (the command then waits for a daemon that is not there and exits 69, where a usage error would be 64).
-    @Test func aServerKeyThatBeginsWithADashIsAKey() throws {
+    @Test func aServerKeyThatBeginsWithADashIsAKey() async throws {
         let directory = try temporaryDirectory("curve-dash").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
         var server = try CurveKeyPair.generate()
         while !Z85.encode(server.publicKey).hasPrefix("-") { server = try CurveKeyPair.generate() }
-        let made = try runProduct("lockstep", ["keygen", "--out", "\(directory)/client"])
+        let made = try await runProduct("lockstep", ["keygen", "--out", "\(directory)/client"])
         try #require(made.status == 0, "\(made.standardError)")
-        let output = try runProduct(
+        let output = try await runProduct(
             "lockstep",
             [
                 "stats", "--command-endpoint", "tcp://127.0.0.1:\(Int.random(in: 30_000..<60_000))", "--timeout-ms",

@@ -66,7 +66,7 @@ struct ClientTimeout: Error {}
         try TestSupport.temporaryDirectory("lockstepd").path
     }
 
-    @Test func servesRemembersAndStopsCleanly() throws {
+    @Test func servesRemembersAndStopsCleanly() async throws {
         let directory = try temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let context = try Context()
@@ -78,19 +78,26 @@ struct ClientTimeout: Error {}
         try events.connect(daemon.events)
         let client = try Client(context, endpoint: daemon.command)
 
-        let accepted = try client.dispatch("counter", [#"{"increment":{}}"#, #"{"increment":{}}"#], number: 1)
+        // The first request waits for the daemon to bind, and the events for its heartbeats: off the pool.
+        let accepted = try await offPool("dispatch", lending: client) {
+            try $0.dispatch("counter", [#"{"increment":{}}"#, #"{"increment":{}}"#], number: 1)
+        }
         guard case let .accepted(_, epoch, firstSeq, count) = accepted else {
             Issue.record("expected ACCEPTED, got \(accepted); log:\n\(daemon.output)")
             return
         }
         #expect(firstSeq == 1 && count == 2)
         // Events follow the ack (the subscription may miss the first ones while it connects; heartbeats come).
-        var seen: [Event] = []
-        let deadline = ContinuousClock.now + .seconds(5)
-        while ContinuousClock.now < deadline, !seen.contains(where: { if case .heartbeat = $0 { true } else { false } })
-        {
-            guard let frames = try events.receive() else { break }
-            seen.append(try Event.decode(frames))
+        let seen = try await offPool("events", lending: events) { events in
+            var seen: [Event] = []
+            let deadline = ContinuousClock.now + .seconds(5)
+            while ContinuousClock.now < deadline,
+                !seen.contains(where: { if case .heartbeat = $0 { true } else { false } })
+            {
+                guard let frames = try events.receive() else { break }
+                seen.append(try Event.decode(frames))
+            }
+            return seen
         }
         #expect(seen.contains(.heartbeat(store: try StoreName("counter"), epoch: epoch, lastSeq: 2)), "\(seen)")
 
@@ -113,16 +120,16 @@ struct ClientTimeout: Error {}
         }
         #expect(index == 0 && rejection.code == "out_of_range")
 
-        #expect(daemon.stop() == 0, "\(daemon.output)")
+        #expect(await daemon.stop() == 0, "\(daemon.output)")
 
         // After a restart: the same state and epoch, and the retry still gets its first reply.
         daemon = try DaemonProcess(directory: directory, arguments: ["--domain", "counter", "--domain", "numbers"])
         let again = try Client(context, endpoint: daemon.command)
-        guard
-            case let .snapshot(_, snapshot) = try again.call(
-                Request.snapshot(requestID: 5, store: try StoreName("counter")).encode()
-            )
-        else {
+        let counter = try StoreName("counter")
+        let first = try await offPool("snapshot", lending: again) {
+            try $0.call(Request.snapshot(requestID: 5, store: counter).encode())
+        }
+        guard case let .snapshot(_, snapshot) = first else {
             Issue.record("expected SNAPSHOT; log:\n\(daemon.output)")
             return
         }
@@ -153,15 +160,15 @@ struct ClientTimeout: Error {}
         #expect(first == 1 && actions.count == 2)
 
         // `lockstep stats` finds it and reports the store's seq.
-        let stats = try runProduct("lockstep", ["stats", "--json", "--command-endpoint", daemon.command])
+        let stats = try await runProduct("lockstep", ["stats", "--json", "--command-endpoint", daemon.command])
         #expect(stats.status == 0, "\(stats.standardError)")
         let status = try JSONSerialization.jsonObject(with: Data(stats.standardOutput.utf8)) as? [String: Any]
         let stores = status?["stores"] as? [[String: Any]]
         #expect(stores?.first { $0["name"] as? String == "counter" }?["seq"] as? Int == 2)
-        #expect(daemon.stop() == 0, "\(daemon.output)")
+        #expect(await daemon.stop() == 0, "\(daemon.output)")
     }
 
-    @Test func systemdHearsReadyThenWatchdogThenStopping() throws {
+    @Test func systemdHearsReadyThenWatchdogThenStopping() async throws {
         let directory = try temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let systemd = try SystemdNotifierTests.FakeSystemd(abstract: true)
@@ -170,67 +177,92 @@ struct ClientTimeout: Error {}
             arguments: ["--domain", "counter", "--journal", "memory"],
             environment: ["NOTIFY_SOCKET": systemd.name, "WATCHDOG_USEC": "200000"]
         )
-        let ready = systemd.receive()
-        #expect(ready?.hasPrefix("READY=1") == true, "\(String(describing: ready)); log:\n\(daemon.output)")
-        #expect(systemd.receive() == "WATCHDOG=1")
-        #expect(systemd.receive() == "WATCHDOG=1")
-        try #require(daemon.stop() == 0)
-        var sawStopping = false
-        while let message = systemd.receive() {
-            if message == "STOPPING=1" {
-                sawStopping = true
-                break
+        // The receives and the stop run back to back on a thread of their own, as systemd reads: the socket's queue
+        // is short (net.unix.max_dgram_qlen, often 10), and a daemon whose WATCHDOG=1 finds it full blocks in
+        // sendto, so a wait for a thread of the cooperative pool between them would stall its stop. The test checks
+        // what came; the messages after the stop are read only if the stop was clean, as the test goes on only then.
+        let heard = await offPool("systemd", lending: (systemd, daemon)) { lent in
+            let (systemd, daemon) = lent
+            let first = (0..<3).map { _ in systemd.receive() }
+            let stopped = daemon.stop()
+            var before: [String] = []
+            var sawStopping = false
+            while stopped == 0, let message = systemd.receive() {
+                if message == "STOPPING=1" {
+                    sawStopping = true
+                    break
+                }
+                before.append(message)
             }
+            return (first: first, stopped: stopped, before: before, sawStopping: sawStopping)
+        }
+        let ready = heard.first[0]
+        #expect(ready?.hasPrefix("READY=1") == true, "\(String(describing: ready)); log:\n\(daemon.output)")
+        #expect(heard.first[1] == "WATCHDOG=1")
+        #expect(heard.first[2] == "WATCHDOG=1")
+        try #require(heard.stopped == 0)
+        for message in heard.before {
             #expect(message == "WATCHDOG=1")
         }
+        let sawStopping = heard.sawStopping
         #expect(sawStopping)
     }
 
     /// Dispatches 20 increments of the counter, numbered 1…20; false, with an issue recorded, if one was refused.
-    func twentyIncrements(_ daemon: DaemonProcess, _ context: Context) throws -> Bool {
-        let client = try Client(context, endpoint: daemon.command)
-        for number: UInt64 in 1...20 {
-            guard case .accepted = try client.dispatch("counter", [#"{"increment":{}}"#], number: number) else {
-                Issue.record("dispatch \(number) was not accepted; log:\n\(daemon.output)")
-                return false
+    /// The dispatches (the first waits for the daemon to bind) run on a thread of their own.
+    func twentyIncrements(_ daemon: DaemonProcess, _ context: Context) async throws -> Bool {
+        let endpoint = daemon.command
+        let refused = try await offPool("increments") { () throws -> UInt64? in
+            let client = try Client(context, endpoint: endpoint)
+            for number: UInt64 in 1...20 {
+                guard case .accepted = try client.dispatch("counter", [#"{"increment":{}}"#], number: number) else {
+                    return number
+                }
             }
+            return nil
+        }
+        if let number = refused {
+            Issue.record("dispatch \(number) was not accepted; log:\n\(daemon.output)")
+            return false
         }
         return true
     }
 
-    /// The counter store's SNAPSHOT reply, or `nil` with an issue recorded.
-    func counterSnapshot(_ daemon: DaemonProcess, _ context: Context) throws -> SnapshotReply? {
-        let client = try Client(context, endpoint: daemon.command)
-        guard
-            case let .snapshot(_, snapshot) = try client.call(
+    /// The counter store's SNAPSHOT reply, or `nil` with an issue recorded; asked on a thread of its own.
+    func counterSnapshot(_ daemon: DaemonProcess, _ context: Context) async throws -> SnapshotReply? {
+        let endpoint = daemon.command
+        let reply = try await offPool("snapshot") {
+            try Client(context, endpoint: endpoint).call(
                 Request.snapshot(requestID: 1, store: try StoreName("counter")).encode()
             )
-        else {
+        }
+        guard case let .snapshot(_, snapshot) = reply else {
             Issue.record("expected SNAPSHOT; log:\n\(daemon.output)")
             return nil
         }
         return snapshot
     }
 
-    @Test func relaxedDurabilityServesAndKeepsWhatItAcknowledgedAcrossARestart() throws {
+    @Test func relaxedDurabilityServesAndKeepsWhatItAcknowledgedAcrossARestart() async throws {
         let directory = try temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let context = try Context()
         let arguments = ["--domain", "counter", "--durability", "relaxed"]
         var daemon = try DaemonProcess(directory: directory, arguments: arguments)
-        guard try twentyIncrements(daemon, context) else { return }
-        #expect(daemon.stop() == 0)
+        guard try await twentyIncrements(daemon, context) else { return }
+        #expect(await daemon.stop() == 0)
         daemon = try DaemonProcess(directory: directory, arguments: arguments)
-        let snapshot = try counterSnapshot(daemon, context)
+        let snapshot = try await counterSnapshot(daemon, context)
         #expect(snapshot?.seq == 20)
-        #expect(daemon.stop() == 0)
+        #expect(await daemon.stop() == 0)
     }
 
     /// `--journal postgres`: what a daemon acknowledged is in the database, whichever folder the next daemon runs
     /// in; a second daemon on the same database while the first runs stands by (FailoverProcessTests), and the
     /// next daemon takes the lease the first let go when it stopped at once.
-    @Test func aPostgresJournalKeepsWhatItAcknowledgedAndTakesOneDaemon() throws {
-        let server = try PostgresServer.start()
+    @Test func aPostgresJournalKeepsWhatItAcknowledgedAndTakesOneDaemon() async throws {
+        let server = try await PostgresServer.start()
+        // After a failure; otherwise the stop at the end, which waits off the cooperative pool, has done it.
         defer { server.stop() }
         let connection = try server.createDatabase()
         let first = try temporaryDirectory()
@@ -242,20 +274,21 @@ struct ClientTimeout: Error {}
         let context = try Context()
         let arguments = ["--domain", "counter", "--journal", "postgres", "--postgres", connection]
         var daemon = try DaemonProcess(directory: first, arguments: arguments)
-        guard try twentyIncrements(daemon, context) else { return }
+        guard try await twentyIncrements(daemon, context) else { return }
         let rival = try DaemonProcess(directory: second, arguments: arguments)
-        #expect(try rival.waitUntilServing().role == "standby", "\(rival.output)")
-        #expect(rival.stop() == 0)
-        #expect(daemon.stop() == 0)
+        #expect(try await rival.waitUntilServing().role == "standby", "\(rival.output)")
+        #expect(await rival.stop() == 0)
+        #expect(await daemon.stop() == 0)
 
         daemon = try DaemonProcess(directory: second, arguments: arguments)
-        let snapshot = try counterSnapshot(daemon, context)
+        let snapshot = try await counterSnapshot(daemon, context)
         #expect(snapshot?.seq == 20)
         #expect(snapshot.map { String(decoding: $0.state, as: UTF8.self) } == #"{"count":20}"#)
-        #expect(daemon.stop() == 0)
+        #expect(await daemon.stop() == 0)
+        await server.stop()
     }
 
-    @Test func fourClientProcessesAndThreeSubscribersAgreeOnOneGapFreeSequence() throws {
+    @Test func fourClientProcessesAndThreeSubscribersAgreeOnOneGapFreeSequence() async throws {
         let directory = try temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let context = try Context()
@@ -269,12 +302,20 @@ struct ClientTimeout: Error {}
             try socket.connect(daemon.events)
             return socket
         }
-        // Each subscription is live once it has seen a heartbeat; only then may clients start.
-        for socket in subscribers {
-            var live = false
-            while !live, let frames = try socket.receive() {
-                if case .heartbeat = try Event.decode(frames) { live = true }
+        // Each subscription is live once it has seen a heartbeat; only then may clients start. The receives wait
+        // on a thread of their own, up to the first subscriber that saw none.
+        let lives = try await offPool("heartbeats", lending: subscribers) { subscribers in
+            var lives: [Bool] = []
+            for socket in subscribers where !lives.contains(false) {
+                var live = false
+                while !live, let frames = try socket.receive() {
+                    if case .heartbeat = try Event.decode(frames) { live = true }
+                }
+                lives.append(live)
             }
+            return lives
+        }
+        for live in lives {
             try #require(live, "a subscriber saw no heartbeat; log:\n\(daemon.output)")
         }
 
@@ -290,7 +331,7 @@ struct ClientTimeout: Error {}
         }
         var acknowledged: [UInt64] = []
         for client in clients {
-            let result = try client.finish(within: .seconds(60))
+            let result = try await client.finish(within: .seconds(60))
             #expect(result.status == 0, "\(result.standardError)")
             for line in result.standardOutput.split(separator: "\n") {
                 let object = try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any]
@@ -300,18 +341,23 @@ struct ClientTimeout: Error {}
         let total = UInt64(4 * perClient)
         #expect(acknowledged.sorted() == Array(1...total))
 
-        for (index, socket) in subscribers.enumerated() {
-            var seqs: [UInt64] = []
-            // Heartbeats keep arriving, so a lost event must end the wait by the deadline, not by silence.
-            let deadline = ContinuousClock.now + .seconds(30)
-            while seqs.count < Int(total), ContinuousClock.now < deadline, let frames = try socket.receive() {
-                if case let .event(_, _, seq, _) = try Event.decode(frames) { seqs.append(seq) }
+        let received = try await offPool("events", lending: subscribers) { subscribers in
+            try subscribers.map { socket in
+                var seqs: [UInt64] = []
+                // Heartbeats keep arriving, so a lost event must end the wait by the deadline, not by silence.
+                let deadline = ContinuousClock.now + .seconds(30)
+                while seqs.count < Int(total), ContinuousClock.now < deadline, let frames = try socket.receive() {
+                    if case let .event(_, _, seq, _) = try Event.decode(frames) { seqs.append(seq) }
+                }
+                return seqs
             }
+        }
+        for (index, seqs) in received.enumerated() {
             #expect(seqs == Array(1...total), "subscriber \(index) saw \(seqs.count) events")
         }
 
         // SIGTERM drains and exits 0, and every acknowledged action is in the journal.
-        #expect(daemon.stop() == 0)
+        #expect(await daemon.stop() == 0)
         let journal = try SQLiteJournal(directory: "\(directory)/.lockstep/data", readOnly: true)
         defer { try? journal.close() }
         guard case let .events(events) = try journal.events(store: "counter", from: 1, to: total, limit: 10_000) else {
@@ -326,8 +372,8 @@ struct ClientTimeout: Error {}
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let daemon = try DaemonProcess(directory: directory, arguments: ["--domain", "todos"])
         try await daemon.waitUntilServing()
-        func run(_ arguments: [String]) throws -> (status: Int32, output: String) {
-            let result = try runProduct("lockstep", arguments, timeout: .seconds(30))
+        func run(_ arguments: [String]) async throws -> (status: Int32, output: String) {
+            let result = try await runProduct("lockstep", arguments, timeout: .seconds(30))
             return (result.status, result.standardOutput)
         }
         let tail = try ChildProcess(
@@ -339,20 +385,20 @@ struct ClientTimeout: Error {}
         _ = try await eventually(within: .seconds(30), every: .milliseconds(50)) {
             guard tail.process.isRunning else { return true }
             number += 1
-            let sent = try run([
+            let sent = try await run([
                 "dispatch", "todos", #"{"add":{"text":"item \#(number)"}}"#, "--command-endpoint", daemon.command,
             ])
             #expect(sent.status == 0)
             return false
         }
         #expect(!tail.process.isRunning, "tail saw fewer than 2 of \(number) events; daemon log:\n\(daemon.output)")
-        let lines = try tail.finish(within: .seconds(5)).standardOutput.split(separator: "\n")
+        let lines = try await tail.finish(within: .seconds(5)).standardOutput.split(separator: "\n")
         #expect(lines.count == 2)
         try #require(!lines.isEmpty)
         let first = try JSONSerialization.jsonObject(with: Data(lines[0].utf8)) as? [String: Any]
         #expect((first?["action"] as? [String: Any])?["add"] != nil)
 
-        let state = try run(["state", "todos", "--json", "--command-endpoint", daemon.command])
+        let state = try await run(["state", "todos", "--json", "--command-endpoint", daemon.command])
         #expect(state.status == 0)
         let object = try JSONSerialization.jsonObject(with: Data(state.output.utf8)) as? [String: Any]
         #expect(object?["seq"] as? Int == number)

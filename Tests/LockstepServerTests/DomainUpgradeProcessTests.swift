@@ -25,8 +25,8 @@ import Testing
     }
 
     /// `lockstep ARGUMENTS` against `daemon`, which must succeed; its standard output.
-    func lockstep(_ arguments: [String], _ daemon: DaemonProcess) throws -> String {
-        let result = try runProduct("lockstep", arguments + ["--command-endpoint", daemon.command])
+    func lockstep(_ arguments: [String], _ daemon: DaemonProcess) async throws -> String {
+        let result = try await runProduct("lockstep", arguments + ["--command-endpoint", daemon.command])
         #expect(result.status == 0, "lockstep \(arguments): \(result.standardError)")
         return result.standardOutput
     }
@@ -39,36 +39,37 @@ import Testing
         let first = try shelfDaemon("1", in: directory)
         try await first.waitUntilServing()
         for name in ["pens", "ink", "paper"] {
-            _ = try lockstep(["dispatch", "shelf", #"{"add":{"name":"\#(name)"}}"#], first)
+            _ = try await lockstep(["dispatch", "shelf", #"{"add":{"name":"\#(name)"}}"#], first)
         }
         #expect(await first.stop() == 0)
-        let journalBefore = try runProduct("lockstep", ["journal", "stats", data, "--json"]).standardOutput
+        let journalBefore = try await runProduct("lockstep", ["journal", "stats", data, "--json"]).standardOutput
 
         // Version 2 without an upgrade: refuses to start, names the store and both versions, changes nothing.
         let refused = try shelfDaemon("2-without-upgrade", in: directory)
         #expect(try await refusal(refused) == 1)
         #expect(refused.output.contains("written by shelf domain version 1"), "\(refused.output)")
         #expect(refused.output.contains("this build has version 2"), "\(refused.output)")
-        #expect(try runProduct("lockstep", ["journal", "stats", data, "--json"]).standardOutput == journalBefore)
+        #expect(try await runProduct("lockstep", ["journal", "stats", data, "--json"]).standardOutput == journalBefore)
 
         // Shelf version 2 could upgrade, but the tally beside it cannot: the start is refused before shelf is
         // upgraded, so the version 1 daemon could still run on the journal.
         let half = try shelfDaemon("2", tally: "2-without-upgrade", in: directory)
         #expect(try await refusal(half) == 1)
         #expect(half.output.contains("cannot recover store 'tally'"), "\(half.output)")
-        #expect(try runProduct("lockstep", ["journal", "stats", data, "--json"]).standardOutput == journalBefore)
+        #expect(try await runProduct("lockstep", ["journal", "stats", data, "--json"]).standardOutput == journalBefore)
 
         // Version 2: upgrades by its rule, logs it, serves the migrated state and goes on from seq 3.
         let second = try shelfDaemon("2", in: directory)
         try await second.waitUntilServing()
         #expect(second.output.contains("upgraded store to a new domain version"), "\(second.output)")
-        let state = try lockstep(["state", "shelf", "--json"], second)
+        let state = try await lockstep(["state", "shelf", "--json"], second)
         #expect(
             state.contains(#""items":[{"count":1,"name":"pens"},{"count":1,"name":"ink"},{"count":1,"name":"paper"}]"#),
             "\(state)"
         )
         #expect(
-            try lockstep(["dispatch", "shelf", #"{"setCount":{"name":"ink","count":4}}"#], second) == "shelf: seq 4\n"
+            try await lockstep(["dispatch", "shelf", #"{"setCount":{"name":"ink","count":4}}"#], second)
+                == "shelf: seq 4\n"
         )
 
         // A replica built with version 1 never takes version 2's state: it cannot decode the snapshot, says so
@@ -101,7 +102,7 @@ import Testing
         #expect(await second.stop() == 0)
 
         // The journal says which version wrote what, and the state at the upgrade seq reads back.
-        let stats = try runProduct("lockstep", ["journal", "stats", data]).standardOutput
+        let stats = try await runProduct("lockstep", ["journal", "stats", data]).standardOutput
         #expect(stats.contains("shelf: upgraded; version 1 from seq 0, version 2 from seq 3"), "\(stats)")
     }
 }

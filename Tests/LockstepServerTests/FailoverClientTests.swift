@@ -17,7 +17,7 @@ import Glibc
 /// standby comes first in every list, so each must be refused `not_leader` before it finds the leader.
 extension FailoverProcessTests {
     @Test func clientsGivenBothDaemonsFollowTheLeaderAcrossAKill() async throws {
-        let pair = try Pair()
+        let pair = try await Pair()
         let a = try pair.daemon(0)
         try await a.waitUntilServing()
         let b = try pair.daemon(1)
@@ -43,19 +43,20 @@ extension FailoverProcessTests {
             retries: 20
         )
         let clientID = ClientID.random()
-        /// Increment number `number` through the command client: its seq, or `nil` with an issue recorded.
-        func increment(_ number: UInt64) throws -> SequenceNumber? {
-            let reply = try client.call(
-                .dispatch(
-                    DispatchRequest(
-                        requestID: number,
-                        domainVersion: Counter.version,
-                        clientID: clientID,
-                        store: try StoreName("counter"),
-                        actions: [Array(#"{"increment":{}}"#.utf8)]
-                    )
+        /// Increment number `number` through the command client: its seq, or `nil` with an issue recorded. The client
+        /// blocks (up to 20 tries of 1 s across a takeover): it waits on a thread of its own, and the issue is
+        /// recorded here.
+        func increment(_ number: UInt64) async throws -> SequenceNumber? {
+            let request = Request.dispatch(
+                DispatchRequest(
+                    requestID: number,
+                    domainVersion: Counter.version,
+                    clientID: clientID,
+                    store: try StoreName("counter"),
+                    actions: [Array(#"{"increment":{}}"#.utf8)]
                 )
             )
+            let reply = try await offPool("increment", lending: client) { try $0.call(request) }
             guard case let .accepted(_, _, seq, _) = reply else {
                 Issue.record("increment \(number) was answered \(reply)")
                 return nil
@@ -67,7 +68,7 @@ extension FailoverProcessTests {
             group.addTask { try await replica.run() }
             try await replica.waitUntilLive(timeout: .seconds(60))
             for _ in 1...5 { try await replica.dispatch(.increment) }
-            for number: UInt64 in 1...5 { _ = try increment(number) }
+            for number: UInt64 in 1...5 { _ = try await increment(number) }
             #expect(client.endpoint == a.command, "the command client did not settle on the leader")
             let before = try #require(
                 try await eventually(within: .seconds(30)) { replica.seq == 10 } ? replica.seq : nil
@@ -76,13 +77,13 @@ extension FailoverProcessTests {
             let killed = ContinuousClock.now
             a.kill()
             // Each waits out a's silence and b's `not_leader` (asked again every 200 ms) until b leads, with one key.
-            let first = try increment(6)
+            let first = try await increment(6)
             print("failover: a command client's dispatch was answered \(ContinuousClock.now - killed) after the kill")
             #expect(client.endpoint == b.command)
             let seq = try await replica.dispatch(.increment)
             print("failover: a replica's dispatch was applied \(ContinuousClock.now - killed) after the leader's kill")
             #expect(first == before + 1 && seq == before + 2)
-            for number: UInt64 in 7...10 { _ = try increment(number) }
+            for number: UInt64 in 7...10 { _ = try await increment(number) }
             // The replica goes on from its seq: the same epoch, no resync.
             let caughtUp = try await eventually(within: .seconds(30)) { replica.seq == 16 }
             #expect(caughtUp, "the replica is at seq \(replica.seq), status \(replica.status)")
@@ -93,15 +94,16 @@ extension FailoverProcessTests {
         }
 
         // Every increment once, at one seq, in the history b continued.
-        let events = try pair.journalEvents()
+        let events = try await pair.journalEvents()
         #expect(events.map(\.seq) == Array(1...16))
         let fromClient = events.filter { $0.client == clientID.bytes }.map(\.requestNumber)
         #expect(fromClient == Array(1...10))
         // The watcher followed b without starting over.
-        let expected = try b.digests(of: ["counter"]).mapValues { ($0.seq, "\($0.digest)") }
-        #expect(watcher.converge(on: expected, within: .seconds(30)), "\(String(describing: watcher.last))")
+        let expected = try await b.digests(of: ["counter"]).mapValues { ($0.seq, "\($0.digest)") }
+        #expect(await watcher.converge(on: expected, within: .seconds(30)), "\(String(describing: watcher.last))")
         #expect(watcher.store("counter")?.resyncs == 0, "\(String(describing: watcher.last))")
-        #expect(try watcher.stop().status == 0)
+        #expect(try await watcher.stop().status == 0)
         #expect(await b.stop() == 0)
+        await pair.close()
     }
 }

@@ -16,14 +16,16 @@ import Glibc
 /// leads, the other stands by and takes over when the leader is killed or paused; a paused leader woken again is
 /// fenced and stands by. The lease is the default (3 s).
 @Suite(.serialized) struct FailoverProcessTests {
-    /// A PostgreSQL server with a database, and two daemon folders; everything is stopped and removed at the end.
+    /// A PostgreSQL server with a database, and two daemon folders; everything is stopped and removed by
+    /// ``close()`` (off the cooperative pool) or, failing that, when released.
     final class Pair {
         let server: PostgresServer
         let connection: String
         let folders: [String]
 
-        init() throws {
-            server = try PostgresServer.start()
+        /// Starts the server (`initdb` and all) without holding a thread of the cooperative pool.
+        init() async throws {
+            server = try await PostgresServer.start()
             connection = try server.createDatabase()
             folders = try (0..<2).map { _ in try TestSupport.temporaryDirectory("failover").path }
         }
@@ -31,6 +33,13 @@ import Glibc
         deinit {
             for folder in folders { try? FileManager.default.removeItem(atPath: folder) }
             server.stop()
+        }
+
+        /// What releasing it does, with the server's stop waited for off the cooperative pool; the release then
+        /// finds nothing left to do.
+        func close() async {
+            for folder in folders { try? FileManager.default.removeItem(atPath: folder) }
+            await server.stop()
         }
 
         /// Daemon `index` (`a` or `b`) on the journal.
@@ -44,13 +53,23 @@ import Glibc
             )
         }
 
-        /// Every event of the counter store in the journal: (seq, client id, request number), read as a tool would.
-        func journalEvents() throws -> [(seq: UInt64, client: [UInt8], requestNumber: UInt64)] {
-            let journal = try PostgresJournal(connection: connection, readOnly: true)
-            defer { try? journal.close() }
-            guard case let .events(events) = try journal.events(store: "counter", from: 1, to: 10_000, limit: 10_000)
-            else { return [] }
-            return events.map { ($0.seq, $0.clientID, $0.requestNumber) }
+        /// Every event of the counter store in the journal: (seq, client id, request number), read as a tool would,
+        /// on a thread of its own.
+        func journalEvents() async throws -> [(seq: UInt64, client: [UInt8], requestNumber: UInt64)] {
+            let connection = connection
+            return try await offPool("journal events") {
+                let journal = try PostgresJournal(connection: connection, readOnly: true)
+                defer { try? journal.close() }
+                guard
+                    case let .events(events) = try journal.events(
+                        store: "counter",
+                        from: 1,
+                        to: 10_000,
+                        limit: 10_000
+                    )
+                else { return [] }
+                return events.map { ($0.seq, $0.clientID, $0.requestNumber) }
+            }
         }
     }
 
@@ -59,7 +78,7 @@ import Glibc
     func status(_ daemon: DaemonProcess, role: DaemonStatus.Role, within timeout: Duration) async throws -> DaemonStatus? {
         var found: DaemonStatus?
         let seen = try await eventually(within: timeout, every: .milliseconds(50)) {
-            found = daemon.status()
+            found = await daemon.status()
             return found?.role == role && found?.leader != nil
         }
         return seen ? found : nil
@@ -72,14 +91,15 @@ import Glibc
         try await a.waitUntilServing()
         let client = try Client(context, endpoint: a.command)
         for number: UInt64 in 1...3 {
-            guard try increment(client, number, a) == number else { return nil }
+            guard try await increment(client, number, a) == number else { return nil }
         }
         return (a, client)
     }
 
-    /// Dispatches an increment numbered `number` and returns its seq, or `nil` with an issue recorded.
-    func increment(_ client: Client, _ number: UInt64, _ daemon: DaemonProcess) throws -> UInt64? {
-        let reply = try client.dispatch("counter", [#"{"increment":{}}"#], number: number)
+    /// Dispatches an increment numbered `number` and returns its seq, or `nil` with an issue recorded; the client
+    /// waits for the reply on a thread of its own.
+    func increment(_ client: Client, _ number: UInt64, _ daemon: DaemonProcess) async throws -> UInt64? {
+        let reply = try await dispatch(client, number: number)
         guard case let .accepted(_, _, firstSeq, _) = reply else {
             Issue.record("dispatch \(number) was answered \(reply); log:\n\(daemon.output)")
             return nil
@@ -87,10 +107,22 @@ import Glibc
         return firstSeq
     }
 
+    /// The reply to a counter increment numbered `number`, waited for on a thread of its own.
+    func dispatch(_ client: Client, number: UInt64) async throws -> Reply {
+        try await offPool("dispatch", lending: client) {
+            try $0.dispatch("counter", [#"{"increment":{}}"#], number: number)
+        }
+    }
+
+    /// The next message on `socket`, waited for (up to its receive timeout) on a thread of its own.
+    func receive(_ socket: Socket) async throws -> [[UInt8]]? {
+        try await offPool("receive", lending: socket) { try $0.receive() }
+    }
+
     /// The takeover is timed from the kill to b's STATUS saying it leads: expected about 3 s (the lease), 5 s the
     /// target, and at most 10 s asserted, so that a loaded machine does not fail it; the time is printed.
     @Test func aStandbyRefusesThenTakesOverFromAKilledLeader() async throws {
-        let pair = try Pair()
+        let pair = try await Pair()
         let context = try Context()
         let a = try pair.daemon(0)
         let leading = try await a.waitUntilServing()
@@ -101,33 +133,36 @@ import Glibc
         try #require(standing != nil, "b never stood by; log:\n\(b.output)")
         #expect(standing?.leader?.name == "a" && standing?.leader?.term == 1)
         #expect(standing?.stores.isEmpty == true)
-        let refused = try Client(context, endpoint: b.command).dispatch("counter", [#"{"increment":{}}"#], number: 1)
+        let refused = try await dispatch(try Client(context, endpoint: b.command), number: 1)
         guard case let .error(_, error) = refused else {
             Issue.record("a standby answered a dispatch with \(refused)")
             return
         }
         #expect(error.code == .notLeader)
         #expect(error.reason.contains("a leads the journal (term 1"), "\(error.reason)")
-        let stats = try runProduct("lockstep", ["stats", "--command-endpoint", b.command])
+        let stats = try await runProduct("lockstep", ["stats", "--command-endpoint", b.command])
         #expect(stats.standardOutput.contains("role     standby as b (leader a, term 1)"), "\(stats.standardOutput)")
 
         let client = try Client(context, endpoint: a.command)
         for number: UInt64 in 1...20 {
-            guard try increment(client, number, a) == number else { return }
+            guard try await increment(client, number, a) == number else { return }
         }
         a.kill()
         let killed = ContinuousClock.now
-        // Timed without an await: an async wait can sit for many seconds behind other tests for a thread of the
-        // cooperative pool (two on this machine), and that time is not the takeover's. This holds its thread.
-        var led: DaemonStatus?
-        while led == nil, ContinuousClock.now < killed + .seconds(20) {
-            if let found = b.status(), found.role == "leader", found.leader != nil {
-                led = found
-            } else {
-                usleep(20_000)
+        // Timed on a thread of its own, without an await between the polls: an async wait can sit for many seconds
+        // behind other tests for a thread of the cooperative pool (two on this machine), and that time is not the
+        // takeover's.
+        let (led, takeover) = await offPool("takeover", lending: b) { b -> (DaemonStatus?, Duration) in
+            var led: DaemonStatus?
+            while led == nil, ContinuousClock.now < killed + .seconds(20) {
+                if let found = b.status(), found.role == "leader", found.leader != nil {
+                    led = found
+                } else {
+                    usleep(20_000)
+                }
             }
+            return (led, ContinuousClock.now - killed)
         }
-        let takeover = ContinuousClock.now - killed
         try #require(led != nil, "b did not lead within 20 s of the kill; log:\n\(b.output)")
         print("failover after kill -9: b leads \(takeover) after the kill (target: 5 s)")
         #expect(takeover <= .seconds(10), "the takeover took \(takeover); log:\n\(b.output)")
@@ -139,50 +174,57 @@ import Glibc
 
         // The same client goes on at b: seq 21 is next, and a retry of an acknowledged key gets its first reply.
         let moved = try Client(context, endpoint: b.command, clientID: client.clientID)
-        #expect(try increment(moved, 21, b) == 21)
-        #expect(try increment(moved, 20, b) == 20)
+        #expect(try await increment(moved, 21, b) == 21)
+        #expect(try await increment(moved, 20, b) == 20)
         // One event committed since b took over, less than the time since the kill ago: over b's uptime (it stood
         // by before the kill) the rate would be lower than one over that time.
         let sinceKill = (ContinuousClock.now - killed) / .seconds(1)
-        let rate = try #require(b.status()?.stores.first?.eventsPerSecond)
+        let rate = try #require(await b.status()?.stores.first?.eventsPerSecond)
         #expect(rate >= 1 / sinceKill - 0.05, "\(rate) events per second, \(sinceKill) s after the kill")
-        let kept = try pair.journalEvents()
+        let kept = try await pair.journalEvents()
         #expect(kept.map(\.seq) == Array(1...21))
         #expect(kept.map(\.requestNumber) == Array(1...21), "every acknowledged dispatch once, in order")
         #expect(await b.stop() == 0)
+        await pair.close()
     }
 
     /// A subscriber of `daemon`'s counter events, live once it has seen a heartbeat (`nil` if it saw none).
-    func subscriber(_ context: Context, _ daemon: DaemonProcess) throws -> Socket? {
+    func subscriber(_ context: Context, _ daemon: DaemonProcess) async throws -> Socket? {
         let socket = try Socket(context, type: .subscriber)
         try socket.set(.receiveTimeout, 5_000)
         try socket.subscribe(Event.topic(for: try StoreName("counter")))
         try socket.connect(daemon.events)
-        return try heartbeat(on: socket) == nil ? nil : socket
+        return try await heartbeat(on: socket) == nil ? nil : socket
     }
 
-    /// The next heartbeat on `socket` within about 5 s, skipping other events; `nil` if none came.
-    func heartbeat(on socket: Socket) throws -> (epoch: Epoch, seq: SequenceNumber)? {
-        let deadline = ContinuousClock.now + .seconds(5)
-        while ContinuousClock.now < deadline, let frames = try socket.receive() {
-            if case let .heartbeat(_, epoch, lastSeq) = try Event.decode(frames) { return (epoch, lastSeq) }
+    /// The next heartbeat on `socket` within about 5 s, skipping other events; `nil` if none came. It waits on a
+    /// thread of its own.
+    func heartbeat(on socket: Socket) async throws -> (epoch: Epoch, seq: SequenceNumber)? {
+        try await offPool("heartbeat", lending: socket) { socket throws -> (epoch: Epoch, seq: SequenceNumber)? in
+            let deadline = ContinuousClock.now + .seconds(5)
+            while ContinuousClock.now < deadline, let frames = try socket.receive() {
+                if case let .heartbeat(_, epoch, lastSeq) = try Event.decode(frames) { return (epoch, lastSeq) }
+            }
+            return nil
         }
-        return nil
     }
 
-    /// The next EVENT on `socket` within about 5 s, skipping heartbeats; its seq, or `nil` if none came.
-    func event(on socket: Socket) throws -> SequenceNumber? {
-        let deadline = ContinuousClock.now + .seconds(5)
-        while ContinuousClock.now < deadline, let frames = try socket.receive() {
-            if case let .event(_, _, seq, _) = try Event.decode(frames) { return seq }
+    /// The next EVENT on `socket` within about 5 s, skipping heartbeats; its seq, or `nil` if none came. It waits
+    /// on a thread of its own.
+    func event(on socket: Socket) async throws -> SequenceNumber? {
+        try await offPool("event", lending: socket) { socket throws -> SequenceNumber? in
+            let deadline = ContinuousClock.now + .seconds(5)
+            while ContinuousClock.now < deadline, let frames = try socket.receive() {
+                if case let .event(_, _, seq, _) = try Event.decode(frames) { return seq }
+            }
+            return nil
         }
-        return nil
     }
 
     /// A standby that takes the lease but cannot recover (here an unreadable idempotency entry) lets the lease go and
     /// stands by — it does not exit — and leads once a later attempt recovers.
     @Test func aStandbyThatCannotRecoverAfterATakeoverStandsByAndTriesAgain() async throws {
-        let pair = try Pair()
+        let pair = try await Pair()
         let context = try Context()
         let a = try pair.daemon(0)
         try await a.waitUntilServing()
@@ -190,7 +232,7 @@ import Glibc
         try #require(try await status(b, role: "standby", within: .seconds(20)) != nil, "log:\n\(b.output)")
         let client = try Client(context, endpoint: a.command)
         for number: UInt64 in 1...3 {
-            guard try increment(client, number, a) == number else { return }
+            guard try await increment(client, number, a) == number else { return }
         }
         try PostgresJournal.execute(
             """
@@ -206,7 +248,7 @@ import Glibc
         }
         try #require(failed, "b never failed to recover; log:\n\(b.output)")
         #expect(b.isRunning, "b exited; log:\n\(b.output)")
-        #expect(b.status()?.role == "standby")
+        #expect(await b.status()?.role == "standby")
         try PostgresJournal.execute(
             "DELETE FROM idempotency WHERE request_number = 99",
             connection: pair.connection
@@ -216,14 +258,15 @@ import Glibc
         #expect(led?.stores.first?.seq == 3)
         #expect(b.output.contains("took the journal's lease"), "\(b.output)")
         let moved = try Client(context, endpoint: b.command, clientID: client.clientID)
-        #expect(try increment(moved, 4, b) == 4)
+        #expect(try await increment(moved, 4, b) == 4)
         #expect(await b.stop() == 0)
+        await pair.close()
     }
 
     /// A leader whose commit fails renews its lease and recovers on the journal writer's thread, standing by
     /// meanwhile, then leads on with the same term; the dispatch it answered `unavailable` is applied once retried.
     @Test func aLeaderWhoseCommitFailedRecoversAndLeadsOn() async throws {
-        let pair = try Pair()
+        let pair = try await Pair()
         let context = try Context()
         guard let (a, client) = try await leaderWithThreeIncrements(pair, context) else { return }
         for sql in [
@@ -240,7 +283,7 @@ import Glibc
         ] {
             try PostgresJournal.execute(sql, connection: pair.connection)
         }
-        let refused = try client.dispatch("counter", [#"{"increment":{}}"#], number: 4)
+        let refused = try await dispatch(client, number: 4)
         guard case let .error(_, error) = refused else {
             Issue.record("a failing commit was answered \(refused); log:\n\(a.output)")
             return
@@ -251,17 +294,18 @@ import Glibc
         }
         try #require(recovered, "a never led on; log:\n\(a.output)")
         try PostgresJournal.execute("DELETE FROM refuse_commits", connection: pair.connection)
-        #expect(try increment(client, 4, a) == 4)
-        let status = a.status()
+        #expect(try await increment(client, 4, a) == 4)
+        let status = await a.status()
         #expect(status?.role == "leader" && status?.leader?.term == 1)
-        #expect(try pair.journalEvents().map(\.requestNumber) == Array(1...4))
+        #expect(try await pair.journalEvents().map(\.requestNumber) == Array(1...4))
         #expect(await a.stop() == 0)
+        await pair.close()
     }
 
     /// A leader paused for most of its lease, with nobody to take over, answers a SNAPSHOT and a STATUS that waited
     /// for it only once a renewal says the lease is still its own — and does answer them.
     @Test func aLoneLeaderPausedForMostOfItsLeaseAnswersOnceItHasRenewedIt() async throws {
-        let pair = try Pair()
+        let pair = try await Pair()
         let context = try Context()
         guard let (a, client) = try await leaderWithThreeIncrements(pair, context) else { return }
         a.signal(SIGSTOP)
@@ -269,30 +313,31 @@ import Glibc
         let snapshotting = try Client(context, endpoint: a.command)
         try snapshotting.socket.send(Request.snapshot(requestID: 1, store: try StoreName("counter")).encode())
         a.signal(SIGCONT)
-        let frames = try #require(try snapshotting.socket.receive(), "a never answered; log:\n\(a.output)")
+        let frames = try #require(try await receive(snapshotting.socket), "a never answered; log:\n\(a.output)")
         guard case let .snapshot(_, snapshot) = try Reply.decode(frames) else {
             Issue.record("a answered \(try Reply.decode(frames)); log:\n\(a.output)")
             return
         }
         #expect(snapshot.seq == 3)
-        #expect(a.status()?.role == "leader")
-        #expect(try increment(client, 4, a) == 4)
+        #expect(await a.status()?.role == "leader")
+        #expect(try await increment(client, 4, a) == 4)
         #expect(!a.output.contains("no longer the leader"), "\(a.output)")
         #expect(await a.stop() == 0)
+        await pair.close()
     }
 
     @Test func aPausedLeaderIsTakenOverWhenWokenIsFencedAndLeadingAgainPublishesToItsSubscribers() async throws {
-        let pair = try Pair()
+        let pair = try await Pair()
         let context = try Context()
         let a = try pair.daemon(0)
         try await a.waitUntilServing()
         // Subscribed while a first leads: libzmq sends the subscription once, as it connects.
-        let early = try #require(try subscriber(context, a), "no heartbeat from a; log:\n\(a.output)")
+        let early = try #require(try await subscriber(context, a), "no heartbeat from a; log:\n\(a.output)")
         let b = try pair.daemon(1)
         try #require(try await status(b, role: "standby", within: .seconds(20)) != nil, "log:\n\(b.output)")
         let client = try Client(context, endpoint: a.command)
         for number: UInt64 in 1...10 {
-            guard try increment(client, number, a) == number else { return }
+            guard try await increment(client, number, a) == number else { return }
         }
 
         a.signal(SIGSTOP)
@@ -303,7 +348,7 @@ import Glibc
         #expect(led?.stores.first?.seq == 10)
         let atB = try Client(context, endpoint: b.command)
         for number: UInt64 in 11...15 {
-            guard try increment(atB, number, b) == number else { return }
+            guard try await increment(atB, number, b) == number else { return }
         }
 
         // A SNAPSHOT and a STATUS waiting for a when it wakes: a still believes it leads at seq 10, but it may not
@@ -316,7 +361,7 @@ import Glibc
         try await Task.sleep(for: .milliseconds(200))
         a.signal(SIGCONT)
         for (name, socket) in [("SNAPSHOT", snapshotting.socket), ("STATUS", asking.socket)] {
-            let frames = try #require(try socket.receive(), "a never answered a \(name); log:\n\(a.output)")
+            let frames = try #require(try await receive(socket), "a never answered a \(name); log:\n\(a.output)")
             let answer = try Reply.decode(frames)
             if let status = DaemonStatus(answer), status.role == "standby" { continue }
             guard case let .error(_, error) = answer else {
@@ -326,7 +371,7 @@ import Glibc
             #expect(error.code == .notLeader, "\(name): \(error); log:\n\(a.output)")
         }
         // A dispatch to a: refused, whether a has stood by yet (`not_leader`) or its commit is fenced (`unavailable`).
-        let refused = try client.dispatch("counter", [#"{"increment":{}}"#], number: 11)
+        let refused = try await dispatch(client, number: 11)
         guard case let .error(_, error) = refused else {
             Issue.record("a woken leader answered a dispatch with \(refused); log:\n\(a.output)")
             return
@@ -337,7 +382,7 @@ import Glibc
         #expect(a.output.contains("no longer the leader"), "\(a.output)")
         #expect(a.output.contains("fenced"), "\(a.output)")
 
-        let kept = try pair.journalEvents()
+        let kept = try await pair.journalEvents()
         #expect(kept.map(\.seq) == Array(1...15))
         #expect(kept.map(\.requestNumber) == Array(1...15))
         #expect(kept.prefix(10).allSatisfy { $0.client == client.clientID.bytes })
@@ -356,14 +401,15 @@ import Glibc
         #expect(again?.leader?.term == 3 && again?.stores.first?.seq == 15)
         // Both subscriptions are still followed: heartbeats at seq 15, then the event of the next dispatch.
         for (name, socket) in [("early", early), ("late", late)] {
-            let beat = try heartbeat(on: socket)
+            let beat = try await heartbeat(on: socket)
             #expect(beat?.seq == 15, "the \(name) subscriber saw no heartbeat of a leading again; log:\n\(a.output)")
         }
         let again16 = try Client(context, endpoint: a.command)
-        #expect(try increment(again16, 16, a) == 16)
+        #expect(try await increment(again16, 16, a) == 16)
         for (name, socket) in [("early", early), ("late", late)] {
-            #expect(try event(on: socket) == 16, "the \(name) subscriber saw no event 16")
+            #expect(try await event(on: socket) == 16, "the \(name) subscriber saw no event 16")
         }
         #expect(await a.stop() == 0)
+        await pair.close()
     }
 }

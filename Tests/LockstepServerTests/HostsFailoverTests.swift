@@ -22,7 +22,10 @@ import Glibc
     /// The stores the daemons host and the replicas hold.
     static let stores = ["counter", "todos"]
 
-    /// The hosts, the keys, PostgreSQL and the two daemons; all stopped and removed when released, hosts last.
+    /// The hosts, the keys, PostgreSQL and the two daemons; all stopped and removed by ``close()`` (off the
+    /// cooperative pool) or, failing that, when released, hosts last. Its blocking helpers are async and wait on
+    /// threads of their own, except ``status(_:)``, which ``HostsFailoverTests/waitForRole(_:of:in:limit:)`` calls
+    /// in its polling loop on a thread of its own.
     final class Site {
         let hosts: TestHosts
         let folder: URL
@@ -39,7 +42,7 @@ import Glibc
         private(set) var daemons: [String: DaemonProcess] = [:]
         var replicas: [ReplicaClient] = []
 
-        init(_ hosts: TestHosts) throws {
+        init(_ hosts: TestHosts) async throws {
             self.hosts = hosts
             let folder = try temporaryDirectory("hosts")
             self.folder = folder
@@ -47,7 +50,8 @@ import Glibc
             var publicKeys: [String: String] = [:]
             for (name, host) in [("server", "a"), ("replica", "c"), ("tool", "c"), ("intruder", "c")] {
                 let path = folder.appendingPathComponent(name).path
-                let made = try hosts.run(on: host, lockstep, ["keygen", "--out", path]).finish(within: .seconds(30))
+                let made = try await hosts.run(on: host, lockstep, ["keygen", "--out", path])
+                    .finish(within: .seconds(30))
                 guard made.status == 0 else {
                     throw DaemonProcessError(
                         "lockstep keygen --out \(path) exited \(made.status): \(made.standardError)"
@@ -71,7 +75,7 @@ import Glibc
 
             // PostgreSQL on db, over tcp for the subnet only, with a password the daemons read from PGPASSFILE.
             let db = hosts["db"]
-            server = try PostgresServer.start(
+            server = try await PostgresServer.start(
                 on: hosts,
                 host: "db",
                 tcp: PostgresServer.TCP(address: db.address, clients: hosts.subnet, authentication: .password)
@@ -94,6 +98,16 @@ import Glibc
             for daemon in daemons.values { daemon.kill() }
             server.stop()
             hosts.tearDown()
+            try? FileManager.default.removeItem(at: folder)
+        }
+
+        /// What releasing it does, with PostgreSQL's stop and the hosts' tear-down waited for off the cooperative
+        /// pool; the release then finds nothing left to do.
+        func close() async {
+            for replica in replicas { replica.child.kill() }
+            for daemon in daemons.values { daemon.kill() }
+            await server.stop()
+            await hosts.tearDown()
             try? FileManager.default.removeItem(at: folder)
         }
 
@@ -142,6 +156,11 @@ import Glibc
             try hosts.run(on: "c", lockstep, arguments).finish(within: .seconds(20))
         }
 
+        /// The same, waiting on a thread of its own.
+        func tool(_ arguments: [String]) async throws -> ProcessOutput {
+            try await hosts.run(on: "c", lockstep, arguments).finish(within: .seconds(20))
+        }
+
         /// The STATUS of the daemon on `host`, as `lockstep stats --json` reads it from host c; `nil` if it does not
         /// answer within 500 ms. Stats exits 0 for a leader and 69 for a standby (no leader answered), printing
         /// either's status.
@@ -162,26 +181,28 @@ import Glibc
         var lastStatusFailure = ""
 
         /// The network as the hosts see it, for a failure's message.
-        func diagnostics() -> String {
+        func diagnostics() async -> String {
             var lines: [String] = []
             for (host, arguments) in [
                 ("c", ["ip", "addr"]), ("c", ["ip", "neigh"]), ("c", ["ss", "-tanp"]), ("a", ["ss", "-tanp"]),
                 ("a", ["ip", "addr"]),
             ] {
-                let output = try? hosts.run(on: host, URL(fileURLWithPath: "/usr/bin/env"), arguments)
+                let output = try? await hosts.run(on: host, URL(fileURLWithPath: "/usr/bin/env"), arguments)
                     .finish(within: .seconds(10))
                 lines.append("--- \(host): \(arguments.joined(separator: " "))\n\(output?.standardOutput ?? "")")
             }
-            let bridge = try? hosts.ip(["-n", hosts.switchNamespace, "-d", "link"])
+            let bridge = try? await offPool("ip", lending: hosts) {
+                try $0.ip(["-n", $0.switchNamespace, "-d", "link"])
+            }
             lines.append("--- switch: ip -d link\n\(bridge ?? "")")
             return lines.joined(separator: "\n")
         }
 
         /// Each store's epoch, seq and digest at the daemon on `host`, from `lockstep state --json` on host c.
-        func states(_ host: String) throws -> [String: StoreState] {
+        func states(_ host: String) async throws -> [String: StoreState] {
             var states: [String: StoreState] = [:]
             for store in HostsFailoverTests.stores {
-                let output = try tool(["state", store, "--json", "--command-endpoint", command(host)] + toolCurve)
+                let output = try await tool(["state", store, "--json", "--command-endpoint", command(host)] + toolCurve)
                 guard output.status == 0 else {
                     throw DaemonProcessError(
                         "lockstep state \(store) at \(host) exited \(output.status): \(output.standardError)"
@@ -209,17 +230,17 @@ import Glibc
         }
 
         /// The listening sockets on `host`, by `ss`: tcp (`ADDRESS:PORT`) and Unix (paths).
-        func listening(on host: String) throws -> (tcp: Set<String>, unix: [String]) {
-            func run(_ arguments: [String]) throws -> [String] {
-                let output = try hosts.run(on: host, URL(fileURLWithPath: "/usr/bin/ss"), arguments)
+        func listening(on host: String) async throws -> (tcp: Set<String>, unix: [String]) {
+            func run(_ arguments: [String]) async throws -> [String] {
+                let output = try await hosts.run(on: host, URL(fileURLWithPath: "/usr/bin/ss"), arguments)
                     .finish(within: .seconds(10))
                 return output.standardOutput.split(separator: "\n").map(String.init)
             }
             // `ss -H -tln`: State Recv-Q Send-Q Local Peer; `ss -H -xl`: Netid State Recv-Q Send-Q Local ...
-            let tcp = try run(["-H", "-t", "-l", "-n"]).compactMap {
+            let tcp = try await run(["-H", "-t", "-l", "-n"]).compactMap {
                 $0.split(separator: " ", omittingEmptySubsequences: true).dropFirst(3).first.map(String.init)
             }
-            return (Set(tcp), try run(["-H", "-x", "-l"]))
+            return (Set(tcp), try await run(["-H", "-x", "-l"]))
         }
     }
 
@@ -231,50 +252,54 @@ import Glibc
     }
 
     /// Polls the daemon on `host` from host c until its STATUS says `role`; the status and how long it took, or
-    /// `nil` after `limit`. The test is synchronous, so this holds its thread: the takeover is timed with it, and an
+    /// `nil` after `limit`. The loop runs on a thread of its own (`offPool`), which the takeover is timed with: an
     /// async wait could sit behind other tests for a thread of the cooperative pool (two on a two-core machine).
     func waitForRole(
         _ role: DaemonStatus.Role,
         of host: String,
         in site: Site,
         limit: Duration
-    ) throws -> (DaemonStatus, Duration)? {
-        let start = ContinuousClock.now
-        while ContinuousClock.now - start < limit {
-            if let status = try site.status(host), status.role == role, status.leader != nil {
-                return (status, ContinuousClock.now - start)
+    ) async throws -> (DaemonStatus, Duration)? {
+        try await offPool("wait for role", lending: site) { site throws -> (DaemonStatus, Duration)? in
+            let start = ContinuousClock.now
+            while ContinuousClock.now - start < limit {
+                if let status = try site.status(host), status.role == role, status.leader != nil {
+                    return (status, ContinuousClock.now - start)
+                }
+                usleep(20_000)
             }
-            usleep(20_000)
+            return nil
         }
-        return nil
     }
 
-    @Test func theStandbyOnAnotherHostTakesOverOverTcpWithCurve() throws {
+    @Test func theStandbyOnAnotherHostTakesOverOverTcpWithCurve() async throws {
         let began = ContinuousClock.now
-        guard let hosts = try testHostsOrSkip(["db", "a", "b", "c"]) else { return }
-        let site = try Site(hosts)
+        guard let hosts = try await testHostsOrSkip(["db", "a", "b", "c"]) else { return }
+        let site = try await Site(hosts)
         print("HostsFailoverTests: hosts \(hosts.hosts.map { "\($0.name) \($0.address)" }.joined(separator: ", "))")
 
         // a leads, b stands by; each answers the tool on c over tcp with CURVE.
         let a = try site.startDaemon(on: "a")
-        guard let (leading, _) = try waitForRole("leader", of: "a", in: site, limit: .seconds(30)) else {
+        guard let (leading, _) = try await waitForRole("leader", of: "a", in: site, limit: .seconds(30)) else {
+            let diagnostics = await site.diagnostics()
             Issue.record(
-                "a never led; the last stats: \(site.lastStatusFailure); log:\n\(a.output)\n\(site.diagnostics())"
+                "a never led; the last stats: \(site.lastStatusFailure); log:\n\(a.output)\n\(diagnostics)"
             )
             return
         }
         #expect(leading.leader?.name == "a" && leading.leader?.term == 1)
         let b = try site.startDaemon(on: "b")
-        guard let (standing, _) = try waitForRole("standby", of: "b", in: site, limit: .seconds(30)) else {
+        guard let (standing, _) = try await waitForRole("standby", of: "b", in: site, limit: .seconds(30)) else {
+            let diagnostics = await site.diagnostics()
             Issue.record(
-                "b never stood by; the last stats: \(site.lastStatusFailure); log:\n\(b.output)\n\(site.diagnostics())"
+                "b never stood by; the last stats: \(site.lastStatusFailure); log:\n\(b.output)\n\(diagnostics)"
             )
             return
         }
         #expect(standing.leader?.name == "a" && standing.leader?.term == 1)
         // `lockstep stats` given both daemons prints each one's status.
         let both = ["--command-endpoint", site.command("a"), "--command-endpoint", site.command("b")]
-        let stats = try site.tool(["stats"] + both + site.toolCurve)
+        let stats = try await site.tool(["stats"] + both + site.toolCurve)
         #expect(stats.status == 0, "\(stats.standardError)")
         for line in ["role     leader as a (leader a, term 1)", "role     standby as b (leader a, term 1)"] {
             #expect(stats.standardOutput.contains(line), "\(stats.standardOutput)")
@@ -283,18 +308,21 @@ import Glibc
         // Only tcp: each daemon listens on its own address's two ports and on no Unix socket, and both reach the
         // journal over tcp from their own addresses.
         for host in ["a", "b"] {
-            let listening = try site.listening(on: host)
+            let listening = try await site.listening(on: host)
             #expect(
                 listening.tcp == ["\(hosts[host].address):7400", "\(hosts[host].address):7401"],
                 "\(host): \(listening)"
             )
             #expect(listening.unix.isEmpty, "\(host) listens on Unix sockets: \(listening.unix)")
         }
-        let journalClients = try PostgresJournal.execute(
-            "SELECT DISTINCT host(client_addr) FROM pg_stat_activity "
-                + "WHERE datname = 'hosts' AND client_addr IS NOT NULL ORDER BY 1",
-            connection: site.server.connection(database: "postgres")
-        )
+        let postgres = site.server.connection(database: "postgres")
+        let journalClients = try await offPool("pg_stat_activity") {
+            try PostgresJournal.execute(
+                "SELECT DISTINCT host(client_addr) FROM pg_stat_activity "
+                    + "WHERE datname = 'hosts' AND client_addr IS NOT NULL ORDER BY 1",
+                connection: postgres
+            )
+        }
         #expect(
             journalClients == [hosts["a"].address, hosts["b"].address],
             "sessions on the journal: \(journalClients)"
@@ -305,17 +333,20 @@ import Glibc
         // They converge on a's state.
         let watcher = try site.replica(of: ["a", "b"], actions: 0, seed: 1)
         let first = try site.replica(of: ["b", "a"], actions: 150, seed: 2)
-        let firstDone = first.wait(within: .seconds(60)) { $0.done }
+        let firstDone = await first.wait(within: .seconds(60)) { $0.done }
         try #require(
             firstDone?.done == true,
             "the replica did not finish: \(String(describing: firstDone)); a's log:\n\(a.output)"
         )
-        let atA = try site.states("a")
+        let atA = try await site.states("a")
         let acceptedAtA = UInt64(firstDone?.accepted ?? 0)
         #expect(atA.values.reduce(0) { $0 + $1.seq } == acceptedAtA, "every accepted dispatch once: \(atA)")
         let expectedAtA = atA.mapValues { (seq: $0.seq, digest: $0.digest) }
         for replica in [watcher, first] {
-            #expect(replica.converge(on: expectedAtA, within: .seconds(20)), "\(String(describing: replica.last))")
+            #expect(
+                await replica.converge(on: expectedAtA, within: .seconds(20)),
+                "\(String(describing: replica.last))"
+            )
         }
 
         // A client without the right CURVE keys gets nothing, and nothing is applied.
@@ -336,24 +367,24 @@ import Glibc
             )
         }
         for (name, process) in refusals {
-            let output = try process.finish(within: .seconds(20))
+            let output = try await process.finish(within: .seconds(20))
             #expect(
                 output.status == 69,
                 "\(name): exit \(output.status), \(output.standardOutput) \(output.standardError)"
             )
         }
-        #expect(try site.states("a") == atA, "a refused client changed nothing")
+        #expect(try await site.states("a") == atA, "a refused client changed nothing")
         #expect(a.output.contains("refused a connection"), "\(a.output)")
 
         // A second writer dispatches 400 actions; a's process is killed with SIGKILL while it does. b, on another
         // host, leads with the same epoch and seqs, and the same three replica processes follow it: the writer's
         // dispatches go on at b (those in flight sent again with their keys), and nobody starts over.
         let second = try site.replica(of: ["a", "b"], actions: 400, seed: 3)
-        let underway = second.wait(within: .seconds(60)) { $0.accepted >= 60 }
+        let underway = await second.wait(within: .seconds(60)) { $0.accepted >= 60 }
         try #require((underway?.accepted ?? 0) >= 60, "\(String(describing: underway)); a's log:\n\(a.output)")
         a.kill()
         let acceptedBeforeKill = second.last?.accepted ?? 0
-        guard let (led, takeover) = try waitForRole("leader", of: "b", in: site, limit: .seconds(20)) else {
+        guard let (led, takeover) = try await waitForRole("leader", of: "b", in: site, limit: .seconds(20)) else {
             Issue.record(
                 "b did not lead within 20 s of the kill; the last stats: \(site.lastStatusFailure); log:\n\(b.output)"
             )
@@ -364,20 +395,20 @@ import Glibc
         #expect(led.leader?.name == "b" && led.leader?.term == 2)
         #expect(led.stores.map(\.name).sorted() == HostsFailoverTests.stores, "\(led.stores)")
         #expect(led.stores.allSatisfy { $0.epoch == atA[$0.name]?.epoch }, "the same epoch: \(led.stores)")
-        let secondDone = second.wait(within: .seconds(90)) { $0.done }
+        let secondDone = await second.wait(within: .seconds(90)) { $0.done }
         try #require(
             secondDone?.done == true,
             "the writer did not finish after the takeover: \(String(describing: secondDone)); b's log:\n\(b.output)"
         )
         #expect(secondDone?.failed == 0, "\(String(describing: secondDone))")
         #expect((secondDone?.accepted ?? 0) > acceptedBeforeKill, "nothing was applied after the kill")
-        let atB = try site.states("b")
+        let atB = try await site.states("b")
         let accepted = acceptedAtA + UInt64(secondDone?.accepted ?? 0)
         #expect(atB.values.reduce(0) { $0 + $1.seq } == accepted, "every accepted dispatch once, a's then b's: \(atB)")
         #expect(atB.allSatisfy { $0.value.epoch == atA[$0.key]?.epoch }, "the same epoch: \(atB)")
         let expectedAtB = atB.mapValues { (seq: $0.seq, digest: $0.digest) }
         for (name, replica) in [("watcher", watcher), ("first writer", first), ("second writer", second)] {
-            let report = replica.wait(within: .seconds(30)) { $0.matches(expectedAtB) }
+            let report = await replica.wait(within: .seconds(30)) { $0.matches(expectedAtB) }
             #expect(
                 report?.matches(expectedAtB) == true,
                 "the \(name) did not converge on b: \(String(describing: report))"
@@ -387,14 +418,14 @@ import Glibc
                 "the \(name) started over: \(String(describing: report))"
             )
         }
-        for replica in [watcher, first, second] { #expect(try replica.stop().status == 0) }
+        for replica in [watcher, first, second] { #expect(try await replica.stop().status == 0) }
         // a is gone: stats marks it silent (and says so on standard error) and prints b's status; b leads, so it
         // exits 0.
-        let leads = try site.tool(["stats", "--timeout-ms", "500", "--retries", "0"] + both + site.toolCurve)
+        let leads = try await site.tool(["stats", "--timeout-ms", "500", "--retries", "0"] + both + site.toolCurve)
         #expect(leads.status == 0 && leads.standardError.contains(site.command("a")), "\(leads.standardError)")
         #expect(leads.standardOutput.contains("silent   no reply from the daemon at"), "\(leads.standardOutput)")
         #expect(leads.standardOutput.contains("role     leader as b (leader b, term 2)"), "\(leads.standardOutput)")
-        #expect(b.stop() == 0, "\(b.output)")
+        #expect(await b.stop() == 0, "\(b.output)")
         func seqs(_ states: [String: StoreState]) -> String {
             states.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value.seq)" }.joined(separator: ", ")
         }
@@ -404,5 +435,6 @@ import Glibc
                 + "(term 2) and the same 3 replica processes followed it to \(seqs(atB)) in epoch "
                 + "\(atB["counter"]?.epoch ?? "?"), 0 resyncs; \(ContinuousClock.now - began) in all"
         )
+        await site.close()
     }
 }

@@ -33,7 +33,11 @@ import Testing
         if kill {
             let third = count * actions / 3
             let started = try await eventually(within: .seconds(60)) {
-                clients.map { $0.wait(within: .milliseconds(20)) { _ in false }?.dispatched ?? 0 }.reduce(0, +) >= third
+                var answered = 0
+                for client in clients {
+                    answered += await client.wait(within: .milliseconds(20)) { _ in false }?.dispatched ?? 0
+                }
+                return answered >= third
             }
             try #require(started, "the clients did not get a third of their dispatches answered")
             daemon.kill()
@@ -41,20 +45,22 @@ import Testing
             try await daemon.waitUntilServing()
         }
         for (index, client) in clients.enumerated() {
-            let done = client.wait(within: .seconds(120)) { $0.done }
+            let done = await client.wait(within: .seconds(120)) { $0.done }
             try #require(
                 done?.done == true,
                 "client \(index) did not get every dispatch answered: \(String(describing: done))"
             )
         }
-        let expected = try daemon.digests(of: ["todos", "numbers"]).mapValues { (seq: $0.seq, digest: $0.digest.hex) }
+        let expected = try await daemon.digests(of: ["todos", "numbers"]).mapValues {
+            (seq: $0.seq, digest: $0.digest.hex)
+        }
         var reports: [ReplicaReport] = []
         for (index, client) in clients.enumerated() {
             #expect(
-                client.converge(on: expected, within: .seconds(30)),
+                await client.converge(on: expected, within: .seconds(30)),
                 "client \(index) is not on the daemon's digests"
             )
-            let (report, status) = try client.stop()
+            let (report, status) = try await client.stop()
             #expect(status == 0)
             reports.append(try #require(report))
         }
@@ -68,7 +74,7 @@ import Testing
     @Test func everyReadAgreesAcrossThreeProcessesThroughAKill() async throws {
         let reports = try await run(clients: 3, actions: 600, kill: true)
         for report in reports {
-            #expect(report.dispatched == 600 && report.accepted + report.rejected + report.failed == 600, "\(report)")
+            #expect(report.dispatched == 600 && report.accepted + report.rejected == 600, "\(report)")
             for store in report.stores {
                 #expect((store.checkedReads ?? 0) > 0, "\(store.store): no read was checked")
                 #expect(store.readProblems == 0, "\(store.store): \(store.firstReadProblem ?? "")")
@@ -85,6 +91,7 @@ import Testing
     /// The control: a client whose reads lose their first pending dispatch before the check is caught.
     @Test func theCheckCatchesAReadThatLostAPendingDispatch() async throws {
         let reports = try await run(clients: 1, actions: 200, kill: false, extra: ["--break-reads"])
+        #expect(reports.allSatisfy { $0.failed == 0 }, "\(reports)")
         let problems = reports.flatMap(\.stores).compactMap(\.readProblems).reduce(0, +)
         #expect(problems > 0, "the broken reads went unnoticed: \(reports)")
     }

@@ -45,18 +45,25 @@ import ZeroMQ
         }
     }
 
-    /// The daemon's (seq, digest) of `store`.
-    func daemonDigest(_ daemon: DaemonProcess, _ store: String) throws -> (seq: SequenceNumber, digest: StateDigest)? {
-        let client = CommandClient(context: try Context(), endpoint: daemon.command, timeout: .seconds(1), retries: 10)
-        guard case let .snapshot(_, snapshot) = try client.call(.snapshot(requestID: 1, store: try StoreName(store)))
-        else { return nil }
-        return (snapshot.seq, snapshot.digest)
+    /// The daemon's (seq, digest) of `store`, asked on a thread of its own.
+    func daemonDigest(
+        _ daemon: DaemonProcess,
+        _ store: String
+    ) async throws -> (seq: SequenceNumber, digest: StateDigest)? {
+        let endpoint = daemon.command
+        return try await offPool("daemon digest") { () throws -> (seq: SequenceNumber, digest: StateDigest)? in
+            let client = CommandClient(context: try Context(), endpoint: endpoint, timeout: .seconds(1), retries: 10)
+            guard
+                case let .snapshot(_, snapshot) = try client.call(.snapshot(requestID: 1, store: try StoreName(store)))
+            else { return nil }
+            return (snapshot.seq, snapshot.digest)
+        }
     }
 
     /// Whether the replica's confirmed state is the daemon's, digest for digest.
     func agrees<D: Domain>(_ replica: Replica<D>, with daemon: DaemonProcess) async throws -> Bool {
         try await eventually(within: .seconds(30)) {
-            guard let (seq, digest) = try daemonDigest(daemon, D.name) else { return false }
+            guard let (seq, digest) = try await daemonDigest(daemon, D.name) else { return false }
             let current = replica.current
             let mine = StateDigest(of: Array(try CanonicalEncoding.encode(current.state)))
             return current.seq == seq && mine == digest
@@ -137,12 +144,12 @@ import ZeroMQ
     @Test func aRejectionByTheDaemonRollsBack() async throws {
         let (daemon, directory) = try await startDaemon("optimistic-rejected")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        func lockstep(_ arguments: [String]) throws {
-            let result = try runProduct("lockstep", arguments + ["--command-endpoint", daemon.command])
+        func lockstep(_ arguments: [String]) async throws {
+            let result = try await runProduct("lockstep", arguments + ["--command-endpoint", daemon.command])
             #expect(result.status == 0, "lockstep \(arguments): \(result.standardError)")
         }
-        try lockstep(["dispatch", "numbers", #"{"add":{"number":1}}"#])
-        try lockstep(["dispatch", "numbers", #"{"add":{"number":2}}"#])
+        try await lockstep(["dispatch", "numbers", #"{"add":{"number":1}}"#])
+        try await lockstep(["dispatch", "numbers", #"{"add":{"number":2}}"#])
         // This replica hears no events: after joining it keeps [1, 2] while another process deletes the 2.
         try await withReplica(
             Numbers.self,
@@ -157,7 +164,7 @@ import ZeroMQ
             let seen = Mutex<[[Int]]>([])
             let subscription = replica.subscribe({ $0.numbers }) { numbers in seen.withLock { $0.append(numbers) } }
             defer { subscription.cancel() }
-            try lockstep(["dispatch", "numbers", #"{"delete":{"index":1}}"#])
+            try await lockstep(["dispatch", "numbers", #"{"delete":{"index":1}}"#])
             let handle = try await replica.dispatchOptimistically(.delete(index: 1))
             let rejection = await #expect(throws: Rejection.self) { try await handle.seq }
             #expect(rejection?.code == "out_of_range", "\(String(describing: rejection))")
@@ -180,15 +187,15 @@ import ZeroMQ
     @Test func theOptimisticStateCatchesUpWhenADispatchOrASubscriptionStarts() async throws {
         let (daemon, directory) = try await startDaemon("optimistic-catch-up")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        func lockstep(_ action: String) throws {
-            let result = try runProduct(
+        func lockstep(_ action: String) async throws {
+            let result = try await runProduct(
                 "lockstep",
                 ["dispatch", "numbers", action, "--command-endpoint", daemon.command]
             )
             #expect(result.status == 0, "lockstep dispatch \(action): \(result.standardError)")
         }
         try await withReplica(Numbers.self, daemon) { replica in
-            try lockstep(#"{"add":{"number":1}}"#)
+            try await lockstep(#"{"add":{"number":1}}"#)
             #expect(try await replica.dispatch(.add(number: 2)) == 2)
             // Valid only on the newest confirmed state: index 1 is out of range on any older one.
             let handle = try await replica.dispatchOptimistically(.delete(index: 1))
@@ -196,13 +203,13 @@ import ZeroMQ
             #expect(try await handle.seq == 3)
             #expect(try await eventually(within: .seconds(10)) { replica.pending.isEmpty })
 
-            try lockstep(#"{"add":{"number":4}}"#)
+            try await lockstep(#"{"add":{"number":4}}"#)
             #expect(try await replica.dispatch(.add(number: 6)) == 5)
             let seen = Mutex<[[Int]]>([])
             let subscription = replica.subscribe({ $0.numbers }) { numbers in seen.withLock { $0.append(numbers) } }
             defer { subscription.cancel() }
             let states = replica.states()
-            try lockstep(#"{"add":{"number":5}}"#)
+            try await lockstep(#"{"add":{"number":5}}"#)
             #expect(try await eventually(within: .seconds(10)) { seen.withLock { $0 } == [[1, 4, 6], [1, 4, 6, 5]] })
             let streamed = await collect(states, within: .seconds(10)) { $0.last?.seq == 6 }
             #expect(streamed.map(\.seq) == [5, 6])
@@ -243,7 +250,7 @@ import ZeroMQ
             var seqs: [SequenceNumber] = []
             for handle in handles { seqs.append(try await handle.seq) }
             #expect(Set(seqs).count == mine)
-            let written = other.wait(within: .seconds(60)) { $0.done }
+            let written = await other.wait(within: .seconds(60)) { $0.done }
             #expect(written?.done == true && written?.failed == 0, "\(String(describing: written))")
             #expect(try await agrees(replica, with: daemon))
             #expect(try await eventually(within: .seconds(10)) { replica.pending.isEmpty })
@@ -252,7 +259,7 @@ import ZeroMQ
             #expect(texts.filter { $0.hasPrefix("mine ") }.count == mine)
             #expect(problems.withLock { $0 }.isEmpty, "\(problems.withLock { $0.prefix(2) })")
         }
-        _ = try other.stop()
+        _ = try await other.stop()
         #expect(await daemon.stop() == 0)
     }
 

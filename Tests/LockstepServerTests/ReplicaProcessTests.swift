@@ -25,7 +25,7 @@ extension ReplicaClient {
 }
 
 @Suite struct ReplicaProcessTests {
-    func startDaemon(_ directory: String, configuration: String? = nil) throws -> DaemonProcess {
+    func startDaemon(_ directory: String, configuration: String? = nil) async throws -> DaemonProcess {
         var arguments: [String] = []
         if let configuration {
             let file = URL(fileURLWithPath: directory).appendingPathComponent("lockstepd.toml")
@@ -33,69 +33,80 @@ extension ReplicaClient {
             arguments = ["--config", file.path]
         }
         let daemon = try DaemonProcess(directory: directory, arguments: arguments)
-        _ = try daemonDigests(daemon, stores: [])
+        _ = try await daemonDigests(daemon, stores: [])
         return daemon
     }
 
-    /// Each store's (seq, digest) from the daemon's snapshots, asking until it answers (at most 15 s).
-    func daemonDigests(_ daemon: DaemonProcess, stores: [String]) throws -> [String: (seq: UInt64, digest: String)] {
-        let client = CommandClient(context: try Context(), endpoint: daemon.command, timeout: .seconds(1), retries: 15)
-        _ = try client.call(.status(requestID: 1))
-        var digests: [String: (seq: UInt64, digest: String)] = [:]
-        for store in stores {
-            guard
-                case let .snapshot(_, snapshot) = try client.call(.snapshot(requestID: 2, store: try StoreName(store)))
-            else { throw ClientTimeout() }
-            digests[store] = (snapshot.seq, snapshot.digest.hex)
+    /// Each store's (seq, digest) from the daemon's snapshots, asking until it answers (at most 15 s); the blocking
+    /// client waits on a thread of its own, not on one of the cooperative pool.
+    func daemonDigests(
+        _ daemon: DaemonProcess,
+        stores: [String]
+    ) async throws -> [String: (seq: UInt64, digest: String)] {
+        let endpoint = daemon.command
+        return try await offPool("daemon digests") {
+            let client = CommandClient(context: try Context(), endpoint: endpoint, timeout: .seconds(1), retries: 15)
+            _ = try client.call(.status(requestID: 1))
+            var digests: [String: (seq: UInt64, digest: String)] = [:]
+            for store in stores {
+                guard
+                    case let .snapshot(_, snapshot) = try client.call(
+                        .snapshot(requestID: 2, store: try StoreName(store))
+                    )
+                else { throw ClientTimeout() }
+                digests[store] = (snapshot.seq, snapshot.digest.hex)
+            }
+            return digests
         }
-        return digests
     }
 
     func converged(_ report: ReplicaReport, on digests: [String: (seq: UInt64, digest: String)]) -> Bool {
         report.matches(digests)
     }
 
-    @Test func aReplicaThatJoinsDuringABurstEndsOnTheDaemonsDigest() throws {
+    @Test func aReplicaThatJoinsDuringABurstEndsOnTheDaemonsDigest() async throws {
         let directory = try TestSupport.temporaryDirectory("replica-join").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let daemon = try startDaemon(directory)
+        let daemon = try await startDaemon(directory)
         let stores = ["counter", "todos"]
         let writer = try ReplicaClient(daemon, stores: stores, actions: 3_000, extra: ["--concurrency", "8"])
-        let started = writer.wait(within: .seconds(30)) { $0.accepted >= 300 }
+        let started = await writer.wait(within: .seconds(30)) { $0.accepted >= 300 }
         try #require(started.map { $0.accepted >= 300 } == true, "the writer did not get going")
         // The watcher starts while the burst is on: the writer is a tenth of the way through.
         #expect(started?.done == false)
         let watcher = try ReplicaClient(daemon, stores: stores, actions: 0)
-        func hasJoined(_ report: ReplicaReport) -> Bool { stores.allSatisfy { report.store($0)?.seq ?? 0 > 0 } }
-        let joined = watcher.wait(within: .seconds(30), until: hasJoined)
-        let written = writer.wait(within: .seconds(60)) { $0.done }
+        @Sendable func hasJoined(_ report: ReplicaReport) -> Bool {
+            stores.allSatisfy { report.store($0)?.seq ?? 0 > 0 }
+        }
+        let joined = await watcher.wait(within: .seconds(30), until: hasJoined)
+        let written = await writer.wait(within: .seconds(60)) { $0.done }
         try #require(written?.done == true, "the writer did not finish")
         #expect(written?.failed == 0)
-        let digests = try daemonDigests(daemon, stores: stores)
+        let digests = try await daemonDigests(daemon, stores: stores)
         #expect(digests.values.reduce(0) { $0 + $1.seq } == UInt64(written!.accepted))
-        let watched = watcher.wait(within: .seconds(30)) { converged($0, on: digests) }
+        let watched = await watcher.wait(within: .seconds(30)) { converged($0, on: digests) }
         #expect(watched.map { converged($0, on: digests) } == true, "watcher: \(String(describing: watched))")
         #expect(joined.map(hasJoined) == true, "the watcher never joined: \(String(describing: joined))")
         #expect(watched?.stores.allSatisfy { $0.divergences == 0 } == true)
-        #expect(try watcher.stop().status == 0)
-        #expect(try writer.stop().status == 0)
-        #expect(daemon.stop() == 0)
+        #expect(try await watcher.stop().status == 0)
+        #expect(try await writer.stop().status == 0)
+        #expect(await daemon.stop() == 0)
     }
 
-    @Test func aStoppedReplicaWhoseEventsWereDroppedRepairsAndConverges() throws {
+    @Test func aStoppedReplicaWhoseEventsWereDroppedRepairsAndConverges() async throws {
         let directory = try TestSupport.temporaryDirectory("replica-gap").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
         // A short queue on both sides, so the stopped replica's events are dropped, not held.
-        let daemon = try startDaemon(directory, configuration: "[limits]\nevents_queue = 100\n")
+        let daemon = try await startDaemon(directory, configuration: "[limits]\nevents_queue = 100\n")
         let watcher = try ReplicaClient(daemon, stores: ["counter"], actions: 0, extra: ["--events-queue", "100"])
         // One event seen first: the watcher's subscription is in place before it is stopped.
-        let first = try runProduct(
+        let first = try await runProduct(
             "lockstep",
             ["dispatch", "counter", #"{"increment":{}}"#, "--command-endpoint", daemon.command],
             timeout: .seconds(30)
         )
         #expect(first.status == 0)
-        let live = watcher.wait(within: .seconds(30)) {
+        let live = await watcher.wait(within: .seconds(30)) {
             $0.store("counter")?.phase == "live" && $0.store("counter")?.seq == 1
         }
         try #require(live?.store("counter")?.seq == 1, "the watcher never saw the first event")
@@ -103,59 +114,59 @@ extension ReplicaClient {
         // 40,000 events in 2,000 commits (so 2,000 EVENTS messages) while it sleeps: far more than the queues and
         // the socket buffers hold.
         let batch = Array(repeating: #"{"increment":{}}"#, count: 20)
-        let burst = try runProduct(
+        let burst = try await runProduct(
             "lockstep",
             ["dispatch", "counter"] + batch + ["--repeat", "2000", "--command-endpoint", daemon.command],
             timeout: .seconds(120)
         )
         watcher.child.signal(SIGCONT)
         #expect(burst.status == 0, "\(burst.standardError)")
-        let digests = try daemonDigests(daemon, stores: ["counter"])
+        let digests = try await daemonDigests(daemon, stores: ["counter"])
         #expect(digests["counter"]?.seq == 40_001)
-        let caught = watcher.wait(within: .seconds(60)) { converged($0, on: digests) }
+        let caught = await watcher.wait(within: .seconds(60)) { converged($0, on: digests) }
         #expect(caught.map { converged($0, on: digests) } == true, "watcher: \(String(describing: caught))")
         // It had a gap to fill: the events were dropped, and the replica asked for the range — it did not
         // mistake its own stop for a silent daemon and start over.
         #expect((caught?.store("counter")?.repairs ?? 0) >= 1)
         #expect(caught?.store("counter")?.resyncs == 0)
         #expect(caught?.store("counter")?.divergences == 0)
-        #expect(try watcher.stop().status == 0)
-        #expect(daemon.stop() == 0)
+        #expect(try await watcher.stop().status == 0)
+        #expect(await daemon.stop() == 0)
     }
 
-    @Test func everyReplicaSurvivesADaemonRestart() throws {
+    @Test func everyReplicaSurvivesADaemonRestart() async throws {
         let directory = try TestSupport.temporaryDirectory("replica-restart").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        var daemon = try startDaemon(directory)
+        var daemon = try await startDaemon(directory)
         let stores = ["counter", "numbers", "todos"]
-        let before = try daemonDigests(daemon, stores: stores)
+        let before = try await daemonDigests(daemon, stores: stores)
         let writer = try ReplicaClient(daemon, stores: stores, actions: 1_500)
         let watcher = try ReplicaClient(daemon, stores: stores, actions: 0)
-        let halfway = writer.wait(within: .seconds(60)) { $0.accepted >= 500 }
+        let halfway = await writer.wait(within: .seconds(60)) { $0.accepted >= 500 }
         try #require(halfway.map { $0.accepted >= 500 } == true)
         daemon.kill()
-        daemon = try startDaemon(directory)
-        let written = writer.wait(within: .seconds(90)) { $0.done }
+        daemon = try await startDaemon(directory)
+        let written = await writer.wait(within: .seconds(90)) { $0.done }
         try #require(written?.done == true, "the writer did not finish after the restart")
         // Every dispatch got an answer: retries across the restart were applied once, not lost.
         #expect(written?.failed == 0)
-        let digests = try daemonDigests(daemon, stores: stores)
+        let digests = try await daemonDigests(daemon, stores: stores)
         #expect(
             digests.values.reduce(0) { $0 + $1.seq } - before.values.reduce(0) { $0 + $1.seq }
                 == UInt64(written!.accepted)
         )
         for client in [writer, watcher] {
-            let report = client.wait(within: .seconds(30)) { converged($0, on: digests) }
+            let report = await client.wait(within: .seconds(30)) { converged($0, on: digests) }
             #expect(report.map { converged($0, on: digests) } == true, "\(String(describing: report))")
-            #expect(try client.stop().status == 0)
+            #expect(try await client.stop().status == 0)
         }
-        #expect(daemon.stop() == 0)
+        #expect(await daemon.stop() == 0)
     }
 
-    @Test func twoProcessesDispatchingToTodosEachSeeTheOthersTodos() throws {
+    @Test func twoProcessesDispatchingToTodosEachSeeTheOthersTodos() async throws {
         let directory = try TestSupport.temporaryDirectory("replica-todos").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let daemon = try startDaemon(directory)
+        let daemon = try await startDaemon(directory)
         let alice = try ReplicaClient(
             daemon,
             stores: ["todos"],
@@ -163,11 +174,13 @@ extension ReplicaClient {
             extra: ["--tag", "alice", "--print-state"]
         )
         let bob = try ReplicaClient(daemon, stores: ["todos"], actions: 60, extra: ["--tag", "bob", "--print-state"])
-        for client in [alice, bob] { try #require(client.wait(within: .seconds(60)) { $0.done }?.done == true) }
-        let digests = try daemonDigests(daemon, stores: ["todos"])
-        for client in [alice, bob] { client.wait(within: .seconds(30)) { converged($0, on: digests) } }
-        let (aliceFinal, aliceStatus) = try alice.stop()
-        let (bobFinal, bobStatus) = try bob.stop()
+        for client in [alice, bob] {
+            try #require(await client.wait(within: .seconds(60)) { $0.done }?.done == true)
+        }
+        let digests = try await daemonDigests(daemon, stores: ["todos"])
+        for client in [alice, bob] { await client.wait(within: .seconds(30)) { converged($0, on: digests) } }
+        let (aliceFinal, aliceStatus) = try await alice.stop()
+        let (bobFinal, bobStatus) = try await bob.stop()
         #expect(aliceStatus == 0 && bobStatus == 0)
         for final in [aliceFinal, bobFinal] {
             let state = try #require(final?.store("todos")?.state)
@@ -177,22 +190,22 @@ extension ReplicaClient {
             #expect(texts.contains { $0.hasPrefix("bob ") }, "\(texts)")
             #expect(final?.store("todos")?.digest == digests["todos"]?.digest)
         }
-        #expect(daemon.stop() == 0)
+        #expect(await daemon.stop() == 0)
     }
 
-    @Test func aRejectedDispatchExitsNonZeroWithTheDaemonsReason() throws {
+    @Test func aRejectedDispatchExitsNonZeroWithTheDaemonsReason() async throws {
         let directory = try TestSupport.temporaryDirectory("replica-reject").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let daemon = try startDaemon(directory)
-        let result = try runProduct(
+        let daemon = try await startDaemon(directory)
+        let result = try await runProduct(
             "lockstep",
             ["dispatch", "numbers", #"{"delete":{"index":99}}"#, "--command-endpoint", daemon.command],
             timeout: .seconds(30)
         )
         #expect(result.status == 3)
         #expect(result.standardError.contains("delete index 99 is out of range"), "\(result.standardError)")
-        #expect(try daemonDigests(daemon, stores: ["numbers"])["numbers"]?.seq == 0)
-        #expect(daemon.stop() == 0)
+        #expect(try await daemonDigests(daemon, stores: ["numbers"])["numbers"]?.seq == 0)
+        #expect(await daemon.stop() == 0)
     }
 }
 

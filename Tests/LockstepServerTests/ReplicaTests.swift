@@ -26,9 +26,11 @@ import Testing
                 try await replica.run()
                 return nil
             }
-            // Generous: on a 2-core machine other suites' blocking tests can hold every cooperative thread for
-            // many seconds, and run() needs one just to start the replica's thread (one CI run in four timed
-            // out at 15 s with all three replicas never started).
+            // Generous: run() needs a thread of the cooperative pool just to start the replica's thread, and on a
+            // 2-core machine other suites' tests once held both for many seconds with blocking waits (one CI run in
+            // four timed out at 15 s with all three replicas never started; later, 4 tests here at 60 s). Tests now
+            // wait for processes and daemons off the pool (`offPool`) and run their long synchronous checks on
+            // threads of their own (`onOwnThread`), so run() soon gets a thread; the bound stays.
             try await replica.waitUntilLive(timeout: .seconds(60))
             let result = try await body(replica)
             group.cancelAll()
@@ -128,7 +130,7 @@ import Testing
         #expect(written.replicaState == #"{"count":6}"#)
 
         // lockstep's counter is the daemon's: a replay here reaches its digest, the replica's state did not.
-        let report = try runProduct("lockstep", ["replay", "--evidence", file.path, "--json"])
+        let report = try await runProduct("lockstep", ["replay", "--evidence", file.path, "--json"])
         #expect(report.status == 4, "\(report.standardOutput)\(report.standardError)")
         let object = try JSONSerialization.jsonObject(with: Data(report.standardOutput.utf8)) as? [String: Any]
         let divergence = try #require(object?["divergence"] as? [String: Any], "\(report.standardOutput)")

@@ -31,8 +31,8 @@ import Testing
         return directory
     }
 
-    @Test func anUnknownStoreIsAUsageErrorThatListsTheDomains() throws {
-        let result = try runProduct("lockstep", ["run", "cart", #"{"add":{}}"#])
+    @Test func anUnknownStoreIsAUsageErrorThatListsTheDomains() async throws {
+        let result = try await runProduct("lockstep", ["run", "cart", #"{"add":{}}"#])
         #expect(result.status == 64)
         #expect(
             result.standardError.contains(
@@ -41,14 +41,17 @@ import Testing
         )
     }
 
-    @Test func journalStateNamesWhatIsWrong() throws {
+    @Test func journalStateNamesWhatIsWrong() async throws {
         let directory = try journalWithCounter()
         defer { try? FileManager.default.removeItem(at: directory) }
-        let good = try runProduct("lockstep", ["journal", "state", directory.path, "counter", "--seq", "2", "--json"])
+        let good = try await runProduct(
+            "lockstep",
+            ["journal", "state", directory.path, "counter", "--seq", "2", "--json"]
+        )
         #expect(good.status == 0, "\(good.standardError)")
         #expect(good.standardOutput.contains(#""seq":2,"#) && good.standardOutput.contains(#""state":{"count":2}"#))
 
-        let past = try runProduct("lockstep", ["journal", "state", directory.path, "counter", "--seq", "4"])
+        let past = try await runProduct("lockstep", ["journal", "state", directory.path, "counter", "--seq", "4"])
         #expect(past.status == 1)
         #expect(
             past.standardError.contains("seq 4 is past the end of 'counter': its last seq is 3"),
@@ -56,36 +59,39 @@ import Testing
         )
 
         // A store the journal does not hold (todos is a domain of the tool, but not in this journal).
-        let absent = try runProduct("lockstep", ["journal", "state", directory.path, "todos"])
+        let absent = try await runProduct("lockstep", ["journal", "state", directory.path, "todos"])
         #expect(absent.status == 1)
         #expect(absent.standardError.contains("the journal has no store 'todos'"), "\(absent.standardError)")
 
         // A journal store whose domain this binary does not host.
-        let foreign = try runProduct("lockstep", ["journal", "state", directory.path, "board"])
+        let foreign = try await runProduct("lockstep", ["journal", "state", directory.path, "board"])
         #expect(foreign.status == 64)
         #expect(foreign.standardError.contains("unknown store 'board'"), "\(foreign.standardError)")
     }
 
-    @Test func aDaemonRefusesADomainItDoesNotLinkAndABadValue() throws {
-        let unknown = try runProduct("lockstepd", ["--domain", "cart"])
+    @Test func aDaemonRefusesADomainItDoesNotLinkAndABadValue() async throws {
+        let unknown = try await runProduct("lockstepd", ["--domain", "cart"])
         #expect(unknown.status == 78)
         #expect(
             unknown.standardError.contains("no domain named 'cart' is linked into this daemon; it has counter, todos")
         )
-        let bad = try runProduct("lockstepd", ["--journal", "paper"])
+        let bad = try await runProduct("lockstepd", ["--journal", "paper"])
         #expect(bad.status == 78)
         #expect(bad.standardError.contains("--journal: must be sqlite, memory or postgres, got 'paper'"))
     }
 
-    @Test func whatCanBeCheckedHereIsCheckedBeforeAnythingIsSent() throws {
+    @Test func whatCanBeCheckedHereIsCheckedBeforeAnythingIsSent() async throws {
         let directory = try temporaryDirectory("fail-fast")
         defer { try? FileManager.default.removeItem(at: directory) }
         let endpoint = "ipc://\(directory.path)/command"
-        let absent = try runProduct("lockstep", ["stats", "--command-endpoint", endpoint])
+        let absent = try await runProduct("lockstep", ["stats", "--command-endpoint", endpoint])
         #expect(absent.status == 69)
         #expect(absent.standardError.contains("no daemon at \(endpoint): \(directory.path)/command does not exist"))
 
-        let notJSON = try runProduct("lockstep", ["dispatch", "todos", #"{"add":"#, "--command-endpoint", endpoint])
+        let notJSON = try await runProduct(
+            "lockstep",
+            ["dispatch", "todos", #"{"add":"#, "--command-endpoint", endpoint]
+        )
         #expect(notJSON.status == 65)
         #expect(notJSON.standardError.contains(#"action 0 is not JSON"#), "\(notJSON.standardError)")
     }
@@ -103,22 +109,22 @@ import Testing
         )
         try await daemon.waitUntilServing()
         let endpoint = ["--command-endpoint", daemon.command]
-        let hosted = try runProduct("lockstep", ["dispatch", "counter", #"{"increment":{}}"#] + endpoint)
+        let hosted = try await runProduct("lockstep", ["dispatch", "counter", #"{"increment":{}}"#] + endpoint)
         #expect(hosted.status == 0 && hosted.standardOutput.contains("counter: seq 1"), "\(hosted.standardError)")
         // todos is a domain of the tool, sent with the tool's version: the daemon refuses the store.
         for arguments in [["dispatch", "todos", #"{"add":{"text":"milk"}}"#], ["state", "todos"], ["tail", "todos"]] {
-            let refused = try runProduct("lockstep", arguments + endpoint)
+            let refused = try await runProduct("lockstep", arguments + endpoint)
             #expect(refused.status == 64, "\(arguments): \(refused.status) \(refused.standardError)")
             #expect(refused.standardError.contains("todos"), "\(refused.standardError)")
         }
         // cart is not: its version comes from the leader's status, which has no such store.
-        let unknown = try runProduct("lockstep", ["dispatch", "cart", #"{"add":{}}"#] + endpoint)
+        let unknown = try await runProduct("lockstep", ["dispatch", "cart", #"{"add":{}}"#] + endpoint)
         #expect(unknown.status == 64)
         #expect(
             unknown.standardError.contains("hosts no store 'cart'; it hosts counter"),
             "\(unknown.standardError)"
         )
-        let stats = try runProduct("lockstep", ["stats", "--json"] + endpoint)
+        let stats = try await runProduct("lockstep", ["stats", "--json"] + endpoint)
         #expect(stats.status == 0, "\(stats.standardError)")
         #expect(stats.standardOutput.hasPrefix(#"{"endpoint":"\#(daemon.command)","#), "\(stats.standardOutput)")
         #expect(await daemon.stop() == 0)

@@ -9,7 +9,19 @@ import ZeroMQ
 /// Requests a client written from docs/protocol.md might send, against a real lockstepd: each gets exactly the
 /// error the spec names, in the spec's order of checks, and the daemon stays up.
 @Suite struct WireConformanceTests {
-    @Test func theHeaderIsCheckedBeforeTheFrameCountWhateverTheSize() throws {
+    /// Whether `subscriber` sees a heartbeat (each receive waits up to its timeout), skipping what comes before;
+    /// the receives wait on a thread of their own, not on one of the cooperative pool.
+    func seesAHeartbeat(_ subscriber: Socket) async throws -> Bool {
+        try await offPool("heartbeat", lending: subscriber) { subscriber in
+            var live = false
+            while !live, let frames = try subscriber.receive() {
+                if case .heartbeat = try Event.decode(frames) { live = true }
+            }
+            return live
+        }
+    }
+
+    @Test func theHeaderIsCheckedBeforeTheFrameCountWhateverTheSize() async throws {
         let directory = try temporaryDirectory("conformance").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let daemon = try DaemonProcess(directory: directory, arguments: ["--domain", "counter"])
@@ -37,9 +49,13 @@ import ZeroMQ
             ("unknown type", badType, .unknownMessageType),
             ("a valid header", valid[0], .tooLarge),
         ]
+        /// The reply to `frames`, waited for on a thread of its own (the first waits for the daemon to bind).
+        func call(_ frames: [Frame]) async throws -> Reply {
+            try await offPool("call", lending: client) { try $0.call(frames) }
+        }
         for (label, header, code) in cases {
             // 1,003 frames: over the frame limit, so only the header decides which error comes first.
-            guard case let .error(_, error) = try client.call([header, valid[1]] + padding) else {
+            guard case let .error(_, error) = try await call([header, valid[1]] + padding) else {
                 Issue.record("\(label): expected ERROR")
                 continue
             }
@@ -48,14 +64,14 @@ import ZeroMQ
         // An action over the 1 MiB limit is read and answered too_large, not dropped with the connection.
         let oversized =
             Array(#"{"increment":{"pad":""#.utf8) + [UInt8](repeating: 0x61, count: 1 << 20) + Array(#""}}"#.utf8)
-        guard case let .error(_, tooLarge) = try client.call([valid[0], valid[1], oversized]) else {
+        guard case let .error(_, tooLarge) = try await call([valid[0], valid[1], oversized]) else {
             Issue.record("expected ERROR for an oversized action")
             return
         }
         #expect(tooLarge.code == .tooLarge, "\(tooLarge)")
         #expect(daemon.output.contains("refused a request"), "\(daemon.output)")
         // Counted by code in the daemon's status.
-        let stats = try runProduct("lockstep", ["stats", "--json", "--command-endpoint", daemon.command])
+        let stats = try await runProduct("lockstep", ["stats", "--json", "--command-endpoint", daemon.command])
         let status = try JSONSerialization.jsonObject(with: Data(stats.standardOutput.utf8)) as? [String: Any]
         let refused = status?["refused"] as? [String: Int]
         #expect(
@@ -69,12 +85,12 @@ import ZeroMQ
             return
         }
         #expect(first == 1)
-        #expect(daemon.stop() == 0)
+        #expect(await daemon.stop() == 0)
     }
 
     /// Two requests that mean the same action are one action: journaled, published and fingerprinted in its
     /// canonical form; what the domain would not keep as sent is refused and changes nothing.
-    @Test func actionsAreJournaledAndPublishedInCanonicalForm() throws {
+    @Test func actionsAreJournaledAndPublishedInCanonicalForm() async throws {
         let directory = try temporaryDirectory("canonical").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let daemon = try DaemonProcess(directory: directory, arguments: ["--domain", "counter", "--domain", "numbers"])
@@ -84,20 +100,45 @@ import ZeroMQ
         try subscriber.set(.receiveTimeout, 5_000)
         try subscriber.subscribe(Event.topic(for: try StoreName("numbers")))
         try subscriber.connect(daemon.events)
-        var live = false
-        while !live, let frames = try subscriber.receive() {
-            if case .heartbeat = try Event.decode(frames) { live = true }
-        }
-        try #require(live, "the subscriber saw no heartbeat; log:\n\(daemon.output)")
-
-        // Refused, each naming what the domain would not keep: nothing sequenced.
-        for (sent, says) in [
+        let refusals = [
             (#"{"add":{"number":5,"by":"me"}}"#, "member 'add.by' is not part of the type"),
             (#"{"add":{"number":5,"number":6}}"#, "member 'number' appears twice"),
             (#"{"add":{"number":5.5}}"#, "a number in it does not fit the member"),
             (#"{"add":{"number":"5"}}"#, "expected Int at add.number"),
-        ] {
-            guard case let .error(_, error) = try client.dispatch("numbers", [sent], number: 100) else {
+        ]
+        /// What the subscriber and the client got, for the test to check.
+        struct Seen: Sendable {
+            var live = false
+            var refused: [Reply] = []
+            var first, again, conflict: Reply?
+            var event: [Frame]?
+        }
+        // From the heartbeat to the message after the dispatches, the subscriber and the client run back to back on
+        // a thread of their own: that message must be the EVENT, and an idle store's heartbeat (one a second) would
+        // come first after a wait for a thread of the cooperative pool in between. Each step is taken only if the
+        // test goes on past the one before.
+        let seen = try await offPool("canonical", lending: (client, subscriber)) { lent in
+            let (client, subscriber) = lent
+            var seen = Seen()
+            while !seen.live, let frames = try subscriber.receive() {
+                if case .heartbeat = try Event.decode(frames) { seen.live = true }
+            }
+            guard seen.live else { return seen }
+            seen.refused = try refusals.map { sent, _ in try client.dispatch("numbers", [sent], number: 100) }
+            seen.first = try client.dispatch("numbers", [#"{ "add" : { "number" : 5.0 } }"#], number: 1)
+            guard case .accepted = seen.first else { return seen }
+            seen.again = try client.dispatch("numbers", [#"{"add":{"number":5}}"#], number: 1)
+            guard case .accepted = seen.again else { return seen }
+            seen.conflict = try client.dispatch("numbers", [#"{"add":{"number":6}}"#], number: 1)
+            guard case .error = seen.conflict else { return seen }
+            seen.event = try subscriber.receive()
+            return seen
+        }
+        try #require(seen.live, "the subscriber saw no heartbeat; log:\n\(daemon.output)")
+
+        // Refused, each naming what the domain would not keep: nothing sequenced.
+        for ((sent, says), reply) in zip(refusals, seen.refused) {
+            guard case let .error(_, error) = reply else {
                 Issue.record("\(sent): expected ERROR")
                 continue
             }
@@ -105,38 +146,29 @@ import ZeroMQ
             #expect(error.reason.contains(says), "\(sent): \(error.reason)")
         }
         // Accepted in canonical form; a retry written otherwise is the same request.
-        guard
-            case let .accepted(_, _, first, _) = try client.dispatch(
-                "numbers",
-                [#"{ "add" : { "number" : 5.0 } }"#],
-                number: 1
-            )
-        else {
+        guard case let .accepted(_, _, first, _) = seen.first else {
             Issue.record("expected ACCEPTED")
             return
         }
         #expect(first == 1)
-        guard case let .accepted(_, _, again, _) = try client.dispatch("numbers", [#"{"add":{"number":5}}"#], number: 1)
-        else {
+        guard case let .accepted(_, _, again, _) = seen.again else {
             Issue.record("expected the first ACCEPTED again")
             return
         }
         #expect(again == 1)
-        guard case let .error(_, conflict) = try client.dispatch("numbers", [#"{"add":{"number":6}}"#], number: 1)
-        else {
+        guard case let .error(_, conflict) = seen.conflict else {
             Issue.record("expected idempotency_conflict")
             return
         }
         #expect(conflict.code == .idempotencyConflict)
 
-        guard let frames = try subscriber.receive(), case let .event(_, _, seq, action) = try Event.decode(frames)
-        else {
+        guard let frames = seen.event, case let .event(_, _, seq, action) = try Event.decode(frames) else {
             Issue.record("expected the EVENT of seq 1")
             return
         }
         #expect(seq == 1)
         #expect(String(decoding: action, as: UTF8.self) == #"{"add":{"number":5}}"#)
-        #expect(daemon.stop() == 0)
+        #expect(await daemon.stop() == 0)
         let journal = try SQLiteJournal(directory: "\(directory)/.lockstep/data", readOnly: true)
         defer { try? journal.close() }
         guard case let .events(events) = try journal.events(store: "numbers", from: 1, to: 10, limit: 10) else {
@@ -149,7 +181,7 @@ import ZeroMQ
     /// Each store has two streams: one by one (EVENT per action, what the first protocol had) and in runs (one
     /// EVENTS per commit). A subscriber of either gets every action, in order, with the heartbeats; a daemon only
     /// publishes the streams someone follows.
-    @Test func aCommitIsOneEventsOnTheStreamInRunsAndAnEventEachOnTheOther() throws {
+    @Test func aCommitIsOneEventsOnTheStreamInRunsAndAnEventEachOnTheOther() async throws {
         let directory = try temporaryDirectory("streams").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let daemon = try DaemonProcess(directory: directory, arguments: ["--domain", "counter"])
@@ -162,10 +194,7 @@ import ZeroMQ
             try subscriber.set(.receiveTimeout, 5_000)
             try subscriber.subscribe(topic)
             try subscriber.connect(daemon.events)
-            var live = false
-            while !live, let frames = try subscriber.receive() {
-                if case .heartbeat = try Event.decode(frames) { live = true }
-            }
+            let live = try await seesAHeartbeat(subscriber)
             try #require(live, "a subscriber of \(topic) saw no heartbeat; log:\n\(daemon.output)")
             subscribers.append(subscriber)
         }
@@ -198,6 +227,6 @@ import ZeroMQ
         }
         #expect(run?.0 == 1)
         #expect(run?.1 == Array(repeating: Array(increment.utf8), count: 3))
-        #expect(daemon.stop() == 0)
+        #expect(await daemon.stop() == 0)
     }
 }

@@ -29,6 +29,27 @@ func expectDivergence<D: Domain>(
     }
 }
 
+/// The same for a replay with child processes, which the harness waits for: the replay runs on a thread of its
+/// own (`offPool`), not on one of the cooperative pool, and the issue is recorded in the test's task.
+func expectDivergence<D: Domain>(
+    _: D.Type,
+    _ actions: [D.Action],
+    settings: ReplaySettings = ReplaySettings(),
+    children: [ReplayChildCommand] = [],
+    sourceLocation: SourceLocation = #_sourceLocation
+) async throws -> Divergence? {
+    let found = try await offPool("replay") { () throws -> Divergence? in
+        do {
+            _ = try ReplayHarness<D>(settings: settings, children: children).replay(try ReplayLog<D>(actions))
+            return nil
+        } catch let divergence as Divergence {
+            return divergence
+        }
+    }
+    if found == nil { Issue.record("\(D.name): the harness found no divergence", sourceLocation: sourceLocation) }
+    return found
+}
+
 @Suite struct ReplayHarnessTests {
     @Test func readingTheClockIsCaughtAtTheFirstAction() throws {
         let divergence = try #require(try expectDivergence(ClockDomain.self, Array(repeating: .stamp, count: 5)))
@@ -43,11 +64,11 @@ func expectDivergence<D: Domain>(
         #expect(divergence.differences.map(\.path) == ["rolls[0]"])
     }
 
-    @Test func setOrderIsCaughtInAnotherProcess() throws {
+    @Test func setOrderIsCaughtInAnotherProcess() async throws {
         // Three plain actions, then a Set of 20 tags: its encoded order depends on the hash seed.
         let actions: [TagsDomain.Action] = [.count, .count, .count, .tag((0..<20).map { "tag-\($0)" }), .count]
         let divergence = try #require(
-            try expectDivergence(TagsDomain.self, actions, children: [fixtureChild()])
+            try await expectDivergence(TagsDomain.self, actions, children: [fixtureChild()])
         )
         #expect(divergence.seq == 4)
         #expect(divergence.action.hasPrefix(#"{"tag":"#))
@@ -118,9 +139,10 @@ func expectDivergence<D: Domain>(
     }
 
     @Test(arguments: Examples.domains.map { $0.name })
-    func exampleDomainsPassInAndAcrossProcesses(store: String) throws {
+    func exampleDomainsPassInAndAcrossProcesses(store: String) async throws {
         let domain = try #require(Examples.domain(named: store))
-        try check(domain)
+        // The check waits for its child processes: on a thread of its own, not on one of the cooperative pool.
+        try await offPool("determinism") { try check(domain) }
     }
 
     func check<D: ActionGenerating>(_: D.Type) throws {
@@ -166,10 +188,11 @@ func expectDivergence<D: Domain>(
         #expect(failure.description.contains("seed \(failure.seed)"))
     }
 
-    @Test func aDeterministicDomainPasses() throws {
+    @Test func aDeterministicDomainPasses() async throws {
         var check = DeterminismCheck(Todos.self)
         check.sequences = 5
-        try check.run()
+        // Seconds of replays: on a thread of its own, not on one of the cooperative pool.
+        try await offPool("determinism") { [check] in try check.run() }
     }
 }
 

@@ -11,18 +11,18 @@ import Glibc
 /// run; an `ip` failure that says what failed. Needs root: skipped (cancelled, with the reason) otherwise.
 @Suite struct TestHostsTests {
     /// Every named network namespace.
-    func namespaces() throws -> [String] {
-        let output = try ChildProcess(executable: URL(fileURLWithPath: "/usr/sbin/ip"), ["netns", "list"])
+    func namespaces() async throws -> [String] {
+        let output = try await ChildProcess(executable: URL(fileURLWithPath: "/usr/sbin/ip"), ["netns", "list"])
             .finish(within: .seconds(10))
         return output.standardOutput.split(separator: "\n").compactMap {
             $0.split(separator: " ").first.map(String.init)
         }
     }
 
-    @Test func hostsReachEachOtherOverTcpAndAreGoneAfterTearDown() throws {
-        guard let hosts = try testHostsOrSkip(["x", "y"]) else { return }
+    @Test func hostsReachEachOtherOverTcpAndAreGoneAfterTearDown() async throws {
+        guard let hosts = try await testHostsOrSkip(["x", "y"]) else { return }
         let names = [hosts.switchNamespace] + hosts.hosts.map(\.namespace)
-        #expect(Set(try namespaces()).isSuperset(of: names))
+        #expect(Set(try await namespaces()).isSuperset(of: names))
         #expect(hosts["x"].address.hasPrefix("10.231.") && hosts["x"].address.hasSuffix(".1"))
         #expect(hosts["y"].address == hosts["x"].address.dropLast() + "2")
         #expect(hosts.subnet == hosts["x"].address.dropLast() + "0/24")
@@ -43,14 +43,18 @@ import Glibc
                 """,
             ]
         )
-        var ready = false
-        let deadline = ContinuousClock.now + .seconds(20)
-        while !ready, ContinuousClock.now < deadline, !listener.reachedEndOfOutput {
-            listener.read(for: .milliseconds(100))
-            ready = String(decoding: listener.output, as: UTF8.self).contains("listening")
+        // Read on a thread of its own, with the clock read there: a busy cooperative pool does not use up the 20 s.
+        let ready = await offPool("listener", lending: listener) { listener in
+            var ready = false
+            let deadline = ContinuousClock.now + .seconds(20)
+            while !ready, ContinuousClock.now < deadline, !listener.reachedEndOfOutput {
+                listener.read(for: .milliseconds(100))
+                ready = String(decoding: listener.output, as: UTF8.self).contains("listening")
+            }
+            return ready
         }
         try #require(ready, "the listener on y did not start: \(listener.errors())")
-        let connecting = try hosts.run(
+        let connecting = try await hosts.run(
             on: "x",
             python,
             [
@@ -60,21 +64,21 @@ import Glibc
             ]
         ).finish(within: .seconds(20))
         #expect(connecting.standardOutput == "from y to \(hosts["x"].address)\n", "\(connecting.standardError)")
-        #expect(try listener.finish(within: .seconds(20)).status == 0)
+        #expect(try await listener.finish(within: .seconds(20)).status == 0)
 
-        hosts.tearDown()
-        #expect(Set(try namespaces()).isDisjoint(with: names))
+        await hosts.tearDown()
+        #expect(Set(try await namespaces()).isDisjoint(with: names))
     }
 
-    @Test func leftoversOfAGoneRunAreDeletedUnlessSomethingRunsInThem() throws {
+    @Test func leftoversOfAGoneRunAreDeletedUnlessSomethingRunsInThem() async throws {
         // A process that is gone: its id names the leftovers, as a test process killed with SIGKILL would.
         let gone = try ChildProcess(executable: URL(fileURLWithPath: "/bin/true"), [])
-        _ = try gone.finish(within: .seconds(10))
+        _ = try await gone.finish(within: .seconds(10))
         let owner = gone.process.processIdentifier
         try #require(Glibc.kill(owner, 0) == -1 && errno == ESRCH)
         let empty = "\(TestHosts.prefix)-\(owner)-0"
         let occupied = "\(TestHosts.prefix)-\(owner)-0-h"
-        guard let probe = try testHostsOrSkip(["p"]) else { return }
+        guard let probe = try await testHostsOrSkip(["p"]) else { return }
         defer {
             probe.tearDown()
             _ = try? probe.ip(["netns", "delete", empty])
@@ -87,18 +91,21 @@ import Glibc
             ["netns", "exec", occupied, "/bin/sleep", "60"]
         )
         defer { sleeper.kill() }
-        let entered = try (0..<100).contains { _ in
-            if try probe.ip(["netns", "pids", occupied]).contains("\(sleeper.process.processIdentifier)") {
-                return true
+        let sleeping = sleeper.process.processIdentifier
+        let entered = try await offPool("netns pids", lending: probe) { probe in
+            try (0..<100).contains { _ in
+                if try probe.ip(["netns", "pids", occupied]).contains("\(sleeping)") {
+                    return true
+                }
+                usleep(20_000)
+                return false
             }
-            usleep(20_000)
-            return false
         }
         try #require(entered, "sleep never ran in \(occupied)")
 
-        let hosts = try #require(try testHostsOrSkip(["q"]))
+        let hosts = try #require(try await testHostsOrSkip(["q"]))
         defer { hosts.tearDown() }
-        let left = try namespaces()
+        let left = try await namespaces()
         // Another set made at the same time in this process may have deleted the empty one first: either way it is
         // gone, and the occupied one stays, reported with the process in it.
         #expect(!left.contains(empty), "\(hosts.leftovers)")
@@ -109,8 +116,8 @@ import Glibc
         )
     }
 
-    @Test func aFailingIPCommandNamesTheCommandItsStatusAndItsStandardError() throws {
-        guard let hosts = try testHostsOrSkip(["z"]) else { return }
+    @Test func aFailingIPCommandNamesTheCommandItsStatusAndItsStandardError() async throws {
+        guard let hosts = try await testHostsOrSkip(["z"]) else { return }
         defer { hosts.tearDown() }
         let namespace = hosts["z"].namespace
         do {

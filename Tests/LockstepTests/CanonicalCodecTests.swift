@@ -1,6 +1,7 @@
 import Foundation
 import Lockstep
 import LockstepExamples
+import TestSupport
 import Testing
 
 /// The canonical coder against Foundation's: the same bytes, the same values, the same errors; and proof that the
@@ -81,6 +82,9 @@ import Testing
     }
 
     // MARK: - The example domains
+    //
+    // Each domain's walk is seconds of encoding and decoding (twenty for todos in a debug build): it runs on a
+    // thread of its own, in the test's task (`onOwnThread`), so the cooperative pool's threads stay free.
 
     /// Walks `count` generated actions from the initial state, applying the valid ones; checks every action and
     /// every state on the way, and that none of them left the fast path.
@@ -105,13 +109,17 @@ import Testing
         #expect(fallbacks.decodes == 0, "\(D.name): decodings left to Foundation")
     }
 
-    @Test func counterActionsAndStatesTakeTheFastPath() throws {
-        try Self.checkDomain(Counter.self, count: 3000, seed: 1)
+    @Test func counterActionsAndStatesTakeTheFastPath() async throws {
+        try await onOwnThread { try Self.checkDomain(Counter.self, count: 3000, seed: 1) }
     }
-    @Test func todosActionsAndStatesTakeTheFastPath() throws { try Self.checkDomain(Todos.self, count: 1500, seed: 2) }
-    @Test func postsActionsAndStatesTakeTheFastPath() throws { try Self.checkDomain(Posts.self, count: 1500, seed: 3) }
-    @Test func numbersActionsAndStatesTakeTheFastPath() throws {
-        try Self.checkDomain(Numbers.self, count: 3000, seed: 4)
+    @Test func todosActionsAndStatesTakeTheFastPath() async throws {
+        try await onOwnThread { try Self.checkDomain(Todos.self, count: 1500, seed: 2) }
+    }
+    @Test func postsActionsAndStatesTakeTheFastPath() async throws {
+        try await onOwnThread { try Self.checkDomain(Posts.self, count: 1500, seed: 3) }
+    }
+    @Test func numbersActionsAndStatesTakeTheFastPath() async throws {
+        try await onOwnThread { try Self.checkDomain(Numbers.self, count: 3000, seed: 4) }
     }
 
     /// The counter above counts: a call that falls back is seen (else a fast path that always fell back would pass).
@@ -746,33 +754,38 @@ import Testing
 
     /// Canonical bytes of every domain, damaged at random: whatever the fast path accepts, it reads as Foundation
     /// does, and whatever it refuses, Foundation judges.
-    @Test func damagedBytes() throws {
-        var random = SplitMix64(seed: 6)
-        let samples: [[UInt8]] = try [
-            Self.foundationEncode(Counter.Action.increment), Self.foundationEncode(Todos.Action.add(text: "a é\n")),
-            Self.foundationEncode(Todos.Action.toggle(id: 12)),
-            Self.foundationEncode(Posts.Action.appendPosts(posts: ["a", "b"])),
-            Self.foundationEncode(Numbers.Action.fetched(numbers: [1, -20, 300])),
-            Self.foundationEncode(Todos.State(list: Todos.List(items: [Todos.Todo(id: 1, text: "x")], nextID: 2))),
-        ]
-        let alphabet = Array(#"{}[]":,.-+eE0123456789 \tnulltruefalse\u"#.utf8) + [0x00, 0x1f, 0x7f, 0xc3, 0xa9, 0xff]
-        for _ in 0..<4000 {
-            var bytes = samples[Int(random.next() % UInt64(samples.count))]
-            for _ in 0...(random.next() % 3) {
-                let position = Int(random.next() % UInt64(bytes.count + 1))
-                let byte = alphabet[Int(random.next() % UInt64(alphabet.count))]
-                switch random.next() % 3 {
-                case 0 where position < bytes.count: bytes[position] = byte
-                case 1 where position < bytes.count: bytes.remove(at: position)
-                default: bytes.insert(byte, at: position)
+    @Test func damagedBytes() async throws {
+        // Seconds of encoding and decoding: on a thread of its own, in this task, so the pool stays free.
+        try await onOwnThread {
+            var random = SplitMix64(seed: 6)
+            let samples: [[UInt8]] = try [
+                Self.foundationEncode(Counter.Action.increment),
+                Self.foundationEncode(Todos.Action.add(text: "a é\n")),
+                Self.foundationEncode(Todos.Action.toggle(id: 12)),
+                Self.foundationEncode(Posts.Action.appendPosts(posts: ["a", "b"])),
+                Self.foundationEncode(Numbers.Action.fetched(numbers: [1, -20, 300])),
+                Self.foundationEncode(Todos.State(list: Todos.List(items: [Todos.Todo(id: 1, text: "x")], nextID: 2))),
+            ]
+            let alphabet =
+                Array(#"{}[]":,.-+eE0123456789 \tnulltruefalse\u"#.utf8) + [0x00, 0x1f, 0x7f, 0xc3, 0xa9, 0xff]
+            for _ in 0..<4000 {
+                var bytes = samples[Int(random.next() % UInt64(samples.count))]
+                for _ in 0...(random.next() % 3) {
+                    let position = Int(random.next() % UInt64(bytes.count + 1))
+                    let byte = alphabet[Int(random.next() % UInt64(alphabet.count))]
+                    switch random.next() % 3 {
+                    case 0 where position < bytes.count: bytes[position] = byte
+                    case 1 where position < bytes.count: bytes.remove(at: position)
+                    default: bytes.insert(byte, at: position)
+                    }
                 }
+                Self.expectSameDecoding(Counter.Action.self, bytes)
+                Self.expectSameDecoding(Todos.Action.self, bytes)
+                Self.expectSameDecoding(Posts.Action.self, bytes)
+                Self.expectSameDecoding(Numbers.Action.self, bytes)
+                Self.expectSameDecoding(Todos.State.self, bytes)
+                Self.expectSameDecoding(JSONValue.self, bytes)
             }
-            Self.expectSameDecoding(Counter.Action.self, bytes)
-            Self.expectSameDecoding(Todos.Action.self, bytes)
-            Self.expectSameDecoding(Posts.Action.self, bytes)
-            Self.expectSameDecoding(Numbers.Action.self, bytes)
-            Self.expectSameDecoding(Todos.State.self, bytes)
-            Self.expectSameDecoding(JSONValue.self, bytes)
         }
     }
 
@@ -794,37 +807,40 @@ import Testing
     }
 
     /// Random JSON values, with names and strings drawn from a small alphabet that has escapes and non-ASCII in it.
-    @Test func randomJSONValues() throws {
-        var random = SplitMix64(seed: 7)
-        let pieces = [
-            "a", "b", "B", "", "é", "😀", "\"", "\\", "/", "\n", "\u{1}", "\u{7f}", "a10", "a9", "K", "\u{212A}",
-        ]
-        func string() -> String {
-            (0..<(random.next() % 4)).map { _ in pieces[Int(random.next() % UInt64(pieces.count))] }.joined()
-        }
-        func value(_ depth: Int) -> JSONValue {
-            switch random.next() % (depth > 3 ? 5 : 7) {
-            case 0: return .null
-            case 1: return .bool(random.next() % 2 == 0)
-            case 2: return .integer(Int64(bitPattern: random.next()) >> (random.next() % 64))
-            case 3: return .number(Double(Int64(bitPattern: random.next()) >> 20) / 1024)
-            case 4: return .string(string())
-            case 5: return .array((0..<(random.next() % 4)).map { _ in value(depth + 1) })
-            default:
-                var members: [String: JSONValue] = [:]
-                for _ in 0..<(random.next() % 5) { members[string()] = value(depth + 1) }
-                return .object(members)
+    @Test func randomJSONValues() async throws {
+        // Seconds of encoding and decoding: on a thread of its own, in this task, so the pool stays free.
+        await onOwnThread {
+            var random = SplitMix64(seed: 7)
+            let pieces = [
+                "a", "b", "B", "", "é", "😀", "\"", "\\", "/", "\n", "\u{1}", "\u{7f}", "a10", "a9", "K", "\u{212A}",
+            ]
+            func string() -> String {
+                (0..<(random.next() % 4)).map { _ in pieces[Int(random.next() % UInt64(pieces.count))] }.joined()
             }
-        }
-        for _ in 0..<2000 {
-            let sample = value(0)
-            let bytes = Self.outcome { try Self.foundationEncode(sample) }
-            #expect(Self.outcome { Array(try CanonicalEncoding.encode(sample)) } == bytes)
-            #expect(Self.outcome { try CanonicalEncoding.Coder().encode(sample) } == bytes)
-            if let canonical = try? Self.foundationEncode(sample) {
-                Self.expectSameDecoding(JSONValue.self, canonical)
-                Self.expectSameDecoding([String: JSONValue].self, canonical)
-                Self.expectSameDecoding([JSONValue].self, canonical)
+            func value(_ depth: Int) -> JSONValue {
+                switch random.next() % (depth > 3 ? 5 : 7) {
+                case 0: return .null
+                case 1: return .bool(random.next() % 2 == 0)
+                case 2: return .integer(Int64(bitPattern: random.next()) >> (random.next() % 64))
+                case 3: return .number(Double(Int64(bitPattern: random.next()) >> 20) / 1024)
+                case 4: return .string(string())
+                case 5: return .array((0..<(random.next() % 4)).map { _ in value(depth + 1) })
+                default:
+                    var members: [String: JSONValue] = [:]
+                    for _ in 0..<(random.next() % 5) { members[string()] = value(depth + 1) }
+                    return .object(members)
+                }
+            }
+            for _ in 0..<2000 {
+                let sample = value(0)
+                let bytes = Self.outcome { try Self.foundationEncode(sample) }
+                #expect(Self.outcome { Array(try CanonicalEncoding.encode(sample)) } == bytes)
+                #expect(Self.outcome { try CanonicalEncoding.Coder().encode(sample) } == bytes)
+                if let canonical = try? Self.foundationEncode(sample) {
+                    Self.expectSameDecoding(JSONValue.self, canonical)
+                    Self.expectSameDecoding([String: JSONValue].self, canonical)
+                    Self.expectSameDecoding([JSONValue].self, canonical)
+                }
             }
         }
     }

@@ -18,7 +18,7 @@ import Testing
         let input = directory.appendingPathComponent("actions.jsonl")
         try lines.joined(separator: "\n").write(to: input, atomically: true, encoding: .utf8)
 
-        let output = try runProduct("lockstep", ["run", store, "--json", "--input", input.path])
+        let output = try await runProduct("lockstep", ["run", store, "--json", "--input", input.path])
         #expect(output.status == 0, "lockstep run failed: \(output.standardError)")
         let reply = try JSONSerialization.jsonObject(with: Data(output.standardOutput.utf8)) as? [String: Any]
         #expect(reply?["store"] as? String == store)

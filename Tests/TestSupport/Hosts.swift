@@ -13,11 +13,31 @@ public func testHostsOrSkip(
     do {
         return try TestHosts(names)
     } catch let unavailable as TestHostsUnavailable {
-        if ProcessInfo.processInfo.environment["LOCKSTEP_HOSTS_REQUIRED"] == "1" {
-            Issue.record("LOCKSTEP_HOSTS_REQUIRED=1, and \(unavailable)", sourceLocation: sourceLocation)
-            return nil
-        }
-        print("SKIP: \(unavailable) -- the test at \(sourceLocation) was NOT run")
-        try Test.cancel("SKIP: \(unavailable)", sourceLocation: sourceLocation)
+        try skip(unavailable, sourceLocation: sourceLocation)
+        return nil
     }
+}
+
+/// The same, for async tests: the hosts are made on a thread of their own (`TestHosts.make`), not on one of the
+/// cooperative pool; the issue or the cancellation is recorded in the test's own task.
+public func testHostsOrSkip(
+    _ names: [String],
+    sourceLocation: SourceLocation = #_sourceLocation
+) async throws -> TestHosts? {
+    do {
+        return try await TestHosts.make(names)
+    } catch let unavailable as TestHostsUnavailable {
+        try skip(unavailable, sourceLocation: sourceLocation)
+        return nil
+    }
+}
+
+/// Records the issue (`LOCKSTEP_HOSTS_REQUIRED=1`) or prints `SKIP:` and cancels the test.
+private func skip(_ unavailable: TestHostsUnavailable, sourceLocation: SourceLocation) throws {
+    if ProcessInfo.processInfo.environment["LOCKSTEP_HOSTS_REQUIRED"] == "1" {
+        Issue.record("LOCKSTEP_HOSTS_REQUIRED=1, and \(unavailable)", sourceLocation: sourceLocation)
+        return
+    }
+    print("SKIP: \(unavailable) -- the test at \(sourceLocation) was NOT run")
+    try Test.cancel("SKIP: \(unavailable)", sourceLocation: sourceLocation)
 }

@@ -26,6 +26,16 @@ public func runProduct(_ name: String, _ arguments: [String], timeout: Duration 
     try ChildProcess(executable: productURL(name), arguments).finish(within: timeout)
 }
 
+/// The same, for async tests: the process runs and is waited for on a thread of its own (`offPool`), not on one
+/// of the cooperative pool.
+public func runProduct(
+    _ name: String,
+    _ arguments: [String],
+    timeout: Duration = .seconds(60)
+) async throws -> ProcessOutput {
+    try await offPool("runProduct") { try runProduct(name, arguments, timeout: timeout) }
+}
+
 extension ChildProcess {
     /// Starts one of this package's executables.
     public convenience init(_ name: String, _ arguments: [String]) throws {

@@ -1,3 +1,5 @@
+import Foundation
+
 /// The unit both the daemon and every replica compile in: a state, its actions, a validator and a reducer.
 ///
 /// A domain is a type, never an instance: everything about it is static, so the same code gives the same
@@ -9,6 +11,10 @@ public protocol Domain: Sendable {
     associatedtype State: Codable & Equatable & Sendable
     /// The closed set of changes, usually an enum with synthesized `Codable`.
     associatedtype Action: Codable & Sendable
+    /// What the domain asks the outside world to do — send a mail, call a payment service — as data: a closed
+    /// `Codable` enum, run by the daemon that leads (docs/effects.md). `Never` (the default) for a domain without
+    /// effects.
+    associatedtype Effect: Codable & Sendable = Never
 
     /// The store's name on the wire and in the journal. Letters, digits, `-`, `_` and `.`, at most 64 bytes.
     static var name: String { get }
@@ -23,6 +29,12 @@ public protocol Domain: Sendable {
 
     /// Applies an action that passed ``validate(_:in:)``. Total: it never fails.
     static func reduce(into state: inout State, _ action: Action)
+
+    /// What `action` sets going, given `state`, the state it left (after ``reduce(into:_:)``): effects to run, timers
+    /// to set or cancel. Pure and deterministic, as the reducer is — every process must compute the same list at the
+    /// same seq — and called only by the daemon, which journals the list with the action, in the same transaction;
+    /// replicas never call it. The default is none. docs/effects.md.
+    static func effects(of action: Action, in state: State) -> [DomainEffect<Self>]
 
     /// How this version takes over a store written by an earlier one; empty (the default) refuses such a store.
     ///
@@ -39,6 +51,13 @@ extension Domain {
 
     /// No upgrades: a store written by another version is refused.
     public static var upgrades: [DomainUpgrade<Self>] { [] }
+
+    /// No effects.
+    public static func effects(of action: Action, in state: State) -> [DomainEffect<Self>] { [] }
+
+    /// Whether the domain declares effects (an ``Effect`` type other than `Never`): a domain without them costs
+    /// the daemon nothing per action.
+    public static var hasEffects: Bool { Effect.self != Never.self }
 
     /// Whether a store written by domain version `version` can be taken over by this one: it is this version,
     /// or one of ``upgrades`` starts from it or from a version that can (each step to a higher version).
@@ -99,3 +118,20 @@ public struct DomainUpgrade<D: Domain>: Sendable {
         migrateState(state)
     }
 }
+
+/// One thing an action sets going (``Domain/effects(of:in:)``): an effect for the leading daemon to run, or a timer
+/// that sequences an action at a time, or the cancelling of one.
+public enum DomainEffect<D: Domain>: Sendable {
+    /// Run `effect` once the action is durable: the daemon hands it to the domain's handler, at least once, with
+    /// its stable id (store, seq, index) to pass on as an idempotency key; what the handler returns comes back as
+    /// actions, applied exactly once.
+    case run(D.Effect)
+    /// Sequence `action` at `due` (wall-clock time, from the action's own data: never read the clock in a domain),
+    /// under `key`: a timer with the same key is replaced. The daemon that leads dispatches it when it is due — at
+    /// once, at start, when that time passed while no daemon ran.
+    case schedule(D.Action, at: Date, key: String)
+    /// Cancel the timer set under `key`, if it has not fired.
+    case cancel(key: String)
+}
+
+extension DomainEffect: Equatable where D.Effect: Equatable, D.Action: Equatable {}

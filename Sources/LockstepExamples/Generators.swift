@@ -46,3 +46,19 @@ extension Numbers: ActionGenerating {
         }
     }
 }
+
+extension Reminders: ActionGenerating {
+    /// Mostly adds, due within a day of a fixed time (never the clock); then completions, flags and receipts of ids up
+    /// to the next one (which exists for none, so the validator refuses it now and then).
+    public static func randomAction(for state: State, using random: inout SplitMix64) -> Action {
+        let id = Int.random(in: 1...max(1, state.nextID), using: &random)
+        switch Int.random(in: 0..<10, using: &random) {
+        case 0..<3 where state.nextID > 1: return .complete(id: id)
+        case 3 where state.nextID > 1: return .flagOverdue(id: id)
+        case 4 where state.nextID > 1: return .notified(id: id, receipt: "r\(random.next() % 1_000)")
+        default:
+            let due = 1_764_200_000_000 + Int64(random.next() % 86_400_000)
+            return .add(text: "reminder \(random.next() % 1_000)", dueMilliseconds: due)
+        }
+    }
+}

@@ -6,11 +6,15 @@ public struct SequencedAction: Hashable, Sendable {
     public var seq: SequenceNumber
     /// The action's JSON, as the daemon published it.
     public var action: Frame
+    /// What the action set going (the daemon's own record, journaled with it; never on the wire): empty for a
+    /// domain without effects, and as replicas receive it.
+    public var effects: [EffectRecord]
 
-    /// The action `action` (its JSON) at `seq`.
-    public init(seq: SequenceNumber, action: Frame) {
+    /// The action `action` (its JSON) at `seq`, with the effects it set going.
+    public init(seq: SequenceNumber, action: Frame, effects: [EffectRecord] = []) {
         self.seq = seq
         self.action = action
+        self.effects = effects
     }
 }
 

@@ -86,6 +86,8 @@ public struct DomainStore<D: Domain>: SequencedStore {
             }
         }
         guard admit(canonical) else { return nil }
+        let first = lastSeq + 1
+        var effects: [[EffectRecord]] = []
         if actions.count == 1 {
             // The common case validates and reduces in place, with no copy of the state.
             do throws(Rejection) {
@@ -93,7 +95,18 @@ public struct DomainStore<D: Domain>: SequencedStore {
             } catch {
                 return .failure(.rejected(index: 0, error))
             }
-            D.reduce(into: &state, actions[0])
+            if D.hasEffects {
+                // On a copy, so a rejection for an effect that cannot be encoded changes nothing.
+                var after = state
+                D.reduce(into: &after, actions[0])
+                switch effectRecords(actions[0], in: after, seq: first, index: 0) {
+                case let .success(records): effects.append(records)
+                case let .failure(failure): return .failure(failure)
+                }
+                state = after
+            } else {
+                D.reduce(into: &state, actions[0])
+            }
         } else {
             var scratch = state
             for (index, action) in actions.enumerated() {
@@ -103,14 +116,48 @@ public struct DomainStore<D: Domain>: SequencedStore {
                     return .failure(.rejected(index: index, error))
                 }
                 D.reduce(into: &scratch, action)
+                guard D.hasEffects else { continue }
+                switch effectRecords(action, in: scratch, seq: first + SequenceNumber(index), index: index) {
+                case let .success(records): effects.append(records)
+                case let .failure(failure): return .failure(failure)
+                }
             }
             state = scratch
         }
-        let first = lastSeq + 1
         lastSeq += SequenceNumber(frames.count)
         return .success(
-            canonical.enumerated().map { SequencedAction(seq: first + SequenceNumber($0.offset), action: $0.element) }
+            canonical.enumerated().map {
+                SequencedAction(
+                    seq: first + SequenceNumber($0.offset),
+                    action: $0.element,
+                    effects: effects.isEmpty ? [] : effects[$0.offset]
+                )
+            }
         )
+    }
+
+    /// The effects `action` set going on `after`, the state it left, as records; a rejection of action `index` when
+    /// one cannot be encoded (a domain whose effect holds what JSON cannot: the action is refused, not half kept).
+    private func effectRecords(
+        _ action: D.Action,
+        in after: D.State,
+        seq: SequenceNumber,
+        index: Int
+    ) -> Result<[EffectRecord], BatchFailure> {
+        do {
+            return .success(try EffectRecord.records(of: D.effects(of: action, in: after), seq: seq, coder: coder))
+        } catch {
+            let reason = CanonicalEncoding.describe(error)
+            return .failure(
+                .rejected(
+                    index: index,
+                    Rejection(
+                        code: "unencodable_effect",
+                        "an effect of this action cannot be encoded as JSON: \(reason)"
+                    )
+                )
+            )
+        }
     }
 
     /// Applies one journaled event; throws a ``ProtocolError`` when its seq does not follow ``lastSeq``, and the

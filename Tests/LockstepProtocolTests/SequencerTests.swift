@@ -34,6 +34,55 @@ import Testing
         return try JSONDecoder().decode(Numbers.State.self, from: Data(state)).numbers
     }
 
+    /// A domain's effects are worked out with its action, on the state the action left, and travel with the
+    /// sequenced action (the daemon journals them in the same transaction); a domain without effects has none.
+    @Test func effectsAreWorkedOutOnTheStateTheActionLeft() throws {
+        var sequencer = Sequencer(stores: [try DomainStore(Reminders.self, epoch: epoch)])
+        let add = #"{"add":{"dueMilliseconds":1764234000000,"text":"call Ann"}}"#
+        let complete = #"{"complete":{"id":1}}"#
+        guard case let .commit(first) = sequencer.dispatch(try request(1, [add], store: "reminders")) else {
+            Issue.record("expected a commit")
+            return
+        }
+        #expect(
+            first.events.map(\.effects) == [
+                [
+                    EffectRecord(
+                        seq: 1,
+                        index: 0,
+                        kind: .schedule,
+                        body: Array(#"{"flagOverdue":{"id":1}}"#.utf8),
+                        key: "due-1",
+                        dueMilliseconds: 1_764_234_000_000
+                    )
+                ]
+            ]
+        )
+        // In a batch, each action's effects on the state the actions before it left.
+        guard case let .commit(batch) = sequencer.dispatch(try request(2, [add, complete], store: "reminders")) else {
+            Issue.record("expected a commit")
+            return
+        }
+        #expect(
+            batch.events.map { $0.effects.map(\.description) } == [
+                [#"schedule {"flagOverdue":{"id":2}} at 1764234000000 as "due-2""#],
+                [#"cancel "due-1""#, #"run {"notify":{"id":1,"text":"call Ann"}}"#],
+            ]
+        )
+        #expect(batch.events[1].effects.map(\.seq) == [3, 3] && batch.events[1].effects.map(\.index) == [0, 1])
+        // A rejected action sets nothing going.
+        guard case .reply(.rejected) = sequencer.dispatch(try request(3, [complete], store: "reminders")) else {
+            Issue.record("expected a rejection: reminder 1 is done")
+            return
+        }
+        var plain = try self.sequencer()
+        guard case let .commit(none) = plain.dispatch(try request(1, [#"{"add":{"number":5}}"#])) else {
+            Issue.record("expected a commit")
+            return
+        }
+        #expect(none.events.allSatisfy { $0.effects.isEmpty })
+    }
+
     @Test func acceptsAndNumbersABatchInOrder() throws {
         var sequencer = try sequencer()
         guard

@@ -36,7 +36,7 @@ import Testing
         #expect(result.status == 64)
         #expect(
             result.standardError.contains(
-                "unknown store 'cart'; this tool has the domains counter, todos, posts, numbers"
+                "unknown store 'cart'; this tool has the domains counter, todos, posts, numbers, reminders"
             )
         )
     }

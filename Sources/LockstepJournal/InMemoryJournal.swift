@@ -57,6 +57,14 @@ final class MemoryStorage: JournalStorage {
         var idempotencyOrder: [(position: UInt64, key: IdempotencyKey)] = []
         var idempotencyHead = 0
         var nextPosition: UInt64 = 1
+        /// The outbox: effects not done, and timers by store and key.
+        var effects: [JournalEffectID: JournalEffect] = [:]
+        var timers: [TimerKey: JournalTimer] = [:]
+    }
+
+    struct TimerKey: Hashable, Sendable {
+        var store: String
+        var key: String
     }
 
     let location = "memory"
@@ -222,6 +230,42 @@ final class MemoryStorage: JournalStorage {
                 state.idempotencyOrder.removeFirst(state.idempotencyHead)
                 state.idempotencyHead = 0
             }
+            Self.apply(plan.batch, to: &state)
+        }
+    }
+
+    /// The batch's outbox changes: new effects, what became of old ones, the timers set and removed, in order.
+    private static func apply(_ batch: JournalBatch, to state: inout State) {
+        for effect in batch.effects { state.effects[effect.id] = effect }
+        for update in batch.effectUpdates {
+            switch update.change {
+            case .done, .drop:
+                state.effects[update.id] = nil
+            case let .failed(attempts, error, dead):
+                state.effects[update.id]?.attempts = attempts
+                state.effects[update.id]?.lastError = error
+                state.effects[update.id]?.dead = dead
+            case .retry:
+                state.effects[update.id]?.attempts = 0
+                state.effects[update.id]?.dead = false
+            }
+        }
+        for change in batch.timerChanges {
+            switch change {
+            case let .set(timer): state.timers[TimerKey(store: timer.store, key: timer.key)] = timer
+            case let .remove(store, key): state.timers[TimerKey(store: store, key: key)] = nil
+            }
+        }
+    }
+
+    func storedOutbox() throws(JournalError) -> (
+        effects: [(JournalEffect, Int64)], timers: [(JournalTimer, Int64)]
+    ) {
+        state.withLockedValue { state in
+            let effects = state.effects.values.sorted { $0.id < $1.id }.map { ($0, Int64($0.checksum)) }
+            let timers = state.timers.values.sorted { ($0.store, $0.key) < ($1.store, $1.key) }
+                .map { ($0, Int64($0.checksum)) }
+            return (effects, timers)
         }
     }
 

@@ -112,6 +112,10 @@ public protocol Journal: AnyObject, Sendable {
     /// and (for SQLite) the file's integrity. Returns what is wrong; empty when the journal is intact.
     func verify() throws(JournalError) -> [JournalProblem]
 
+    /// The effects not done (dead letters included) and the timers not fired, each checked against its checksum: what
+    /// a daemon that takes the lead runs and fires (docs/effects.md). Empty for a journal of a format before them.
+    func outbox() throws(JournalError) -> JournalOutbox
+
     /// Releases the file. Later calls fail. Closing twice is harmless.
     func close() throws(JournalError)
 
@@ -260,16 +264,37 @@ public struct JournalBatch: Hashable, Sendable {
     public var idempotency: [IdempotencyRecord]
     /// At most one snapshot per store, at that store's last seq after the batch.
     public var snapshots: [JournalSnapshot]
+    /// Effects to run that the batch's events set going (the outbox): each of an event in this batch.
+    public var effects: [JournalEffect]
+    /// What becomes of effects already in the outbox: done (their results, if any, are in this batch), failed,
+    /// given up, sent back to be run, dropped.
+    public var effectUpdates: [JournalEffectUpdate]
+    /// Timers set, replaced and removed (cancelled, or fired by an event of this batch), in the order of the events
+    /// that did it.
+    public var timerChanges: [JournalTimerChange]
 
     /// A batch.
-    public init(events: [JournalEvent] = [], idempotency: [IdempotencyRecord] = [], snapshots: [JournalSnapshot] = []) {
+    public init(
+        events: [JournalEvent] = [],
+        idempotency: [IdempotencyRecord] = [],
+        snapshots: [JournalSnapshot] = [],
+        effects: [JournalEffect] = [],
+        effectUpdates: [JournalEffectUpdate] = [],
+        timerChanges: [JournalTimerChange] = []
+    ) {
         self.events = events
         self.idempotency = idempotency
         self.snapshots = snapshots
+        self.effects = effects
+        self.effectUpdates = effectUpdates
+        self.timerChanges = timerChanges
     }
 
     /// True when there is nothing to write.
-    public var isEmpty: Bool { events.isEmpty && idempotency.isEmpty && snapshots.isEmpty }
+    public var isEmpty: Bool {
+        events.isEmpty && idempotency.isEmpty && snapshots.isEmpty && effects.isEmpty && effectUpdates.isEmpty
+            && timerChanges.isEmpty
+    }
 
     /// The last seq of `store` in this batch, if it has events of that store.
     public func lastSeq(of store: String) -> UInt64? {
@@ -408,5 +433,169 @@ public struct JournalProblem: Hashable, Sendable, CustomStringConvertible {
         if let store { text += "store \(store)" }
         if let seq { text += (text.isEmpty ? "" : ", ") + "seq \(seq)" }
         return (text.isEmpty ? "" : text + ": ") + message + " [\(code)]"
+    }
+}
+
+/// An effect to run, journaled in the same transaction as the action that set it going (docs/effects.md): the
+/// outbox. Its stable id is (store, seq, index), which its handler passes on as an idempotency key.
+public struct JournalEffect: Hashable, Sendable {
+    /// The store of the action that set it going.
+    public var store: String
+    /// That action's seq.
+    public var seq: UInt64
+    /// Its index in that action's effects, from 0.
+    public var index: Int
+    /// The effect's canonical JSON.
+    public var body: [UInt8]
+    /// How many times a handler ran it and failed.
+    public var attempts: Int
+    /// The last failure, when there was one.
+    public var lastError: String?
+    /// Given up after its tries: a dead letter, kept and shown until it is sent back (retried) or dropped.
+    public var dead: Bool
+
+    /// An effect, not yet run unless `attempts` says otherwise.
+    public init(
+        store: String,
+        seq: UInt64,
+        index: Int,
+        body: [UInt8],
+        attempts: Int = 0,
+        lastError: String? = nil,
+        dead: Bool = false
+    ) {
+        self.store = store
+        self.seq = seq
+        self.index = index
+        self.body = body
+        self.attempts = attempts
+        self.lastError = lastError
+        self.dead = dead
+    }
+
+    /// Its stable id.
+    public var id: JournalEffectID { JournalEffectID(store: store, seq: seq, index: index) }
+
+    /// A CRC-32C of its store, seq, index and body, stored beside it and checked when it is read back.
+    public var checksum: UInt32 {
+        var crc = CRC32C()
+        let name = Array(store.utf8)
+        crc.update(bigEndian: UInt32(truncatingIfNeeded: name.count))
+        crc.update(name)
+        crc.update(bigEndian: seq)
+        crc.update(bigEndian: UInt64(truncatingIfNeeded: index))
+        crc.update(bigEndian: UInt32(truncatingIfNeeded: body.count))
+        crc.update(body)
+        return crc.value
+    }
+}
+
+/// An effect's stable id: the store, seq and index of the action's effect that it is.
+public struct JournalEffectID: Hashable, Sendable, Comparable, CustomStringConvertible {
+    public var store: String
+    public var seq: UInt64
+    public var index: Int
+
+    /// The id of effect `index` of the action at `seq` of `store`.
+    public init(store: String, seq: UInt64, index: Int) {
+        self.store = store
+        self.seq = seq
+        self.index = index
+    }
+
+    /// `todos/12/0`.
+    public var description: String { "\(store)/\(seq)/\(index)" }
+
+    public static func < (left: Self, right: Self) -> Bool {
+        (left.store, left.seq, left.index) < (right.store, right.seq, right.index)
+    }
+}
+
+/// What becomes of an effect in the outbox.
+public struct JournalEffectUpdate: Hashable, Sendable {
+    /// The change.
+    public enum Change: Hashable, Sendable {
+        /// It ran, and what it returned is in the same batch: it leaves the outbox.
+        case done
+        /// It ran and failed for the `attempts`-th time with `error`; `dead` when it is given up.
+        case failed(attempts: Int, error: String, dead: Bool)
+        /// A dead letter sent back to be run: its tries start again.
+        case retry
+        /// Removed without running (by hand).
+        case drop
+    }
+
+    /// Which effect.
+    public var id: JournalEffectID
+    /// What becomes of it.
+    public var change: Change
+
+    /// Effect `id` changes as `change` says.
+    public init(_ id: JournalEffectID, _ change: Change) {
+        self.id = id
+        self.change = change
+    }
+}
+
+/// A timer: an action to sequence at a time, set by an action's effect (docs/effects.md).
+public struct JournalTimer: Hashable, Sendable {
+    /// Its store.
+    public var store: String
+    /// Its key: setting a timer of the same key replaces it; cancelling the key removes it.
+    public var key: String
+    /// When it is due, in milliseconds since 1970.
+    public var dueMilliseconds: Int64
+    /// The action's canonical JSON.
+    public var action: [UInt8]
+    /// The seq of the action whose effect set it.
+    public var seq: UInt64
+    /// That effect's index: with the store and seq, the timer's stable id (its firing's idempotency key).
+    public var index: Int
+
+    /// A timer of `store` under `key`, due at `dueMilliseconds`, set by effect `index` of the action at `seq`.
+    public init(store: String, key: String, dueMilliseconds: Int64, action: [UInt8], seq: UInt64, index: Int) {
+        self.store = store
+        self.key = key
+        self.dueMilliseconds = dueMilliseconds
+        self.action = action
+        self.seq = seq
+        self.index = index
+    }
+
+    /// A CRC-32C of every field, stored beside it and checked when it is read back.
+    public var checksum: UInt32 {
+        var crc = CRC32C()
+        for text in [store, key] {
+            let bytes = Array(text.utf8)
+            crc.update(bigEndian: UInt32(truncatingIfNeeded: bytes.count))
+            crc.update(bytes)
+        }
+        crc.update(bigEndian: UInt64(bitPattern: dueMilliseconds))
+        crc.update(bigEndian: UInt32(truncatingIfNeeded: action.count))
+        crc.update(action)
+        crc.update(bigEndian: seq)
+        crc.update(bigEndian: UInt64(truncatingIfNeeded: index))
+        return crc.value
+    }
+}
+
+/// A change to the timers.
+public enum JournalTimerChange: Hashable, Sendable {
+    /// Set (or replace) the timer of its store and key.
+    case set(JournalTimer)
+    /// Remove the timer of `store` under `key` (cancelled, or fired in the same batch).
+    case remove(store: String, key: String)
+}
+
+/// What the outbox holds: the effects not done (dead letters included) and the timers not fired, each in its id's
+/// order.
+public struct JournalOutbox: Hashable, Sendable {
+    public var effects: [JournalEffect]
+    public var timers: [JournalTimer]
+
+    /// An outbox holding these.
+    public init(effects: [JournalEffect] = [], timers: [JournalTimer] = []) {
+        self.effects = effects
+        self.timers = timers
     }
 }

@@ -103,6 +103,9 @@ protocol JournalStorage: Sendable {
     func fileBytes() -> Int64?
     /// What the storage itself finds damaged (SQLite's integrity check); empty when intact.
     func integrityProblems() throws(JournalError) -> [String]
+    /// The effects not done and the timers not fired, with their stored checksums (not yet compared), each in id
+    /// order; nothing when the journal's format has no outbox.
+    func storedOutbox() throws(JournalError) -> (effects: [(JournalEffect, Int64)], timers: [(JournalTimer, Int64)])
     func close() throws(JournalError)
 }
 
@@ -202,6 +205,11 @@ extension EngineJournal {
     /// ``Journal/verify()``.
     public func verify() throws(JournalError) -> [JournalProblem] {
         try engine.verify()
+    }
+
+    /// The effects not done and the timers not fired, each checked; see ``Journal/outbox()``.
+    public func outbox() throws(JournalError) -> JournalOutbox {
+        try engine.outbox()
     }
 }
 
@@ -601,6 +609,34 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
             next[snapshot.store] = store
         }
 
+        // An effect is journaled with the action that set it going: its event must be in this very batch.
+        let eventSeqs = Set(batch.events.map { "\($0.store)/\($0.seq)" })
+        for effect in batch.effects where !eventSeqs.contains("\(effect.store)/\(effect.seq)") {
+            throw error(
+                .invalidBatch,
+                operation,
+                store: effect.store,
+                seq: effect.seq,
+                "effect \(effect.index) of seq \(effect.seq) is not of an event in the batch; an effect is journaled "
+                    + "with the action that set it going"
+            )
+        }
+        for change in batch.timerChanges {
+            let store: String
+            switch change {
+            case let .set(timer): store = timer.store
+            case let .remove(name, _): store = name
+            }
+            guard next[store] != nil else {
+                throw error(
+                    .unknownStore,
+                    operation,
+                    store: store,
+                    "the batch changes a timer of store '\(store)', which was not recovered; call recover(_:) first"
+                )
+            }
+        }
+
         for record in batch.idempotency where record.key.clientID.count != 16 {
             throw error(
                 .invalidBatch,
@@ -613,6 +649,32 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
         try storage.write(plan)
         // Nothing else changes the tracking while the write lock is held, so `next` is the whole truth.
         tracking.withLockedValue { $0 = next }
+    }
+
+    /// The outbox, every effect and timer checked against its stored checksum.
+    func outbox() throws(JournalError) -> JournalOutbox {
+        let (effects, timers) = try storage.storedOutbox()
+        for (effect, stored) in effects where stored != Int64(effect.checksum) {
+            throw error(
+                .checksumMismatch,
+                "outbox",
+                store: effect.store,
+                seq: effect.seq,
+                "effect \(effect.index) of seq \(effect.seq) has CRC-32C \(effect.checksum), the stored checksum is "
+                    + "\(stored): the outbox is damaged; restore the journal from a backup"
+            )
+        }
+        for (timer, stored) in timers where stored != Int64(timer.checksum) {
+            throw error(
+                .checksumMismatch,
+                "outbox",
+                store: timer.store,
+                seq: timer.seq,
+                "timer '\(timer.key)' has CRC-32C \(timer.checksum), the stored checksum is \(stored): the outbox is "
+                    + "damaged; restore the journal from a backup"
+            )
+        }
+        return JournalOutbox(effects: effects.map(\.0), timers: timers.map(\.0))
     }
 
     func snapshotDue(store: String, pendingEvents: Int, pendingBytes: Int) -> Bool {
@@ -793,6 +855,27 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
 
     func verify() throws(JournalError) -> [JournalProblem] {
         var problems = try storage.integrityProblems().map { JournalProblem(code: .corrupt, message: $0) }
+        let (effects, timers) = try storage.storedOutbox()
+        for (effect, stored) in effects where stored != Int64(effect.checksum) {
+            problems.append(
+                JournalProblem(
+                    code: .checksumMismatch,
+                    store: effect.store,
+                    seq: effect.seq,
+                    message: "effect \(effect.index) (outbox) has CRC-32C \(effect.checksum), stored checksum is \(stored)"
+                )
+            )
+        }
+        for (timer, stored) in timers where stored != Int64(timer.checksum) {
+            problems.append(
+                JournalProblem(
+                    code: .checksumMismatch,
+                    store: timer.store,
+                    seq: timer.seq,
+                    message: "timer '\(timer.key)' has CRC-32C \(timer.checksum), stored checksum is \(stored)"
+                )
+            )
+        }
         for record in try storage.storeRecords().sorted(by: { $0.name < $1.name }) {
             let name = record.name
             let snapshotSeqs = try storage.snapshotSeqs(store: name)

@@ -13,7 +13,7 @@ import Lockstep
 public final class PostgresJournal: EngineJournal {
     /// The format this build writes and reads: 2 added the lease. A database of format 1 is upgraded when opened
     /// for writing (once no daemon of an earlier build holds it); one of another format is refused.
-    public static let formatVersion = 2
+    public static let formatVersion = 3
 
     let engine: JournalEngine<PostgresStorage>
     private var storage: PostgresStorage { engine.storage }
@@ -190,7 +190,8 @@ final class PostgresStorage: JournalStorage {
     static let openLockKey: Int64 = 0x4C4B_534F
 
     static let tableNames = [
-        "journal_format", "stores", "events", "snapshots", "idempotency", "store_versions", "leadership",
+        "journal_format", "stores", "events", "snapshots", "idempotency", "store_versions", "leadership", "effects",
+        "timers",
     ]
 
     static let schema = """
@@ -232,7 +233,33 @@ final class PostgresStorage: JournalStorage {
             since_seq bigint NOT NULL,
             PRIMARY KEY (store, version)
         );
-        """ + LeaseStatement.table
+        """ + LeaseStatement.table + outboxTables
+
+    /// The outbox (format 3, docs/effects.md): effects to run, journaled with their action, and the timers not
+    /// fired, each with a CRC-32C checked when it is read back.
+    static let outboxTables = """
+        CREATE TABLE IF NOT EXISTS effects (
+            store text NOT NULL REFERENCES stores (name),
+            seq bigint NOT NULL,
+            idx bigint NOT NULL,
+            body bytea NOT NULL,
+            attempts bigint NOT NULL,
+            last_error text NOT NULL,
+            dead bigint NOT NULL,
+            checksum bigint NOT NULL,
+            PRIMARY KEY (store, seq, idx)
+        );
+        CREATE TABLE IF NOT EXISTS timers (
+            store text NOT NULL REFERENCES stores (name),
+            key text NOT NULL,
+            due_ms bigint NOT NULL,
+            action bytea NOT NULL,
+            seq bigint NOT NULL,
+            idx bigint NOT NULL,
+            checksum bigint NOT NULL,
+            PRIMARY KEY (store, key)
+        );
+        """
 
     /// The statements of the commit path, prepared once per writer session.
     enum Statement {
@@ -362,8 +389,8 @@ final class PostgresStorage: JournalStorage {
                 )
             }
             try session.execute("COMMIT")
-            if found == 1, !readOnly {
-                try Self.upgradeFromFormat1(session, location: location)
+            if let old = found, (1..<PostgresJournal.formatVersion).contains(old), !readOnly {
+                try Self.upgrade(session, location: location)
                 found = PostgresJournal.formatVersion
             }
         } catch let error as JournalError {
@@ -373,8 +400,9 @@ final class PostgresStorage: JournalStorage {
             session.close()
             throw Self.map(error, location: location, operation: "open")
         }
-        // Format 1 is format 2 without the lease: a read-only open reads it as it is.
-        guard found == PostgresJournal.formatVersion || (readOnly && found == 1) else {
+        // Format 1 is format 2 without the lease, format 2 format 3 without the outbox: a read-only open reads them
+        // as they are.
+        guard found == PostgresJournal.formatVersion || (readOnly && (found == 1 || found == 2)) else {
             session.close()
             throw fail(
                 .formatVersionMismatch,
@@ -383,7 +411,7 @@ final class PostgresStorage: JournalStorage {
                     + "daemon another database to start afresh"
             )
         }
-        formatVersion = PostgresJournal.formatVersion
+        formatVersion = found ?? PostgresJournal.formatVersion
         if readOnly {
             writer = nil
             readers.withLockedValue { $0.append(session) }
@@ -426,7 +454,7 @@ final class PostgresStorage: JournalStorage {
     /// a daemon of that build holds while it writes: with one running, the upgrade is refused with
     /// ``JournalError/Code/inUse``, since that daemon would write unfenced beside a leader. A daemon of that build
     /// started later refuses the journal (format 2).
-    private static func upgradeFromFormat1(_ session: PostgresConnection, location: String) throws {
+    private static func upgrade(_ session: PostgresConnection, location: String) throws {
         try takeWriterLock(session, location: location)
         defer {
             _ = try? session.execute(
@@ -440,6 +468,10 @@ final class PostgresStorage: JournalStorage {
             if version == 1 {
                 try session.executeScript(LeaseStatement.table)
                 try session.execute("UPDATE journal_format SET version = $1", [.int64(2)])
+            }
+            if version == 1 || version == 2 {
+                try session.executeScript(outboxTables)
+                try session.execute("UPDATE journal_format SET version = $1", [.int64(3)])
             }
             try session.execute("COMMIT")
         } catch {
@@ -991,7 +1023,7 @@ final class PostgresStorage: JournalStorage {
     /// pipeline that runs them.
     func write(_ plan: CommitPlan) throws(JournalError) {
         try withWriter("commit") { session in
-            try fencedTransaction(session, operation: "commit", try writes(plan, on: session))
+            try fencedTransaction(session, operation: "commit", try writes(plan, on: session) + outboxWrites(plan.batch))
         }
     }
 
@@ -1057,6 +1089,109 @@ final class PostgresStorage: JournalStorage {
         }
         statements.append(.prepared(Statement.trimIdempotency.0, [.int64(Int64(plan.idempotencyKept))]))
         return statements
+    }
+
+    /// The statements that write the batch's outbox changes, in the same transaction as its events.
+    private func outboxWrites(_ batch: JournalBatch) -> [PostgresStatement] {
+        var statements: [PostgresStatement] = []
+        for effect in batch.effects {
+            statements.append(
+                .sql(
+                    """
+                    INSERT INTO effects (store, seq, idx, body, attempts, last_error, dead, checksum)
+                    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                    """,
+                    [
+                        .text(effect.store), .int64(Int64(effect.seq)), .int64(Int64(effect.index)),
+                        .bytes(effect.body), .int64(Int64(effect.attempts)), .text(effect.lastError ?? ""),
+                        .int64(effect.dead ? 1 : 0), .int64(Int64(effect.checksum)),
+                    ]
+                )
+            )
+        }
+        for update in batch.effectUpdates {
+            let id: [PostgresValue] = [.text(update.id.store), .int64(Int64(update.id.seq)), .int64(Int64(update.id.index))]
+            let sql: String
+            var values = id
+            switch update.change {
+            case .done, .drop:
+                sql = "DELETE FROM effects WHERE store = $1 AND seq = $2 AND idx = $3"
+            case let .failed(attempts, error, dead):
+                sql = "UPDATE effects SET attempts = $4, last_error = $5, dead = $6 WHERE store = $1 AND seq = $2 AND idx = $3"
+                values += [.int64(Int64(attempts)), .text(error), .int64(dead ? 1 : 0)]
+            case .retry:
+                sql = "UPDATE effects SET attempts = 0, dead = 0 WHERE store = $1 AND seq = $2 AND idx = $3"
+            }
+            statements.append(.sql(sql, values))
+        }
+        for change in batch.timerChanges {
+            switch change {
+            case let .set(timer):
+                statements.append(
+                    .sql(
+                        """
+                        INSERT INTO timers (store, key, due_ms, action, seq, idx, checksum)
+                        VALUES ($1, $2, $3, $4, $5, $6, $7)
+                        ON CONFLICT (store, key) DO UPDATE SET due_ms = excluded.due_ms, action = excluded.action,
+                            seq = excluded.seq, idx = excluded.idx, checksum = excluded.checksum
+                        """,
+                        [
+                            .text(timer.store), .text(timer.key), .int64(timer.dueMilliseconds), .bytes(timer.action),
+                            .int64(Int64(timer.seq)), .int64(Int64(timer.index)), .int64(Int64(timer.checksum)),
+                        ]
+                    )
+                )
+            case let .remove(store, key):
+                statements.append(.sql("DELETE FROM timers WHERE store = $1 AND key = $2", [.text(store), .text(key)]))
+            }
+        }
+        return statements
+    }
+
+    func storedOutbox() throws(JournalError) -> (
+        effects: [(JournalEffect, Int64)], timers: [(JournalTimer, Int64)]
+    ) {
+        guard formatVersion >= 3 else { return ([], []) }
+        let operation = "read outbox"
+        let (effectRows, timerRows) = try withReader(operation) { session in
+            (
+                try session.execute(
+                    """
+                    SELECT store, seq, idx, body, attempts, last_error, dead, checksum FROM effects
+                    ORDER BY store, seq, idx
+                    """
+                ),
+                try session.execute(
+                    "SELECT store, key, due_ms, action, seq, idx, checksum FROM timers ORDER BY store, key"
+                )
+            )
+        }
+        var effects: [(JournalEffect, Int64)] = []
+        for row in 0..<effectRows.count {
+            let effect = JournalEffect(
+                store: effectRows.text(row, 0) ?? "",
+                seq: UInt64(max(try int64(effectRows, row, 1, operation, nil), 0)),
+                index: Int(try int64(effectRows, row, 2, operation, nil)),
+                body: effectRows.bytes(row, 3) ?? [],
+                attempts: Int(try int64(effectRows, row, 4, operation, nil)),
+                lastError: effectRows.text(row, 5).flatMap { $0.isEmpty ? nil : $0 },
+                dead: try int64(effectRows, row, 6, operation, nil) != 0
+            )
+            effects.append((effect, try int64(effectRows, row, 7, operation, nil)))
+        }
+        var timers: [(JournalTimer, Int64)] = []
+        for row in 0..<timerRows.count {
+            let timer = JournalTimer(
+                store: timerRows.text(row, 0) ?? "",
+                key: timerRows.text(row, 1) ?? "",
+                dueMilliseconds: try int64(timerRows, row, 2, operation, nil),
+                action: timerRows.bytes(row, 3) ?? [],
+                seq: UInt64(max(try int64(timerRows, row, 4, operation, nil), 0)),
+                index: Int(try int64(timerRows, row, 5, operation, nil))
+            )
+            timers.append((timer, try int64(timerRows, row, 6, operation, nil)))
+        }
+        return (effects, timers)
     }
 
     /// The statements that write `rows`, ``Statement/rowsPerStatement`` at a time, each the statement `sql` makes

@@ -17,7 +17,7 @@ public final class SQLiteJournal: EngineJournal {
     /// The journal's file name inside the data directory.
     public static let fileName = "journal.sqlite"
     /// The format this build writes and reads. A journal of another format is refused when opened.
-    public static let formatVersion = 3
+    public static let formatVersion = 4
 
     let engine: JournalEngine<SQLiteStorage>
     private var storage: SQLiteStorage { engine.storage }
@@ -124,6 +124,39 @@ final class SQLiteStorage: JournalStorage {
         );
         CREATE TABLE idempotency \(idempotencyColumns);
         CREATE TABLE store_versions \(storeVersionColumns);
+        \(outboxTables)
+        """
+
+    /// The outbox (format 4, docs/effects.md): effects to run, journaled with their action, and the timers not
+    /// fired, each with a CRC-32C checked when it is read back.
+    static let outboxTables = """
+        CREATE TABLE IF NOT EXISTS effects (
+            store TEXT NOT NULL REFERENCES stores (name),
+            seq INTEGER NOT NULL,
+            idx INTEGER NOT NULL,
+            body BLOB NOT NULL,
+            attempts INTEGER NOT NULL,
+            last_error TEXT,
+            dead INTEGER NOT NULL,
+            checksum INTEGER NOT NULL,
+            PRIMARY KEY (store, seq, idx)
+        ) WITHOUT ROWID;
+        CREATE TABLE IF NOT EXISTS timers (
+            store TEXT NOT NULL REFERENCES stores (name),
+            key TEXT NOT NULL,
+            due_ms INTEGER NOT NULL,
+            action BLOB NOT NULL,
+            seq INTEGER NOT NULL,
+            idx INTEGER NOT NULL,
+            checksum INTEGER NOT NULL,
+            PRIMARY KEY (store, key)
+        ) WITHOUT ROWID;
+        """
+
+    /// Format 4 adds the outbox; a format 3 journal opened read-write gains its two tables in one transaction.
+    static let migrationFrom3 = """
+        \(outboxTables)
+        UPDATE journal_format SET version = 4;
         """
 
     /// Which domain version wrote each part of a store: `version` wrote its events after `since_seq`.
@@ -232,6 +265,7 @@ final class SQLiteStorage: JournalStorage {
                         let version = try Int.fetchOne(db, sql: "SELECT version FROM journal_format")
                         if version == 1, !readOnly { try db.execute(sql: Self.migrationFrom1) }
                         if version == 1 || version == 2, !readOnly { try db.execute(sql: Self.migrationFrom2) }
+                        if (1...3).contains(version ?? 0), !readOnly { try db.execute(sql: Self.migrationFrom3) }
                         return .commit
                     }
                     guard tables.isEmpty, !readOnly else { return .commit }
@@ -258,9 +292,9 @@ final class SQLiteStorage: JournalStorage {
                     + "the daemon at another data directory"
             )
         }
-        // A format 1 or 2 journal opened read-only reads the same: its index may be ordered the old way, and
-        // each store's one version is the one `stores` names.
-        guard found == SQLiteJournal.formatVersion || ((1...2).contains(found) && readOnly) else {
+        // A format 1, 2 or 3 journal opened read-only reads the same: its index may be ordered the old way, each
+        // store's one version is the one `stores` names (1, 2), and its outbox is empty (1, 2, 3).
+        guard found == SQLiteJournal.formatVersion || ((1...3).contains(found) && readOnly) else {
             try? queue.close()
             throw JournalError(
                 code: .formatVersionMismatch,
@@ -741,6 +775,11 @@ final class SQLiteStorage: JournalStorage {
     }
 
     private func write(_ plan: CommitPlan, in db: Database) throws {
+        try writeRows(plan, in: db)
+        try writeOutbox(plan.batch, in: db)
+    }
+
+    private func writeRows(_ plan: CommitPlan, in db: Database) throws {
         if !plan.batch.events.isEmpty {
             let insert = try db.cachedStatement(
                 sql: """
@@ -818,6 +857,118 @@ final class SQLiteStorage: JournalStorage {
         try Self.step(trim, in: db) { $0.int64(Int64(plan.idempotencyKept), at: 1) }
     }
 
+    /// The batch's outbox changes, in the same transaction as its events.
+    private func writeOutbox(_ batch: JournalBatch, in db: Database) throws {
+        if !batch.effects.isEmpty {
+            let insert = try db.cachedStatement(
+                sql: """
+                    INSERT INTO effects (store, seq, idx, body, attempts, last_error, dead, checksum)
+                    VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+                    """
+            )
+            for effect in batch.effects {
+                try Self.step(insert, in: db) { values in
+                    values.text(effect.store, at: 1)
+                    values.int64(Int64(effect.seq), at: 2)
+                    values.int64(Int64(effect.index), at: 3)
+                    values.blob(effect.body, at: 4)
+                    values.int64(Int64(effect.attempts), at: 5)
+                    values.optionalText(effect.lastError, at: 6)
+                    values.int64(effect.dead ? 1 : 0, at: 7)
+                    values.int64(Int64(effect.checksum), at: 8)
+                }
+            }
+        }
+        for update in batch.effectUpdates {
+            let sql: String
+            switch update.change {
+            case .done, .drop: sql = "DELETE FROM effects WHERE store = ?1 AND seq = ?2 AND idx = ?3"
+            case .failed:
+                sql = "UPDATE effects SET attempts = ?4, last_error = ?5, dead = ?6 WHERE store = ?1 AND seq = ?2 AND idx = ?3"
+            case .retry: sql = "UPDATE effects SET attempts = 0, dead = 0 WHERE store = ?1 AND seq = ?2 AND idx = ?3"
+            }
+            try Self.step(try db.cachedStatement(sql: sql), in: db) { values in
+                values.text(update.id.store, at: 1)
+                values.int64(Int64(update.id.seq), at: 2)
+                values.int64(Int64(update.id.index), at: 3)
+                if case let .failed(attempts, error, dead) = update.change {
+                    values.int64(Int64(attempts), at: 4)
+                    values.text(error, at: 5)
+                    values.int64(dead ? 1 : 0, at: 6)
+                }
+            }
+        }
+        for change in batch.timerChanges {
+            switch change {
+            case let .set(timer):
+                let upsert = try db.cachedStatement(
+                    sql: """
+                        INSERT OR REPLACE INTO timers (store, key, due_ms, action, seq, idx, checksum)
+                        VALUES (?, ?, ?, ?, ?, ?, ?)
+                        """
+                )
+                try Self.step(upsert, in: db) { values in
+                    values.text(timer.store, at: 1)
+                    values.text(timer.key, at: 2)
+                    values.int64(timer.dueMilliseconds, at: 3)
+                    values.blob(timer.action, at: 4)
+                    values.int64(Int64(timer.seq), at: 5)
+                    values.int64(Int64(timer.index), at: 6)
+                    values.int64(Int64(timer.checksum), at: 7)
+                }
+            case let .remove(store, key):
+                let delete = try db.cachedStatement(sql: "DELETE FROM timers WHERE store = ? AND key = ?")
+                try Self.step(delete, in: db) { values in
+                    values.text(store, at: 1)
+                    values.text(key, at: 2)
+                }
+            }
+        }
+    }
+
+    func storedOutbox() throws(JournalError) -> (
+        effects: [(JournalEffect, Int64)], timers: [(JournalTimer, Int64)]
+    ) {
+        guard formatVersion >= 4 else { return ([], []) }
+        return try run("outbox") {
+            try queue.read { db in
+                let effects = try Row.fetchAll(
+                    db,
+                    sql: """
+                        SELECT store, seq, idx, body, attempts, last_error, dead, checksum FROM effects
+                        ORDER BY store, seq, idx
+                        """
+                ).map { row in
+                    let effect = JournalEffect(
+                        store: row[0],
+                        seq: UInt64(max(row[1] as Int64, 0)),
+                        index: Int(row[2] as Int64),
+                        body: Array((row[3] as Data?) ?? Data()),
+                        attempts: Int(row[4] as Int64),
+                        lastError: row[5],
+                        dead: (row[6] as Int64) != 0
+                    )
+                    return (effect, row[7] as Int64)
+                }
+                let timers = try Row.fetchAll(
+                    db,
+                    sql: "SELECT store, key, due_ms, action, seq, idx, checksum FROM timers ORDER BY store, key"
+                ).map { row in
+                    let timer = JournalTimer(
+                        store: row[0],
+                        key: row[1],
+                        dueMilliseconds: row[2],
+                        action: Array((row[3] as Data?) ?? Data()),
+                        seq: UInt64(max(row[4] as Int64, 0)),
+                        index: Int(row[5] as Int64)
+                    )
+                    return (timer, row[6] as Int64)
+                }
+                return (effects, timers)
+            }
+        }
+    }
+
     /// Runs `statement` once with the values `bind` sets: every C call of the commit path goes through here, and
     /// every one's result is checked. A failure (a bind SQLite refused, a step that did not finish) becomes GRDB's
     /// `DatabaseError`, which ``map(_:file:operation:store:)`` explains.
@@ -864,6 +1015,11 @@ final class SQLiteStorage: JournalStorage {
 
         mutating func text(_ text: String, at index: Int32) {
             check(sqlite3_bind_text(handle, index, text, -1, transient), index)
+        }
+
+        mutating func optionalText(_ text: String?, at index: Int32) {
+            guard let text else { return check(sqlite3_bind_null(handle, index), index) }
+            self.text(text, at: index)
         }
 
         private mutating func check(_ result: Int32, _ index: Int32) {

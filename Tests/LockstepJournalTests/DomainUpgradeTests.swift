@@ -191,7 +191,7 @@ import Testing
         )
         try reader.close()
         let writer = try SQLiteJournal(directory: fixture.dataDirectory)
-        #expect(try writer.stats().formatVersion == 3)
+        #expect(try writer.stats().formatVersion == SQLiteJournal.formatVersion)
         #expect(try writer.recover(ShelfV2.self).upgradedFrom == 1)
         #expect(try writer.stats().stores.first?.versions.map(\.version) == [1, 2])
         try writer.close()

@@ -378,7 +378,7 @@ import Testing
         #expect(try upgraded.recover(Counter.self).lastSeq == 3)
         #expect(
             try PostgresJournal.execute("SELECT version::text FROM journal_format", connection: fixture.connection!)
-                == ["2"]
+                == ["\(PostgresJournal.formatVersion)"]
         )
         #expect((upgraded as? PostgresJournal)?.leaseTerm == 1)
         try upgraded.close()

@@ -126,7 +126,8 @@ import Glibc
         #expect(try writer.recover(Counter.self).lastSeq == 3)
         #expect(try writer.idempotencyRecords() == records)
         #expect(
-            try await writer.databaseQueue.read { try Int.fetchOne($0, sql: "SELECT version FROM journal_format") } == 3
+            try await writer.databaseQueue.read { try Int.fetchOne($0, sql: "SELECT version FROM journal_format") }
+                == SQLiteJournal.formatVersion
         )
         #expect(
             try writer.stats().stores.map(\.versions) == [

@@ -75,7 +75,11 @@ import Glibc
 
     /// The daemon's STATUS once its role is `role` and it knows who leads, polled for at most `timeout`; `nil` if it
     /// never was.
-    func status(_ daemon: DaemonProcess, role: DaemonStatus.Role, within timeout: Duration) async throws -> DaemonStatus? {
+    func status(
+        _ daemon: DaemonProcess,
+        role: DaemonStatus.Role,
+        within timeout: Duration
+    ) async throws -> DaemonStatus? {
         var found: DaemonStatus?
         let seen = try await eventually(within: timeout, every: .milliseconds(50)) {
             found = await daemon.status()
@@ -84,16 +88,23 @@ import Glibc
         return seen ? found : nil
     }
 
-    /// Daemon a of `pair`, leading, and a client of it whose increments 1...3 it committed; `nil` with an issue
-    /// recorded when one was not.
-    func leaderWithThreeIncrements(_ pair: Pair, _ context: Context) async throws -> (DaemonProcess, Client)? {
+    /// Daemon a of `pair`, leading, and a client of it whose increments 1...3 it committed at seqs 1...3; it throws,
+    /// with an issue recorded, when one was not.
+    func leaderWithThreeIncrements(_ pair: Pair, _ context: Context) async throws -> (DaemonProcess, Client) {
         let a = try pair.daemon(0)
         try await a.waitUntilServing()
         let client = try Client(context, endpoint: a.command)
-        for number: UInt64 in 1...3 {
-            guard try await increment(client, number, a) == number else { return nil }
-        }
+        try await increments(client, 1...3, a)
         return (a, client)
+    }
+
+    /// Dispatches the increments numbered `numbers` one by one, each of which must be committed at the seq of its
+    /// number; it throws, with an issue recorded, at the first that is not.
+    func increments(_ client: Client, _ numbers: ClosedRange<UInt64>, _ daemon: DaemonProcess) async throws {
+        for number in numbers {
+            let seq = try await increment(client, number, daemon)
+            try #require(seq == number, "dispatch \(number) was committed at seq \(String(describing: seq))")
+        }
     }
 
     /// Dispatches an increment numbered `number` and returns its seq, or `nil` with an issue recorded; the client
@@ -144,9 +155,7 @@ import Glibc
         #expect(stats.standardOutput.contains("role     standby as b (leader a, term 1)"), "\(stats.standardOutput)")
 
         let client = try Client(context, endpoint: a.command)
-        for number: UInt64 in 1...20 {
-            guard try await increment(client, number, a) == number else { return }
-        }
+        try await increments(client, 1...20, a)
         a.kill()
         let killed = ContinuousClock.now
         // Timed on a thread of its own, without an await between the polls: an async wait can sit for many seconds
@@ -231,9 +240,7 @@ import Glibc
         let b = try pair.daemon(1)
         try #require(try await status(b, role: "standby", within: .seconds(20)) != nil, "log:\n\(b.output)")
         let client = try Client(context, endpoint: a.command)
-        for number: UInt64 in 1...3 {
-            guard try await increment(client, number, a) == number else { return }
-        }
+        try await increments(client, 1...3, a)
         try PostgresJournal.execute(
             """
             INSERT INTO idempotency (position, client_id, request_number, fingerprint, reply)
@@ -268,7 +275,7 @@ import Glibc
     @Test func aLeaderWhoseCommitFailedRecoversAndLeadsOn() async throws {
         let pair = try await Pair()
         let context = try Context()
-        guard let (a, client) = try await leaderWithThreeIncrements(pair, context) else { return }
+        let (a, client) = try await leaderWithThreeIncrements(pair, context)
         for sql in [
             "CREATE TABLE refuse_commits (x int)",
             """
@@ -307,7 +314,7 @@ import Glibc
     @Test func aLoneLeaderPausedForMostOfItsLeaseAnswersOnceItHasRenewedIt() async throws {
         let pair = try await Pair()
         let context = try Context()
-        guard let (a, client) = try await leaderWithThreeIncrements(pair, context) else { return }
+        let (a, client) = try await leaderWithThreeIncrements(pair, context)
         a.signal(SIGSTOP)
         try await Task.sleep(for: .milliseconds(2_500))
         let snapshotting = try Client(context, endpoint: a.command)
@@ -336,9 +343,7 @@ import Glibc
         let b = try pair.daemon(1)
         try #require(try await status(b, role: "standby", within: .seconds(20)) != nil, "log:\n\(b.output)")
         let client = try Client(context, endpoint: a.command)
-        for number: UInt64 in 1...10 {
-            guard try await increment(client, number, a) == number else { return }
-        }
+        try await increments(client, 1...10, a)
 
         a.signal(SIGSTOP)
         let paused = ContinuousClock.now
@@ -347,9 +352,7 @@ import Glibc
         print("failover after SIGSTOP: b leads \(ContinuousClock.now - paused) after the pause")
         #expect(led?.stores.first?.seq == 10)
         let atB = try Client(context, endpoint: b.command)
-        for number: UInt64 in 11...15 {
-            guard try await increment(atB, number, b) == number else { return }
-        }
+        try await increments(atB, 11...15, b)
 
         // A SNAPSHOT and a STATUS waiting for a when it wakes: a still believes it leads at seq 10, but it may not
         // answer from a state b has moved past, nor say it leads. Its lease lapsed, so they wait for a renewal,

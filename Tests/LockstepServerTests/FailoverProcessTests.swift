@@ -130,8 +130,9 @@ import Glibc
         try await offPool("receive", lending: socket) { try $0.receive() }
     }
 
-    /// The takeover is timed from the kill to b's STATUS saying it leads: expected about 3 s (the lease), 5 s the
-    /// target, and at most 10 s asserted, so that a loaded machine does not fail it; the time is printed.
+    /// The takeover is timed from the kill to b's STATUS saying it leads, and printed: about 3 s (the lease). It is
+    /// not asserted here, where a loaded machine would fail it for nothing: the fault suite's failover class holds
+    /// every takeover to the 5 s target, and a b that never leads fails the 20 s wait below.
     @Test func aStandbyRefusesThenTakesOverFromAKilledLeader() async throws {
         let pair = try await Pair()
         let context = try Context()
@@ -141,6 +142,8 @@ import Glibc
         let epoch = try #require(leading.stores.first?.epoch)
         let b = try pair.daemon(1)
         let standing = try await status(b, role: "standby", within: .seconds(20))
+        // b's process had started by the time it answered.
+        let bStarted = ContinuousClock.now
         try #require(standing != nil, "b never stood by; log:\n\(b.output)")
         #expect(standing?.leader?.name == "a" && standing?.leader?.term == 1)
         #expect(standing?.stores.isEmpty == true)
@@ -156,25 +159,33 @@ import Glibc
 
         let client = try Client(context, endpoint: a.command)
         try await increments(client, 1...20, a)
+        // b's leadership, when it comes, begins after the last STATUS it answered as a standby was asked.
+        var standingAsked = ContinuousClock.now
+        try #require(await b.status(timeout: .seconds(5))?.role == "standby", "log:\n\(b.output)")
         a.kill()
         let killed = ContinuousClock.now
         // Timed on a thread of its own, without an await between the polls: an async wait can sit for many seconds
         // behind other tests for a thread of the cooperative pool (two on this machine), and that time is not the
         // takeover's.
-        let (led, takeover) = await offPool("takeover", lending: b) { b -> (DaemonStatus?, Duration) in
+        let (led, takeover, lastStanding) = await offPool("takeover", lending: b) {
+            b -> (DaemonStatus?, Duration, ContinuousClock.Instant?) in
             var led: DaemonStatus?
+            var lastStanding: ContinuousClock.Instant?
             while led == nil, ContinuousClock.now < killed + .seconds(20) {
-                if let found = b.status(), found.role == "leader", found.leader != nil {
+                let asked = ContinuousClock.now
+                let found = b.status()
+                if let found, found.role == "leader", found.leader != nil {
                     led = found
                 } else {
+                    if found?.role == "standby" { lastStanding = asked }
                     usleep(20_000)
                 }
             }
-            return (led, ContinuousClock.now - killed)
+            return (led, ContinuousClock.now - killed, lastStanding)
         }
         try #require(led != nil, "b did not lead within 20 s of the kill; log:\n\(b.output)")
         print("failover after kill -9: b leads \(takeover) after the kill (target: 5 s)")
-        #expect(takeover <= .seconds(10), "the takeover took \(takeover); log:\n\(b.output)")
+        standingAsked = lastStanding ?? standingAsked
         #expect(led?.leader?.term == 2)
         #expect(led?.stores.first?.epoch == epoch, "the same epoch: the same journal")
         #expect(led?.stores.first?.seq == 20)
@@ -185,14 +196,35 @@ import Glibc
         let moved = try Client(context, endpoint: b.command, clientID: client.clientID)
         #expect(try await increment(moved, 21, b) == 21)
         #expect(try await increment(moved, 20, b) == 20)
-        // One event committed since b took over, less than the time since the kill ago: over b's uptime (it stood
-        // by before the kill) the rate would be lower than one over that time.
-        let sinceKill = (ContinuousClock.now - killed) / .seconds(1)
-        let rate = try #require(await b.status()?.stores.first?.eventsPerSecond)
-        #expect(rate >= 1 / sinceKill - 0.05, "\(rate) events per second, \(sinceKill) s after the kill")
+
+        // eventsPerSecond counts the events of this leadership over its time, not over the daemon's uptime, which
+        // began before the kill (b stood by meanwhile, for a's lease at least). 200 more events in one request make
+        // the two rates differ by far more than the 0.1 the figure is rounded to; both are bounded from the test's
+        // clock: this leadership has lasted at most from the asking of the last STATUS b answered as a standby to
+        // the answer of the one below, and b has run at least from its first answer to the asking of that one.
+        let batch = try await offPool("dispatch", lending: moved) {
+            try $0.dispatch("counter", Array(repeating: #"{"increment":{}}"#, count: 200), number: 22)
+        }
+        guard case let .accepted(_, _, firstSeq, count) = batch, firstSeq == 22, count == 200 else {
+            Issue.record("200 increments at once were answered \(batch); log:\n\(b.output)")
+            return
+        }
+        let committed = 201.0  // 21 and the 200: the retry of 20 committed nothing
+        let asked = ContinuousClock.now
+        let rate = try #require(await b.status(timeout: .seconds(5))?.stores.first?.eventsPerSecond)
+        let answered = ContinuousClock.now
+        func seconds(_ duration: Duration) -> Double { duration / .seconds(1) }
+        let leadershipRate = committed / seconds(answered - standingAsked) - 0.05  // at least
+        let uptimeRate = committed / seconds(asked - bStarted) + 0.05  // at most
+        let rates = "over the uptime at most \(uptimeRate), over this leadership at least \(leadershipRate)"
+        try #require(uptimeRate < leadershipRate, "the two cannot be told apart here: \(rates)")
+        #expect(rate >= leadershipRate, "\(rate) events per second, not over this leadership: \(rates)")
         let kept = try await pair.journalEvents()
-        #expect(kept.map(\.seq) == Array(1...21))
-        #expect(kept.map(\.requestNumber) == Array(1...21), "every acknowledged dispatch once, in order")
+        #expect(kept.map(\.seq) == Array(1...221))
+        #expect(
+            kept.map(\.requestNumber) == Array(1...21) + Array(repeating: 22, count: 200),
+            "every acknowledged dispatch once, in order"
+        )
         #expect(await b.stop() == 0)
         await pair.close()
     }

@@ -130,6 +130,32 @@ import Glibc
         try await offPool("receive", lending: socket) { try $0.receive() }
     }
 
+    /// The reply to `request`, waited for on a thread of its own.
+    func call(_ client: Client, _ request: Request) async throws -> Reply {
+        let body = request.encode()
+        return try await offPool("call", lending: client) { try $0.call(body) }
+    }
+
+    /// The connections `daemon` has accepted on its ipc socket of `endpoint`, each as the number of bytes in its
+    /// receive queue, which the daemon has not read: from `ss -x -p`, whose Recv-Q of the daemon's end of a
+    /// connection says so whether or not the daemon runs. That end is a socket of the daemon's process whose local
+    /// address is the path the daemon bound (relative to its folder unless configured otherwise, so shared by the
+    /// daemons of other folders: the process tells them apart).
+    func acceptedConnections(_ daemon: DaemonProcess, _ endpoint: String) async throws -> [Int] {
+        let path = String(endpoint.dropFirst("ipc://".count))
+        let process = "pid=\(daemon.processIdentifier),"
+        let output = try await ChildProcess(executable: URL(fileURLWithPath: "/usr/bin/ss"), ["-H", "-x", "-p"])
+            .finish(within: .seconds(10))
+        // `ss -H -x -p`: Netid State Recv-Q Send-Q Local Local-inode Peer Peer-inode users:((name,pid=…,fd=…)).
+        return output.standardOutput.split(separator: "\n").compactMap { line in
+            let fields = line.split(separator: " ", omittingEmptySubsequences: true)
+            guard fields.count >= 9, fields[1] == "ESTAB", fields[8].contains(process),
+                path == fields[4] || path.hasSuffix("/" + fields[4])
+            else { return nil }
+            return Int(fields[2])
+        }
+    }
+
     /// The takeover is timed from the kill to b's STATUS saying it leads, and printed: about 3 s (the lease). It is
     /// not asserted here, where a loaded machine would fail it for nothing: the fault suite's failover class holds
     /// every takeover to the 5 s target, and a b that never leads fails the 20 s wait below.
@@ -376,6 +402,15 @@ import Glibc
         try #require(try await status(b, role: "standby", within: .seconds(20)) != nil, "log:\n\(b.output)")
         let client = try Client(context, endpoint: a.command)
         try await increments(client, 1...10, a)
+        // Two more connections to a, made while it runs, each with a request answered: requests sent on them while
+        // a is stopped wait in a's receive queues. (On a connection a has not accepted, libzmq sends nothing but its
+        // greeting: requests would wait in this process until a woke.)
+        let snapshotting = try Client(context, endpoint: a.command)
+        let asking = try Client(context, endpoint: a.command)
+        for connection in [snapshotting, asking] {
+            let answer = try await call(connection, .status(requestID: 1))
+            try #require(DaemonStatus(answer)?.role == "leader", "a answered \(answer); log:\n\(a.output)")
+        }
 
         a.signal(SIGSTOP)
         let paused = ContinuousClock.now
@@ -387,18 +422,23 @@ import Glibc
         try await increments(atB, 11...15, b)
 
         // A SNAPSHOT and a STATUS waiting for a when it wakes: a still believes it leads at seq 10, but it may not
-        // answer from a state b has moved past, nor say it leads. Its lease lapsed, so they wait for a renewal,
-        // which is fenced: both are refused `not_leader` (or, read once a stands by, answered as a standby).
-        let snapshotting = try Client(context, endpoint: a.command)
-        try snapshotting.socket.send(Request.snapshot(requestID: 1, store: try StoreName("counter")).encode())
-        let asking = try Client(context, endpoint: a.command)
-        try asking.socket.send(Request.status(requestID: 1).encode())
-        try await Task.sleep(for: .milliseconds(200))
+        // answer from a state b has moved past, nor say it leads. Both are in a's receive queues, unread, before it
+        // wakes (`ss`). Its lease lapsed, so they wait for a renewal, which is fenced: both are refused
+        // `not_leader`. Two threads of a race once it wakes — its I/O thread handing the requests over, its journal
+        // writer's refused renewal coming back — and when the renewal wins, a reads them as a standby: the SNAPSHOT
+        // is refused `not_leader` all the same, and the STATUS says standby; either way, not a leader.
+        let unread = try await acceptedConnections(a, a.command).filter { $0 > 0 }.count
+        try snapshotting.socket.send(Request.snapshot(requestID: 2, store: try StoreName("counter")).encode())
+        try asking.socket.send(Request.status(requestID: 2).encode())
+        let queued = try await eventually(within: .seconds(10)) {
+            try await acceptedConnections(a, a.command).filter { $0 > 0 }.count >= unread + 2
+        }
+        try #require(queued, "the SNAPSHOT and the STATUS never reached a's receive queues")
         a.signal(SIGCONT)
         for (name, socket) in [("SNAPSHOT", snapshotting.socket), ("STATUS", asking.socket)] {
             let frames = try #require(try await receive(socket), "a never answered a \(name); log:\n\(a.output)")
             let answer = try Reply.decode(frames)
-            if let status = DaemonStatus(answer), status.role == "standby" { continue }
+            if name == "STATUS", let status = DaemonStatus(answer), status.role == "standby" { continue }
             guard case let .error(_, error) = answer else {
                 Issue.record("a woken leader answered a \(name) with \(answer); log:\n\(a.output)")
                 return
@@ -423,12 +463,18 @@ import Glibc
         #expect(kept.prefix(10).allSatisfy { $0.client == client.clientID.bytes })
         #expect(kept.dropFirst(10).allSatisfy { $0.client == atB.clientID.bytes }, "nothing a answered woken is kept")
 
-        // Subscribed while a stands by; then b stops, letting the lease go, and a leads a second time.
+        // Subscribed while a stands by — a accepts the connection then (`ss`), and the subscription follows on
+        // libzmq's I/O threads alone, as the handshake ends —; then b stops, letting the lease go, and a leads a
+        // second time.
+        let subscribers = try await acceptedConnections(a, a.events).count
         let late = try Socket(context, type: .subscriber)
         try late.set(.receiveTimeout, 5_000)
         try late.subscribe(Event.topic(for: try StoreName("counter")))
         try late.connect(a.events)
-        try await Task.sleep(for: .milliseconds(500))
+        let accepted = try await eventually(within: .seconds(10)) {
+            try await acceptedConnections(a, a.events).count > subscribers
+        }
+        try #require(accepted, "a standing by never accepted the late subscriber's connection")
         while try early.receive(wait: false) != nil {}  // heartbeats of a's first leadership
         #expect(await b.stop() == 0)
         let again = try await status(a, role: "leader", within: .seconds(20))

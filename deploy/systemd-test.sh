@@ -467,7 +467,15 @@ read -r first_seq last_seq snapshots < <(awk -v s="$store" '$1 == s { print $4, 
 as_bg lsmember "$run/tail.out" "$run/tail.err" "${T[@]}" tail "$store" --events-endpoint "tcp://127.0.0.1:$events_port" \
     --count 1 --silence-ms 2000
 tail_pid=$!
-sleep 0.5
+# Its tcp connection to the events port, seen in the container's network namespace (/proc/net/tcp, hex ports):
+# established, or already closed (TIME_WAIT on the side that closed first), since the daemon's CURVE handshake
+# fails it.
+deadline=$((SECONDS + 10))
+until ct cat /proc/net/tcp | awk -v port=":$(printf '%04X' "$events_port")" \
+    '$3 ~ port "$" || ($2 ~ port "$" && $4 != "0A") { seen = 1 } END { exit !seen }'; do
+    ((SECONDS < deadline)) || fail "'$tool_name tail' did not connect to tcp://127.0.0.1:$events_port within 10 s"
+    sleep 0.05
+done
 as lsmember "${T[@]}" dispatch "$store" "$action" --json --command-endpoint "$endpoint" >/dev/null \
     || fail "a dispatch while a tail listened on tcp exited $?"
 expected=$((expected + 1))

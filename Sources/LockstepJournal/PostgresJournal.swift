@@ -112,6 +112,14 @@ public final class PostgresJournal: EngineJournal {
     /// The server process of the writer's session, for tests that end it with `pg_terminate_backend`.
     package var writerBackendPID: Int32 { storage.writerBackendPID }
 
+    /// How long a session may sit idle before its next use first asks the server whether it still answers
+    /// (`SELECT 1`): one second, so that a busy journal pays no round trip for it. A test sets it to `.zero` to ask
+    /// before every use, or far past its own length never to ask, rather than wait past a second or race it.
+    package var idleBeforeCheck: Duration {
+        get { storage.idleBeforeCheck.withLockedValue { $0 } }
+        set { storage.idleBeforeCheck.withLockedValue { $0 = newValue } }
+    }
+
     /// Runs `sql` on a connection of its own to `connection` and returns the first column of its rows as text:
     /// for tests and `PostgresServer`, which must reach under the journal (create a database, damage a row).
     package static func execute(_ sql: String, connection: String) throws(JournalError) -> [String?] {
@@ -177,6 +185,9 @@ final class PostgresStorage: JournalStorage {
     let leaseTerm = LockedValue<Int64?>(nil)
     /// Idle read-only connections; a read takes one (or opens one) and gives it back.
     private let readers = LockedValue<[PostgresConnection]>([])
+    /// How long a session may sit idle before its next use asks whether it still answers
+    /// (``PostgresJournal/idleBeforeCheck``).
+    let idleBeforeCheck = LockedValue(Duration.seconds(1))
     private let closed = LockedValue(false)
     /// More idle readers than this are closed when given back: the daemon reads from a few threads at most.
     private static let idleReadersKept = 4
@@ -639,9 +650,10 @@ final class PostgresStorage: JournalStorage {
             )
         }
         let lease = lease
+        let idle = idleBeforeCheck.withLockedValue { $0 }
         do {
             try writer.withLockedValue { (session: inout PostgresConnection) throws in
-                if !session.answers(ifIdleFor: .seconds(1)) {
+                if !session.answers(ifIdleFor: idle) {
                     do {
                         // The lease is in the row, not the session: the next fence says whether it is still ours.
                         try session.reset()
@@ -674,7 +686,7 @@ final class PostgresStorage: JournalStorage {
             )
         }
         var idle = readers.withLockedValue { $0.popLast() }
-        if let stale = idle, !stale.answers(ifIdleFor: .seconds(1)) {
+        if let stale = idle, !stale.answers(ifIdleFor: idleBeforeCheck.withLockedValue { $0 }) {
             // The server went away since (a restart, a failover): the other idle readers are as stale.
             stale.close()
             for reader in readers.withLockedValue({ readers in

@@ -535,8 +535,14 @@ final class Faults {
         }
         result.injected = 1
         result.notes.append("full after \(load.acks.count) dispatches; refused with: \(refusal)")
-        Thread.sleep(forTimeInterval: 0.5)
-        guard daemon.isRunning, daemon.status() != nil else {
+        // Up with the disk full: it answers ten more dispatches (each refused) and a STATUS.
+        let refusedWhenFull = load.refused.count
+        let answering = ContinuousClock.now + .seconds(30)
+        while load.refused.count < refusedWhenFull + 10, daemon.isRunning, ContinuousClock.now < answering {
+            Thread.sleep(forTimeInterval: 0.01)
+        }
+        guard load.refused.count >= refusedWhenFull + 10, daemon.isRunning, daemon.status(timeout: .seconds(5)) != nil
+        else {
             result.failure = "lockstepd did not stay up with a full disk"
             load.stop()
             return result
@@ -681,8 +687,14 @@ final class Faults {
         try daemon.start()
         let stores = ["counter", "todos", "posts", "numbers"]
         let before = try daemon.digests(stores)
-        Thread.sleep(forTimeInterval: 0.2)
-        let memoryBefore = daemon.memory()
+        // The baseline once the daemon has settled: two readings 20 ms apart that agree (for at most 5 s).
+        var memoryBefore = daemon.memory()
+        for _ in 0..<250 {
+            Thread.sleep(forTimeInterval: 0.02)
+            let again = daemon.memory()
+            if again.residentKiB == memoryBefore.residentKiB { break }
+            memoryBefore = again
+        }
         let count = long ? 100_000 : 10_000
         let context = try Context()
         let socket = try Socket(context, type: .dealer)

@@ -75,21 +75,47 @@ import Testing
         return journal
     }
 
+    /// Ends the sessions of `fixture`'s database that match `condition` (a condition on `pg_stat_activity`), but
+    /// not the one that asks, and waits until their server processes are gone: `pg_terminate_backend` only signals
+    /// one unless given a timeout, and a session that ended meanwhile (an earlier journal's) is not there to wait
+    /// for, so what counts is that none of them is left. The server process ids ended, or `nil` if one was still
+    /// there 10 s later.
+    func terminateSessions(_ fixture: JournalFixture, where condition: String = "true") async throws -> [Int32]? {
+        let connection = fixture.connection!
+        let pids = try PostgresJournal.execute(
+            """
+            SELECT pid::text FROM pg_stat_activity
+            WHERE datname = current_database() AND pid <> pg_backend_pid() AND \(condition)
+            """,
+            connection: connection
+        ).compactMap { $0.flatMap { Int32($0) } }
+        guard !pids.isEmpty else { return [] }
+        let list = pids.map(String.init).joined(separator: ", ")
+        _ = try PostgresJournal.execute(
+            "SELECT count(pg_terminate_backend(pid, 10000))::text FROM unnest(ARRAY[\(list)]) AS pid",
+            connection: connection
+        )
+        let gone = try await eventually(within: .seconds(10)) {
+            try PostgresJournal.execute(
+                "SELECT count(*)::text FROM pg_stat_activity WHERE pid IN (\(list))",
+                connection: connection
+            ) == ["0"]
+        }
+        return gone ? pids : nil
+    }
+
     /// The server ends every session of the journal while it is idle (as a restart would): the next read and the
-    /// next commit find out before they start, reconnect, and succeed.
+    /// next commit find out before they start, reconnect, and succeed. A session idle for more than a second is
+    /// asked whether it still answers before it is used; here every use asks (`idleBeforeCheck` zero), rather than
+    /// the test waiting out that second.
     @Test func sessionsTheServerEndedWhileIdleAreReplacedBeforeTheyAreUsed() async throws {
         let fixture = try await journal(withIncrements: 2)
         let journal = try recoveredCounter(fixture)
+        journal.idleBeforeCheck = .zero
         #expect(try journal.events(store: Counter.name, from: 1, to: 2, limit: 10) != .events([]))
         let pid = journal.writerBackendPID
-        try await Task.sleep(for: .milliseconds(1_200))
-        _ = try PostgresJournal.execute(
-            """
-            SELECT count(pg_terminate_backend(pid))::text FROM pg_stat_activity
-            WHERE datname = current_database() AND pid <> pg_backend_pid()
-            """,
-            connection: fixture.connection!
-        )
+        let ended = try await terminateSessions(fixture)
+        #expect(ended?.contains(pid) == true, "ended \(String(describing: ended)), the writer's session is \(pid)")
         let expected = events(Counter.name, from: 1, count: 2) { _ in Counter.Action.increment }
         #expect(try journal.events(store: Counter.name, from: 1, to: 2, limit: 10) == .events(expected))
         let batch = events(Counter.name, from: 3, count: 1) { _ in Counter.Action.increment }
@@ -99,14 +125,18 @@ import Testing
         try journal.close()
     }
 
-    /// The server ends the writer's session (as a restart or a failover would): the next commit fails with
-    /// `unreachable` and keeps nothing, and the journal reconnects for the one after it.
+    /// The server ends the writer's session (as a restart or a failover would) within a second of its last use, so
+    /// the journal does not ask it first: the next commit fails with `unreachable` and keeps nothing, and the journal
+    /// reconnects for the one after it. The journal never asks here (`idleBeforeCheck` an hour), however slowly the
+    /// test runs.
     @Test func aLostConnectionFailsOneCommitClearlyAndTheJournalReconnects() async throws {
         let fixture = try await journal(withIncrements: 2)
         let journal = try recoveredCounter(fixture)
+        journal.idleBeforeCheck = .seconds(3_600)
         let pid = journal.writerBackendPID
         #expect(pid > 0)
-        _ = try PostgresJournal.execute("SELECT pg_terminate_backend(\(pid))::text", connection: fixture.connection!)
+        let ended = try await terminateSessions(fixture, where: "pid = \(pid)")
+        #expect(ended == [pid], "ended \(String(describing: ended)), the writer's session is \(pid)")
 
         let batch = events(Counter.name, from: 3, count: 2) { _ in Counter.Action.increment }
         let error = journalError { try journal.commit(JournalBatch(events: batch)) }

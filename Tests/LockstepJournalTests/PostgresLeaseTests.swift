@@ -18,10 +18,14 @@ import Testing
         )
     }
 
-    /// Sleeps until `instant` (at once if it has passed) without holding a thread of the cooperative pool. It may
-    /// wake later on a busy machine: each wait here is for a lease to expire, which a later wake does not change.
-    func sleep(until instant: ContinuousClock.Instant) async throws {
-        try await Task.sleep(until: instant, clock: .continuous)
+    /// The statement that expires the lease where it stands, by the database's clock, keeping its term and holder:
+    /// what waiting out its duration would do, without a test that waits for the clock or depends on how fast the
+    /// machine is.
+    static let expiry = "UPDATE leadership SET expires_at = clock_timestamp() - interval '1 millisecond'"
+
+    /// Expires the lease of `fixture`'s journal (``expiry``), on a session of its own.
+    func expireLease(_ fixture: JournalFixture) throws {
+        try fixture.tamper(Self.expiry)
     }
 
     func increments(from seq: UInt64, count: Int, client: [UInt8] = clientA) -> JournalBatch {
@@ -31,8 +35,9 @@ import Testing
 
     @Test func theLeaseIsTakenOnlyOnceExpiredWithTheNextTermAndAFencedCommitKeepsNothing() async throws {
         let fixture = try await JournalFixture(.postgres)
-        let a = try daemonJournal(fixture, "a", lease: .seconds(2))
-        let b = try daemonJournal(fixture, "b", lease: .seconds(2))
+        // Leases far longer than the test: each expires only when the test expires it.
+        let a = try daemonJournal(fixture, "a", lease: .seconds(30))
+        let b = try daemonJournal(fixture, "b", lease: .seconds(30))
         defer {
             try? a.close()
             try? b.close()
@@ -49,31 +54,27 @@ import Testing
             return
         }
         #expect(leader.holder == "a" && leader.term == 1)
-        #expect(leader.expiresIn > .zero && leader.expiresIn <= .seconds(2))
+        #expect(leader.expiresIn > .zero && leader.expiresIn <= .seconds(30))
         #expect(leader.expiresAt.hasSuffix("Z"), "\(leader.expiresAt)")
         #expect(b.leaseTerm == nil)
         let tool = journalError { _ = try PostgresJournal(connection: fixture.connection!) }
         #expect(tool?.code == .inUse)
         #expect(tool?.message.contains("(a, term 1,") == true, "\(tool?.message ?? "")")
 
+        // Expired, then renewed before anyone took it: the renewal runs for the lease's duration from now, so the
+        // lease is a's again.
+        try expireLease(fixture)
         try a.renewLease()
-        let renewed = ContinuousClock.now
-        // Renewed, not yet expired: still a's (judged only if the attempt came well within the lease).
-        try await Task.sleep(for: .milliseconds(500))
-        let attempt = try b.acquireLease()
-        if ContinuousClock.now - renewed < .milliseconds(1_500) {
-            guard case .standingBy = attempt else {
-                Issue.record("b took a lease a renewed less than 1.5 s ago for 2 s")
-                return
-            }
+        guard case let .standingBy(still) = try b.acquireLease() else {
+            Issue.record("b took a lease a had just renewed for 30 s")
+            return
         }
-        // Past the lease: the renewal ran before `renewed`.
-        try await sleep(until: renewed + .milliseconds(2_300))
-        if case .standingBy = attempt {
-            #expect(try b.acquireLease() == .leading(term: 2, previousHolder: "a"))
-        } else {
-            #expect(attempt == .leading(term: 2, previousHolder: "a"))
-        }
+        #expect(still.expiresIn > .zero)
+        #expect(still.holder == "a" && still.term == 1)
+        #expect(b.leaseTerm == nil)
+        // Past the lease: b takes it with the next term.
+        try expireLease(fixture)
+        #expect(try b.acquireLease() == .leading(term: 2, previousHolder: "a"))
         #expect(try b.recover(Counter.self).lastSeq == 2)
         try b.commit(increments(from: 3, count: 1, client: clientB))
 
@@ -98,8 +99,9 @@ import Testing
     /// leads again. A renewal the row refuses names the new term as well.
     @Test func aCommitTheLeaseRowRefusesKeepsNothingAndItsSessionCommitsOnceItLeadsAgain() async throws {
         let fixture = try await JournalFixture(.postgres)
-        let a = try daemonJournal(fixture, "a", lease: .milliseconds(300))
-        let b = try daemonJournal(fixture, "b", lease: .milliseconds(300))
+        // Leases far longer than the test: each expires only when the test expires it.
+        let a = try daemonJournal(fixture, "a", lease: .seconds(30))
+        let b = try daemonJournal(fixture, "b", lease: .seconds(30))
         let c = try daemonJournal(fixture, "c", lease: .seconds(30))
         defer {
             try? a.close()
@@ -114,9 +116,9 @@ import Testing
         _ = try a.recover(Posts.self)
         try a.commit(increments(from: 1, count: 2))
         let session = a.writerBackendPID
-        try await Task.sleep(for: .milliseconds(400))
+        try expireLease(fixture)
         #expect(try b.acquireLease() == .leading(term: 2, previousHolder: "a"))
-        try await Task.sleep(for: .milliseconds(400))
+        try expireLease(fixture)
         #expect(try c.acquireLease() == .leading(term: 3, previousHolder: "b"))
 
         let posts = events(Posts.name, from: 1, count: 2, client: clientB) {
@@ -216,36 +218,42 @@ import Testing
     /// so the next daemon takes it at once instead of waiting for it to expire.
     @Test func anExpiredLeaseNobodyTookIsStillTheHoldersAndCloseLetsItGo() async throws {
         let fixture = try await JournalFixture(.postgres)
-        let a = try daemonJournal(fixture, "a", lease: .seconds(2))
+        // Leases far longer than the test: a's expires only when the test expires it.
+        let a = try daemonJournal(fixture, "a", lease: .seconds(30))
         let b = try daemonJournal(fixture, "b", lease: .seconds(30))
-        defer { try? b.close() }
-        _ = try a.acquireLease()
+        defer {
+            try? a.close()
+            try? b.close()
+        }
+        #expect(try a.acquireLease() == .leading(term: 1, previousHolder: ""))
         _ = try a.recover(Counter.self)
-        try await Task.sleep(for: .milliseconds(2_300))
-        let committing = ContinuousClock.now
+        try expireLease(fixture)
+        #expect(try a.leader().expiresIn == .zero)
         try a.commit(increments(from: 1, count: 1))
         #expect(try a.leader().expiresIn > .zero)
         #expect(a.leaseTerm == 1)
 
-        // Judged only if the attempt came well within the lease the commit extended.
-        let attempt = try b.acquireLease()
-        if ContinuousClock.now - committing < .milliseconds(1_500) {
-            guard case .standingBy = attempt else {
-                Issue.record("b took the lease a just renewed")
-                return
-            }
+        // The commit extended it by 30 s: still a's.
+        guard case let .standingBy(leader) = try b.acquireLease() else {
+            Issue.record("b took the lease a's commit had just extended")
+            return
         }
-        guard case .standingBy = attempt else { return }  // so late that a's lease had expired again
+        #expect(leader.holder == "a" && leader.term == 1)
         try a.close()
         #expect(try b.acquireLease() == .leading(term: 2, previousHolder: "a"))
     }
 
     /// A takeover waits for the commit in flight: the commit's fence holds the lease row's lock until it ends, so
-    /// the acquire, issued after the lease expired by the clock, takes the row only once that commit is durable —
+    /// the acquire, issued once the lease expired by the clock, takes the row only once that commit is durable —
     /// and recovers it — and the old leader's next commit is fenced.
+    ///
+    /// The lease runs out without waiting for it: expired before the commit (so the acquire finds the row it can
+    /// see expired, and waits for the lock instead of standing by), and again inside the commit's transaction after
+    /// its fence extended it (so the row the commit leaves has expired, as it would have after a commit slower than
+    /// the lease).
     @Test func aTakeoverWaitsForTheCommitInFlight() async throws {
         let fixture = try await JournalFixture(.postgres)
-        let a = try daemonJournal(fixture, "a", lease: .seconds(2))
+        let a = try daemonJournal(fixture, "a", lease: .seconds(30))
         let b = try daemonJournal(fixture, "b", lease: .seconds(30))
         defer {
             try? a.close()
@@ -253,17 +261,20 @@ import Testing
         }
         _ = try a.acquireLease()
         _ = try a.recover(Counter.self)
-        // Inserting events waits, inside a's transaction (after its fence), until the test lets it go on.
+        // Inserting events expires the lease the fence has just extended, then waits, inside a's transaction, until
+        // the test lets it go on.
         try fixture.tamper("CREATE TABLE go (x int)")
         try fixture.tamper(
             """
             CREATE FUNCTION hold() RETURNS trigger LANGUAGE plpgsql AS $$
             BEGIN
+                \(Self.expiry);
                 WHILE NOT EXISTS (SELECT 1 FROM go) LOOP PERFORM pg_sleep(0.01); END LOOP;
                 RETURN NULL;
             END $$
             """
         )
+        try expireLease(fixture)
         try fixture.tamper("CREATE TRIGGER hold BEFORE INSERT ON events FOR EACH STATEMENT EXECUTE PROCEDURE hold()")
         let results = LockedValue<(commit: Result<Void, JournalError>?, acquire: Result<LeaseOutcome, JournalError>?)>(
             (nil, nil)
@@ -284,8 +295,6 @@ import Testing
             return false
         }
         #expect(try await waiting("query LIKE 'INSERT INTO events%' AND state = 'active'"), "a's commit never started")
-        // Past a's lease by the database's clock (its fence ran before its INSERT was seen waiting).
-        try await Task.sleep(for: .milliseconds(2_300))
         Thread {
             let result = Result { () throws(JournalError) in try b.acquireLease() }
             results.withLockedValue { $0.acquire = result }

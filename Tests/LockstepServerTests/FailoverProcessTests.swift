@@ -75,7 +75,11 @@ import Glibc
 
     /// The daemon's STATUS once its role is `role` and it knows who leads, polled for at most `timeout`; `nil` if it
     /// never was.
-    func status(_ daemon: DaemonProcess, role: DaemonStatus.Role, within timeout: Duration) async throws -> DaemonStatus? {
+    func status(
+        _ daemon: DaemonProcess,
+        role: DaemonStatus.Role,
+        within timeout: Duration
+    ) async throws -> DaemonStatus? {
         var found: DaemonStatus?
         let seen = try await eventually(within: timeout, every: .milliseconds(50)) {
             found = await daemon.status()
@@ -84,16 +88,23 @@ import Glibc
         return seen ? found : nil
     }
 
-    /// Daemon a of `pair`, leading, and a client of it whose increments 1...3 it committed; `nil` with an issue
-    /// recorded when one was not.
-    func leaderWithThreeIncrements(_ pair: Pair, _ context: Context) async throws -> (DaemonProcess, Client)? {
+    /// Daemon a of `pair`, leading, and a client of it whose increments 1...3 it committed at seqs 1...3; it throws,
+    /// with an issue recorded, when one was not.
+    func leaderWithThreeIncrements(_ pair: Pair, _ context: Context) async throws -> (DaemonProcess, Client) {
         let a = try pair.daemon(0)
         try await a.waitUntilServing()
         let client = try Client(context, endpoint: a.command)
-        for number: UInt64 in 1...3 {
-            guard try await increment(client, number, a) == number else { return nil }
-        }
+        try await increments(client, 1...3, a)
         return (a, client)
+    }
+
+    /// Dispatches the increments numbered `numbers` one by one, each of which must be committed at the seq of its
+    /// number; it throws, with an issue recorded, at the first that is not.
+    func increments(_ client: Client, _ numbers: ClosedRange<UInt64>, _ daemon: DaemonProcess) async throws {
+        for number in numbers {
+            let seq = try await increment(client, number, daemon)
+            try #require(seq == number, "dispatch \(number) was committed at seq \(String(describing: seq))")
+        }
     }
 
     /// Dispatches an increment numbered `number` and returns its seq, or `nil` with an issue recorded; the client
@@ -119,8 +130,35 @@ import Glibc
         try await offPool("receive", lending: socket) { try $0.receive() }
     }
 
-    /// The takeover is timed from the kill to b's STATUS saying it leads: expected about 3 s (the lease), 5 s the
-    /// target, and at most 10 s asserted, so that a loaded machine does not fail it; the time is printed.
+    /// The reply to `request`, waited for on a thread of its own.
+    func call(_ client: Client, _ request: Request) async throws -> Reply {
+        let body = request.encode()
+        return try await offPool("call", lending: client) { try $0.call(body) }
+    }
+
+    /// The connections `daemon` has accepted on its ipc socket of `endpoint`, each as the number of bytes in its
+    /// receive queue, which the daemon has not read: from `ss -x -p`, whose Recv-Q of the daemon's end of a
+    /// connection says so whether or not the daemon runs. That end is a socket of the daemon's process whose local
+    /// address is the path the daemon bound (relative to its folder unless configured otherwise, so shared by the
+    /// daemons of other folders: the process tells them apart).
+    func acceptedConnections(_ daemon: DaemonProcess, _ endpoint: String) async throws -> [Int] {
+        let path = String(endpoint.dropFirst("ipc://".count))
+        let process = "pid=\(daemon.processIdentifier),"
+        let output = try await ChildProcess(executable: URL(fileURLWithPath: "/usr/bin/ss"), ["-H", "-x", "-p"])
+            .finish(within: .seconds(10))
+        // `ss -H -x -p`: Netid State Recv-Q Send-Q Local Local-inode Peer Peer-inode users:((name,pid=…,fd=…)).
+        return output.standardOutput.split(separator: "\n").compactMap { line in
+            let fields = line.split(separator: " ", omittingEmptySubsequences: true)
+            guard fields.count >= 9, fields[1] == "ESTAB", fields[8].contains(process),
+                path == fields[4] || path.hasSuffix("/" + fields[4])
+            else { return nil }
+            return Int(fields[2])
+        }
+    }
+
+    /// The takeover is timed from the kill to b's STATUS saying it leads, and printed: about 3 s (the lease). It is
+    /// not asserted here, where a loaded machine would fail it for nothing: the fault suite's failover class holds
+    /// every takeover to the 5 s target, and a b that never leads fails the 20 s wait below.
     @Test func aStandbyRefusesThenTakesOverFromAKilledLeader() async throws {
         let pair = try await Pair()
         let context = try Context()
@@ -130,6 +168,8 @@ import Glibc
         let epoch = try #require(leading.stores.first?.epoch)
         let b = try pair.daemon(1)
         let standing = try await status(b, role: "standby", within: .seconds(20))
+        // b's process had started by the time it answered.
+        let bStarted = ContinuousClock.now
         try #require(standing != nil, "b never stood by; log:\n\(b.output)")
         #expect(standing?.leader?.name == "a" && standing?.leader?.term == 1)
         #expect(standing?.stores.isEmpty == true)
@@ -144,28 +184,34 @@ import Glibc
         #expect(stats.standardOutput.contains("role     standby as b (leader a, term 1)"), "\(stats.standardOutput)")
 
         let client = try Client(context, endpoint: a.command)
-        for number: UInt64 in 1...20 {
-            guard try await increment(client, number, a) == number else { return }
-        }
+        try await increments(client, 1...20, a)
+        // b's leadership, when it comes, begins after the last STATUS it answered as a standby was asked.
+        var standingAsked = ContinuousClock.now
+        try #require(await b.status(timeout: .seconds(5))?.role == "standby", "log:\n\(b.output)")
         a.kill()
         let killed = ContinuousClock.now
         // Timed on a thread of its own, without an await between the polls: an async wait can sit for many seconds
         // behind other tests for a thread of the cooperative pool (two on this machine), and that time is not the
         // takeover's.
-        let (led, takeover) = await offPool("takeover", lending: b) { b -> (DaemonStatus?, Duration) in
+        let (led, takeover, lastStanding) = await offPool("takeover", lending: b) {
+            b -> (DaemonStatus?, Duration, ContinuousClock.Instant?) in
             var led: DaemonStatus?
+            var lastStanding: ContinuousClock.Instant?
             while led == nil, ContinuousClock.now < killed + .seconds(20) {
-                if let found = b.status(), found.role == "leader", found.leader != nil {
+                let asked = ContinuousClock.now
+                let found = b.status()
+                if let found, found.role == "leader", found.leader != nil {
                     led = found
                 } else {
+                    if found?.role == "standby" { lastStanding = asked }
                     usleep(20_000)
                 }
             }
-            return (led, ContinuousClock.now - killed)
+            return (led, ContinuousClock.now - killed, lastStanding)
         }
         try #require(led != nil, "b did not lead within 20 s of the kill; log:\n\(b.output)")
         print("failover after kill -9: b leads \(takeover) after the kill (target: 5 s)")
-        #expect(takeover <= .seconds(10), "the takeover took \(takeover); log:\n\(b.output)")
+        standingAsked = lastStanding ?? standingAsked
         #expect(led?.leader?.term == 2)
         #expect(led?.stores.first?.epoch == epoch, "the same epoch: the same journal")
         #expect(led?.stores.first?.seq == 20)
@@ -176,14 +222,35 @@ import Glibc
         let moved = try Client(context, endpoint: b.command, clientID: client.clientID)
         #expect(try await increment(moved, 21, b) == 21)
         #expect(try await increment(moved, 20, b) == 20)
-        // One event committed since b took over, less than the time since the kill ago: over b's uptime (it stood
-        // by before the kill) the rate would be lower than one over that time.
-        let sinceKill = (ContinuousClock.now - killed) / .seconds(1)
-        let rate = try #require(await b.status()?.stores.first?.eventsPerSecond)
-        #expect(rate >= 1 / sinceKill - 0.05, "\(rate) events per second, \(sinceKill) s after the kill")
+
+        // eventsPerSecond counts the events of this leadership over its time, not over the daemon's uptime, which
+        // began before the kill (b stood by meanwhile, for a's lease at least). 200 more events in one request make
+        // the two rates differ by far more than the 0.1 the figure is rounded to; both are bounded from the test's
+        // clock: this leadership has lasted at most from the asking of the last STATUS b answered as a standby to
+        // the answer of the one below, and b has run at least from its first answer to the asking of that one.
+        let batch = try await offPool("dispatch", lending: moved) {
+            try $0.dispatch("counter", Array(repeating: #"{"increment":{}}"#, count: 200), number: 22)
+        }
+        guard case let .accepted(_, _, firstSeq, count) = batch, firstSeq == 22, count == 200 else {
+            Issue.record("200 increments at once were answered \(batch); log:\n\(b.output)")
+            return
+        }
+        let committed = 201.0  // 21 and the 200: the retry of 20 committed nothing
+        let asked = ContinuousClock.now
+        let rate = try #require(await b.status(timeout: .seconds(5))?.stores.first?.eventsPerSecond)
+        let answered = ContinuousClock.now
+        func seconds(_ duration: Duration) -> Double { duration / .seconds(1) }
+        let leadershipRate = committed / seconds(answered - standingAsked) - 0.05  // at least
+        let uptimeRate = committed / seconds(asked - bStarted) + 0.05  // at most
+        let rates = "over the uptime at most \(uptimeRate), over this leadership at least \(leadershipRate)"
+        try #require(uptimeRate < leadershipRate, "the two cannot be told apart here: \(rates)")
+        #expect(rate >= leadershipRate, "\(rate) events per second, not over this leadership: \(rates)")
         let kept = try await pair.journalEvents()
-        #expect(kept.map(\.seq) == Array(1...21))
-        #expect(kept.map(\.requestNumber) == Array(1...21), "every acknowledged dispatch once, in order")
+        #expect(kept.map(\.seq) == Array(1...221))
+        #expect(
+            kept.map(\.requestNumber) == Array(1...21) + Array(repeating: 22, count: 200),
+            "every acknowledged dispatch once, in order"
+        )
         #expect(await b.stop() == 0)
         await pair.close()
     }
@@ -231,9 +298,7 @@ import Glibc
         let b = try pair.daemon(1)
         try #require(try await status(b, role: "standby", within: .seconds(20)) != nil, "log:\n\(b.output)")
         let client = try Client(context, endpoint: a.command)
-        for number: UInt64 in 1...3 {
-            guard try await increment(client, number, a) == number else { return }
-        }
+        try await increments(client, 1...3, a)
         try PostgresJournal.execute(
             """
             INSERT INTO idempotency (position, client_id, request_number, fingerprint, reply)
@@ -268,7 +333,7 @@ import Glibc
     @Test func aLeaderWhoseCommitFailedRecoversAndLeadsOn() async throws {
         let pair = try await Pair()
         let context = try Context()
-        guard let (a, client) = try await leaderWithThreeIncrements(pair, context) else { return }
+        let (a, client) = try await leaderWithThreeIncrements(pair, context)
         for sql in [
             "CREATE TABLE refuse_commits (x int)",
             """
@@ -307,7 +372,7 @@ import Glibc
     @Test func aLoneLeaderPausedForMostOfItsLeaseAnswersOnceItHasRenewedIt() async throws {
         let pair = try await Pair()
         let context = try Context()
-        guard let (a, client) = try await leaderWithThreeIncrements(pair, context) else { return }
+        let (a, client) = try await leaderWithThreeIncrements(pair, context)
         a.signal(SIGSTOP)
         try await Task.sleep(for: .milliseconds(2_500))
         let snapshotting = try Client(context, endpoint: a.command)
@@ -336,8 +401,15 @@ import Glibc
         let b = try pair.daemon(1)
         try #require(try await status(b, role: "standby", within: .seconds(20)) != nil, "log:\n\(b.output)")
         let client = try Client(context, endpoint: a.command)
-        for number: UInt64 in 1...10 {
-            guard try await increment(client, number, a) == number else { return }
+        try await increments(client, 1...10, a)
+        // Two more connections to a, made while it runs, each with a request answered: requests sent on them while
+        // a is stopped wait in a's receive queues. (On a connection a has not accepted, libzmq sends nothing but its
+        // greeting: requests would wait in this process until a woke.)
+        let snapshotting = try Client(context, endpoint: a.command)
+        let asking = try Client(context, endpoint: a.command)
+        for connection in [snapshotting, asking] {
+            let answer = try await call(connection, .status(requestID: 1))
+            try #require(DaemonStatus(answer)?.role == "leader", "a answered \(answer); log:\n\(a.output)")
         }
 
         a.signal(SIGSTOP)
@@ -347,23 +419,26 @@ import Glibc
         print("failover after SIGSTOP: b leads \(ContinuousClock.now - paused) after the pause")
         #expect(led?.stores.first?.seq == 10)
         let atB = try Client(context, endpoint: b.command)
-        for number: UInt64 in 11...15 {
-            guard try await increment(atB, number, b) == number else { return }
-        }
+        try await increments(atB, 11...15, b)
 
         // A SNAPSHOT and a STATUS waiting for a when it wakes: a still believes it leads at seq 10, but it may not
-        // answer from a state b has moved past, nor say it leads. Its lease lapsed, so they wait for a renewal,
-        // which is fenced: both are refused `not_leader` (or, read once a stands by, answered as a standby).
-        let snapshotting = try Client(context, endpoint: a.command)
-        try snapshotting.socket.send(Request.snapshot(requestID: 1, store: try StoreName("counter")).encode())
-        let asking = try Client(context, endpoint: a.command)
-        try asking.socket.send(Request.status(requestID: 1).encode())
-        try await Task.sleep(for: .milliseconds(200))
+        // answer from a state b has moved past, nor say it leads. Both are in a's receive queues, unread, before it
+        // wakes (`ss`). Its lease lapsed, so they wait for a renewal, which is fenced: both are refused
+        // `not_leader`. Two threads of a race once it wakes — its I/O thread handing the requests over, its journal
+        // writer's refused renewal coming back — and when the renewal wins, a reads them as a standby: the SNAPSHOT
+        // is refused `not_leader` all the same, and the STATUS says standby; either way, not a leader.
+        let unread = try await acceptedConnections(a, a.command).filter { $0 > 0 }.count
+        try snapshotting.socket.send(Request.snapshot(requestID: 2, store: try StoreName("counter")).encode())
+        try asking.socket.send(Request.status(requestID: 2).encode())
+        let queued = try await eventually(within: .seconds(10)) {
+            try await acceptedConnections(a, a.command).filter { $0 > 0 }.count >= unread + 2
+        }
+        try #require(queued, "the SNAPSHOT and the STATUS never reached a's receive queues")
         a.signal(SIGCONT)
         for (name, socket) in [("SNAPSHOT", snapshotting.socket), ("STATUS", asking.socket)] {
             let frames = try #require(try await receive(socket), "a never answered a \(name); log:\n\(a.output)")
             let answer = try Reply.decode(frames)
-            if let status = DaemonStatus(answer), status.role == "standby" { continue }
+            if name == "STATUS", let status = DaemonStatus(answer), status.role == "standby" { continue }
             guard case let .error(_, error) = answer else {
                 Issue.record("a woken leader answered a \(name) with \(answer); log:\n\(a.output)")
                 return
@@ -388,12 +463,18 @@ import Glibc
         #expect(kept.prefix(10).allSatisfy { $0.client == client.clientID.bytes })
         #expect(kept.dropFirst(10).allSatisfy { $0.client == atB.clientID.bytes }, "nothing a answered woken is kept")
 
-        // Subscribed while a stands by; then b stops, letting the lease go, and a leads a second time.
+        // Subscribed while a stands by — a accepts the connection then (`ss`), and the subscription follows on
+        // libzmq's I/O threads alone, as the handshake ends —; then b stops, letting the lease go, and a leads a
+        // second time.
+        let subscribers = try await acceptedConnections(a, a.events).count
         let late = try Socket(context, type: .subscriber)
         try late.set(.receiveTimeout, 5_000)
         try late.subscribe(Event.topic(for: try StoreName("counter")))
         try late.connect(a.events)
-        try await Task.sleep(for: .milliseconds(500))
+        let accepted = try await eventually(within: .seconds(10)) {
+            try await acceptedConnections(a, a.events).count > subscribers
+        }
+        try #require(accepted, "a standing by never accepted the late subscriber's connection")
         while try early.receive(wait: false) != nil {}  // heartbeats of a's first leadership
         #expect(await b.stop() == 0)
         let again = try await status(a, role: "leader", within: .seconds(20))

@@ -9,6 +9,10 @@ import TestSupport
 import Testing
 import ZeroMQ
 
+#if canImport(Glibc)
+import Glibc
+#endif
+
 /// Optimistic dispatch: a replica in this process against a real `lockstepd` (and, where said, other processes
 /// writing to it). An optimistic dispatch is sent again for a minute before it is given up, so a broken one would
 /// keep a handle waiting: the time limit ends such a test as a failure.
@@ -218,10 +222,18 @@ import ZeroMQ
         #expect(await daemon.stop() == 0)
     }
 
+    /// Where the optimistic state's base stands, for a subscriber: its seq, how many of this replica's todos it
+    /// holds, and whether any of them is still pending on it.
+    struct BaseOfMine: Equatable, Sendable {
+        var seq: SequenceNumber
+        var mine: Int
+        var pending: Bool
+    }
+
     @Test func rebasingUnderAnotherWritingProcessCountsNothingTwice() async throws {
         let (daemon, directory) = try await startDaemon("optimistic-rebase")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let other = try ReplicaClient(daemon, stores: ["todos"], actions: 400)
+        var other: ReplicaClient?
         let mine = 150
         try await withReplica(Todos.self, daemon) { replica in
             // Every optimistic state: none of this replica's todos twice (the other process's texts may repeat),
@@ -242,45 +254,100 @@ import ZeroMQ
                 }
             }
             defer { subscription.cancel() }
-            var handles: [OptimisticDispatch] = []
-            for index in 0..<mine {
-                handles.append(try await replica.dispatchOptimistically(.add(text: "mine \(index)")))
-                if index % 10 == 0 { try await Task.sleep(for: .milliseconds(5)) }
+            // What the test is about: a rebase onto another process's changes while some of this replica's todos are
+            // pending. A subscriber sees it as a base that moved on by more changes than it took todos of mine, with
+            // some of mine still pending on it.
+            let rebasedOntoOthers = Mutex(false)
+            let lastBase = Mutex<BaseOfMine?>(nil)
+            let bases = replica.subscribe(optimistic: { read in
+                BaseOfMine(
+                    seq: read.base.seq,
+                    mine: read.base.state.list.items.count(where: { $0.text.hasPrefix("mine ") }),
+                    pending: !read.pending.isEmpty
+                )
+            }) { base in
+                let others = lastBase.withLock { last in
+                    defer { last = base }
+                    guard let previous = last, base.seq > previous.seq else { return false }
+                    return base.seq - previous.seq > UInt64(max(0, base.mine - previous.mine))
+                }
+                if others, base.pending { rebasedOntoOthers.withLock { $0 = true } }
             }
+            defer { bases.cancel() }
+            // The other process writes 1,000 actions from now on; once its first is confirmed here, this replica
+            // dispatches its own at once, and ten more at each poll until a rebase onto the other's changes with
+            // some of mine pending was seen.
+            let writer = try ReplicaClient(daemon, stores: ["todos"], actions: 1_000)
+            other = writer
+            let writing = try await eventually(within: .seconds(60)) { replica.seq > 0 }
+            try #require(writing, "the other process wrote nothing in 60 s")
+            var handles: [OptimisticDispatch] = []
+            let interleaved = try await eventually(within: .seconds(60)) {
+                for _ in 0..<(handles.isEmpty ? mine : 10) {
+                    handles.append(try await replica.dispatchOptimistically(.add(text: "mine \(handles.count)")))
+                }
+                return rebasedOntoOthers.withLock { $0 }
+            }
+            #expect(interleaved, "no rebase onto the other process's changes with some of mine pending")
             var seqs: [SequenceNumber] = []
             for handle in handles { seqs.append(try await handle.seq) }
-            #expect(Set(seqs).count == mine)
-            let written = await other.wait(within: .seconds(60)) { $0.done }
+            #expect(Set(seqs).count == handles.count)
+            let written = await writer.wait(within: .seconds(60)) { $0.done }
             #expect(written?.done == true && written?.failed == 0, "\(String(describing: written))")
             #expect(try await agrees(replica, with: daemon))
             #expect(try await eventually(within: .seconds(10)) { replica.pending.isEmpty })
             #expect(replica.state == replica.confirmedState)
             let texts = replica.confirmedState.list.items.map(\.text)
-            #expect(texts.filter { $0.hasPrefix("mine ") }.count == mine)
+            #expect(texts.filter { $0.hasPrefix("mine ") }.count == handles.count)
             #expect(problems.withLock { $0 }.isEmpty, "\(problems.withLock { $0.prefix(2) })")
         }
-        _ = try await other.stop()
+        _ = try await other?.stop()
         #expect(await daemon.stop() == 0)
+    }
+
+    /// Where the optimistic state's base stands, for a subscriber: its seq, and whether a dispatch on it is still
+    /// unanswered (queued or sent, not accepted).
+    struct BaseAndUnanswered: Equatable, Sendable {
+        var seq: SequenceNumber
+        var unanswered: Bool
     }
 
     @Test func aSteadyStreamOfDispatchesIsConfirmedWhileItFlows() async throws {
         let (daemon, directory) = try await startDaemon("optimistic-steady")
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let total = 3_000
-        try await withReplica(Counter.self, daemon, { $0.maximumPending = total }) { replica in
-            // Dispatched about one per 100 µs, several always in flight: whenever a confirmed change arrives, some
-            // dispatch sent before it is likely unanswered. The optimistic state must still move onto the newest
-            // confirmed change none of them holds up, settling what it holds while the stream flows.
-            var handles: [OptimisticDispatch] = []
-            var leastPending = Int.max
-            for index in 0..<total {
-                handles.append(try await replica.dispatchOptimistically(.increment))
-                if index % 10 == 0 { try await Task.sleep(for: .milliseconds(1)) }
-                if index >= total / 2, index % 100 == 0 { leastPending = min(leastPending, replica.pending.count) }
+        let least = 3_000
+        try await withReplica(Counter.self, daemon, { $0.maximumPending = 100_000 }) { replica in
+            // Dispatched ten at a time, whatever has been answered, so several are always in flight: whenever a
+            // confirmed change arrives, some dispatch sent before it is likely unanswered. The optimistic state must
+            // still move onto the newest confirmed change none of them holds up, settling what it holds while the
+            // stream flows. A subscriber sees that as a base that moved on while a dispatch on it was still
+            // unanswered; the stream flows until it has (and at least 3,000 were dispatched), for at most a minute.
+            // The poll's millisecond spreads the stream; what is checked does not depend on it.
+            let settledWhileFlowing = Mutex(false)
+            let lastBase = Mutex<SequenceNumber?>(nil)
+            let bases = replica.subscribe(optimistic: { read in
+                BaseAndUnanswered(
+                    seq: read.base.seq,
+                    unanswered: read.pending.contains {
+                        if case .accepted = $0.status { false } else { true }
+                    }
+                )
+            }) { base in
+                let moved = lastBase.withLock { last in
+                    defer { last = base.seq }
+                    return last.map { base.seq > $0 } ?? false
+                }
+                if moved, base.unanswered { settledWhileFlowing.withLock { $0 = true } }
             }
-            #expect(leastPending < total / 2, "\(leastPending) of the first \(total / 2) still pending")
+            defer { bases.cancel() }
+            var handles: [OptimisticDispatch] = []
+            let flowed = try await eventually(within: .seconds(60), every: .milliseconds(1)) {
+                for _ in 0..<10 { handles.append(try await replica.dispatchOptimistically(.increment)) }
+                return handles.count >= least && settledWhileFlowing.withLock { $0 }
+            }
+            #expect(flowed, "\(handles.count) dispatched, and none settled while another was unanswered")
             for handle in handles { _ = try await handle.seq }
-            #expect(replica.confirmedState.count == total)
+            #expect(replica.confirmedState.count == handles.count)
             #expect(try await eventually(within: .seconds(10)) { replica.pending.isEmpty })
             #expect(replica.state == replica.confirmedState)
         }
@@ -293,21 +360,40 @@ import ZeroMQ
         var daemon = try DaemonProcess(directory: directory)
         try await daemon.waitUntilServing()
         let total = 300
+        /// Whether the daemon answered the dispatch: accepted, or confirmed since.
+        func answered(_ handle: OptimisticDispatch) -> Bool {
+            switch handle.status {
+            case .confirmed, .pending(.accepted): true
+            default: false
+            }
+        }
         let restarted = try await withReplica(Todos.self, daemon, { $0.maximumPending = total }) { replica in
             var handles: [OptimisticDispatch] = []
             var restarted: DaemonProcess?
             for index in 0..<total {
                 handles.append(try await replica.dispatchOptimistically(.add(text: "item \(index)")))
-                if index == 100 {
-                    // Some of the first hundred are committed, some answered, some not even read: kill -9.
+                if index == 49 {
+                    // Once one of the first fifty is answered, the daemon stops: each of them answered, committed
+                    // but unanswered, or not yet committed.
+                    let one = try await eventually(within: .seconds(30)) { handles.contains(where: answered) }
+                    try #require(one, "none of the first fifty was answered; log:\n\(daemon.output)")
+                    daemon.signal(SIGSTOP)
+                    let stopped = try await eventually(within: .seconds(10), every: .milliseconds(1)) {
+                        everyThreadStopped(daemon.processIdentifier)
+                    }
+                    try #require(stopped, "the daemon's threads did not all stop")
+                }
+                if index == 99 {
+                    // The next fifty went to the stopped daemon, which never read them: kill -9.
+                    let answeredAtKill = handles.filter(answered).count
+                    #expect((1...50).contains(answeredAtKill), "\(answeredAtKill) of the first hundred answered")
                     daemon.kill()
                 }
-                if index == 200 {
+                if index == 199 {
                     let again = try DaemonProcess(directory: directory)
                     try await again.waitUntilServing()
                     restarted = again
                 }
-                if index % 20 == 0 { try await Task.sleep(for: .milliseconds(2)) }
             }
             // Every one is confirmed once: resent with its key, the daemon answers what it had from its journal.
             var seqs: [SequenceNumber] = []

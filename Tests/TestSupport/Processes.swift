@@ -42,3 +42,17 @@ extension ChildProcess {
         try self.init(executable: productURL(name), arguments)
     }
 }
+
+/// Whether every thread of process `pid` has stopped (state `T` in `/proc/PID/task/*/stat`): the kernel stops a
+/// process's threads after `kill(SIGSTOP)` returns, and on a busy machine they may run on for milliseconds — long
+/// enough to read a request meant to find the process stopped. `false` when the process is gone.
+public func everyThreadStopped(_ pid: Int32) -> Bool {
+    let tasks = "/proc/\(pid)/task"
+    let threads = (try? FileManager.default.contentsOfDirectory(atPath: tasks)) ?? []
+    let states = threads.compactMap { thread in
+        // The state is the field after the name, which is in parentheses and may hold spaces.
+        (try? String(contentsOfFile: "\(tasks)/\(thread)/stat", encoding: .utf8))
+            .flatMap { $0.split(separator: ")").last?.split(separator: " ").first }
+    }
+    return !states.isEmpty && states.count == threads.count && states.allSatisfy { $0 == "T" }
+}

@@ -134,3 +134,72 @@ public enum Reminders: Domain {
         }
     }
 }
+
+extension Reminders {
+    /// The outside service `lockstepd` notifies of completed reminders: a directory with one file per notification,
+    /// named by its idempotency key. Like a real service given an idempotency key, it takes a notification it already
+    /// has without sending it again, and answers with the same receipt: the effect's runs are at least once, the
+    /// notifications exactly once. It also keeps a file per request received (`received/`), to count the runs.
+    public struct Notifications: Sendable {
+        /// Where the notifications are kept.
+        public let directory: String
+
+        /// The service keeping its notifications in `directory` (made when missing).
+        public init(directory: String) {
+            self.directory = directory
+        }
+
+        /// Sends the notification of `effect` under idempotency `key` (its effect's id, e.g. `reminders/12/0`), unless
+        /// one was sent under that key; the receipt.
+        public func send(_ effect: Effect, key: String) throws -> String {
+            guard case let .notify(id, text) = effect else { return "" }
+            let receipt = "notified:\(key)"
+            let name = key.map { $0.isLetter || $0.isNumber ? String($0) : "-" }.joined()
+            let file = URL(fileURLWithPath: "\(directory)/\(name).json")
+            let line = "{\"key\":\"\(key)\",\"id\":\(id),\"text\":\(Self.quoted(text)),\"receipt\":\"\(receipt)\"}\n"
+            do {
+                try FileManager.default.createDirectory(
+                    atPath: "\(directory)/received",
+                    withIntermediateDirectories: true
+                )
+                try Data(key.utf8).write(to: URL(fileURLWithPath: "\(directory)/received/\(name).\(UUID().uuidString)"))
+                // Created only when missing: a second send under the key finds the first.
+                try Data(line.utf8).write(to: file, options: .withoutOverwriting)
+            } catch {
+                // Sent before, under this key: the same receipt, nothing sent again.
+                if FileManager.default.fileExists(atPath: file.path) { return receipt }
+                throw NotificationError(
+                    description: "the notification service at \(directory) cannot take notification \(key): "
+                        + error.localizedDescription
+                )
+            }
+            return receipt
+        }
+
+        /// Every notification sent, as its JSON line, sorted by file name.
+        public func sent() throws -> [String] {
+            guard FileManager.default.fileExists(atPath: directory) else { return [] }
+            return try FileManager.default.contentsOfDirectory(atPath: directory).filter { $0.hasSuffix(".json") }
+                .sorted().map { try String(contentsOfFile: "\(directory)/\($0)", encoding: .utf8) }
+        }
+
+        /// The idempotency key of every request received, sent again or not.
+        public func received() throws -> [String] {
+            let path = "\(directory)/received"
+            guard FileManager.default.fileExists(atPath: path) else { return [] }
+            return try FileManager.default.contentsOfDirectory(atPath: path).sorted().map {
+                try String(contentsOfFile: "\(path)/\($0)", encoding: .utf8)
+            }
+        }
+
+        /// Why a notification could not be sent.
+        public struct NotificationError: Error, CustomStringConvertible {
+            public var description: String
+        }
+
+        private static func quoted(_ text: String) -> String {
+            let data = (try? JSONEncoder().encode(text)) ?? Data("\"\"".utf8)
+            return String(decoding: data, as: UTF8.self)
+        }
+    }
+}

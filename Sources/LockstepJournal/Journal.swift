@@ -506,6 +506,15 @@ public struct JournalEffectID: Hashable, Sendable, Comparable, CustomStringConve
     /// `todos/12/0`.
     public var description: String { "\(store)/\(seq)/\(index)" }
 
+    /// The id `text` spells as `store/seq/index`, or `nil`.
+    public init?(_ text: String) {
+        let parts = text.split(separator: "/", omittingEmptySubsequences: false)
+        guard parts.count == 3, !parts[0].isEmpty, let seq = UInt64(parts[1]), let index = Int(parts[2]), index >= 0,
+            String(seq) == parts[1], String(index) == parts[2]
+        else { return nil }
+        self.init(store: String(parts[0]), seq: seq, index: index)
+    }
+
     public static func < (left: Self, right: Self) -> Bool {
         (left.store, left.seq, left.index) < (right.store, right.seq, right.index)
     }

@@ -132,6 +132,9 @@ public struct ProtocolError: Error, Hashable, Sendable, CustomStringConvertible 
         /// applied. Send the request to the leader (STATUS names it), or here again after a takeover, with the same
         /// key.
         public static let notLeader = Code(rawValue: 12)
+        /// An EFFECTS retry or drop names no effect it can act on: none has that id, or it is running (drop), or it
+        /// is not a dead letter (retry).
+        public static let unknownEffect = Code(rawValue: 13)
 
         /// The code's name as docs/protocol.md spells it (`unknown_store`), or `error_<number>` for a number this peer
         /// does not know.
@@ -149,6 +152,7 @@ public struct ProtocolError: Error, Hashable, Sendable, CustomStringConvertible 
             case .unavailable: "unavailable"
             case .internal: "internal"
             case .notLeader: "not_leader"
+            case .unknownEffect: "unknown_effect"
             default: "error_\(rawValue)"
             }
         }

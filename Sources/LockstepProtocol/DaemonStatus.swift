@@ -41,14 +41,41 @@ public struct DaemonStatus: Codable, Hashable, Sendable {
         /// Actions committed since the daemon began serving (started, or last took its journal's lease), over that
         /// time.
         public var eventsPerSecond: Double
+        /// Its effects and timers, when its domain declares effects.
+        public var effects: Effects?
 
         /// A store's line in the status.
-        public init(name: String, seq: UInt64, epoch: String, domainVersion: UInt32, eventsPerSecond: Double) {
+        public init(
+            name: String,
+            seq: UInt64,
+            epoch: String,
+            domainVersion: UInt32,
+            eventsPerSecond: Double,
+            effects: Effects? = nil
+        ) {
             self.name = name
             self.seq = seq
             self.epoch = epoch
             self.domainVersion = domainVersion
             self.eventsPerSecond = eventsPerSecond
+            self.effects = effects
+        }
+    }
+
+    /// A store's effects and timers (docs/effects.md).
+    public struct Effects: Codable, Hashable, Sendable {
+        /// Effects waiting to run or running (their actions durable or about to be).
+        public var pending: Int
+        /// Effects given up: dead letters, until `lockstep effects retry` or `drop`.
+        public var dead: Int
+        /// Timers set and not yet fired.
+        public var timers: Int
+
+        /// These counts.
+        public init(pending: Int, dead: Int, timers: Int) {
+            self.pending = pending
+            self.dead = dead
+            self.timers = timers
         }
     }
 

@@ -1,17 +1,17 @@
 import Foundation
 import Lockstep
 
-/// One thing an action set going (``DomainEffect``), as the daemon journals it with the action, in the same
+/// One thing an action set going (`DomainEffect`), as the daemon journals it with the action, in the same
 /// transaction: its place — the action's seq and its index in the action's list, the effect's stable id — what kind
 /// it is, and its canonical JSON.
 public struct EffectRecord: Hashable, Sendable, CustomStringConvertible {
     /// What the effect asks for.
     public enum Kind: UInt8, Hashable, Sendable {
-        /// Run the domain's effect (``DomainEffect/run(_:)``): ``EffectRecord/body`` is the effect's JSON.
+        /// Run the domain's effect (`DomainEffect.run`): ``EffectRecord/body`` is the effect's JSON.
         case run = 0
-        /// Set a timer (``DomainEffect/schedule(_:at:key:)``): ``EffectRecord/body`` is the action's JSON.
+        /// Set a timer (`DomainEffect.schedule`): ``EffectRecord/body`` is the action's JSON.
         case schedule = 1
-        /// Cancel a timer (``DomainEffect/cancel(key:)``): no body.
+        /// Cancel a timer (`DomainEffect.cancel`): no body.
         case cancel = 2
     }
 

@@ -38,6 +38,7 @@ enum MessageType: UInt8, Sendable {
     case snapshotRequest = 0x02
     case rangeRequest = 0x03
     case statusRequest = 0x04
+    case effectsRequest = 0x05
 
     case accepted = 0x81
     case rejected = 0x82
@@ -45,6 +46,7 @@ enum MessageType: UInt8, Sendable {
     case rangeReply = 0x84
     case compacted = 0x85
     case statusReply = 0x86
+    case effectsReply = 0x87
     case error = 0x8F
 
     case event = 0x41
@@ -64,9 +66,10 @@ enum MessageType: UInt8, Sendable {
         /// The types a decoder of this family accepts, for error reasons.
         var expected: String {
             switch self {
-            case .request: "0x01 DISPATCH, 0x02 SNAPSHOT, 0x03 RANGE or 0x04 STATUS"
+            case .request: "0x01 DISPATCH, 0x02 SNAPSHOT, 0x03 RANGE, 0x04 STATUS or 0x05 EFFECTS"
             case .reply:
-                "0x81 ACCEPTED, 0x82 REJECTED, 0x83 SNAPSHOT, 0x84 RANGE, 0x85 COMPACTED, 0x86 STATUS or 0x8f ERROR"
+                "0x81 ACCEPTED, 0x82 REJECTED, 0x83 SNAPSHOT, 0x84 RANGE, 0x85 COMPACTED, 0x86 STATUS, 0x87 EFFECTS or "
+                    + "0x8f ERROR"
             case .event: "0x41 EVENT, 0x42 HEARTBEAT, 0x43 DIGEST or 0x44 EVENTS"
             }
         }
@@ -74,8 +77,8 @@ enum MessageType: UInt8, Sendable {
 
     var family: Family {
         switch self {
-        case .dispatch, .snapshotRequest, .rangeRequest, .statusRequest: .request
-        case .accepted, .rejected, .snapshotReply, .rangeReply, .compacted, .statusReply, .error: .reply
+        case .dispatch, .snapshotRequest, .rangeRequest, .statusRequest, .effectsRequest: .request
+        case .accepted, .rejected, .snapshotReply, .rangeReply, .compacted, .statusReply, .effectsReply, .error: .reply
         case .event, .heartbeat, .digest, .events: .event
         }
     }
@@ -87,6 +90,7 @@ enum MessageType: UInt8, Sendable {
         case .snapshotRequest, .snapshotReply: "SNAPSHOT"
         case .rangeRequest, .rangeReply: "RANGE"
         case .statusRequest, .statusReply: "STATUS"
+        case .effectsRequest, .effectsReply: "EFFECTS"
         case .accepted: "ACCEPTED"
         case .rejected: "REJECTED"
         case .compacted: "COMPACTED"
@@ -98,13 +102,13 @@ enum MessageType: UInt8, Sendable {
         }
     }
 
-    /// The name with its direction, since SNAPSHOT, RANGE and STATUS each name a request and a reply.
+    /// The name with its direction, since SNAPSHOT, RANGE, STATUS and EFFECTS each name a request and a reply.
     var fullName: String { family == .event ? name : "\(name) \(family.rawValue)" }
 
     /// The exact length of the header frame.
     var headerSize: Int {
         switch self {
-        case .snapshotRequest, .statusRequest, .statusReply: 12
+        case .snapshotRequest, .statusRequest, .statusReply, .effectsRequest, .effectsReply: 12
         case .error: 14
         case .rejected: 16
         case .event, .heartbeat, .events: 20

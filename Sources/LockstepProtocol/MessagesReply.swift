@@ -15,6 +15,8 @@ public enum Reply: Hashable, Sendable {
     case compacted(requestID: UInt64, store: StoreName, epoch: Epoch, firstAvailable: SequenceNumber)
     /// The daemon's status as a JSON object, whose fields docs/operations.md defines.
     case status(requestID: UInt64, json: Frame)
+    /// The effects and timers as a JSON object, ``EffectsListing``; after a retry or drop, as it left them.
+    case effects(requestID: UInt64, json: Frame)
     /// The request could not be served; its id is 0 when it could not be read.
     case error(requestID: UInt64, ProtocolError)
 
@@ -23,7 +25,7 @@ public enum Reply: Hashable, Sendable {
         switch self {
         case let .accepted(requestID, _, _, _), let .rejected(requestID, _, _), let .snapshot(requestID, _),
             let .range(requestID, _, _, _, _), let .compacted(requestID, _, _, _), let .status(requestID, _),
-            let .error(requestID, _):
+            let .effects(requestID, _), let .error(requestID, _):
             requestID
         }
     }
@@ -67,6 +69,10 @@ public enum Reply: Hashable, Sendable {
             return [header.bytes, Array(store.rawValue.utf8)]
         case let .status(requestID, json):
             var header = ByteWriter(.statusReply)
+            header.write(requestID)
+            return [header.bytes, json]
+        case let .effects(requestID, json):
+            var header = ByteWriter(.effectsReply)
             header.write(requestID)
             return [header.bytes, json]
         case let .error(requestID, error):
@@ -139,6 +145,9 @@ public enum Reply: Hashable, Sendable {
         case .statusReply:
             try Wire.requireFrames(body, exactly: 2, type: type, layout: "header, status JSON")
             return .status(requestID: requestID, json: body[1])
+        case .effectsReply:
+            try Wire.requireFrames(body, exactly: 2, type: type, layout: "header, effects JSON")
+            return .effects(requestID: requestID, json: body[1])
         case .error:
             let code = ProtocolError.Code(rawValue: try header.read(UInt16.self, field: "error code"))
             try Wire.requireFrames(body, exactly: 2, type: type, layout: "header, reason")

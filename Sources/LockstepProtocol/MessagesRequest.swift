@@ -10,12 +10,16 @@ public enum Request: Hashable, Sendable {
     case range(requestID: UInt64, store: StoreName, from: SequenceNumber, to: SequenceNumber)
     /// Send the daemon's status.
     case status(requestID: UInt64)
+    /// List the effects and timers, or send a dead letter back to run, or drop an effect (docs/effects.md).
+    case effects(requestID: UInt64, EffectsCommand)
 
     /// The id the reply echoes, so a client with several requests in flight can match replies.
     public var requestID: UInt64 {
         switch self {
         case let .dispatch(request): request.requestID
-        case let .snapshot(requestID, _), let .range(requestID, _, _, _), let .status(requestID): requestID
+        case let .snapshot(requestID, _), let .range(requestID, _, _, _), let .status(requestID),
+            let .effects(requestID, _):
+            requestID
         }
     }
 
@@ -42,6 +46,14 @@ public enum Request: Hashable, Sendable {
             var header = ByteWriter(.statusRequest)
             header.write(requestID)
             return [header.bytes]
+        case let .effects(requestID, command):
+            var header = ByteWriter(.effectsRequest)
+            header.write(requestID)
+            switch command {
+            case .list: return [header.bytes, Array("list".utf8)]
+            case let .retry(id): return [header.bytes, Array("retry".utf8), Array(id.utf8)]
+            case let .drop(id): return [header.bytes, Array("drop".utf8), Array(id.utf8)]
+            }
         }
     }
 
@@ -134,6 +146,8 @@ public enum Request: Hashable, Sendable {
         case .statusRequest:
             try Wire.requireFrames(body, exactly: 1, type: type, layout: "header")
             return .status(requestID: requestID)
+        case .effectsRequest:
+            return .effects(requestID: requestID, try EffectsCommand(body))
         default:
             // `messageType` returned a request type; the others cannot reach here.
             throw ProtocolError(code: .unknownMessageType, "\(type.fullName) is not a request")
@@ -150,6 +164,52 @@ public enum Request: Hashable, Sendable {
         else { return 0 }
         var reader = ByteReader(first, from: 4, frameIndex: 0, type: nil)
         return (try? reader.read(UInt64.self, field: "request id")) ?? 0
+    }
+}
+
+/// What an EFFECTS request asks (docs/protocol.md, "EFFECTS").
+public enum EffectsCommand: Hashable, Sendable {
+    /// Every effect waiting, running or given up, and every timer set.
+    case list
+    /// Send dead letter `id` (`store/seq/index`) back to run, its tries counted afresh.
+    case retry(String)
+    /// Drop effect `id`, waiting or given up, without running it.
+    case drop(String)
+
+    /// The longest effect id, in bytes.
+    public static let maximumIDLength = 200
+
+    init(_ body: [Frame]) throws(ProtocolError) {
+        guard body.count >= 2 else {
+            throw ProtocolError(
+                code: .malformed,
+                "EFFECTS request has \(Wire.frames(body.count)); expected 2 (header, list) or 3 (header, retry or drop, "
+                    + "effect id)"
+            )
+        }
+        let verb = String(decoding: body[1], as: UTF8.self)
+        switch verb {
+        case "list":
+            try Wire.requireFrames(body, exactly: 2, type: .effectsRequest, layout: "header, list")
+            self = .list
+        case "retry", "drop":
+            try Wire.requireFrames(body, exactly: 3, type: .effectsRequest, layout: "header, \(verb), effect id")
+            guard (1...Self.maximumIDLength).contains(body[2].count),
+                let id = String(validating: body[2], as: UTF8.self)
+            else {
+                throw ProtocolError(
+                    code: .malformed,
+                    "effect id (frame 2) of EFFECTS request is \(body[2].count) bytes; expected 1 to "
+                        + "\(Self.maximumIDLength) bytes of UTF-8, store/seq/index"
+                )
+            }
+            self = verb == "retry" ? .retry(id) : .drop(id)
+        default:
+            throw ProtocolError(
+                code: .malformed,
+                "command (frame 1) of EFFECTS request is '\(verb.prefix(64))'; expected list, retry or drop"
+            )
+        }
     }
 }
 

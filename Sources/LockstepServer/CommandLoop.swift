@@ -21,6 +21,8 @@ final class CommandLoop: Sendable {
     let notifier: SystemdNotifier
     let wakeup: Wakeup
     let failpoint: Failpoint?
+    /// Runs the hosted domains' effects while the daemon leads; `nil` when none declares effects.
+    let effects: EffectRunner?
     private let stopping = Atomic<Bool>(false)
     /// When the daemon started: its uptime in STATUS, whatever its role.
     let startedAt = ContinuousClock.now
@@ -33,6 +35,7 @@ final class CommandLoop: Sendable {
         domains: [HostedDomain],
         notifier: SystemdNotifier,
         failpoint: Failpoint? = nil,
+        effectHandlers: [EffectHandler] = [],
         logger: Logger
     ) throws(ServerError) {
         self.configuration = configuration
@@ -45,6 +48,14 @@ final class CommandLoop: Sendable {
         } catch {
             throw ServerError(code: .system, "could not make the loop's wake-up pipe: \(error)")
         }
+        effects =
+            domains.contains(where: \.hasEffects)
+            ? EffectRunner(
+                handlers: effectHandlers,
+                dataDirectory: configuration.dataDirectory,
+                wakeup: wakeup,
+                logger: logger
+            ) : nil
     }
 
     /// Asks the loop to finish its turn and stop; callable from any thread.
@@ -111,14 +122,25 @@ final class CommandLoop: Sendable {
         defer { writer.stop() }
         var thread = try LoopThread(loop: self, journal: journal, writer: writer)
         defer { thread.sockets.close() }
+        defer { effects?.stop() }
         try thread.start()
         while !isStopping { try thread.turn() }
         try thread.finish()
     }
 
-    /// The stores as the journal proves them: on the loop's thread at start, on the journal writer's after a takeover.
-    func recoverStores(_ journal: any Journal) throws -> Sequencer {
-        try Serving.recover(domains, journal: journal, logger: logger)
+    /// The stores as the journal proves them, and its outbox: on the loop's thread at start, on the journal writer's
+    /// after a takeover.
+    func recoverStores(_ journal: any Journal) throws -> Recovered {
+        Recovered(
+            sequencer: try Serving.recover(domains, journal: journal, logger: logger),
+            outbox: try journal.outbox()
+        )
+    }
+
+    /// What a leadership starts from: the stores, and the effects and timers the journal holds.
+    struct Recovered: Sendable {
+        var sequencer: Sequencer
+        var outbox: JournalOutbox
     }
 
     /// The STATUS fields every role shares: uptime, journal, refusals, the settings a client needs.
@@ -206,7 +228,7 @@ struct LoopThread {
     /// The leader's state; `nil` while the daemon stands by or recovers.
     var serving: Serving?
     /// The stores a takeover's recovery made on the writer's thread, until ``Leadership`` says to lead with them.
-    var recovered: (sequencer: Sequencer, fencedAt: ContinuousClock.Instant)?
+    var recovered: (recovered: CommandLoop.Recovered, fencedAt: ContinuousClock.Instant)?
     var lastWatchdog = ContinuousClock.now
     let limits: Limits
 
@@ -269,12 +291,16 @@ struct LoopThread {
         if let serving { serving.announceReady() } else { announce() }
     }
 
-    /// Becomes the leader over `sequencer`.
-    mutating func serve(_ sequencer: Sequencer, lease: Serving.Pipeline.Lease?, takeover: Leadership.Takeover?) {
+    /// Becomes the leader over what recovery proved.
+    mutating func serve(
+        _ recovered: CommandLoop.Recovered,
+        lease: Serving.Pipeline.Lease?,
+        takeover: Leadership.Takeover?
+    ) {
         serving = Serving(
             loop: loop,
             journal: journal,
-            sequencer: sequencer,
+            recovered: recovered,
             lease: lease,
             takeover: takeover,
             sockets: sockets
@@ -311,6 +337,7 @@ struct LoopThread {
         }
         if serving != nil {
             do {
+                serving!.runEffects()
                 try serving!.advance(&sockets, writer)
                 serving!.publishHeartbeats(&sockets)
             } catch {
@@ -375,6 +402,8 @@ struct LoopThread {
             )
         }
         serving = nil
+        // A daemon that leads no more starts nothing, and what it runs is cancelled: the next leader runs it again.
+        loop.effects?.cancelAll()
         // `perform` throws only for what a leader does; a standby's actions never do.
         try? perform(leadership.lost(stillHeld: ended.stillHeld, holder: holder, now: .now))
     }
@@ -408,14 +437,14 @@ struct LoopThread {
                     }
                 }
             case let .lead(takeover):
-                guard let (sequencer, fencedAt) = recovered else { continue }
-                recovered = nil
+                guard let (recovered, fencedAt) = self.recovered else { continue }
+                self.recovered = nil
                 let lease = Serving.Pipeline.Lease(
                     duration: leased.lease.duration,
                     term: takeover.term,
                     fencedAt: fencedAt
                 )
-                serve(sequencer, lease: lease, takeover: takeover)
+                serve(recovered, lease: lease, takeover: takeover)
                 serving?.announceReady()
             case .announce:
                 announce()

@@ -66,6 +66,28 @@ public struct DaemonConfiguration: Hashable, Sendable {
     public var eventsQueue = 100_000
     /// CURVE on the tcp endpoints; `nil` for none (ipc endpoints in a private directory need none).
     public var curve: CurveSettings?
+    /// How the leader runs the hosted domains' effects (`[effects]` in the file; docs/effects.md).
+    public var effects = Effects()
+
+    /// How effects are run: how many at once, how many tries, how long a run may take, how long to wait between
+    /// tries.
+    public struct Effects: Hashable, Sendable {
+        /// The most effects running at once (`concurrency`, default 8).
+        public var concurrency = 8
+        /// Runs in all before an effect is given up as a dead letter (`tries`, default 5).
+        public var tries = 5
+        /// How long a run may take before it counts as failed (`timeout_ms`, default 30,000).
+        public var timeout = Duration.seconds(30)
+        /// The wait before the second run, doubled after each failure up to 30 s (`backoff_ms`, default 200).
+        public var backoff = Duration.milliseconds(200)
+
+        /// The defaults.
+        public init() {}
+
+        var policy: EffectLedger.Policy {
+            EffectLedger.Policy(maximumRunning: concurrency, maximumAttempts: tries, timeout: timeout, backoff: backoff)
+        }
+    }
 
     /// CURVE on tcp endpoints: the daemon's key file, and the file listing the clients allowed in.
     public struct CurveSettings: Hashable, Sendable {
@@ -127,6 +149,10 @@ public struct DaemonConfiguration: Hashable, Sendable {
         try reader.integer("limits", "max_message_bytes", 1_024...Int64(Int32.max)) { maximumMessageBytes = Int($0) }
         try reader.integer("limits", "max_batch", 1...100_000) { maximumBatch = Int($0) }
         try reader.integer("limits", "events_queue", 1...Int64(Int32.max)) { eventsQueue = Int($0) }
+        try reader.integer("effects", "concurrency", 1...10_000) { effects.concurrency = Int($0) }
+        try reader.integer("effects", "tries", 1...1_000) { effects.tries = Int($0) }
+        try reader.integer("effects", "timeout_ms", 1...86_400_000) { effects.timeout = .milliseconds($0) }
+        try reader.integer("effects", "backoff_ms", 1...3_600_000) { effects.backoff = .milliseconds($0) }
         var secret: String?
         var clients: String?
         try reader.string("curve", "server_key_file") { secret = $0 }

@@ -32,16 +32,24 @@ public enum LockstepDaemonMain {
     ///
     /// - Parameters:
     ///   - domains: every domain the executable links; their names must differ.
+    ///   - effects: what runs the effects of the domains that declare them (docs/effects.md): one handler for each.
     ///   - commandName: the daemon's name in its messages and its log's label; the executable's file name when
     ///     `nil`.
     ///   - logHandler: what the daemon's log lines go to; standard error when `nil`.
     public static func run(
         domains: [any Domain.Type],
+        effects: [EffectHandler] = [],
         commandName: String? = nil,
         logHandler: LogHandlerFactory? = nil
     ) async -> Never {
         let names = domains.map { $0.name }
         precondition(Set(names).count == names.count, "two domains share a name: \(names)")
+        let hosted = domains.map { HostedDomain($0) }
+        do {
+            try EffectHandler.check(effects, for: hosted)
+        } catch {
+            preconditionFailure("\(error)")
+        }
         let name = commandName ?? DaemonCommand.executableName
         let command: DaemonCommand
         do {
@@ -54,7 +62,8 @@ public enum LockstepDaemonMain {
             DaemonCommand.exit(withError: error)
         }
         let status = await command.serve(
-            domains: domains.map { HostedDomain($0) },
+            domains: hosted,
+            effects: effects,
             name: name,
             logHandler: logHandler ?? { StreamLogHandler.standardError(label: $0) }
         )
@@ -182,8 +191,8 @@ public struct DaemonFlags: ParsableArguments, Sendable {
     }
 }
 
-/// The command behind ``LockstepDaemonMain``: its flags and help; ``LockstepDaemonMain/run(domains:commandName:logHandler:)``
-/// parses it and calls ``serve(domains:name:logHandler:)`` with what the executable hosts.
+/// The command behind ``LockstepDaemonMain``: its flags and help; ``LockstepDaemonMain/run(domains:effects:commandName:logHandler:)``
+/// parses it and calls ``serve(domains:effects:name:logHandler:)`` with what the executable hosts.
 struct DaemonCommand: ParsableCommand {
     /// A configuration it cannot serve: sysexits' EX_CONFIG.
     static let configurationExit: Int32 = 78
@@ -212,6 +221,7 @@ struct DaemonCommand: ParsableCommand {
     /// Serves `domains` as the flags say until SIGTERM or SIGINT; the exit status.
     func serve(
         domains: [HostedDomain],
+        effects: [EffectHandler],
         name: String,
         logHandler: @escaping LockstepDaemonMain.LogHandlerFactory
     ) async
@@ -238,6 +248,7 @@ struct DaemonCommand: ParsableCommand {
             let daemon = try LockstepDaemon(
                 configuration: settings,
                 domains: domains,
+                effects: effects,
                 environment: ProcessInfo.processInfo.environment,
                 logger: logger
             )

@@ -17,6 +17,8 @@ struct Failpoint: Sendable {
         case afterCommit = "after-commit"
         /// Replies sent; the events are not published yet.
         case afterReply = "after-reply"
+        /// An effect's run ended; what it returned is not sequenced yet (counted per run that ended).
+        case effectRan = "effect-ran"
         /// Not a crash: the journal never fsyncs (SQLite `synchronous = OFF`), so acknowledged actions are lost
         /// on a power cut. Only for proving that the fault suite's power-cut class can fail.
         case noSync = "no-sync"

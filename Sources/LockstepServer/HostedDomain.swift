@@ -6,6 +6,8 @@ import LockstepProtocol
 public struct HostedDomain: Sendable {
     /// The domain's name, which is its store's name: what `--domain` and the `domains` setting choose by.
     public let name: String
+    /// Whether the domain declares effects (docs/effects.md).
+    public let hasEffects: Bool
     /// The store the journal proves, and the domain version it was upgraded from, if it was.
     let recover: @Sendable (any Journal) throws -> (store: any SequencedStore, upgradedFrom: UInt32?)
     /// Throws what `recover` would for the store's domain version, writing nothing.
@@ -14,6 +16,7 @@ public struct HostedDomain: Sendable {
     /// Hosts domain `D`.
     public init<D: Domain>(_ domain: D.Type) {
         name = D.name
+        hasEffects = D.hasEffects
         checkTakeOver = { journal in try journal.checkTakeOver(domain) }
         recover = { journal in
             let recovered = try journal.recover(domain)

@@ -20,7 +20,7 @@ final class JournalWriter: Sendable {
         case leaseAttempt(Result<LeaseOutcome, Leadership.Failure>)
         /// A takeover's renewal and recovery: for ``Leadership``, with the stores recovered and when the fence that
         /// renewed the lease was sent.
-        case recovery(Result<(sequencer: Sequencer, fencedAt: ContinuousClock.Instant), Leadership.Failure>)
+        case recovery(Result<(recovered: CommandLoop.Recovered, fencedAt: ContinuousClock.Instant), Leadership.Failure>)
     }
 
     typealias Work = @Sendable () -> Completion

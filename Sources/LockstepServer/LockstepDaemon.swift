@@ -9,15 +9,18 @@ import ZeroMQ
 public final class LockstepDaemon: Service, Sendable {
     private let loop: CommandLoop
 
-    /// A daemon serving `domains` as `configuration` says; `environment` is read for systemd's variables.
+    /// A daemon serving `domains` as `configuration` says, running their effects with `effects` (one handler per
+    /// domain that declares effects); `environment` is read for systemd's variables.
     public init(
         configuration: DaemonConfiguration,
         domains: [HostedDomain],
+        effects: [EffectHandler] = [],
         environment: [String: String],
         logger: Logger
     ) throws {
         let known = domains.map(\.name)
         try configuration.validate(knownDomains: known)
+        try EffectHandler.check(effects, for: domains)
         let hosted = configuration.domains.compactMap { name in domains.first { $0.name == name } }
         if !Failpoint.compiledIn, let value = environment["LOCKSTEP_FAILPOINT"], !value.isEmpty {
             logger.warning(
@@ -30,6 +33,7 @@ public final class LockstepDaemon: Service, Sendable {
             domains: hosted,
             notifier: SystemdNotifier(environment: environment),
             failpoint: try Failpoint(environment: environment),
+            effectHandlers: effects,
             logger: logger
         )
     }

@@ -15,7 +15,16 @@ struct Waiting {
 /// published. It sequences each request into the pipeline's open group and carries out what the pipeline decides —
 /// commits, answers, publication — through the loop's sockets; the pipeline decides, this does.
 struct Serving {
-    typealias Pipeline = CommitPipeline<Waiting, Sequencer.Commit>
+    typealias Pipeline = CommitPipeline<Waiting, Sequenced>
+
+    /// What a group journals for one change: a sequenced dispatch (a client's, a timer's, an effect's results) with
+    /// the outbox changes its actions made, or outbox changes alone (an effect failed, given up, sent back).
+    struct Sequenced: Sendable {
+        var commit: Sequencer.Commit?
+        var effects: [JournalEffect] = []
+        var effectUpdates: [JournalEffectUpdate] = []
+        var timerChanges: [JournalTimerChange] = []
+    }
 
     let loop: CommandLoop
     let journal: any Journal
@@ -37,6 +46,8 @@ struct Serving {
     var committing: (snapshots: [StoreName: JournalSnapshot], digests: [Digest])?
     /// The fault suite's crash point, in a test build.
     var failpoint: Failpoint?
+    /// The effects and timers, when a hosted domain declares effects.
+    var ledger: EffectLedger?
 
     typealias Digest = (store: StoreName, epoch: Epoch, seq: SequenceNumber, digest: StateDigest)
 
@@ -55,14 +66,17 @@ struct Serving {
     init(
         loop: CommandLoop,
         journal: any Journal,
-        sequencer: Sequencer,
+        recovered: CommandLoop.Recovered,
         lease: Pipeline.Lease?,
         takeover: Leadership.Takeover?,
         sockets: LoopSockets
     ) {
         self.loop = loop
         self.journal = journal
-        self.sequencer = sequencer
+        sequencer = recovered.sequencer
+        if loop.effects != nil {
+            ledger = EffectLedger(outbox: recovered.outbox, policy: loop.configuration.effects.policy, now: .now)
+        }
         self.takeover = takeover
         failpoint = loop.failpoint
         limits = Limits(
@@ -182,8 +196,21 @@ struct Serving {
 
     /// When the leader has something to do without a request: a heartbeat, a renewal, a sync.
     func nextDeadline() -> ContinuousClock.Instant {
-        let heartbeat = (lastPublished.values.min() ?? ContinuousClock.now) + configuration.heartbeatInterval
-        return pipeline.nextDeadline.map { min($0, heartbeat) } ?? heartbeat
+        var deadline = (lastPublished.values.min() ?? ContinuousClock.now) + configuration.heartbeatInterval
+        if let pipelineDeadline = pipeline.nextDeadline { deadline = min(deadline, pipelineDeadline) }
+        if let (monotonic, wall) = ledger?.nextDeadline() {
+            if let monotonic { deadline = min(deadline, monotonic) }
+            if let wall {
+                let now = ContinuousClock.now
+                deadline = min(deadline, now + .milliseconds(max(0, wall - Self.wallMilliseconds())))
+            }
+        }
+        return deadline
+    }
+
+    /// The wall clock, in milliseconds since 1970: what timers are due by (docs/effects.md, "Which clock").
+    static func wallMilliseconds() -> Int64 {
+        Int64((Date().timeIntervalSince1970 * 1_000).rounded(.down))
     }
 
     /// A request's answer, as it waits for its group's commit.
@@ -199,12 +226,14 @@ struct Serving {
         case snapshot(requestID: UInt64, store: any SequencedStore)
         /// Read from the journal up to the store's seq when the request was read, durable once the group is.
         case range(requestID: UInt64, store: StoreName, epoch: Epoch, lastSeq: SequenceNumber, from: UInt64, to: UInt64)
+        /// The daemon's own change (a timer fired, an effect's results, an outbox change): nobody to answer.
+        case `internal`
     }
 
     /// Sequences one request into the open group.
     mutating func sequence(_ request: Result<Request, RefusedRequest>, envelope: [Frame]) {
         let work: Pending
-        var commit: Sequencer.Commit?
+        var commit: Sequenced?
         switch request {
         case let .failure(refusal):
             work = .reply(refusal.reply)
@@ -214,7 +243,7 @@ struct Serving {
                 work = .decided(reply)
             case let .commit(sequenced):
                 work = .decided(sequenced.reply)
-                commit = sequenced
+                commit = outboxChanges(of: sequenced)
             }
         case let .success(.snapshot(requestID, name)):
             if let store = sequencer.stores[name] {
@@ -237,8 +266,174 @@ struct Serving {
             }
         case let .success(.status(requestID)):
             work = .status(requestID: requestID)
+        case let .success(.effects(requestID, command)):
+            (work, commit) = effects(requestID, command)
         }
         pipeline.sequenced(Waiting(envelope: envelope, work: work), commit: commit)
+    }
+
+    /// What `commit` journals beside its events: its actions' effects to run (the outbox) and the timers they set and
+    /// cancel, in order; the ledger takes the timers at once and the effects once the commit is durable.
+    mutating func outboxChanges(of commit: Sequencer.Commit, firing timer: JournalTimer? = nil) -> Sequenced {
+        var change = Sequenced(commit: commit)
+        let store = commit.store.rawValue
+        for event in commit.events {
+            for record in event.effects {
+                switch record.kind {
+                case .run:
+                    change.effects.append(
+                        JournalEffect(store: store, seq: record.seq, index: record.index, body: record.body)
+                    )
+                case .schedule:
+                    change.timerChanges.append(
+                        .set(
+                            JournalTimer(
+                                store: store,
+                                key: record.key ?? "",
+                                dueMilliseconds: record.dueMilliseconds ?? 0,
+                                action: record.body,
+                                seq: record.seq,
+                                index: record.index
+                            )
+                        )
+                    )
+                case .cancel:
+                    change.timerChanges.append(.remove(store: store, key: record.key ?? ""))
+                }
+            }
+        }
+        ledger?.sequenced(change.effects, timers: change.timerChanges, now: .now)
+        // A fired timer left the ledger when it fired; it leaves the journal before what its action sets.
+        if let timer { change.timerChanges.insert(.remove(store: timer.store, key: timer.key), at: 0) }
+        return change
+    }
+
+    /// An EFFECTS request: the listing, after the retry or drop it asks for (journaled with the group, answered once
+    /// durable).
+    private mutating func effects(_ requestID: UInt64, _ command: EffectsCommand) -> (Pending, Sequenced?) {
+        guard var ledger else {
+            let reason = "this daemon hosts no domain that declares effects (it hosts \(loop.domains.map(\.name)))"
+            return (.reply(.error(requestID: requestID, ProtocolError(code: .unknownEffect, reason))), nil)
+        }
+        var update: Sequenced?
+        switch command {
+        case .list:
+            break
+        case let .retry(text), let .drop(text):
+            let retrying = if case .retry = command { true } else { false }
+            guard let id = JournalEffectID(text) else {
+                let reason = "'\(text)' is not an effect id; an id is store/seq/index, as `lockstep effects list` shows"
+                return (.reply(.error(requestID: requestID, ProtocolError(code: .unknownEffect, reason))), nil)
+            }
+            guard let actions = retrying ? ledger.retry(id, now: .now) : ledger.drop(id) else {
+                let reason = ledger.refusal(id, retrying: retrying)
+                return (.reply(.error(requestID: requestID, ProtocolError(code: .unknownEffect, reason))), nil)
+            }
+            update = Sequenced(
+                effectUpdates: actions.compactMap { if case let .journal(change) = $0 { change } else { nil } }
+            )
+            self.ledger = ledger
+        }
+        return (.decided(ledger.listing().reply(to: requestID)), update)
+    }
+
+    /// The effects' turn: what the runs that ended came to, then what the ledger says is due — timers to fire,
+    /// effects to run, results to sequence, changes to journal.
+    mutating func runEffects() {
+        guard var ledger, let runner = loop.effects else { return }
+        let now = ContinuousClock.now
+        var actions: [EffectLedger.Action] = []
+        for outcome in runner.takeOutcomes() {
+            failpoint?.pass(.effectRan)
+            actions += ledger.finished(outcome.id, attempt: outcome.attempt, outcome.result, now: now)
+        }
+        actions += ledger.tick(now: now, wallMilliseconds: Self.wallMilliseconds())
+        self.ledger = ledger
+        for action in actions {
+            switch action {
+            case let .run(id, body, attempt):
+                runner.start(EffectRunner.Job(id: id, body: body, attempt: attempt))
+            case let .fire(timer):
+                sequenceInternal(
+                    store: timer.store,
+                    actions: [timer.action],
+                    key: Self.key("timer", timer.store, timer.seq, timer.index),
+                    firing: timer,
+                    why: "timer '\(timer.key)'"
+                )
+            case let .complete(id, frames):
+                sequenceInternal(
+                    store: id.store,
+                    actions: frames,
+                    key: Self.key("effect", id.store, id.seq, id.index),
+                    done: id,
+                    why: "the results of effect \(id)"
+                )
+            case let .journal(update):
+                pipeline.sequenced(Waiting(envelope: [], work: .internal), commit: Sequenced(effectUpdates: [update]))
+            case let .failed(id, attempt, error, givenUp):
+                runner.cancel(id, attempt: attempt)
+                let metadata: Logger.Metadata = ["effect": "\(id)", "attempt": "\(attempt)", "error": "\(error)"]
+                if givenUp {
+                    logger.error(
+                        "an effect was given up: a dead letter, kept until retried or dropped",
+                        metadata: metadata
+                    )
+                } else {
+                    logger.warning("an effect's run failed; it is tried again", metadata: metadata)
+                }
+            }
+        }
+    }
+
+    /// Sequences the daemon's own dispatch of `actions` to `store` under idempotency key `key` (the same for every
+    /// try of it, on any daemon): a due timer's action (which leaves the timers in the same commit), or an effect's
+    /// results (the effect is done in the same commit). An action the domain refuses is logged, and the timer or the
+    /// effect is done all the same: trying again would be refused again.
+    private mutating func sequenceInternal(
+        store name: String,
+        actions: [[UInt8]],
+        key: ClientID,
+        firing timer: JournalTimer? = nil,
+        done effect: JournalEffectID? = nil,
+        why: String
+    ) {
+        let done = effect.map { [JournalEffectUpdate($0, .done)] } ?? []
+        var outcome = Sequenced(effectUpdates: done)
+        if let timer {
+            // Fired whatever its action comes to: it leaves the ledger now, and the journal in this commit.
+            outcome.timerChanges = [.remove(store: timer.store, key: timer.key)]
+        }
+        if !actions.isEmpty, let storeName = try? StoreName(name), let store = sequencer.stores[storeName] {
+            let request = DispatchRequest(
+                requestID: 1,
+                domainVersion: store.domainVersion,
+                clientID: key,
+                store: storeName,
+                actions: actions
+            )
+            switch sequencer.dispatch(request) {
+            case let .commit(commit):
+                var change = outboxChanges(of: commit, firing: timer)
+                change.effectUpdates += done
+                outcome = change
+            case .reply(.accepted):
+                break  // applied before, under the same key: done
+            case let .reply(reply):
+                logger.error(
+                    "the daemon refused its own dispatch of \(why); it is done all the same",
+                    metadata: ["store": "\(name)", "reply": "\(reply)"]
+                )
+            }
+        }
+        pipeline.sequenced(Waiting(envelope: [], work: .internal), commit: outcome)
+    }
+
+    /// The idempotency key of the daemon's own dispatch for `kind` (`timer`, `effect`) with this stable id: 16 bytes
+    /// of its SHA-256, the same on every daemon.
+    static func key(_ kind: String, _ store: String, _ seq: UInt64, _ index: Int) -> ClientID {
+        let digest = StateDigest(of: Array("lockstep \(kind) \(store) \(seq) \(index)".utf8))
+        return ClientID(bytes: Array(digest.bytes.prefix(16)))!
     }
 
     /// Hands the open group to the pipeline when nothing is in flight, and carries out what it decides.
@@ -287,7 +482,7 @@ struct Serving {
                 for snapshot in batch.snapshots {
                     if let name = try? StoreName(snapshot.store) { snapshots[name] = snapshot }
                 }
-                committing = (snapshots, digestsDue(after: group.commits, snapshots: snapshots))
+                committing = (snapshots, digestsDue(after: group.commits.compactMap(\.commit), snapshots: snapshots))
                 failpoint?.pass(.beforeCommit)
                 let journal = self.journal
                 queue += run(at: place, writer) { () throws(JournalError) in
@@ -306,6 +501,8 @@ struct Serving {
                 if publishing {
                     failpoint?.pass(.afterReply)
                     publish(group, &sockets)
+                    // Durable: the effects these actions set going may run now.
+                    ledger?.committed(group.commits.flatMap { $0.effects.map(\.id) }, now: .now)
                 }
             case let .refuse(group, reason):
                 release(group, refusing: reason, &sockets)
@@ -313,7 +510,13 @@ struct Serving {
                 throw SteppedDown(reason: reason, stillHeld: stillHeld)
             case .recoverStores:
                 do {
-                    sequencer = try Self.recover(loop.domains, journal: journal, logger: logger)
+                    let recovered = try loop.recoverStores(journal)
+                    sequencer = recovered.sequencer
+                    if let policy = ledger?.policy {
+                        // What was sequenced on the failed commit is gone: the outbox is the journal's again.
+                        loop.effects?.cancelAll()
+                        ledger = EffectLedger(outbox: recovered.outbox, policy: policy, now: .now)
+                    }
                 } catch {
                     throw SteppedDown(reason: "the stores could not be recovered after a failed commit: \(error)")
                 }
@@ -385,6 +588,8 @@ struct Serving {
                 }
                 if loop.offload(envelope, { Replies.snapshot(requestID: requestID, store: store) }) { continue }
                 reply = Replies.busy(requestID)
+            case .internal:
+                continue
             case let .range(requestID, name, epoch, lastSeq, from, to):
                 guard committed else {
                     reply = Replies.unavailable(requestID)
@@ -419,12 +624,20 @@ struct Serving {
                 sockets.send(Replies.notLeader(answer.requestID, reason), to: waiting.envelope)
             case let .status(requestID), let .snapshot(requestID, _), let .range(requestID, _, _, _, _, _):
                 sockets.send(Replies.notLeader(requestID, reason), to: waiting.envelope)
+            case .internal:
+                continue
             }
         }
     }
 
-    func batch(for commits: [Sequencer.Commit]) throws -> JournalBatch {
+    func batch(for changes: [Sequenced]) throws -> JournalBatch {
         var batch = JournalBatch()
+        for change in changes {
+            batch.effects += change.effects
+            batch.effectUpdates += change.effectUpdates
+            batch.timerChanges += change.timerChanges
+        }
+        let commits = changes.compactMap(\.commit)
         for commit in commits {
             for event in commit.events {
                 batch.events.append(
@@ -488,7 +701,7 @@ struct Serving {
         readSubscriptions(&sockets)
         let now = ContinuousClock.now
         var runs: [(store: StoreName, epoch: Epoch, firstSeq: SequenceNumber, actions: [Frame])] = []
-        for commit in group.commits {
+        for commit in group.commits.compactMap(\.commit) {
             let streams = streams[commit.store] ?? (false, false)
             if streams.oneByOne {
                 for event in commit.events {
@@ -564,15 +777,20 @@ struct Serving {
     func status(_ sockets: LoopSockets) -> DaemonStatus {
         let serving = ContinuousClock.now - servingSince
         let seconds = max(Double(serving.components.seconds) + Double(serving.components.attoseconds) / 1e18, 1e-3)
+        let effects = ledger?.counts() ?? [:]
+        let declaring = Set(loop.domains.filter(\.hasEffects).map(\.name))
         let stores = sequencer.stores.values.sorted { $0.name < $1.name }.map { store in
             let rate = Double(committedEvents[store.name] ?? 0) / seconds
+            let counts = effects[store.name.rawValue] ?? (0, 0, 0)
             return DaemonStatus.Store(
                 name: store.name.rawValue,
                 // The seq published: durable, unlike one the writer is still committing.
                 seq: publishedSeq[store.name] ?? store.lastSeq,
                 epoch: "\(store.epoch)",
                 domainVersion: store.domainVersion,
-                eventsPerSecond: (rate * 10).rounded() / 10
+                eventsPerSecond: (rate * 10).rounded() / 10,
+                effects: declaring.contains(store.name.rawValue)
+                    ? DaemonStatus.Effects(pending: counts.pending, dead: counts.dead, timers: counts.timers) : nil
             )
         }
         var status = loop.status(role: .leader, stores: stores, sockets: sockets, journal: journal)

@@ -37,7 +37,7 @@ public final class ChildProcess {
     private let stdin: Pipe?
     private let errorFile: URL
     private let keepsErrorFile: Bool
-    /// Every byte of standard output read so far by ``read(for:)``; ``takeLines()`` hands out its complete lines.
+    /// Every byte of standard output read so far by `read(for:)`; ``takeLines()`` hands out its complete lines.
     public private(set) var output: [UInt8] = []
     /// Whether standard output has ended (the child closed it or exited); true from the start when it goes to the error
     /// file.

@@ -33,7 +33,7 @@ import Glibc
 /// The binaries come from Debian's `postgresql` package (`/usr/lib/postgresql/VERSION/bin`, the newest version
 /// installed) or from `$PATH`. `initdb` and `postgres` refuse to run as root, so as root the server runs as the
 /// `postgres` user (through `setpriv`) and the folder is made theirs. The server runs in the foreground as this
-/// process's child: it is stopped (fast shutdown, then immediate, then SIGKILL, each wait bounded) by ``stop()``
+/// process's child: it is stopped (fast shutdown, then immediate, then SIGKILL, each wait bounded) by `stop()`
 /// or when the object is released. A test process killed with SIGKILL leaves it running, with its folder:
 /// `lockstep-pg-*` in the temporary directory.
 public final class PostgresServer: Sendable {

@@ -23,7 +23,7 @@ import Glibc
 /// Namespaces are named `lockstep-PID-N` (the switch) and `lockstep-PID-N-HOST`, with this process's id and a
 /// number of its own, so parallel runs and several sets in one process never meet; the subnet is `10.231.X.0/24`
 /// with `X` from the process id, and since no route leads out of the switch, two sets on one subnet never meet
-/// either. ``tearDown()`` (also run when the object is released) kills, by id, whatever still runs on them and
+/// either. `tearDown()` (also run when the object is released) kills, by id, whatever still runs on them and
 /// deletes every namespace; the veths and the bridge go with them. A run killed with SIGKILL leaves its namespaces,
 /// and the processes it started in them: the next set made on the machine deletes those whose process is gone and
 /// in which nothing runs, and says which it deleted and which it left (with the ids of what runs there).
@@ -157,7 +157,7 @@ public final class TestHosts {
     }
 
     /// Starts `executable` on host `name` as a ``ChildProcess`` (killed by its id when released, or by
-    /// ``tearDown()``), with the other parameters as ``ChildProcess`` takes them.
+    /// `tearDown()`), with the other parameters as ``ChildProcess`` takes them.
     public func run(
         on name: String,
         _ executable: URL,

@@ -62,14 +62,16 @@ struct StatsCommand: ParsableCommand {
         let refused = (status.refused ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }
         print("refused  \(refused.isEmpty ? "none" : refused.joined(separator: ", "))")
         print("")
-        print("store            seq         epoch               version  events/s")
+        print("store            seq         epoch               version  events/s  effects")
         for store in status.stores {
+            let effects = store.effects.map { "\($0.pending) pending, \($0.dead) dead, \($0.timers) timers" } ?? "-"
             print(
                 store.name.padding(toLength: 16, withPad: " ", startingAt: 0),
                 String(store.seq).padding(toLength: 11, withPad: " ", startingAt: 0),
                 store.epoch.padding(toLength: 19, withPad: " ", startingAt: 0),
                 String(store.domainVersion).padding(toLength: 8, withPad: " ", startingAt: 0),
-                String(format: "%.1f", store.eventsPerSecond)
+                String(format: "%.1f", store.eventsPerSecond).padding(toLength: 9, withPad: " ", startingAt: 0),
+                effects
             )
         }
     }

@@ -84,7 +84,7 @@ struct ToolCommand: AsyncParsableCommand {
         let tool = Tool.current.withLockedValue { $0 }
         let own: [any ParsableCommand.Type] = [
             RunCommand.self, ReplayCommand.self, ReplayChildSubcommand.self, JournalCommand.self, StatsCommand.self,
-            KeygenCommand.self, DispatchCommand.self, StateCommand.self, TailCommand.self,
+            KeygenCommand.self, DispatchCommand.self, StateCommand.self, TailCommand.self, EffectsToolCommand.self,
         ]
         return CommandConfiguration(
             commandName: tool.commandName,

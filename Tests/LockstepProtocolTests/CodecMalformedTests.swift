@@ -58,6 +58,7 @@ private let dispatch = GoldenVectors.dispatch
 private let snapshotRequest = Request.snapshot(requestID: 2, store: CodecSamples.counter).encode()
 private let rangeRequest = Request.range(requestID: 3, store: CodecSamples.counter, from: 5, to: 9).encode()
 private let statusRequest = Request.status(requestID: 4).encode()
+private let effectsRetry = Request.effects(requestID: 5, .retry("reminders/1/0")).encode()
 private let epoch = CodecSamples.epoch
 
 /// A RANGE request header asking for `from...to`.
@@ -77,7 +78,7 @@ private let requestMalformations: [Malformation] = [
     ),
     Malformation("version 0", setting(dispatch, frame: 0, byte: 2, to: 0), .unsupportedVersion, "version 0"),
     Malformation("type 0x00", setting(dispatch, frame: 0, byte: 3, to: 0x00), .unknownMessageType, "0x00"),
-    Malformation("type 0x05", setting(dispatch, frame: 0, byte: 3, to: 0x05), .unknownMessageType, "0x05"),
+    Malformation("type 0x06", setting(dispatch, frame: 0, byte: 3, to: 0x06), .unknownMessageType, "0x06"),
     Malformation("reply type", setting(dispatch, frame: 0, byte: 3, to: 0x81), .unknownMessageType, "ACCEPTED"),
     Malformation("event type", setting(dispatch, frame: 0, byte: 3, to: 0x41), .unknownMessageType, "EVENT"),
     Malformation(
@@ -178,6 +179,34 @@ private let requestMalformations: [Malformation] = [
     Malformation("RANGE bad store", replacing(rangeRequest, frame: 1, with: Array("x y".utf8)), .malformed, "0x20"),
     Malformation("STATUS extra frame", statusRequest + [Array("counter".utf8)], .malformed, "2 frames", "exactly 1"),
     Malformation("STATUS header short", [Array(statusRequest[0].prefix(11))], .malformed, "11 bytes", "12"),
+    Malformation("EFFECTS no command", [effectsRetry[0]], .malformed, "1 frame", "header, list"),
+    Malformation(
+        "EFFECTS unknown command",
+        replacing(effectsRetry, frame: 1, with: Array("purge".utf8)),
+        .malformed,
+        "'purge'",
+        "list, retry or drop"
+    ),
+    Malformation("EFFECTS retry without id", Array(effectsRetry.prefix(2)), .malformed, "2 frames", "exactly 3"),
+    Malformation(
+        "EFFECTS list with id",
+        [effectsRetry[0], Array("list".utf8), effectsRetry[2]],
+        .malformed,
+        "3 frames"
+    ),
+    Malformation(
+        "EFFECTS id too long",
+        replacing(effectsRetry, frame: 2, with: Array(repeating: 0x61, count: 201)),
+        .malformed,
+        "201 bytes",
+        "1 to 200"
+    ),
+    Malformation(
+        "EFFECTS id not UTF-8",
+        replacing(effectsRetry, frame: 2, with: [0xFF, 0xFE]),
+        .malformed,
+        "UTF-8"
+    ),
 ]
 
 private let accepted = GoldenVectors.accepted
@@ -212,7 +241,7 @@ private let replyMalformations: [Malformation] = [
         .unsupportedVersion,
         "protocol version 2 is not spoken here; this peer speaks version 1"
     ),
-    Malformation("type 0x87", setting(accepted, frame: 0, byte: 3, to: 0x87), .unknownMessageType, "0x87"),
+    Malformation("type 0x88", setting(accepted, frame: 0, byte: 3, to: 0x88), .unknownMessageType, "0x88"),
     Malformation("request type", GoldenVectors.dispatch, .unknownMessageType, "0x01", "DISPATCH"),
     Malformation("event header", [GoldenVectors.event[1]], .unknownMessageType, "0x41"),
     Malformation("ACCEPTED header short", [accepted[0].dropLast()], .malformed, "31 bytes", "32"),

@@ -84,6 +84,9 @@ enum CodecSamples {
         Sample("RANGE one seq", .range(requestID: 3, store: store("posts"), from: 1, to: 1)),
         Sample("RANGE widest", .range(requestID: .max, store: store("a.b-c_d"), from: 1, to: .max)),
         Sample("STATUS", .status(requestID: 0)),
+        Sample("EFFECTS list", .effects(requestID: 9, .list)),
+        Sample("EFFECTS retry", .effects(requestID: 10, .retry("reminders/12/1"))),
+        Sample("EFFECTS drop longest id", .effects(requestID: .max, .drop(String(repeating: "é", count: 100)))),
     ]
 
     static let replies: [Sample<Reply>] = [
@@ -149,6 +152,7 @@ enum CodecSamples {
         Sample("COMPACTED", .compacted(requestID: 7, store: counter, epoch: epoch, firstAvailable: 1001)),
         Sample("STATUS", .status(requestID: 8, json: json(#"{"stores":[]}"#))),
         Sample("STATUS empty", .status(requestID: 8, json: [])),
+        Sample("EFFECTS", .effects(requestID: 9, json: json(#"{"effects":[],"timers":[]}"#))),
         Sample("ERROR", .error(requestID: 0, ProtocolError(code: .malformed, "magic is wrong"))),
         Sample(
             "ERROR unknown code",
@@ -195,7 +199,7 @@ enum CodecSamples {
 
     /// Field values near the edges the decoder checks.
     static func randomUInt64(using random: inout SplitMix64) -> UInt64 {
-        switch random.next() % 4 {
+        switch random.next() % 5 {
         case 0: [0, 1, 2, .max - 1, .max][Int(random.next() % 5)]
         case 1: random.next() % 100
         default: random.next()
@@ -238,15 +242,22 @@ enum CodecSamples {
             let from = randomSeq(using: &random)
             let to = from + min(randomUInt64(using: &random), .max - from)
             return .range(requestID: requestID, store: randomStore(using: &random), from: from, to: to)
-        default:
+        case 3:
             return .status(requestID: requestID)
+        default:
+            let id = String(
+                decoding: randomBytes(Int.random(in: 1...40, using: &random), using: &random).map { 0x61 + $0 % 26 },
+                as: UTF8.self
+            )
+            let commands: [EffectsCommand] = [.list, .retry(id), .drop(id)]
+            return .effects(requestID: requestID, commands[Int.random(in: 0...2, using: &random)])
         }
     }
 
     static func randomReply(limits: Limits, using random: inout SplitMix64) -> Reply {
         let requestID = randomUInt64(using: &random)
         let epoch = Epoch(rawValue: randomUInt64(using: &random))
-        switch random.next() % 7 {
+        switch random.next() % 8 {
         case 0:
             let count = UInt32.random(in: 1...1000, using: &random)
             let first = min(randomSeq(using: &random), .max - UInt64(count - 1))
@@ -292,8 +303,13 @@ enum CodecSamples {
                 requestID: requestID,
                 json: randomBytes(Int.random(in: 0...40, using: &random), using: &random)
             )
+        case 6:
+            return .effects(
+                requestID: requestID,
+                json: randomBytes(Int.random(in: 0...40, using: &random), using: &random)
+            )
         default:
-            let code = ProtocolError.Code(rawValue: UInt16.random(in: 1...12, using: &random))
+            let code = ProtocolError.Code(rawValue: UInt16.random(in: 1...13, using: &random))
             return .error(requestID: requestID, ProtocolError(code: code, randomReason(using: &random)))
         }
     }

@@ -13,16 +13,20 @@ func fixtureChild() -> ReplayChildCommand {
 }
 
 /// Replays `actions` and returns the divergence the harness must find.
+///
+/// It takes `sourceLocation` as the async overload below does: were that the only one of the two with a default
+/// argument left over, an async test that gives every other argument would call this one, on the cooperative pool.
 func expectDivergence<D: Domain>(
     _: D.Type,
     _ actions: [D.Action],
     settings: ReplaySettings = ReplaySettings(),
-    children: [ReplayChildCommand] = []
+    children: [ReplayChildCommand] = [],
+    sourceLocation: SourceLocation = #_sourceLocation
 ) throws -> Divergence? {
     let harness = ReplayHarness<D>(settings: settings, children: children)
     do {
         _ = try harness.replay(try ReplayLog<D>(actions))
-        Issue.record("\(D.name): the harness found no divergence")
+        Issue.record("\(D.name): the harness found no divergence", sourceLocation: sourceLocation)
         return nil
     } catch let divergence as Divergence {
         return divergence

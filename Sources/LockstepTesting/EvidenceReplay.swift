@@ -71,7 +71,7 @@ extension DivergenceEvidence {
                 startState: log.startState,
                 actions: log.actions,
                 plan: plan
-            ).states[divergentSeq] ?? []
+            ).captures[divergentSeq]?.state ?? []
         let replica = Array(replicaState.utf8)
         var divergence = harness.divergence(
             at: divergentSeq,

@@ -60,9 +60,11 @@ public struct ReplaySettings: Sendable, Codable, Hashable {
     }
 }
 
-/// Where two replicas part ways: the first seq, the action there, and what differs in their states.
+/// Where two replicas part ways: the first seq, the action there, and what differs in their states or in the
+/// effects the action set going.
 public struct Divergence: Error, Sendable, Codable, CustomStringConvertible {
-    /// The first seq after which the two states differ.
+    /// The first seq after which the two states or effects differ: for effects, the first seq whose action set
+    /// different effects going on the two sides.
     public var seq: SequenceNumber
     /// The action at that seq, as JSON.
     public var action: String
@@ -76,6 +78,22 @@ public struct Divergence: Error, Sendable, Codable, CustomStringConvertible {
     public var rightDigest: StateDigest
     /// Path → value on each side, at most 50.
     public var differences: [StateDifference]
+    /// The left side's digest of every effect set going up to ``seq`` (a SHA-256 chain, seq by seq); `nil` for a
+    /// domain without effects, and for a divergence in the state alone that no replay computed effects for (a live
+    /// replica's evidence).
+    public var leftEffectsDigest: StateDigest?
+    /// The right side's digest of every effect set going up to ``seq``, as ``leftEffectsDigest``.
+    public var rightEffectsDigest: StateDigest?
+    /// The effects the action at ``seq`` set going on the left side, one `EffectRecord.description` line each
+    /// (`run {"notify":{"id":1,"text":"Call Ann"}}`, `cancel "due-1"`; empty: none); `nil` when both sides' agree.
+    public var leftEffects: [String]?
+    /// The effects the action at ``seq`` set going on the right side, as ``leftEffects``.
+    public var rightEffects: [String]?
+    /// Path → value between the two sides' effects at ``seq``, at most 50; empty when they agree. The effects are
+    /// compared as a JSON array of one object per effect — `kind` (`run`, `schedule`, `cancel`), `body` (the effect's
+    /// or the timer action's JSON), `key` and `due` (milliseconds since 1970) — so a path reads `[0].body.stamp` or
+    /// `[1].key`.
+    public var effectDifferences: [StateDifference] = []
     /// Whether replaying both sides again (from the last seq where they agreed) parted them again. When it did
     /// not, everything above is the first run's, and the divergence depends on process history or global
     /// state — a static or global cache, a counter in a singleton, something keyed by the process's hash seed —
@@ -89,7 +107,8 @@ public struct Divergence: Error, Sendable, Codable, CustomStringConvertible {
     /// otherwise).
     public var explanation: String?
 
-    /// Several lines: the seq, both sides and the action, the two digests, then each difference.
+    /// Several lines: the seq, both sides and the action, the two digests, then each difference in the states, then
+    /// the effects when they differ: both sides' digests, each side's effects at ``seq`` and each difference.
     public var description: String {
         var lines = [
             "divergence at seq \(seq): \(left) and \(right) differ after action \(action)",
@@ -110,7 +129,31 @@ public struct Divergence: Error, Sendable, Codable, CustomStringConvertible {
         }
         if let note { lines.append("  \(note)") }
         lines += differences.map { "  \($0)" }
+        lines += effectLines
         return lines.joined(separator: "\n")
+    }
+
+    /// The lines about effects: none when both sides' agree (or no effects were computed).
+    private var effectLines: [String] {
+        guard let leftEffectsDigest, let rightEffectsDigest, leftEffectsDigest != rightEffectsDigest else { return [] }
+        let states = leftDigest == rightDigest ? " (the states are equal)" : ""
+        var lines = [
+            "  effects differ\(states): \(left): \(leftEffectsDigest.hex.prefix(16))…  \(right): "
+                + "\(rightEffectsDigest.hex.prefix(16))…"
+        ]
+        guard let leftEffects, let rightEffects else {
+            lines.append(
+                "  the effects of the action at seq \(seq) agree: those of an earlier action differ, at or after "
+                    + "seq \((rerunAfter ?? 0) + 1)"
+            )
+            return lines
+        }
+        for (side, effects) in [(left, leftEffects), (right, rightEffects)] {
+            lines.append("  \(side) set going at seq \(seq):")
+            lines += effects.isEmpty ? ["    (nothing)"] : effects.map { "    \($0)" }
+        }
+        lines += effectDifferences.map { "  effects\($0)" }
+        return lines
     }
 
     /// The divergence as one JSON object.
@@ -119,12 +162,41 @@ public struct Divergence: Error, Sendable, Codable, CustomStringConvertible {
     }
 }
 
-/// One replica's run: digests at checkpoints, and states at the seqs asked for.
+extension Divergence {
+    /// Decodes a divergence's JSON, also one written before the harness compared effects (without their fields)
+    /// or before it told whether a divergence reproduced.
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        seq = try container.decode(SequenceNumber.self, forKey: .seq)
+        action = try container.decode(String.self, forKey: .action)
+        left = try container.decode(String.self, forKey: .left)
+        right = try container.decode(String.self, forKey: .right)
+        leftDigest = try container.decode(StateDigest.self, forKey: .leftDigest)
+        rightDigest = try container.decode(StateDigest.self, forKey: .rightDigest)
+        differences = try container.decode([StateDifference].self, forKey: .differences)
+        leftEffectsDigest = try container.decodeIfPresent(StateDigest.self, forKey: .leftEffectsDigest)
+        rightEffectsDigest = try container.decodeIfPresent(StateDigest.self, forKey: .rightEffectsDigest)
+        leftEffects = try container.decodeIfPresent([String].self, forKey: .leftEffects)
+        rightEffects = try container.decodeIfPresent([String].self, forKey: .rightEffects)
+        effectDifferences = try container.decodeIfPresent([StateDifference].self, forKey: .effectDifferences) ?? []
+        reproduced = try container.decodeIfPresent(Bool.self, forKey: .reproduced) ?? true
+        rerunAfter = try container.decodeIfPresent(SequenceNumber.self, forKey: .rerunAfter)
+        note = try container.decodeIfPresent(String.self, forKey: .note)
+        explanation = try container.decodeIfPresent(String.self, forKey: .explanation)
+    }
+}
+
+/// One replica's run: digests at checkpoints, and what it left at the seqs asked for.
 struct ReplicaTrace: Sendable {
-    var digests: [(seq: SequenceNumber, digest: StateDigest)] = []
-    var states: [SequenceNumber: [UInt8]] = [:]
-    /// With ``TracePlan/captureAgainst``: the first checkpoint whose digest differed (its state is in `states`).
+    var digests: [(seq: SequenceNumber, digest: CheckpointDigest)] = []
+    /// The state and effects at the seqs in ``TracePlan/statesAt``, and at ``firstMismatch``.
+    var captures: [SequenceNumber: Capture] = [:]
+    /// With ``TracePlan/keepsEffects``: the effects of every checkpoint whose action set something going.
+    var effects: [SequenceNumber: EffectList] = [:]
+    /// With ``TracePlan/captureAgainst``: the first checkpoint whose digest differed (captured in `captures`).
     var firstMismatch: SequenceNumber?
+    /// How many actions set effects going.
+    var actionsWithEffects = 0
 }
 
 /// What a replica run must record.
@@ -134,11 +206,15 @@ struct TracePlan: Sendable, Codable, Hashable {
     var interval: Int
     /// Extra seqs to record a digest at.
     var checkpoints: Set<SequenceNumber> = []
-    /// Seqs to record the encoded state at.
+    /// Seqs to record the encoded state and the effects at.
     var statesAt: Set<SequenceNumber> = []
-    /// Another replica's digests at checkpoints: the state at the first checkpoint whose digest differs from
-    /// them is recorded, so a divergence is shown with this very run's state, not a re-run's.
-    var captureAgainst: [SequenceNumber: StateDigest] = [:]
+    /// Another replica's digests at checkpoints: the state and effects at the first checkpoint whose digests differ
+    /// from them are recorded, so a divergence is shown with this very run's, not a re-run's.
+    var captureAgainst: [SequenceNumber: CheckpointDigest] = [:]
+    /// Whether to keep the effects of every checkpoint (the reference does): when a child parts from it, the
+    /// reference's effects at that seq are those of the run the child was compared with, even when a re-run's are
+    /// not (effects that read the clock).
+    var keepsEffects = false
     var settings: ReplaySettings
 }
 
@@ -155,6 +231,9 @@ struct ReplicaCursor<D: Domain> {
     private(set) var state: D.State
     private var random: SplitMix64
     private let threshold: UInt64
+    /// ``EffectChain``'s digest after the last action applied.
+    private(set) var effectsDigest = EffectChain.start
+    private let coder = CanonicalEncoding.Coder()
     let plan: TracePlan
     private(set) var trace = ReplicaTrace()
 
@@ -165,14 +244,14 @@ struct ReplicaCursor<D: Domain> {
         self.plan = plan
     }
 
-    /// Applies `action`, the one at `seq` (the `offset`-th of the log); at a checkpoint returns the state's bytes
-    /// and digest, which the trace records too.
+    /// Applies `action`, the one at `seq` (the `offset`-th of the log), and works out the effects it sets going; at
+    /// a checkpoint returns the digests and what the replica left (state and effects), which the trace records too.
     mutating func step(
         _ action: D.Action,
         seq: SequenceNumber,
         offset: Int,
         isLast: Bool
-    ) throws -> (digest: StateDigest, bytes: [UInt8])? {
+    ) throws -> (digest: CheckpointDigest, capture: Capture)? {
         let isCheckpoint = (offset + 1) % plan.interval == 0 || plan.checkpoints.contains(seq)
         if plan.replica == 1, plan.interval == 1 || isCheckpoint {
             // A reducer must not change the state it was handed a copy of. If it does, some reference
@@ -185,20 +264,35 @@ struct ReplicaCursor<D: Domain> {
         } else {
             D.reduce(into: &state, action)
         }
+        var effects = EffectList.none
+        if D.hasEffects {
+            // From the state the action left, before any round trip: what the daemon journals with the action.
+            let records = try EffectRecord.records(of: D.effects(of: action, in: state), seq: seq, coder: coder)
+            effects = try EffectList(records, coder: coder)
+            if !records.isEmpty {
+                effectsDigest = EffectChain.extend(effectsDigest, seq: seq, with: effects)
+                trace.actionsWithEffects += 1
+            }
+        }
         if plan.replica != 0, plan.settings.roundTripAt.contains(seq) || random.next() < threshold {
             state = try CanonicalEncoding.decode(D.State.self, from: try CanonicalEncoding.encode(state))
         }
         let wantsState = plan.statesAt.contains(seq)
         guard wantsState || isLast || isCheckpoint else { return nil }
-        let bytes = Array(try CanonicalEncoding.encode(state))
-        let digest = StateDigest(of: bytes)
+        let capture = Capture(
+            state: Array(try CanonicalEncoding.encode(state)),
+            effects: effects,
+            effectsDigest: effectsDigest
+        )
+        let digest = capture.digest
         trace.digests.append((seq, digest))
-        if wantsState { trace.states[seq] = bytes }
+        if wantsState { trace.captures[seq] = capture }
+        if plan.keepsEffects, !effects.lines.isEmpty { trace.effects[seq] = effects }
         if trace.firstMismatch == nil, let other = plan.captureAgainst[seq], other != digest {
             trace.firstMismatch = seq
-            trace.states[seq] = bytes
+            trace.captures[seq] = capture
         }
-        return (digest, bytes)
+        return (digest, capture)
     }
 }
 
@@ -224,7 +318,8 @@ enum ReplicaRunner {
     }
 
     /// Runs several replicas in this process in lockstep, action by action, and keeps, for each replica after
-    /// the first, both states at the first checkpoint where its digest differs from the first's.
+    /// the first, what both left (states and effects) at the first checkpoint where its digests differ from the
+    /// first's.
     static func runTogether<D: Domain>(
         _: D.Type,
         startSeq: SequenceNumber,
@@ -236,7 +331,7 @@ enum ReplicaRunner {
         var evidence: [Int: FirstRunEvidence] = [:]
         for (offset, action) in actions.enumerated() {
             let seq = startSeq + SequenceNumber(offset + 1)
-            var reference: (digest: StateDigest, bytes: [UInt8])?
+            var reference: (digest: CheckpointDigest, capture: Capture)?
             for index in cursors.indices {
                 let checkpoint = try cursors[index].step(
                     action,
@@ -249,7 +344,7 @@ enum ReplicaRunner {
                 } else if let checkpoint, let reference, checkpoint.digest != reference.digest,
                     evidence[index] == nil
                 {
-                    evidence[index] = FirstRunEvidence(seq: seq, left: reference.bytes, right: checkpoint.bytes)
+                    evidence[index] = FirstRunEvidence(seq: seq, left: reference.capture, right: checkpoint.capture)
                 }
             }
         }
@@ -257,11 +352,12 @@ enum ReplicaRunner {
     }
 }
 
-/// Both states at the first checkpoint where two replicas differed, as that run left them.
+/// What both sides left (states and effects) at the first checkpoint where two replicas differed, as that run left
+/// them.
 struct FirstRunEvidence: Sendable {
     var seq: SequenceNumber
-    var left: [UInt8]
-    var right: [UInt8]
+    var left: Capture
+    var right: Capture
 }
 
 /// Replays a log through several replicas, in this process and in child processes, and reports the first
@@ -290,6 +386,11 @@ public struct ReplayHarness<D: Domain>: Sendable {
         public var finalSeq: SequenceNumber
         /// The digest of the state after the last action; `nil` for a log with no actions.
         public var finalDigest: StateDigest?
+        /// The digest of every effect set going up to the last action, which every replica reached too; `nil` for a
+        /// domain without effects or a log with no actions.
+        public var finalEffectsDigest: StateDigest?
+        /// How many of the actions set effects going (their effects were compared as the states were).
+        public var actionsWithEffects = 0
         /// How many of the digests the log says the state must have (a journal's snapshots) the replay reached.
         public var recordedDigestsMatched = 0
     }
@@ -338,7 +439,9 @@ public struct ReplayHarness<D: Domain>: Sendable {
             // The journal's own snapshots first: they are what the daemon served.
             let referenceDigests = Dictionary(reference.digests.map { ($0.seq, $0.digest) }) { first, _ in first }
             for seq in expectedSeqs.sorted() {
-                guard let expected = log.expected[seq], let digest = referenceDigests[seq], digest != expected.digest
+                // A journal records the state's digest: effects are compared between replicas only.
+                guard let expected = log.expected[seq], let digest = referenceDigests[seq]?.state,
+                    digest != expected.digest
                 else { continue }
                 let replayed = try trace(sides[0], log, plan(for: sides[0], interval: interval, statesAt: [seq]))
                 throw divergence(
@@ -349,7 +452,7 @@ public struct ReplayHarness<D: Domain>: Sendable {
                     leftDigest: expected.digest,
                     rightDigest: digest,
                     leftState: expected.state ?? [],
-                    rightState: replayed.states[seq] ?? []
+                    rightState: replayed.captures[seq]?.state ?? []
                 )
             }
         }
@@ -357,21 +460,27 @@ public struct ReplayHarness<D: Domain>: Sendable {
             guard let mismatch = firstMismatch(traces[0], trace) else { continue }
             var firstRun = evidence[index]
             var note: String?
-            if firstRun == nil, let right = trace.states[mismatch.seq] {
-                // A child kept its own state; the reference's comes from replaying it again in this process.
+            if firstRun == nil, let right = trace.captures[mismatch.seq] {
+                // A child kept its own state; the reference's comes from replaying it again in this process, and its
+                // effects there from its first run, which kept them.
                 let again = try self.trace(
                     sides[0],
                     log,
                     plan(for: sides[0], interval: interval, statesAt: [mismatch.seq])
                 )
-                let left = again.states[mismatch.seq] ?? []
+                let left = again.captures[mismatch.seq]?.state ?? []
                 let firstDigest = traces[0].digests.first { $0.seq == mismatch.seq }?.digest
-                if StateDigest(of: left) != firstDigest {
+                if StateDigest(of: left) != firstDigest?.state {
                     note =
                         "the reference's state is from a re-run that did not match its own first run at seq "
                         + "\(mismatch.seq): this process's history changed what the reducer does"
                 }
-                firstRun = FirstRunEvidence(seq: mismatch.seq, left: left, right: right)
+                let reference = Capture(
+                    state: left,
+                    effects: traces[0].effects[mismatch.seq] ?? .none,
+                    effectsDigest: firstDigest?.effects ?? EffectChain.start
+                )
+                firstRun = FirstRunEvidence(seq: mismatch.seq, left: reference, right: right)
             }
             try narrow(
                 log,
@@ -389,7 +498,9 @@ public struct ReplayHarness<D: Domain>: Sendable {
             replicas: sides.count,
             checkpoints: traces.first?.digests.count ?? 0,
             finalSeq: log.lastSeq,
-            finalDigest: traces.first?.digests.last?.digest,
+            finalDigest: traces.first?.digests.last?.digest.state,
+            finalEffectsDigest: D.hasEffects ? traces.first?.digests.last?.digest.effects : nil,
+            actionsWithEffects: traces.first?.actionsWithEffects ?? 0,
             recordedDigestsMatched: expectedSeqs.count
         )
     }
@@ -418,13 +529,15 @@ public struct ReplayHarness<D: Domain>: Sendable {
         checkpoints: Set<SequenceNumber> = [],
         statesAt: Set<SequenceNumber> = []
     ) -> TracePlan {
-        TracePlan(
+        var plan = TracePlan(
             replica: side.replica,
             interval: interval,
             checkpoints: checkpoints,
             statesAt: statesAt,
             settings: settings
         )
+        if D.hasEffects, case .inProcess(replica: 0) = side { plan.keepsEffects = true }
+        return plan
     }
 
     func trace(_ side: Side, _ log: ReplayLog<D>, _ plan: TracePlan) throws -> ReplicaTrace {
@@ -460,7 +573,8 @@ public struct ReplayHarness<D: Domain>: Sendable {
     }
 
     /// Replays both sides again with a checkpoint at every seq in the window and throws the divergence at the first
-    /// seq where they part, with both states from that re-run. When the re-run does not part them, it throws the
+    /// seq where they part — in their states, or in the effects of the action there, since the effects digest chains
+    /// every seq's effects — with what both left from that re-run. When the re-run does not part them, it throws the
     /// first run's evidence at `seq` and says the divergence did not reproduce.
     func narrow(
         _ log: ReplayLog<D>,
@@ -488,44 +602,59 @@ public struct ReplayHarness<D: Domain>: Sendable {
             var rightPlan = plan(for: right, interval: interval, checkpoints: window)
             rightPlan.captureAgainst = Dictionary(leftTrace.digests.map { ($0.seq, $0.digest) }) { a, _ in a }
             let rightTrace = try trace(right, log, rightPlan)
-            if let first = rightTrace.firstMismatch, let rightBytes = rightTrace.states[first] {
+            if let first = rightTrace.firstMismatch, let rightCapture = rightTrace.captures[first],
+                let leftDigest = leftTrace.digests.first(where: { $0.seq == first })?.digest
+            {
+                // The left side's state comes from one more run, which must reach the same state; its effects are
+                // those of the run the right side was compared with (kept by `keepsEffects`), as another run's may
+                // differ when the effects read the clock.
                 let leftAgain = try trace(left, log, plan(for: left, interval: interval, statesAt: [first]))
-                if let leftBytes = leftAgain.states[first],
-                    StateDigest(of: leftBytes) == leftTrace.digests.first(where: { $0.seq == first })?.digest
-                {
-                    again = FirstRunEvidence(seq: first, left: leftBytes, right: rightBytes)
+                if let leftBytes = leftAgain.captures[first]?.state, StateDigest(of: leftBytes) == leftDigest.state {
+                    let leftCapture = Capture(
+                        state: leftBytes,
+                        effects: leftTrace.effects[first] ?? .none,
+                        effectsDigest: leftDigest.effects
+                    )
+                    again = FirstRunEvidence(seq: first, left: leftCapture, right: rightCapture)
                 }
             }
         }
         if let again, again.seq <= seq {
-            throw divergence(
-                at: again.seq,
-                log: log,
-                left: left.name,
-                right: right.name,
-                leftDigest: StateDigest(of: again.left),
-                rightDigest: StateDigest(of: again.right),
-                leftState: again.left,
-                rightState: again.right
-            )
+            throw divergence(log: log, left: left.name, right: right.name, again)
         }
-        let evidence = firstRun ?? FirstRunEvidence(seq: seq, left: [], right: [])
-        var divergence = divergence(
-            at: evidence.seq,
-            log: log,
-            left: left.name,
-            right: right.name,
-            leftDigest: StateDigest(of: evidence.left),
-            rightDigest: StateDigest(of: evidence.right),
-            leftState: evidence.left,
-            rightState: evidence.right
-        )
+        let evidence = firstRun ?? FirstRunEvidence(seq: seq, left: .empty, right: .empty)
+        var divergence = divergence(log: log, left: left.name, right: right.name, evidence)
         divergence.reproduced = false
         divergence.rerunAfter = previous ?? log.startSeq
         divergence.note = note
         throw divergence
     }
 
+    /// The divergence between what two replicas left at `evidence.seq`: their states, and the effects of the action
+    /// there when the domain has effects.
+    func divergence(log: ReplayLog<D>, left: String, right: String, _ evidence: FirstRunEvidence) -> Divergence {
+        var divergence = divergence(
+            at: evidence.seq,
+            log: log,
+            left: left,
+            right: right,
+            leftDigest: StateDigest(of: evidence.left.state),
+            rightDigest: StateDigest(of: evidence.right.state),
+            leftState: evidence.left.state,
+            rightState: evidence.right.state
+        )
+        guard D.hasEffects else { return divergence }
+        divergence.leftEffectsDigest = evidence.left.effectsDigest
+        divergence.rightEffectsDigest = evidence.right.effectsDigest
+        if evidence.left.effects != evidence.right.effects {
+            divergence.leftEffects = evidence.left.effects.lines
+            divergence.rightEffects = evidence.right.effects.lines
+            divergence.effectDifferences = StateDiff.compare(evidence.left.effects.bytes, evidence.right.effects.bytes)
+        }
+        return divergence
+    }
+
+    /// The divergence between two states at `seq`.
     func divergence(
         at seq: SequenceNumber,
         log: ReplayLog<D>,

@@ -80,11 +80,20 @@ public struct ReplayChildCommand: Sendable, Hashable {
         let decoder = JSONDecoder()
         for line in output.split(separator: 0x0A) {
             let record = try decoder.decode(ReplayChild.Record.self, from: Data(line))
-            trace.digests.append((record.seq, record.digest))
-            if let state = record.state { trace.states[record.seq] = Array(state) }
+            let digest = CheckpointDigest(state: record.digest, effects: record.effects ?? EffectChain.start)
+            trace.digests.append((record.seq, digest))
+            if let state = record.state {
+                let effects =
+                    record.effectList.map { EffectList(bytes: Array($0), lines: record.effectLines ?? []) } ?? .none
+                trace.captures[record.seq] = Capture(
+                    state: Array(state),
+                    effects: effects,
+                    effectsDigest: digest.effects
+                )
+            }
         }
         if !plan.captureAgainst.isEmpty {
-            trace.firstMismatch = trace.states.keys.filter { !plan.statesAt.contains($0) }.min()
+            trace.firstMismatch = trace.captures.keys.filter { !plan.statesAt.contains($0) }.min()
         }
         return trace
     }
@@ -98,7 +107,8 @@ public struct ReplayChildError: Error, CustomStringConvertible {
     init(_ description: String) { self.description = description }
 }
 
-/// The child side of a replay: reads a log on standard input, writes digests on standard output.
+/// The child side of a replay: reads a log on standard input, writes digests (of the state and of the effects) on
+/// standard output.
 public enum ReplayChild {
     struct Header: Codable {
         var store: String
@@ -107,10 +117,21 @@ public enum ReplayChild {
         var plan: TracePlan
     }
 
+    /// One checkpoint of the child's replica, one JSON line on its standard output.
     struct Record: Codable {
         var seq: SequenceNumber
+        /// The state's digest.
         var digest: StateDigest
+        /// The digest of every effect set going up to ``seq`` (``EffectChain``); `nil` from a child built before
+        /// the harness compared effects, whose domains had none, so their chain is ``EffectChain/start``.
+        var effects: StateDigest?
+        /// The state's canonical JSON, where the plan asked for it or the digests first differed.
         var state: Data?
+        /// With ``state``: the effects of the action at ``seq`` in their canonical form (``EffectList/bytes``);
+        /// `nil` when it set nothing going.
+        var effectList: Data?
+        /// With ``effectList``: the same effects, one `EffectRecord.description` line each.
+        var effectLines: [String]?
     }
 
     /// Serves one replay request for whichever of `domains` it names; call it from an executable's
@@ -148,9 +169,17 @@ public enum ReplayChild {
         var output = Data()
         let encoder = JSONEncoder()
         for (seq, digest) in trace.digests {
-            output.append(
-                try encoder.encode(Record(seq: seq, digest: digest, state: trace.states[seq].map { Data($0) }))
+            let capture = trace.captures[seq]
+            let effects = capture?.effects.lines.isEmpty == false ? capture?.effects : nil
+            let record = Record(
+                seq: seq,
+                digest: digest.state,
+                effects: digest.effects,
+                state: capture.map { Data($0.state) },
+                effectList: effects.map { Data($0.bytes) },
+                effectLines: effects?.lines
             )
+            output.append(try encoder.encode(record))
             output.append(0x0A)
         }
         return output

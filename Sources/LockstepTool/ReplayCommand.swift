@@ -17,8 +17,9 @@ struct ReplayCommand: ParsableCommand {
             (--journal DIR: every store of this tool's domains in it, from its oldest kept snapshot, and each kept snapshot's \
             digest must come out of the replay). Replicas run in \
             this process (with encode/decode round trips at seeded points) and in child processes (with their \
-            own hash seeds); digests are compared at every checkpoint. Exit 0 when all agree, 4 on a \
-            divergence, which is printed with its first seq, action and a diff of the two states.
+            own hash seeds); digests of the state and of the effects set going are compared at every \
+            checkpoint. Exit 0 when all agree, 4 on a divergence, which is printed with its first seq, action \
+            and a diff of the two states or of the effects.
             """
     )
 
@@ -133,7 +134,11 @@ struct ReplayCommand: ParsableCommand {
                 print(
                     #"{"store":"\#(D.name)","events":\#(report.events),"replicas":\#(report.replicas),"#
                         + #""checkpoints":\#(report.checkpoints),"seq":\#(report.finalSeq),"#
-                        + #""digest":"\#(report.finalDigest?.hex ?? "")","divergence":null}"#
+                        + #""digest":"\#(report.finalDigest?.hex ?? "")","#
+                        + (report.finalEffectsDigest.map {
+                            #""effectsDigest":"\#($0.hex)","actionsWithEffects":\#(report.actionsWithEffects),"#
+                        } ?? "")
+                        + #""divergence":null}"#
                 )
             } else {
                 print(
@@ -143,6 +148,9 @@ struct ReplayCommand: ParsableCommand {
                 )
                 print(
                     "final seq \(report.finalSeq), digest \(report.finalDigest?.hex ?? "-")"
+                        + (report.finalEffectsDigest.map {
+                            "; effects of \(report.actionsWithEffects) actions agree too, digest \($0.hex)"
+                        } ?? "")
                         + (log.expected.isEmpty
                             ? ""
                             : "; every digest the journal recorded matched "

@@ -13,16 +13,20 @@ func fixtureChild() -> ReplayChildCommand {
 }
 
 /// Replays `actions` and returns the divergence the harness must find.
+///
+/// It takes `sourceLocation` as the async overload below does: were that the only one of the two with a default
+/// argument left over, an async test that gives every other argument would call this one, on the cooperative pool.
 func expectDivergence<D: Domain>(
     _: D.Type,
     _ actions: [D.Action],
     settings: ReplaySettings = ReplaySettings(),
-    children: [ReplayChildCommand] = []
+    children: [ReplayChildCommand] = [],
+    sourceLocation: SourceLocation = #_sourceLocation
 ) throws -> Divergence? {
     let harness = ReplayHarness<D>(settings: settings, children: children)
     do {
         _ = try harness.replay(try ReplayLog<D>(actions))
-        Issue.record("\(D.name): the harness found no divergence")
+        Issue.record("\(D.name): the harness found no divergence", sourceLocation: sourceLocation)
         return nil
     } catch let divergence as Divergence {
         return divergence
@@ -152,6 +156,141 @@ func expectDivergence<D: Domain>(
         try check.run()
     }
 
+    @Test func effectsThatReadTheClockAreCaughtAtTheFirstActionThatSetsThemGoing() throws {
+        let actions: [ClockEffectsDomain.Action] = [.note, .note, .stamp, .note, .stamp]
+        let divergence = try #require(try expectDivergence(ClockEffectsDomain.self, actions))
+        #expect(divergence.seq == 3)
+        #expect(divergence.action == #"{"stamp":{}}"#)
+        #expect(divergence.reproduced)
+        // The states agree: only the effect differs, and the report says which.
+        #expect(divergence.differences.isEmpty)
+        #expect(divergence.leftDigest == divergence.rightDigest)
+        #expect(divergence.leftEffectsDigest != divergence.rightEffectsDigest)
+        #expect(divergence.effectDifferences.map(\.path) == ["[0].body.stamp.nanos"])
+        #expect(divergence.leftEffects?.count == 1)
+        #expect(divergence.rightEffects?.first?.hasPrefix(#"run {"stamp":{"nanos":"#) == true)
+        #expect(divergence.description.contains("effects differ (the states are equal)"))
+        #expect(divergence.description.contains("effects[0].body.stamp.nanos: "))
+        #expect(!divergence.description.contains("the decoded states are equal"))
+    }
+
+    @Test func timerKeysFromACounterAreCaughtAtTheFirstActionThatSetsOne() throws {
+        let actions: [TicketDomain.Action] = [.quiet, .remind, .quiet, .remind]
+        let divergence = try #require(try expectDivergence(TicketDomain.self, actions))
+        #expect(divergence.seq == 2)
+        #expect(divergence.differences.isEmpty)
+        #expect(divergence.effectDifferences.map(\.path) == ["[0].key"])
+        #expect(divergence.leftEffects?.first?.hasPrefix(#"schedule {"ring":{}} at 1764234000000 as "ticket-"#) == true)
+    }
+
+    @Test func effectsThatReadTheClockAreCaughtInAnotherProcess() async throws {
+        var settings = ReplaySettings()
+        settings.replicas = 1  // the reference alone here: only the child can part from it
+        let actions: [ClockEffectsDomain.Action] = [.note, .stamp, .note]
+        let divergence = try #require(
+            try await expectDivergence(ClockEffectsDomain.self, actions, settings: settings, children: [fixtureChild()])
+        )
+        #expect(divergence.seq == 2)
+        #expect(divergence.right == "replica 1 (child process)")
+        #expect(divergence.reproduced)
+        #expect(divergence.differences.isEmpty)
+        #expect(divergence.effectDifferences.map(\.path) == ["[0].body.stamp.nanos"])
+        #expect(divergence.rightEffects?.count == 1)
+    }
+
+    @Test func timerKeysFromACounterAreCaughtInAnotherProcess() async throws {
+        // A fresh child's counter starts where this process's did: move this one on, as any process that has done
+        // something has, so that the two draw other tickets for the same action.
+        _ = TicketDomain.nextTicket()
+        var settings = ReplaySettings()
+        settings.replicas = 1
+        let actions: [TicketDomain.Action] = [.quiet, .quiet, .remind]
+        let divergence = try #require(
+            try await expectDivergence(TicketDomain.self, actions, settings: settings, children: [fixtureChild()])
+        )
+        #expect(divergence.seq == 3)
+        #expect(divergence.right == "replica 1 (child process)")
+        #expect(divergence.effectDifferences.map(\.path) == ["[0].key"])
+    }
+
+    @Test func sparseCheckpointsStillNameTheFirstSeqWhoseEffectsDiffer() async throws {
+        var settings = ReplaySettings()
+        settings.checkpointInterval = 50
+        let actions: [ClockEffectsDomain.Action] = (1...200).map { $0 == 121 ? .stamp : .note }
+        let here = try #require(try await expectDivergence(ClockEffectsDomain.self, actions, settings: settings))
+        #expect(here.seq == 121)
+        #expect(here.effectDifferences.map(\.path) == ["[0].body.stamp.nanos"])
+        settings.replicas = 1
+        let across = try #require(
+            try await expectDivergence(ClockEffectsDomain.self, actions, settings: settings, children: [fixtureChild()])
+        )
+        #expect(across.seq == 121)
+        #expect(across.right == "replica 1 (child process)")
+        #expect(across.effectDifferences.map(\.path) == ["[0].body.stamp.nanos"])
+    }
+
+    @Test func effectsThroughProcessHistoryAreShownFromTheFirstRunAndSaidNotToReproduce() throws {
+        // A name no other test used: the cache outlives every store of this process. With a checkpoint every 10
+        // actions, the first run parts at seq 10, whose own action set nothing going: the report says the effects
+        // of an earlier action differ.
+        let name = "n-\(UUID().uuidString.prefix(8))"
+        var settings = ReplaySettings()
+        settings.checkpointInterval = 10
+        let actions: [WarmGreetingDomain.Action] = [.greet(name)] + Array(repeating: .wait, count: 11)
+        let divergence = try #require(try expectDivergence(WarmGreetingDomain.self, actions, settings: settings))
+        #expect(divergence.seq == 10)
+        #expect(!divergence.reproduced)
+        #expect(divergence.differences.isEmpty)
+        #expect(divergence.leftEffectsDigest != divergence.rightEffectsDigest)
+        #expect(divergence.leftEffects == nil)
+        #expect(divergence.description.contains("process history or global state"))
+        #expect(divergence.description.contains("those of an earlier action differ, at or after seq 1"))
+    }
+
+    @Test func aDomainWithEffectsThatAreDeterministicPassesInAndAcrossProcesses() async throws {
+        let actions = DeterminismCheck<Reminders>.generate(length: 300, seed: 11)
+        // Every action the harness compared effects of: as many as set anything going here.
+        var state = Reminders.initialState
+        var withEffects = 0
+        for action in actions {
+            Reminders.reduce(into: &state, action)
+            if !Reminders.effects(of: action, in: state).isEmpty { withEffects += 1 }
+        }
+        let report = try await offPool("replay") {
+            try ReplayHarness<Reminders>(children: [fixtureChild()]).replay(try ReplayLog<Reminders>(actions))
+        }
+        #expect(report.replicas == 4)
+        #expect(withEffects > 100)
+        #expect(report.actionsWithEffects == withEffects)
+        #expect(report.finalEffectsDigest != nil)
+    }
+
+    @Test func anEffectsDivergenceReadsAsJSONAndOldJSONStillDecodes() throws {
+        let divergence = try #require(try expectDivergence(TicketDomain.self, [.remind]))
+        let object = try #require(
+            try JSONSerialization.jsonObject(with: Data(divergence.json.utf8)) as? [String: Any]
+        )
+        let differences = object["effectDifferences"] as? [[String: Any]]
+        #expect(differences?.first?["path"] as? String == "[0].key")
+        #expect((object["leftEffects"] as? [String])?.count == 1)
+        #expect(object["leftEffectsDigest"] as? String == divergence.leftEffectsDigest?.hex)
+        let decoded = try JSONDecoder().decode(Divergence.self, from: Data(divergence.json.utf8))
+        #expect(decoded.effectDifferences == divergence.effectDifferences)
+        // A divergence written before effects were compared (or before `reproduced` was written) still decodes.
+        var old = object
+        for key in [
+            "leftEffectsDigest", "rightEffectsDigest", "leftEffects", "rightEffects", "effectDifferences", "reproduced",
+        ] {
+            old[key] = nil
+        }
+        let oldJSON = try JSONSerialization.data(withJSONObject: old)
+        let oldDecoded = try JSONDecoder().decode(Divergence.self, from: oldJSON)
+        #expect(oldDecoded.seq == 1)
+        #expect(oldDecoded.effectDifferences.isEmpty)
+        #expect(oldDecoded.leftEffectsDigest == nil)
+        #expect(oldDecoded.reproduced)
+    }
+
     @Test func journalSnapshotsMustMatchTheReplay() throws {
         let actions: [Counter.Action] = [.increment, .increment, .decrement]
         let good = StateDigest(of: Array(#"{"count":2}"#.utf8))
@@ -169,6 +308,9 @@ func expectDivergence<D: Domain>(
         let report = try ReplayHarness<Counter>().replay(log)
         #expect(report.finalSeq == 11)
         #expect(report.finalDigest == StateDigest(of: Array(#"{"count":11}"#.utf8)))
+        // A domain without effects computes none.
+        #expect(report.finalEffectsDigest == nil)
+        #expect(report.actionsWithEffects == 0)
     }
 }
 
@@ -186,6 +328,37 @@ func expectDivergence<D: Domain>(
         #expect(failure.actions.count <= 10)
         #expect(failure.actions.last == #"{"repeatLast":{}}"#)
         #expect(failure.description.contains("seed \(failure.seed)"))
+    }
+
+    @Test func effectsThatReadTheClockAreCaughtWithTheFirstSeqAndTheDifferingEffect() throws {
+        var check = DeterminismCheck(ClockEffectsDomain.self)
+        check.sequences = 1
+        check.length = 100
+        check.shrinkBudget = 0  // the generated log as it is: its first stamp is the first seq that differs
+        let failure = try #require(throws: DeterminismFailure.self) { try check.run() }
+        let generated = DeterminismCheck<ClockEffectsDomain>.generate(length: 100, seed: failure.seed)
+        let firstStamp = try #require(generated.firstIndex(of: .stamp))
+        #expect(failure.divergence.seq == SequenceNumber(firstStamp + 1))
+        #expect(failure.divergence.effectDifferences.map(\.path) == ["[0].body.stamp.nanos"])
+        #expect(failure.description.contains("effects[0].body.stamp.nanos: "))
+        // Shrunk, the log is the one action that reads the clock.
+        check.shrinkBudget = 200
+        let shrunk = try #require(throws: DeterminismFailure.self) { try check.run() }
+        #expect(shrunk.actions == [#"{"stamp":{}}"#])
+        #expect(shrunk.divergence.seq == 1)
+    }
+
+    @Test func timerKeysFromACounterAreCaughtWithTheFirstSeqAndTheDifferingEffect() throws {
+        var check = DeterminismCheck(TicketDomain.self)
+        check.sequences = 1
+        check.length = 100
+        check.shrinkBudget = 0
+        let failure = try #require(throws: DeterminismFailure.self) { try check.run() }
+        let generated = DeterminismCheck<TicketDomain>.generate(length: 100, seed: failure.seed)
+        let firstReminder = try #require(generated.firstIndex(of: .remind))
+        #expect(failure.divergence.seq == SequenceNumber(firstReminder + 1))
+        #expect(failure.divergence.effectDifferences.map(\.path) == ["[0].key"])
+        #expect(failure.description.contains("effects[0].key: "))
     }
 
     @Test func aDeterministicDomainPasses() async throws {

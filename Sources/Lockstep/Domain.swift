@@ -13,7 +13,7 @@ public protocol Domain: Sendable {
     associatedtype Action: Codable & Sendable
     /// What the domain asks the outside world to do — send a mail, call a payment service — as data: a closed
     /// `Codable` enum, run by the daemon that leads (docs/effects.md). `Never` (the default) for a domain without
-    /// effects.
+    /// effects; such a domain may still set timers.
     associatedtype Effect: Codable & Sendable = Never
 
     /// The store's name on the wire and in the journal. Letters, digits, `-`, `_` and `.`, at most 64 bytes.
@@ -55,8 +55,8 @@ extension Domain {
     /// No effects.
     public static func effects(of action: Action, in state: State) -> [DomainEffect<Self>] { [] }
 
-    /// Whether the domain declares effects (an ``Effect`` type other than `Never`): a domain without them costs
-    /// the daemon nothing per action.
+    /// Whether the domain declares effects (an ``Effect`` type other than `Never`): the daemon then needs a handler
+    /// for them. A domain may set timers without.
     public static var hasEffects: Bool { Effect.self != Never.self }
 
     /// Whether a store written by domain version `version` can be taken over by this one: it is this version,

@@ -27,6 +27,9 @@ public struct EffectRecord: Hashable, Sendable, CustomStringConvertible {
     public var key: String?
     /// When the timer is due, in milliseconds since 1970 (schedule).
     public var dueMilliseconds: Int64?
+    /// Why the effect, or the timer's action, could not be encoded as JSON (its body is then empty): the daemon keeps
+    /// it as a dead letter with this error, since the action stands (docs/effects.md, "Failures").
+    public var failure: String?
 
     /// An effect record, field by field.
     public init(
@@ -35,7 +38,8 @@ public struct EffectRecord: Hashable, Sendable, CustomStringConvertible {
         kind: Kind,
         body: Frame,
         key: String? = nil,
-        dueMilliseconds: Int64? = nil
+        dueMilliseconds: Int64? = nil,
+        failure: String? = nil
     ) {
         self.seq = seq
         self.index = index
@@ -43,37 +47,55 @@ public struct EffectRecord: Hashable, Sendable, CustomStringConvertible {
         self.body = body
         self.key = key
         self.dueMilliseconds = dueMilliseconds
+        self.failure = failure
     }
 
-    /// The records of `effects`, set going by the action at `seq`, in their canonical form.
+    /// The records of `effects`, set going by the action at `seq`, in their canonical form. One that cannot be
+    /// encoded is a record with an empty body and its ``failure``.
     public static func records<D: Domain>(
         of effects: [DomainEffect<D>],
         seq: SequenceNumber,
         coder: CanonicalEncoding.Coder
-    ) throws -> [EffectRecord] {
-        try effects.enumerated().map { index, effect in
+    ) -> [EffectRecord] {
+        effects.enumerated().map { index, effect in
             switch effect {
             case let .run(value):
-                return EffectRecord(seq: seq, index: index, kind: .run, body: try coder.encode(value))
+                var record = EffectRecord(seq: seq, index: index, kind: .run, body: [])
+                encode(value, into: &record, coder)
+                return record
             case let .schedule(action, due, key):
-                return EffectRecord(
+                var record = EffectRecord(
                     seq: seq,
                     index: index,
                     kind: .schedule,
-                    body: try coder.encode(action),
+                    body: [],
                     key: key,
                     dueMilliseconds: Int64((due.timeIntervalSince1970 * 1_000).rounded(.down))
                 )
+                encode(action, into: &record, coder)
+                return record
             case let .cancel(key):
                 return EffectRecord(seq: seq, index: index, kind: .cancel, body: [], key: key)
             }
         }
     }
 
+    private static func encode(
+        _ value: some Encodable,
+        into record: inout EffectRecord,
+        _ coder: CanonicalEncoding.Coder
+    ) {
+        do {
+            record.body = try coder.encode(value)
+        } catch {
+            record.failure = "cannot be encoded as JSON: \(CanonicalEncoding.describe(error))"
+        }
+    }
+
     /// One line: `run {"notify":{"card":3}}`, `schedule {"flag":{"card":3}} at 1764234000000 as "due-3"`,
     /// `cancel "due-3"`.
     public var description: String {
-        let json = String(decoding: body, as: UTF8.self)
+        let json = failure.map { "(\($0))" } ?? String(decoding: body, as: UTF8.self)
         switch kind {
         case .run: return "run \(json)"
         case .schedule: return "schedule \(json) at \(dueMilliseconds ?? 0) as \"\(key ?? "")\""

@@ -87,7 +87,13 @@ public struct DomainStore<D: Domain>: SequencedStore {
         }
         guard admit(canonical) else { return nil }
         let first = lastSeq + 1
+        // Empty, with nothing allocated, unless an action sets something going; then one list per action.
         var effects: [[EffectRecord]] = []
+        func keep(_ records: [EffectRecord], of offset: Int) {
+            guard !records.isEmpty else { return }
+            if effects.isEmpty { effects = Array(repeating: [], count: actions.count) }
+            effects[offset] = records
+        }
         if actions.count == 1 {
             // The common case validates and reduces in place, with no copy of the state.
             do throws(Rejection) {
@@ -95,18 +101,8 @@ public struct DomainStore<D: Domain>: SequencedStore {
             } catch {
                 return .failure(.rejected(index: 0, error))
             }
-            if D.hasEffects {
-                // On a copy, so a rejection for an effect that cannot be encoded changes nothing.
-                var after = state
-                D.reduce(into: &after, actions[0])
-                switch effectRecords(actions[0], in: after, seq: first, index: 0) {
-                case let .success(records): effects.append(records)
-                case let .failure(failure): return .failure(failure)
-                }
-                state = after
-            } else {
-                D.reduce(into: &state, actions[0])
-            }
+            D.reduce(into: &state, actions[0])
+            keep(effectRecords(actions[0], in: state, seq: first), of: 0)
         } else {
             var scratch = state
             for (index, action) in actions.enumerated() {
@@ -116,11 +112,7 @@ public struct DomainStore<D: Domain>: SequencedStore {
                     return .failure(.rejected(index: index, error))
                 }
                 D.reduce(into: &scratch, action)
-                guard D.hasEffects else { continue }
-                switch effectRecords(action, in: scratch, seq: first + SequenceNumber(index), index: index) {
-                case let .success(records): effects.append(records)
-                case let .failure(failure): return .failure(failure)
-                }
+                keep(effectRecords(action, in: scratch, seq: first + SequenceNumber(index)), of: index)
             }
             state = scratch
         }
@@ -136,28 +128,10 @@ public struct DomainStore<D: Domain>: SequencedStore {
         )
     }
 
-    /// The effects `action` set going on `after`, the state it left, as records; a rejection of action `index` when
-    /// one cannot be encoded (a domain whose effect holds what JSON cannot: the action is refused, not half kept).
-    private func effectRecords(
-        _ action: D.Action,
-        in after: D.State,
-        seq: SequenceNumber,
-        index: Int
-    ) -> Result<[EffectRecord], BatchFailure> {
-        do {
-            return .success(try EffectRecord.records(of: D.effects(of: action, in: after), seq: seq, coder: coder))
-        } catch {
-            let reason = CanonicalEncoding.describe(error)
-            return .failure(
-                .rejected(
-                    index: index,
-                    Rejection(
-                        code: "unencodable_effect",
-                        "an effect of this action cannot be encoded as JSON: \(reason)"
-                    )
-                )
-            )
-        }
+    /// The effects `action` set going on `after`, the state it left, as records (none, for most domains and actions).
+    private func effectRecords(_ action: D.Action, in after: D.State, seq: SequenceNumber) -> [EffectRecord] {
+        let effects = D.effects(of: action, in: after)
+        return effects.isEmpty ? [] : EffectRecord.records(of: effects, seq: seq, coder: coder)
     }
 
     /// Applies one journaled event; throws a ``ProtocolError`` when its seq does not follow ``lastSeq``, and the

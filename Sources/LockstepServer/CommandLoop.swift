@@ -21,8 +21,8 @@ final class CommandLoop: Sendable {
     let notifier: SystemdNotifier
     let wakeup: Wakeup
     let failpoint: Failpoint?
-    /// Runs the hosted domains' effects while the daemon leads; `nil` when none declares effects.
-    let effects: EffectRunner?
+    /// Runs the hosted domains' effects while the daemon leads.
+    let effects: EffectRunner
     private let stopping = Atomic<Bool>(false)
     /// When the daemon started: its uptime in STATUS, whatever its role.
     let startedAt = ContinuousClock.now
@@ -48,14 +48,12 @@ final class CommandLoop: Sendable {
         } catch {
             throw ServerError(code: .system, "could not make the loop's wake-up pipe: \(error)")
         }
-        effects =
-            domains.contains(where: \.hasEffects)
-            ? EffectRunner(
-                handlers: effectHandlers,
-                dataDirectory: configuration.dataDirectory,
-                wakeup: wakeup,
-                logger: logger
-            ) : nil
+        effects = EffectRunner(
+            handlers: effectHandlers,
+            dataDirectory: configuration.dataDirectory,
+            wakeup: wakeup,
+            logger: logger
+        )
     }
 
     /// Asks the loop to finish its turn and stop; callable from any thread.
@@ -122,7 +120,7 @@ final class CommandLoop: Sendable {
         defer { writer.stop() }
         var thread = try LoopThread(loop: self, journal: journal, writer: writer)
         defer { thread.sockets.close() }
-        defer { effects?.stop() }
+        defer { effects.stop() }
         try thread.start()
         while !isStopping { try thread.turn() }
         try thread.finish()
@@ -403,7 +401,7 @@ struct LoopThread {
         }
         serving = nil
         // A daemon that leads no more starts nothing, and what it runs is cancelled: the next leader runs it again.
-        loop.effects?.cancelAll()
+        loop.effects.cancelAll()
         // `perform` throws only for what a leader does; a standby's actions never do.
         try? perform(leadership.lost(stillHeld: ended.stillHeld, holder: holder, now: .now))
     }

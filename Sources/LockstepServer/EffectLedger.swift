@@ -139,6 +139,10 @@ package struct EffectLedger {
         now: ContinuousClock.Instant
     ) {
         for effect in records {
+            if effect.dead {
+                dead[effect.id] = Entry(effect: effect, phase: .dead)  // it could not be encoded
+                continue
+            }
             live[effect.id] = Entry(effect: effect, phase: .waiting(notBefore: now))
             uncommitted.insert(effect.id)
         }

@@ -47,7 +47,7 @@ struct Serving {
     /// The fault suite's crash point, in a test build.
     var failpoint: Failpoint?
     /// The effects and timers, when a hosted domain declares effects.
-    var ledger: EffectLedger?
+    var ledger: EffectLedger
 
     typealias Digest = (store: StoreName, epoch: Epoch, seq: SequenceNumber, digest: StateDigest)
 
@@ -74,9 +74,7 @@ struct Serving {
         self.loop = loop
         self.journal = journal
         sequencer = recovered.sequencer
-        if loop.effects != nil {
-            ledger = EffectLedger(outbox: recovered.outbox, policy: loop.configuration.effects.policy, now: .now)
-        }
+        ledger = EffectLedger(outbox: recovered.outbox, policy: loop.configuration.effects.policy, now: .now)
         self.takeover = takeover
         failpoint = loop.failpoint
         limits = Limits(
@@ -198,12 +196,11 @@ struct Serving {
     func nextDeadline() -> ContinuousClock.Instant {
         var deadline = (lastPublished.values.min() ?? ContinuousClock.now) + configuration.heartbeatInterval
         if let pipelineDeadline = pipeline.nextDeadline { deadline = min(deadline, pipelineDeadline) }
-        if let (monotonic, wall) = ledger?.nextDeadline() {
-            if let monotonic { deadline = min(deadline, monotonic) }
-            if let wall {
-                let now = ContinuousClock.now
-                deadline = min(deadline, now + .milliseconds(max(0, wall - Self.wallMilliseconds())))
-            }
+        let (monotonic, wall) = ledger.nextDeadline()
+        if let monotonic { deadline = min(deadline, monotonic) }
+        if let wall {
+            let now = ContinuousClock.now
+            deadline = min(deadline, now + .milliseconds(max(0, wall - Self.wallMilliseconds())))
         }
         return deadline
     }
@@ -279,6 +276,26 @@ struct Serving {
         let store = commit.store.rawValue
         for event in commit.events {
             for record in event.effects {
+                if let failure = record.failure {
+                    // The action stands; what it set going cannot be kept as JSON: a dead letter, shown and logged.
+                    let what = record.kind == .run ? "the effect" : "the action of timer '\(record.key ?? "")'"
+                    let error = "\(what) \(failure); fix the domain, then drop this dead letter"
+                    change.effects.append(
+                        JournalEffect(
+                            store: store,
+                            seq: record.seq,
+                            index: record.index,
+                            body: [],
+                            lastError: error,
+                            dead: true
+                        )
+                    )
+                    logger.error(
+                        "an action set going what cannot be encoded: a dead letter",
+                        metadata: ["effect": "\(store)/\(record.seq)/\(record.index)", "error": "\(error)"]
+                    )
+                    continue
+                }
                 switch record.kind {
                 case .run:
                     change.effects.append(
@@ -302,7 +319,7 @@ struct Serving {
                 }
             }
         }
-        ledger?.sequenced(change.effects, timers: change.timerChanges, now: .now)
+        ledger.sequenced(change.effects, timers: change.timerChanges, now: .now)
         // A fired timer left the ledger when it fired; it leaves the journal before what its action sets.
         if let timer { change.timerChanges.insert(.remove(store: timer.store, key: timer.key), at: 0) }
         return change
@@ -311,10 +328,6 @@ struct Serving {
     /// An EFFECTS request: the listing, after the retry or drop it asks for (journaled with the group, answered once
     /// durable).
     private mutating func effects(_ requestID: UInt64, _ command: EffectsCommand) -> (Pending, Sequenced?) {
-        guard var ledger else {
-            let reason = "this daemon hosts no domain that declares effects (it hosts \(loop.domains.map(\.name)))"
-            return (.reply(.error(requestID: requestID, ProtocolError(code: .unknownEffect, reason))), nil)
-        }
         var update: Sequenced?
         switch command {
         case .list:
@@ -332,7 +345,6 @@ struct Serving {
             update = Sequenced(
                 effectUpdates: actions.compactMap { if case let .journal(change) = $0 { change } else { nil } }
             )
-            self.ledger = ledger
         }
         return (.decided(ledger.listing().reply(to: requestID)), update)
     }
@@ -340,7 +352,7 @@ struct Serving {
     /// The effects' turn: what the runs that ended came to, then what the ledger says is due — timers to fire,
     /// effects to run, results to sequence, changes to journal.
     mutating func runEffects() {
-        guard var ledger, let runner = loop.effects else { return }
+        let runner = loop.effects
         let now = ContinuousClock.now
         var actions: [EffectLedger.Action] = []
         for outcome in runner.takeOutcomes() {
@@ -348,7 +360,7 @@ struct Serving {
             actions += ledger.finished(outcome.id, attempt: outcome.attempt, outcome.result, now: now)
         }
         actions += ledger.tick(now: now, wallMilliseconds: Self.wallMilliseconds())
-        self.ledger = ledger
+        guard !actions.isEmpty else { return }
         for action in actions {
             switch action {
             case let .run(id, body, attempt):
@@ -502,7 +514,7 @@ struct Serving {
                     failpoint?.pass(.afterReply)
                     publish(group, &sockets)
                     // Durable: the effects these actions set going may run now.
-                    ledger?.committed(group.commits.flatMap { $0.effects.map(\.id) }, now: .now)
+                    ledger.committed(group.commits.flatMap { $0.effects.map(\.id) }, now: .now)
                 }
             case let .refuse(group, reason):
                 release(group, refusing: reason, &sockets)
@@ -512,11 +524,9 @@ struct Serving {
                 do {
                     let recovered = try loop.recoverStores(journal)
                     sequencer = recovered.sequencer
-                    if let policy = ledger?.policy {
-                        // What was sequenced on the failed commit is gone: the outbox is the journal's again.
-                        loop.effects?.cancelAll()
-                        ledger = EffectLedger(outbox: recovered.outbox, policy: policy, now: .now)
-                    }
+                    // What was sequenced on the failed commit is gone: the outbox is the journal's again.
+                    loop.effects.cancelAll()
+                    ledger = EffectLedger(outbox: recovered.outbox, policy: ledger.policy, now: .now)
                 } catch {
                     throw SteppedDown(reason: "the stores could not be recovered after a failed commit: \(error)")
                 }
@@ -777,11 +787,11 @@ struct Serving {
     func status(_ sockets: LoopSockets) -> DaemonStatus {
         let serving = ContinuousClock.now - servingSince
         let seconds = max(Double(serving.components.seconds) + Double(serving.components.attoseconds) / 1e18, 1e-3)
-        let effects = ledger?.counts() ?? [:]
+        let effects = ledger.counts()
         let declaring = Set(loop.domains.filter(\.hasEffects).map(\.name))
         let stores = sequencer.stores.values.sorted { $0.name < $1.name }.map { store in
             let rate = Double(committedEvents[store.name] ?? 0) / seconds
-            let counts = effects[store.name.rawValue] ?? (0, 0, 0)
+            let counts = effects[store.name.rawValue]
             return DaemonStatus.Store(
                 name: store.name.rawValue,
                 // The seq published: durable, unlike one the writer is still committing.
@@ -789,8 +799,13 @@ struct Serving {
                 epoch: "\(store.epoch)",
                 domainVersion: store.domainVersion,
                 eventsPerSecond: (rate * 10).rounded() / 10,
-                effects: declaring.contains(store.name.rawValue)
-                    ? DaemonStatus.Effects(pending: counts.pending, dead: counts.dead, timers: counts.timers) : nil
+                // For a domain that declares effects, and for one that has timers set (or dead letters) without.
+                effects: declaring.contains(store.name.rawValue) || counts != nil
+                    ? DaemonStatus.Effects(
+                        pending: counts?.pending ?? 0,
+                        dead: counts?.dead ?? 0,
+                        timers: counts?.timers ?? 0
+                    ) : nil
             )
         }
         var status = loop.status(role: .leader, stores: stores, sockets: sockets, journal: journal)

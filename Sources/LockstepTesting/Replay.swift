@@ -265,9 +265,10 @@ struct ReplicaCursor<D: Domain> {
             D.reduce(into: &state, action)
         }
         var effects = EffectList.none
-        if D.hasEffects {
+        let domainEffects = D.effects(of: action, in: state)
+        if !domainEffects.isEmpty {
             // From the state the action left, before any round trip: what the daemon journals with the action.
-            let records = try EffectRecord.records(of: D.effects(of: action, in: state), seq: seq, coder: coder)
+            let records = EffectRecord.records(of: domainEffects, seq: seq, coder: coder)
             effects = try EffectList(records, coder: coder)
             if !records.isEmpty {
                 effectsDigest = EffectChain.extend(effectsDigest, seq: seq, with: effects)
@@ -499,7 +500,9 @@ public struct ReplayHarness<D: Domain>: Sendable {
             checkpoints: traces.first?.digests.count ?? 0,
             finalSeq: log.lastSeq,
             finalDigest: traces.first?.digests.last?.digest.state,
-            finalEffectsDigest: D.hasEffects ? traces.first?.digests.last?.digest.effects : nil,
+            // A domain that declares no Effect type may still set timers.
+            finalEffectsDigest: D.hasEffects || (traces.first?.actionsWithEffects ?? 0) > 0
+                ? traces.first?.digests.last?.digest.effects : nil,
             actionsWithEffects: traces.first?.actionsWithEffects ?? 0,
             recordedDigestsMatched: expectedSeqs.count
         )
@@ -536,7 +539,7 @@ public struct ReplayHarness<D: Domain>: Sendable {
             statesAt: statesAt,
             settings: settings
         )
-        if D.hasEffects, case .inProcess(replica: 0) = side { plan.keepsEffects = true }
+        if case .inProcess(replica: 0) = side { plan.keepsEffects = true }
         return plan
     }
 
@@ -643,7 +646,10 @@ public struct ReplayHarness<D: Domain>: Sendable {
             leftState: evidence.left.state,
             rightState: evidence.right.state
         )
-        guard D.hasEffects else { return divergence }
+        let effectsDiffer =
+            evidence.left.effectsDigest != evidence.right.effectsDigest
+            || evidence.left.effects != evidence.right.effects
+        guard D.hasEffects || effectsDiffer else { return divergence }
         divergence.leftEffectsDigest = evidence.left.effectsDigest
         divergence.rightEffectsDigest = evidence.right.effectsDigest
         if evidence.left.effects != evidence.right.effects {

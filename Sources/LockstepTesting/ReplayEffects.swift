@@ -38,7 +38,7 @@ enum EffectChain {
 struct EffectList: Hashable, Sendable {
     /// A JSON array, one object per effect in the action's order, with sorted members: `kind` (`run`, `schedule`,
     /// `cancel`), `body` (the effect's or the timer action's JSON, absent for a cancel), `key` and `due` (milliseconds
-    /// since 1970) when the effect has them. `[]` when the action set nothing going.
+    /// since 1970) when the effect has them, `failure` when it could not be encoded. `[]` when the action set nothing going.
     var bytes: [UInt8]
     /// One line per effect: `run {"notify":{"id":1,"text":"Call Ann"}}`, `cancel "due-1"`.
     var lines: [String]
@@ -61,10 +61,11 @@ struct EffectList: Hashable, Sendable {
         var bytes: [UInt8] = [UInt8(ascii: "[")]
         for (index, record) in records.enumerated() {
             if index > 0 { bytes.append(UInt8(ascii: ",")) }
-            // Members in sorted order — body, due, key, kind — so the bytes are canonical JSON.
+            // Members in sorted order — body, due, failure, key, kind — so the bytes are canonical JSON.
             var members: [[UInt8]] = []
             if !record.body.isEmpty { members.append(Array(#""body":"#.utf8) + record.body) }
             if let due = record.dueMilliseconds { members.append(Array(#""due":\#(due)"#.utf8)) }
+            if let failure = record.failure { members.append(Array(#""failure":"#.utf8) + (try coder.encode(failure))) }
             if let key = record.key { members.append(Array(#""key":"#.utf8) + (try coder.encode(key))) }
             members.append(Array(#""kind":"\#(Self.name(of: record.kind))""#.utf8))
             bytes.append(UInt8(ascii: "{"))

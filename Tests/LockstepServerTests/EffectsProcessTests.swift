@@ -61,8 +61,11 @@ import ZeroMQ
         defer { try? FileManager.default.removeItem(at: directory) }
         let daemon = try DaemonProcess(directory: directory.path)
         try await daemon.waitUntilServing()
-        try await dispatch(daemon, [add("soon", due: now(plus: 300)), add("later", due: now(plus: 1_000))])
-        try await dispatch(daemon, [#"{"complete":{"id":2}}"#])
+        // Reminder 2 is completed in the same batch, so its timer is cancelled before it can be due.
+        try await dispatch(
+            daemon,
+            [add("soon", due: now(plus: 300)), add("later", due: now(plus: 1_000)), #"{"complete":{"id":2}}"#]
+        )
         var seen = try await read(daemon)
         let settled = try await eventually(within: .seconds(20)) {
             seen = try await read(daemon)
@@ -95,8 +98,11 @@ import ZeroMQ
         defer { try? FileManager.default.removeItem(at: directory) }
         let daemon = try DaemonProcess(directory: directory.path, environment: ["LOCKSTEP_FAILPOINT": "effect-ran"])
         try await daemon.waitUntilServing()
-        try await dispatch(daemon, [add("crash", due: now(plus: 2_000))])
-        try await dispatch(daemon, [add("notify", due: now(plus: 600_000)), #"{"complete":{"id":2}}"#])
+        // One batch, so the seqs (and the effect's id) do not depend on when the timer fires.
+        try await dispatch(
+            daemon,
+            [add("crash", due: now(plus: 2_000)), add("notify", due: now(plus: 600_000)), #"{"complete":{"id":2}}"#]
+        )
         let status = await daemon.waitForExit(within: .seconds(20))
         try #require(status != nil, "the daemon did not reach the failpoint")
         let service = Reminders.Notifications(directory: "\(directory.path)/.lockstep/data/notifications")

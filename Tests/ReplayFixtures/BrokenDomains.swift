@@ -131,8 +131,6 @@ public enum TicketDomain: ActionGenerating {
         public var reminders = 0
     }
     public enum Action: Codable, Equatable, Sendable { case quiet, remind, ring }
-    /// Declared so that the domain has effects (``Domain/hasEffects``); only its timers are used.
-    public enum Effect: Codable, Equatable, Sendable { case unused }
     public static let name = "tickets"
     public static let version: UInt32 = 1
     public static var initialState: State { State() }

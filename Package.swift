@@ -154,7 +154,7 @@ let package = Package(
             name: "lockstep-faults",
             dependencies: [
                 "Lockstep", "LockstepClient", "LockstepJournal", "LockstepProtocol", "LockstepTesting", "ZeroMQ",
-                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                "LockstepExamples", .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             path: "Tests/Faults"
         ),

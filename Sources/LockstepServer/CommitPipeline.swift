@@ -146,6 +146,14 @@ package struct CommitPipeline<Entry, Commit> {
         duration - duration / 3
     }
 
+    /// Whether this daemon surely still leads at `now`: on a local journal always; on a PostgreSQL journal within
+    /// ``leaseTrusted(_:)`` of its last fence. What acts on the world — an effect's run, a due timer — waits while it
+    /// is not sure: a leader paused past its lease starts nothing before a renewal says the lease is still its own.
+    package func surelyLeads(at now: ContinuousClock.Instant) -> Bool {
+        guard let lease else { return true }
+        return now - lease.fencedAt < Self.leaseTrusted(lease.duration)
+    }
+
     /// When ``advance(now:readersBusy:)`` has something to do without a request: a renewal or a sync.
     package var nextDeadline: ContinuousClock.Instant? {
         guard inFlight == nil else { return nil }

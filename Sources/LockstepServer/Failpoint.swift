@@ -17,6 +17,8 @@ struct Failpoint: Sendable {
         case afterCommit = "after-commit"
         /// Replies sent; the events are not published yet.
         case afterReply = "after-reply"
+        /// An effect's action is durable and its run is about to start (counted per run started).
+        case effectStart = "effect-start"
         /// An effect's run ended; what it returned is not sequenced yet (counted per run that ended).
         case effectRan = "effect-ran"
         /// Not a crash: the journal never fsyncs (SQLite `synchronous = OFF`), so acknowledged actions are lost

@@ -196,6 +196,8 @@ struct Serving {
     func nextDeadline() -> ContinuousClock.Instant {
         var deadline = (lastPublished.values.min() ?? ContinuousClock.now) + configuration.heartbeatInterval
         if let pipelineDeadline = pipeline.nextDeadline { deadline = min(deadline, pipelineDeadline) }
+        // While the lease is not surely ours, effects wait for the renewal, whose end wakes the loop.
+        guard pipeline.surelyLeads(at: .now) else { return deadline }
         let (monotonic, wall) = ledger.nextDeadline()
         if let monotonic { deadline = min(deadline, monotonic) }
         if let wall {
@@ -354,6 +356,8 @@ struct Serving {
     mutating func runEffects() {
         let runner = loop.effects
         let now = ContinuousClock.now
+        // A leader that may have lost its lease (paused past it) starts nothing until a renewal says it leads.
+        guard pipeline.surelyLeads(at: now) else { return }
         var actions: [EffectLedger.Action] = []
         for outcome in runner.takeOutcomes() {
             failpoint?.pass(.effectRan)
@@ -364,6 +368,7 @@ struct Serving {
         for action in actions {
             switch action {
             case let .run(id, body, attempt):
+                failpoint?.pass(.effectStart)
                 runner.start(EffectRunner.Job(id: id, body: body, attempt: attempt))
             case let .fire(timer):
                 sequenceInternal(

@@ -45,6 +45,7 @@ struct FaultSuite: ParsableCommand {
             ("SIGSTOP of a replica", faults.stopReplica),
             ("failover", faults.failover),
             ("tool through takeovers", faults.toolThroughTakeovers),
+            ("effects", faults.effects),
             ("journal surgery", faults.journalSurgery),
             ("disk full", faults.diskFull),
             ("power cut", { try faults.powerCut() }),

@@ -184,7 +184,13 @@ final class Faults {
     /// or stopped, in turn. The other must lead within 5 s; a killed leader comes back as a standby; a stopped one,
     /// woken, must commit nothing — not even a dispatch queued at its own socket while it slept — and stand by.
     func failover() throws -> FaultResult {
-        let (server, connection, daemons) = try pair("failover")
+        // Effects and timers pending through every takeover: a reminders load beside the todos one.
+        let service = folder.appendingPathComponent("failover-service")
+        let (server, connection, daemons) = try pair(
+            "failover",
+            domains: ["todos", "reminders"],
+            environment: ["LOCKSTEP_NOTIFICATIONS": service.path]
+        )
         defer { server.stop() }
         // Killed (stopped ones too) before the server stops, whatever happens.
         defer { for daemon in daemons { daemon.kill() } }
@@ -192,6 +198,9 @@ final class Faults {
         let load = Load(endpoints: daemons.map(\.command), label: "failover")
         load.start()
         defer { load.stop() }
+        let reminders = ReminderLoad(endpoints: daemons.map(\.command), label: "failover")
+        reminders.start(seed: random.next())
+        defer { reminders.stop() }
         var result = FaultResult(injected: 0, survived: 0, lost: 0)
         var takeovers: (kill: [Duration], stop: [Duration]) = ([], [])
         var woken = Woken()
@@ -285,6 +294,8 @@ final class Faults {
                 + "resyncs, \(stores.map(\.repairs).reduce(0, +)) gaps repaired by range"
         )
         let leader = leader(of: daemons)?.daemon ?? daemons[0]
+        reminders.stop()
+        drainEffects(reminders, leader: leader, into: &result)
         try settle(
             load,
             leader: leader,
@@ -295,20 +306,29 @@ final class Faults {
         ) {
             try PostgresJournal(connection: connection, readOnly: true)
         }
+        try checkEffects(reminders, service: service, into: &result) {
+            try PostgresJournal(connection: connection, readOnly: true)
+        }
         return result
     }
 
     /// A PostgreSQL server of its own and two daemons, `a` and `b`, serving `todos` on one journal in it, started (a
     /// leads): the failover classes' set-up. The caller stops the server and kills the daemons.
-    func pair(_ label: String) throws -> (server: PostgresServer, connection: String, daemons: [Daemon]) {
+    func pair(
+        _ label: String,
+        domains: [String] = ["todos"],
+        environment: [String: String] = [:]
+    ) throws -> (server: PostgresServer, connection: String, daemons: [Daemon]) {
         let server = try PostgresServer.start()
         do {
             let connection = try server.createDatabase()
+            let hosted = domains.map { "\"\($0)\"" }.joined(separator: ", ")
             let daemons = try ["a", "b"].map { name in
                 try Daemon(
                     folder: folder.appendingPathComponent("\(label)-\(name)"),
-                    configuration: "journal = \"postgres\"\npostgres = \"\(connection)\"\ndomains = [\"todos\"]\n"
-                        + "[lease]\nname = \"\(name)\"\n" + Self.keepHistory
+                    configuration: "journal = \"postgres\"\npostgres = \"\(connection)\"\ndomains = [\(hosted)]\n"
+                        + "[lease]\nname = \"\(name)\"\n" + Self.keepHistory,
+                    environment: environment
                 )
             }
             do {

@@ -64,7 +64,13 @@ final class ReminderLoad: Sendable {
                     store: try! StoreName(Reminders.name),
                     actions: actions.map { Array($0.utf8) }
                 )
-                let reply = try? client.call(.dispatch(request))
+                // `unavailable`: nothing was applied (a failed commit); the same request again, as the reason says.
+                var reply = try? client.call(.dispatch(request))
+                for _ in 0..<100 {
+                    guard case let .error(_, error)? = reply, error.code == .unavailable else { break }
+                    Thread.sleep(forTimeInterval: 0.1)
+                    reply = try? client.call(.dispatch(request))
+                }
                 let stop = shared.withLockedValue { shared -> Bool in
                     switch reply {
                     case .accepted?:

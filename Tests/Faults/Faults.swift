@@ -657,15 +657,21 @@ final class Faults {
         let disk = try UnsyncedFileSystem(folder: base.appendingPathComponent("disk"))
         defer { disk.unmount() }
         let data = disk.mountPoint.appendingPathComponent("data").path
+        // The notification service is off the failing disk, as an outside service is.
+        let service = base.appendingPathComponent("service")
         let daemon = try Daemon(
             folder: base.appendingPathComponent("daemon"),
-            configuration: "data_dir = \"\(data)\"\n" + Self.keepHistory,
+            configuration: "data_dir = \"\(data)\"\ndomains = [\"todos\", \"reminders\"]\n" + Self.keepHistory,
+            environment: ["LOCKSTEP_NOTIFICATIONS": service.path],
             data: data
         )
         try daemon.start()
         let load = Load(endpoints: [daemon.command], label: "eio")
         load.start()
         defer { load.stop() }
+        let reminders = ReminderLoad(endpoints: [daemon.command], label: "eio")
+        reminders.start(seed: random.next())
+        defer { reminders.stop() }
         var result = FaultResult(injected: 0, survived: 0, lost: 0)
         let rounds = long ? 10 : 2
         for round in 0..<rounds {
@@ -689,7 +695,12 @@ final class Faults {
             try daemon.start()
             if progresses(load, beyond: load.acks.count) { result.survived += 1 }
         }
+        reminders.stop()
+        drainEffects(reminders, leader: daemon, into: &result)
         try settle(daemon, load, watchers: [], into: &result)
+        try checkEffects(reminders, service: service, into: &result) {
+            try SQLiteJournal(directory: data, readOnly: true)
+        }
         result.notes.insert(
             "each fault: the daemon stopped (exit 1) naming the failed fsync; power cut; restarted",
             at: 0

@@ -1,6 +1,7 @@
 import Foundation
 import Lockstep
 import LockstepClient
+import LockstepExamples
 import LockstepJournal
 import LockstepProtocol
 import LockstepTesting
@@ -950,13 +951,36 @@ final class Faults {
         // The wall clock jumps, as when NTP steps it; the monotonic clock never does.
         let daemon = try Daemon(
             folder: base,
-            configuration: Self.keepHistory,
+            configuration: "domains = [\"todos\", \"reminders\"]\n" + Self.keepHistory,
             environment: [
                 "LD_PRELOAD": library, "FAKETIME_TIMESTAMP_FILE": clock.path, "FAKETIME_NO_CACHE": "1",
                 "DONT_FAKE_MONOTONIC": "1",
             ]
         )
         try daemon.start()
+        // Timers on the daemon's wall clock (docs/effects.md, "Which clock"): reminders due in 10 days must not
+        // fire on the -2d jump, must all fire on the +365d one; those added then, due in a day, fire at once; those
+        // added after the -1y jump, due in an hour, never fire here.
+        let reminders = CommandClient(context: try Context(), endpoint: daemon.command)
+        let timerClient = ClientID.random()
+        var reminder = 0
+        func addReminders(dueIn milliseconds: Int64) throws {
+            for _ in 0..<5 {
+                reminder += 1
+                let due = Int64(Date().timeIntervalSince1970 * 1_000) + milliseconds
+                try reminders.mustAccept(
+                    "reminders",
+                    #"{"add":{"dueMilliseconds":\#(due),"text":"clock-\#(reminder)"}}"#,
+                    number: UInt64(reminder),
+                    clientID: timerClient
+                )
+            }
+        }
+        func timers(_ status: DaemonStatus?) -> Int? {
+            status?.stores.first { $0.name == "reminders" }?.effects?.timers
+        }
+        func timersSet() -> Int? { timers(daemon.status()) }
+        try addReminders(dueIn: 10 * 86_400_000)
         let watcher = try ReplicaClient(watching: [daemon], stores: ["todos"])
         let load = Load(endpoints: [daemon.command], label: "clock", threads: 2)
         load.start()
@@ -968,6 +992,25 @@ final class Faults {
             try "\(jump)\n".write(to: clock, atomically: true, encoding: .utf8)
             result.injected += 1
             if progresses(load, beyond: before) { result.survived += 1 }
+            switch jump {
+            case "-2d":
+                if timersSet() != 5 {
+                    result.failure = "a timer due in 10 days fired 2 days back: \(timersSet() ?? -1) set"
+                }
+            case "+365d":
+                // Early by the jump: all five fire; five more, due in a day, are due at once.
+                if daemon.waitForStatus(within: .seconds(10), until: { timers($0) == 0 }) == nil {
+                    result.failure = "the +365d jump left \(timersSet() ?? -1) timers due in 10 days unfired"
+                }
+                try addReminders(dueIn: 86_400_000)
+                if daemon.waitForStatus(within: .seconds(10), until: { timers($0) == 0 }) == nil {
+                    result.failure = "at +365d, \(timersSet() ?? -1) timers due in a day did not fire at once"
+                }
+            case "-1y":
+                try addReminders(dueIn: 3_600_000)
+            default:
+                break
+            }
         }
         // Idle for more than the silence limit: heartbeats must keep coming across the jumps.
         load.stop()
@@ -978,6 +1021,31 @@ final class Faults {
             result.failure = "the replica resynced \(resyncs) times across the jumps"
         }
         try settle(daemon, load, watchers: [watcher], into: &result)
+        // Each timer once, or (those due in an hour) never; the latter still set.
+        let journal = try SQLiteJournal(directory: daemon.data, readOnly: true)
+        defer { try? journal.close() }
+        guard case let .events(events) = try journal.events(store: "reminders", from: 1, to: .max, limit: 1_000) else {
+            throw SuiteError("the reminders history was compacted")
+        }
+        var fired: [Int: Int] = [:]
+        for event in events {
+            if case let .flagOverdue(id) = try JSONDecoder().decode(Reminders.Action.self, from: Data(event.action)) {
+                fired[id, default: 0] += 1
+            }
+        }
+        let expected = Dictionary(uniqueKeysWithValues: (1...10).map { ($0, 1) })
+        let left = try journal.outbox().timers.count
+        if fired != expected || left != 5 {
+            result.lost += 1
+            result.notes.append(
+                "timers fired \(fired.sorted { $0.key < $1.key }) (expected 1…10 once each), \(left) left (5)"
+            )
+        } else {
+            result.notes.append(
+                "timers: 5 due in 10 days fired once each on the +365d jump, 5 due in a day at once, 5 due in an hour "
+                    + "after the -1y jump never (still set)"
+            )
+        }
         return result
     }
 

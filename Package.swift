@@ -92,7 +92,8 @@ let package = Package(
             name: "LockstepBench",
             dependencies: [
                 "Lockstep", "LockstepProtocol", "LockstepClient", "LockstepExamples", "LockstepJournal",
-                "LockstepTesting", "LockstepTool", "ZeroMQ", .product(name: "Logging", package: "swift-log"),
+                "LockstepServer", "LockstepTesting", "LockstepTool", "ZeroMQ",
+                .product(name: "Logging", package: "swift-log"),
             ]
         ),
         .target(

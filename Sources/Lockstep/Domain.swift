@@ -126,12 +126,28 @@ public enum DomainEffect<D: Domain>: Sendable {
     /// its stable id (store, seq, index) to pass on as an idempotency key; what the handler returns comes back as
     /// actions, applied exactly once.
     case run(D.Effect)
-    /// Sequence `action` at `due` (wall-clock time, from the action's own data: never read the clock in a domain),
-    /// under `key`: a timer with the same key is replaced. The daemon that leads dispatches it when it is due — at
-    /// once, at start, when that time passed while no daemon ran.
-    case schedule(D.Action, at: Date, key: String)
+    /// Sequence `action` at `dueMilliseconds` (milliseconds since 1970 on the wall clock, from the action's own data:
+    /// never read the clock in a domain), under `key`: a timer with the same key is replaced. The daemon that leads
+    /// dispatches it when it is due — at once, at start, when that time passed while no daemon ran.
+    case schedule(D.Action, atMilliseconds: Int64, key: String)
     /// Cancel the timer set under `key`, if it has not fired.
     case cancel(key: String)
+
+    /// A timer at `date`, to the millisecond below (``schedule(_:atMilliseconds:key:)``). A date no `Int64` of
+    /// milliseconds holds — not finite, or hundreds of millions of years away — is taken as the farthest one on its
+    /// side: such a timer never fires, or fires at once.
+    public static func schedule(_ action: D.Action, at date: Date, key: String) -> Self {
+        let milliseconds = (date.timeIntervalSince1970 * 1_000).rounded(.down)
+        let due: Int64 =
+            if milliseconds.isNaN || milliseconds >= 9.2e18 {
+                .max
+            } else if milliseconds <= -9.2e18 {
+                .min
+            } else {
+                Int64(milliseconds)
+            }
+        return .schedule(action, atMilliseconds: due, key: key)
+    }
 }
 
 extension DomainEffect: Equatable where D.Effect: Equatable, D.Action: Equatable {}

@@ -71,6 +71,7 @@ package final class Bench {
         say("lockstep bench: \(transport), \(results.cores) cores, \(seconds) s per measurement, in \(folder.path)")
         if parts.contains("baselines") { try measureBaselines() }
         if !parts.isDisjoint(with: ["p1", "p2", "optimistic"]) { try measureDispatch(parts) }
+        if parts.contains("effects") { try measureEffects() }
         if parts.contains("postgres") { try measurePostgres() }
         if parts.contains("redis") { try measureRedis() }
         if parts.contains("p3") { try measureFanOut() }
@@ -222,6 +223,75 @@ package final class Bench {
             resyncs: reports.reduce(0) { $0 + $1.resyncs }
         )
         results.p6.replicaPeakBytes = max(results.p6.replicaPeakBytes, reports.map(\.peakResident).max() ?? 0)
+    }
+
+    /// Effects with a no-op handler, in a daemon of their own (a bench worker hosting `pulse`, over ipc whatever the
+    /// transport): one client's pings one at a time, for the latency from commit to handler start; then 8 clients'
+    /// batches of 100, for effects per second.
+    private func measureEffects() throws {
+        say("effects: a no-op handler's start after each commit; effects per second under 8 batching clients")
+        let command = "ipc://\(folder.path)/effects-command"
+        let daemon = try worker(
+            "effects-daemon",
+            ["--endpoint", command, "--events-endpoint", "ipc://\(folder.path)/effects-events"],
+            curve: .none
+        )
+        defer { daemon.kill() }
+        _ = try awaitLine(daemon, within: .seconds(60)) { $0 == "ready" }
+        func clients(_ count: Int, batch: Int) throws -> [WorkerReport] {
+            try runClients(
+                try (0..<count).map { _ in
+                    try worker(
+                        "dispatch",
+                        [
+                            "--endpoint", command, "--store", Pulse.name, "--count", "\(batch)", "--seconds",
+                            "\(seconds)", "--record-seqs",
+                        ],
+                        curve: .none
+                    )
+                }
+            )
+        }
+        let single = try clients(1, batch: 1)
+        let batched = try clients(8, batch: 100)
+        daemon.send("stop")
+        let runs = try report(of: daemon, within: .seconds(120)).applied
+        var started: [UInt64: UInt64] = [:]
+        var twice = 0
+        for run in runs where started.updateValue(run.at, forKey: run.seq) != nil { twice += 1 }
+        var toStart: [UInt64] = []
+        var fromAck: [Double] = []
+        for report in single {
+            for (index, sent) in report.sent.enumerated() {
+                guard let start = started[sent.seq] else { continue }
+                toStart.append(start - min(start, sent.at))
+                fromAck.append(Double(start) - Double(sent.at + report.latencies[index]))
+            }
+        }
+        fromAck.sort()
+        func quantile(_ values: [Double], _ q: Double) -> Microseconds {
+            guard !values.isEmpty else { return Microseconds(0) }
+            return Microseconds(
+                values[min(values.count - 1, max(0, Int((q * Double(values.count)).rounded(.up)) - 1))] / 1_000
+            )
+        }
+        // The batched load's effects: from the first to the last start among the seqs it got.
+        let batchedSeqs = batched.flatMap { $0.sent.flatMap { sent in (0..<UInt64(100)).map { sent.seq + $0 } } }
+        let batchedStarts = batchedSeqs.compactMap { started[$0] }
+        let span = (batchedStarts.max() ?? 0) - (batchedStarts.min() ?? 0)
+        let expected = Set(single.flatMap { $0.sent.map(\.seq) } + batchedSeqs)
+        let latencies = Latencies(toStart)
+        results.effects = .init(
+            dispatches: toStart.count,
+            dispatchToStartP50Us: latencies.p50,
+            dispatchToStartP99Us: latencies.p99,
+            ackToStartP50Us: quantile(fromAck, 0.5),
+            ackToStartP99Us: quantile(fromAck, 0.99),
+            batchedActionsPerS: rate(batched) * 100,
+            effectsPerS: perSecond(batchedStarts.count, nanoseconds: span).rounded(),
+            effectsRun: runs.count,
+            everyEffectRanOnce: twice == 0 && expected.isSubset(of: Set(started.keys))
+        )
     }
 
     /// P1 and P2 again with the journal in PostgreSQL (a throwaway server of Debian's `postgresql`, its data in

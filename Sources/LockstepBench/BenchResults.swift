@@ -9,6 +9,8 @@ package struct BenchResults: Codable {
     var p1 = P1()
     var p2: [P2] = []
     var optimistic = Optimistic()
+    /// Effects run by the daemon with a no-op handler; `null` when the part did not run.
+    var effects: Effects?
     var p3: [P3] = []
     var p4: [P4] = []
     var p5: [P5] = []
@@ -84,6 +86,25 @@ package struct BenchResults: Codable {
         /// Dispatches that failed or were rolled back; the replica's resyncs over the run.
         var failures = 0
         var resyncs = 0
+    }
+
+    /// A daemon running `pulse`'s effects (one per action) with a no-op handler, over ipc.
+    struct Effects: Codable {
+        /// One client dispatching one ping at a time: when the handler of its effect started, from the dispatch
+        /// (its commit included) and from the moment its ACCEPTED reached the client (its commit durable).
+        var dispatches = 0
+        var dispatchToStartP50Us = Microseconds(0)
+        var dispatchToStartP99Us = Microseconds(0)
+        /// Negative when the handler started before the client read the reply (both follow the commit).
+        var ackToStartP50Us = Microseconds(0)
+        var ackToStartP99Us = Microseconds(0)
+        /// 8 clients dispatching batches of 100 pings: actions committed per second, and effects started per
+        /// second over the same load (each done by a commit of its own turn, 8 running at most).
+        var batchedActionsPerS = 0.0
+        var effectsPerS = 0.0
+        /// Effects run in all, and whether every effect set going ran once (each seq's handler started exactly once).
+        var effectsRun = 0
+        var everyEffectRanOnce = false
     }
 
     struct P3: Codable {

@@ -79,6 +79,24 @@ package struct BenchTable {
                 ),
             ]
         }
+        if let e = r.effects {
+            lines += [
+                "",
+                "Effects, no-op handler (\(e.effectsRun) run\(e.everyEffectRanOnce ? ", each once" : "; NOT each once"))",
+                row(
+                    "dispatch → handler start",
+                    "p50 \(e.dispatchToStartP50Us)  p99 \(e.dispatchToStartP99Us)",
+                    "\(times(ratio(e.dispatchToStartP50Us.value, r.p1.p50Us.value))) P1 p50"
+                ),
+                row("ACCEPTED read → handler start", "p50 \(e.ackToStartP50Us)  p99 \(e.ackToStartP99Us)"),
+                row(
+                    "8 clients, batches of 100",
+                    "\(count(e.effectsPerS)) effects/s",
+                    "",
+                    "\(count(e.batchedActionsPerS)) actions/s committed"
+                ),
+            ]
+        }
         if let postgres = r.postgres {
             lines += ["", "P1, P2 with the PostgreSQL journal (PostgreSQL \(postgres.version), synchronous_commit on)"]
             lines.append(

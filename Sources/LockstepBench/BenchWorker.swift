@@ -3,6 +3,7 @@ import Lockstep
 import LockstepClient
 import LockstepExamples
 import LockstepProtocol
+import LockstepServer
 import LockstepTesting
 import LockstepTool
 import Logging
@@ -32,6 +33,10 @@ package struct BenchWorker: Sendable {
         case join
         /// Redis Streams: XADD of the counter action's bytes, one at a time.
         case redis
+        /// Lockstep: a daemon in this process hosting `pulse`, whose effects a no-op handler runs, recording when
+        /// each run started; `ready` once it serves, its report (`applied`: each effect's seq and start) once every
+        /// effect set going has run after `stop` on standard input.
+        case effectsDaemon = "effects-daemon"
     }
 
     package var role: Role
@@ -82,21 +87,28 @@ package struct BenchWorker: Sendable {
         case .join:
             report = store == Posts.name ? try await join(Posts.self) : try await join(Counter.self)
         case .redis: report = try await redis()
+        case .effectsDaemon: report = try await effectsDaemon()
         }
         report.peakResident = residentMemory(of: getpid()).peakKiB * 1_024
         print(String(decoding: try JSONEncoder().encode(report), as: UTF8.self))
         fflush(nil)
     }
 
-    /// The counter DISPATCH every client sends (the raw ones send its bytes, for the same load).
-    package static func dispatchRequest(number: UInt64, clientID: ClientID) -> Request {
+    /// The counter DISPATCH every client sends (the raw ones send its bytes, for the same load); with `pulse`, a
+    /// batch of `batch` pings instead.
+    package static func dispatchRequest(
+        number: UInt64,
+        clientID: ClientID,
+        pulse: Bool = false,
+        batch: Int = 1
+    ) -> Request {
         .dispatch(
             DispatchRequest(
                 requestID: number,
-                domainVersion: Counter.version,
+                domainVersion: pulse ? Pulse.version : Counter.version,
                 clientID: clientID,
-                store: try! StoreName(Counter.name),
-                actions: [action]
+                store: try! StoreName(pulse ? Pulse.name : Counter.name),
+                actions: pulse ? Array(repeating: Pulse.ping, count: max(1, batch)) : [action]
             )
         )
     }
@@ -219,11 +231,13 @@ package struct BenchWorker: Sendable {
         func dispatchOne() throws {
             number += 1
             let at = monotonicNanos()
-            guard
-                case let .accepted(_, _, seq, _) = try client.call(
-                    Self.dispatchRequest(number: number, clientID: clientID)
-                )
-            else {
+            let request = Self.dispatchRequest(
+                number: number,
+                clientID: clientID,
+                pulse: store == Pulse.name,
+                batch: count
+            )
+            guard case let .accepted(_, _, seq, _) = try client.call(request) else {
                 throw CommandFailure("the daemon did not accept dispatch \(number)")
             }
             if recordSeqs { sent.append(.init(seq: seq, at: at)) }
@@ -369,6 +383,47 @@ package struct BenchWorker: Sendable {
         try add()
         try await ready()
         return measure(add)
+    }
+
+    private func effectsDaemon() async throws -> WorkerReport {
+        let starts = LockedValue([WorkerReport.Sample]())
+        var configuration = DaemonConfiguration(environment: [:], domains: [Pulse.name])
+        configuration.dataDirectory = FileManager.default.currentDirectoryPath + "/effects-daemon-data"
+        configuration.commandEndpoint = endpoint
+        configuration.eventsEndpoint = eventsEndpoint
+        let daemon = try LockstepDaemon(
+            configuration: configuration,
+            domains: [HostedDomain(Pulse.self)],
+            effects: [
+                EffectHandler(Pulse.self) { _, context in
+                    // No work: the figure is the machinery's. The id is `pulse/SEQ/0`.
+                    let at = monotonicNanos()
+                    let seq = UInt64(context.id.split(separator: "/")[1]) ?? 0
+                    starts.withLockedValue { $0.append(.init(seq: seq, at: at)) }
+                    return []
+                }
+            ],
+            environment: [:],
+            logger: quietLogger()
+        )
+        let running = Task { try await daemon.run() }
+        defer { running.cancel() }
+        let client = CommandClient(context: try Context(), endpoint: endpoint, timeout: .seconds(1), retries: 30)
+        func pending() throws -> Int? {
+            try client.leaderStatus().status.stores.first { $0.name == Pulse.name }?.effects?.pending
+        }
+        _ = try pending()
+        print("ready")
+        fflush(nil)
+        for await line in standardInputLines() where line == "stop" { break }
+        // Every effect set going has run, and is done, before the report.
+        for _ in 0..<600 where try pending() != 0 { try await Task.sleep(for: .milliseconds(100)) }
+        running.cancel()
+        _ = try? await running.value
+        var report = WorkerReport()
+        report.applied = starts.withLockedValue { $0 }
+        report.count = report.applied.count
+        return report
     }
 
     private func replicaConfiguration() throws -> ReplicaConfiguration {

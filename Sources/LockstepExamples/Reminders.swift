@@ -74,15 +74,24 @@ public enum Reminders: Domain {
     public static var initialState: State { State() }
     /// The longest text a reminder may have, in bytes of UTF-8.
     public static let maximumTextLength = 200
+    /// The due times a reminder may have: from 1970 to the end of 9999, in milliseconds.
+    public static let dueRange: ClosedRange<Int64> = 0...253_402_300_799_999
 
     /// An empty or too long text, or an id that does not exist, is refused; so is completing a reminder twice.
     public static func validate(_ action: Action, in state: State) throws(Rejection) {
         switch action {
-        case let .add(text, _):
+        case let .add(text, due):
             guard !text.isEmpty, text.utf8.count <= maximumTextLength else {
                 throw Rejection(
                     code: "bad_text",
                     "reminders: a text must have 1 to \(maximumTextLength) bytes, this one has \(text.utf8.count)"
+                )
+            }
+            guard dueRange.contains(due) else {
+                throw Rejection(
+                    code: "bad_due",
+                    "reminders: dueMilliseconds must be 0 (1970) to \(dueRange.upperBound) (the end of 9999), "
+                        + "got \(due)"
                 )
             }
         case let .complete(id):
@@ -124,8 +133,7 @@ public enum Reminders: Domain {
         switch action {
         case let .add(_, due):
             let id = state.nextID - 1
-            let at = Date(timeIntervalSince1970: Double(due) / 1_000)
-            return [.schedule(.flagOverdue(id: id), at: at, key: "due-\(id)")]
+            return [.schedule(.flagOverdue(id: id), atMilliseconds: due, key: "due-\(id)")]
         case let .complete(id):
             let text = state.reminder(id)?.text ?? ""
             return [.cancel(key: "due-\(id)"), .run(.notify(id: id, text: text))]

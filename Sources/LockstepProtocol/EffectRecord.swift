@@ -9,7 +9,7 @@ public struct EffectRecord: Hashable, Sendable, CustomStringConvertible {
     public enum Kind: UInt8, Hashable, Sendable {
         /// Run the domain's effect (`DomainEffect.run`): ``EffectRecord/body`` is the effect's JSON.
         case run = 0
-        /// Set a timer (`DomainEffect.schedule`): ``EffectRecord/body`` is the action's JSON.
+        /// Set a timer (`DomainEffect.schedule(_:atMilliseconds:key:)`): ``EffectRecord/body`` is the action's JSON.
         case schedule = 1
         /// Cancel a timer (`DomainEffect.cancel`): no body.
         case cancel = 2
@@ -70,7 +70,7 @@ public struct EffectRecord: Hashable, Sendable, CustomStringConvertible {
                     kind: .schedule,
                     body: [],
                     key: key,
-                    dueMilliseconds: Int64((due.timeIntervalSince1970 * 1_000).rounded(.down))
+                    dueMilliseconds: due
                 )
                 encode(action, into: &record, coder)
                 return record

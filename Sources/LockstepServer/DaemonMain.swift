@@ -16,7 +16,8 @@ import ServiceLifecycle
 /// The executable then takes every flag of `lockstepd` (`--help` lists them) and `--config` TOML files, logs to
 /// standard error (or to the handler given), speaks systemd's notify protocol (READY=1 after recovery and binding,
 /// the watchdog, STOPPING=1), drains the batch in flight on SIGTERM or SIGINT, and exits 0 after a clean stop, 64 for
-/// a wrong flag, 78 for a configuration it cannot serve and 1 when it cannot go on (the log says why). `lockstepd` is
+/// a wrong flag, 78 for a configuration it cannot serve (a domain with effects and no handler among them) and 1
+/// when it cannot go on (the log says why). `lockstepd` is
 /// this call with the example domains.
 ///
 /// It leaves the process's global logging alone (it never calls `LoggingSystem.bootstrap`): the daemon's loggers
@@ -45,11 +46,6 @@ public enum LockstepDaemonMain {
         let names = domains.map { $0.name }
         precondition(Set(names).count == names.count, "two domains share a name: \(names)")
         let hosted = domains.map { HostedDomain($0) }
-        do {
-            try EffectHandler.check(effects, for: hosted)
-        } catch {
-            preconditionFailure("\(error)")
-        }
         let name = commandName ?? DaemonCommand.executableName
         let command: DaemonCommand
         do {
@@ -231,6 +227,7 @@ struct DaemonCommand: ParsableCommand {
         let level: Logger.Level
         do {
             level = try options.level()
+            try EffectHandler.check(effects, for: domains)
             settings = try options.configuration(
                 environment: ProcessInfo.processInfo.environment,
                 domains: domains.map(\.name)

@@ -73,10 +73,17 @@ package struct EffectLedger {
     }
 
     package let policy: Policy
-    /// The effects waiting or running: few, as each runs soon after its action (what a turn looks through).
+    /// The effects waiting or running, by id.
     private var live: [JournalEffectID: Entry] = [:]
     /// The dead letters, kept apart so that however many there are, a turn costs no more.
     private var dead: [JournalEffectID: Entry] = [:]
+    /// Effects free to run now, in the order their actions became durable: a turn takes from the front. An id whose
+    /// effect was dropped meanwhile is skipped when it comes up.
+    private var ready = Queue()
+    /// Effects waiting out a backoff, soonest first: few, as only failed runs wait.
+    private var delayed: [(notBefore: ContinuousClock.Instant, id: JournalEffectID)] = []
+    /// The effects running: at most ``Policy/maximumRunning``, all a turn looks at for timeouts.
+    private var runningIDs: Set<JournalEffectID> = []
     /// Timers by store and key, as sequenced.
     package private(set) var timers: [TimerKey: JournalTimer] = [:]
     /// The earliest due time of ``timers``; `.none` when it must be worked out again (a timer left or moved): a turn
@@ -84,27 +91,54 @@ package struct EffectLedger {
     private var earliestDue: Int64?? = .some(nil)
     /// Effects whose action is sequenced but not yet durable: run once it is.
     private var uncommitted: Set<JournalEffectID> = []
-    /// How many of the live effects are running.
-    package private(set) var running = 0
 
     package struct TimerKey: Hashable, Sendable {
         package var store: String
         package var key: String
     }
 
+    /// A first-in, first-out queue of ids: an array read from a moving head, compacted now and then.
+    private struct Queue {
+        private var items: [JournalEffectID] = []
+        private var head = 0
+
+        var isEmpty: Bool { head == items.count }
+
+        mutating func push(_ id: JournalEffectID) { items.append(id) }
+
+        mutating func pop() -> JournalEffectID? {
+            guard head < items.count else { return nil }
+            defer {
+                head += 1
+                if head == items.count {
+                    items.removeAll(keepingCapacity: true)
+                    head = 0
+                } else if head >= 1_024, head * 2 >= items.count {
+                    items.removeFirst(head)
+                    head = 0
+                }
+            }
+            return items[head]
+        }
+    }
+
     /// A ledger of what the journal's outbox holds, as a new leadership finds it: every effect waits to run at once,
-    /// dead letters stay dead, every timer is set.
+    /// in id order, dead letters stay dead, every timer is set.
     package init(outbox: JournalOutbox, policy: Policy, now: ContinuousClock.Instant) {
         self.policy = policy
-        for effect in outbox.effects {
+        for effect in outbox.effects.sorted(by: { $0.id < $1.id }) {
             if effect.dead {
                 dead[effect.id] = Entry(effect: effect, phase: .dead)
             } else {
                 live[effect.id] = Entry(effect: effect, phase: .waiting(notBefore: now))
+                ready.push(effect.id)
             }
         }
         for timer in outbox.timers { set(timer) }
     }
+
+    /// How many effects are running.
+    package var running: Int { runningIDs.count }
 
     /// Every effect in the ledger, waiting, running or dead, by id.
     package var effects: [JournalEffectID: Entry] { live.merging(dead) { first, _ in first } }
@@ -132,7 +166,8 @@ package struct EffectLedger {
     // MARK: - Events
 
     /// An action was sequenced with these effects (its own, in index order): its timers are set and cancelled now,
-    /// its effects to run wait for its commit (``committed(_:now:)``).
+    /// its effects to run wait for its commit (``committed(_:now:)``). An effect journaled dead (it could not be
+    /// encoded) is a dead letter at once.
     package mutating func sequenced(
         _ records: [JournalEffect],
         timers changes: [JournalTimerChange],
@@ -140,7 +175,7 @@ package struct EffectLedger {
     ) {
         for effect in records {
             if effect.dead {
-                dead[effect.id] = Entry(effect: effect, phase: .dead)  // it could not be encoded
+                dead[effect.id] = Entry(effect: effect, phase: .dead)
                 continue
             }
             live[effect.id] = Entry(effect: effect, phase: .waiting(notBefore: now))
@@ -154,18 +189,19 @@ package struct EffectLedger {
         }
     }
 
-    /// The actions that set `ids` going are durable: the effects may run from `now`.
+    /// The actions that set `ids` going are durable: the effects may run from `now`, in this order.
     package mutating func committed(_ ids: [JournalEffectID], now: ContinuousClock.Instant) {
-        for id in ids where uncommitted.remove(id) != nil {
+        for id in ids where uncommitted.remove(id) != nil && live[id] != nil {
             live[id]?.phase = .waiting(notBefore: now)
+            ready.push(id)
         }
     }
 
     /// Time passed: due timers fire (those due at or before `wallMilliseconds`, wall-clock time), runs past their
     /// timeout count as failed, and effects whose wait is over run, up to ``Policy/maximumRunning``.
     ///
-    /// A turn with nothing due costs a comparison for the timers, however many are set, and a look at the live
-    /// effects alone (dead letters are kept apart).
+    /// A turn costs what is due and what runs, not what waits: one comparison for the timers however many are set,
+    /// a look at the runs (at most ``Policy/maximumRunning``) and at the front of the queues.
     package mutating func tick(now: ContinuousClock.Instant, wallMilliseconds: Int64) -> [Action] {
         var actions: [Action] = []
         if let earliest = earliest(), earliest <= wallMilliseconds {
@@ -179,20 +215,21 @@ package struct EffectLedger {
                 actions.append(.fire(timer))
             }
         }
-        guard !live.isEmpty else { return actions }
-        for (id, entry) in live.sorted(by: { $0.key < $1.key }) {
-            guard case let .running(attempt, deadline) = entry.phase, deadline <= now else { continue }
+        for id in runningIDs.sorted() {
+            guard case let .running(attempt, deadline)? = live[id]?.phase, deadline <= now else { continue }
             actions += failed(id, attempt: attempt, error: "no answer within \(policy.timeout)", now: now)
         }
-        var free = policy.maximumRunning - running
-        guard free > 0 else { return actions }
-        for (id, entry) in live.sorted(by: { $0.key < $1.key }) where free > 0 && !uncommitted.contains(id) {
-            guard case let .waiting(notBefore) = entry.phase, notBefore <= now else { continue }
+        while let first = delayed.first, first.notBefore <= now {
+            delayed.removeFirst()
+            if case .waiting? = live[first.id]?.phase { ready.push(first.id) }
+        }
+        while runningIDs.count < policy.maximumRunning, let id = ready.pop() {
+            // Skipped: dropped meanwhile.
+            guard let entry = live[id], case .waiting = entry.phase, !uncommitted.contains(id) else { continue }
             let attempt = entry.effect.attempts + 1
             live[id]?.phase = .running(attempt: attempt, deadline: now + policy.timeout)
-            running += 1
+            runningIDs.insert(id)
             actions.append(.run(id, body: entry.effect.body, attempt: attempt))
-            free -= 1
         }
         return actions
     }
@@ -210,7 +247,7 @@ package struct EffectLedger {
         switch outcome {
         case let .success(actions):
             live[id] = nil
-            running -= 1
+            runningIDs.remove(id)
             return [.complete(id, actions: actions)]
         case let .failure(failure):
             return failed(id, attempt: attempt, error: failure.description, now: now, permanent: failure.permanent)
@@ -225,7 +262,7 @@ package struct EffectLedger {
         permanent: Bool = false
     ) -> [Action] {
         guard var entry = live[id] else { return [] }
-        if case .running = entry.phase { running -= 1 }
+        runningIDs.remove(id)
         let givenUp = permanent || attempt >= policy.maximumAttempts
         entry.effect.attempts = attempt
         entry.effect.lastError = error
@@ -239,6 +276,8 @@ package struct EffectLedger {
             for _ in 1..<attempt { wait = min(wait * 2, policy.maximumBackoff) }
             entry.phase = .waiting(notBefore: now + wait)
             live[id] = entry
+            let index = delayed.firstIndex { $0.notBefore > now + wait } ?? delayed.endIndex
+            delayed.insert((now + wait, id), at: index)
         }
         return [
             .failed(id, attempt: attempt, error: error, givenUp: givenUp),
@@ -253,6 +292,7 @@ package struct EffectLedger {
         entry.effect.dead = false
         entry.phase = .waiting(notBefore: now)
         live[id] = entry
+        ready.push(id)
         return [.journal(JournalEffectUpdate(id, .retry))]
     }
 
@@ -266,18 +306,19 @@ package struct EffectLedger {
         return [.journal(JournalEffectUpdate(id, .drop))]
     }
 
-    /// When ``tick(now:wallMilliseconds:)`` has something to do on the monotonic clock: the end of a wait or a run;
-    /// and on the wall clock, the next timer.
-    package func nextDeadline() -> (monotonic: ContinuousClock.Instant?, wallMilliseconds: Int64?) {
-        var next: ContinuousClock.Instant?
-        let free = running < policy.maximumRunning
-        for (id, entry) in live where !uncommitted.contains(id) {
-            switch entry.phase {
-            case let .waiting(notBefore) where free: next = next.map { min($0, notBefore) } ?? notBefore
-            case let .running(_, deadline): next = next.map { min($0, deadline) } ?? deadline
-            default: continue
-            }
+    /// When ``tick(now:wallMilliseconds:)`` has something to do on the monotonic clock: now, when an effect is free
+    /// to run and a run may start; the end of a run's time or of a backoff; and on the wall clock, the next timer.
+    package func nextDeadline(
+        now: ContinuousClock.Instant
+    ) -> (
+        monotonic: ContinuousClock.Instant?, wallMilliseconds: Int64?
+    ) {
+        var next = delayed.first?.notBefore
+        for id in runningIDs {
+            guard case let .running(_, deadline)? = live[id]?.phase else { continue }
+            next = next.map { min($0, deadline) } ?? deadline
         }
+        if !ready.isEmpty, runningIDs.count < policy.maximumRunning { next = now }
         // Worked out again only after a timer left and before the turn's ``tick(now:wallMilliseconds:)`` did.
         let earliest = earliestDue ?? timers.values.lazy.map(\.dueMilliseconds).min()
         return (next, earliest)

@@ -198,11 +198,12 @@ struct Serving {
         if let pipelineDeadline = pipeline.nextDeadline { deadline = min(deadline, pipelineDeadline) }
         // While the lease is not surely ours, effects wait for the renewal, whose end wakes the loop.
         guard pipeline.surelyLeads(at: .now) else { return deadline }
-        let (monotonic, wall) = ledger.nextDeadline()
+        let (monotonic, wall) = ledger.nextDeadline(now: .now)
         if let monotonic { deadline = min(deadline, monotonic) }
         if let wall {
-            let now = ContinuousClock.now
-            deadline = min(deadline, now + .milliseconds(max(0, wall - Self.wallMilliseconds())))
+            // Compared before subtracting: a due time may be anywhere in Int64.
+            let now = Self.wallMilliseconds()
+            deadline = min(deadline, wall <= now ? .now : .now + .milliseconds(wall - now))
         }
         return deadline
     }

@@ -9,8 +9,8 @@ struct EffectsToolCommand: ParsableCommand {
         commandName: "effects",
         abstract: "List the leader's effects and timers; retry or drop an effect.",
         discussion: """
-            lockstep effects lists every effect waiting, running or given up (a dead letter), with its tries and \
-            last error, and every timer set. lockstep effects retry ID sends a dead letter back to run, its tries \
+            lockstep effects lists every effect waiting, running or given up (a dead letter), with its failed runs \
+            and last error, and every timer set. lockstep effects retry ID sends a dead letter back to run, its tries \
             counted afresh; lockstep effects drop ID removes an effect that waits or was given up, without running \
             it. ID is store/seq/index, as the list shows. A retry or drop is journaled before the tool prints the \
             list as it left it. Exit 64 when no effect ID can be retried or dropped (the message says why), 69 when \
@@ -74,15 +74,15 @@ struct EffectsToolCommand: ParsableCommand {
             print(String(decoding: body, as: UTF8.self))
             return
         }
-        print("effect                    phase     tries  effect / last error")
+        print("effect                    phase     failed  effect / last error")
         for effect in listing.effects {
             print(
                 effect.id.padding(toLength: 25, withPad: " ", startingAt: 0),
                 effect.phase.padding(toLength: 9, withPad: " ", startingAt: 0),
-                String(effect.attempts).padding(toLength: 6, withPad: " ", startingAt: 0),
+                String(effect.attempts).padding(toLength: 7, withPad: " ", startingAt: 0),
                 effect.effect
             )
-            if let error = effect.lastError { print(String(repeating: " ", count: 43), error) }
+            if let error = effect.lastError { print(String(repeating: " ", count: 44), error) }
         }
         if listing.effects.isEmpty { print("(none)") }
         print("")

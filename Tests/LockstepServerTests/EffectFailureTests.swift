@@ -60,7 +60,7 @@ enum Jobs: Domain {
     }
 }
 
-/// A domain that sets timers and declares no Effect type: its timers fire all the same.
+/// A domain that sets timers and declares no Effect type: its timers fire all the same, whatever their due time.
 enum Alarms: Domain {
     struct State: Codable, Equatable, Sendable { var rung: [String] = [] }
     enum Action: Codable, Equatable, Sendable {
@@ -75,7 +75,7 @@ enum Alarms: Domain {
     }
     static func effects(of action: Action, in state: State) -> [DomainEffect<Alarms>] {
         guard case let .set(name, at) = action else { return [] }
-        return [.schedule(.ring(name: name), at: Date(timeIntervalSince1970: Double(at) / 1_000), key: name)]
+        return [.schedule(.ring(name: name), atMilliseconds: at, key: name)]
     }
 }
 
@@ -171,8 +171,11 @@ enum LegacyReader: Domain {
             }
         }
         let past = Int64(Date().timeIntervalSince1970 * 1_000) - 1_000
-        number += 1
-        _ = try await caller.dispatch(Alarms.self, .set(name: "wake", atMilliseconds: past), number: number)
+        // Due times at the ends of Int64: the first is due at once, the last never.
+        for (name, at) in [("wake", past), ("ancient", Int64.min), ("never", Int64.max)] {
+            number += 1
+            _ = try await caller.dispatch(Alarms.self, .set(name: name, atMilliseconds: at), number: number)
+        }
         number += 1
         _ = try await caller.dispatch(Legacy.self, .bump, number: number)
 
@@ -209,9 +212,9 @@ enum LegacyReader: Domain {
         var alarms = try await caller.state(Alarms.self)
         let rung = try await eventually(within: .seconds(10)) {
             alarms = try await caller.state(Alarms.self)
-            return alarms.rung == ["wake"]
+            return alarms.rung.sorted() == ["ancient", "wake"]
         }
-        #expect(rung, "the alarm did not ring once: \(alarms)")
+        #expect(rung, "the alarms due did not ring once each: \(alarms)")
 
         // Still up: a dispatch is accepted, and STATUS counts the dead letters.
         number += 1
@@ -228,7 +231,8 @@ enum LegacyReader: Domain {
         }
         let counts = Dictionary(uniqueKeysWithValues: status.stores.map { ($0.name, $0.effects) })
         #expect(counts["jobs"]??.dead == 2 && counts["legacy"]??.dead == 1, "\(counts)")
-        #expect(counts["alarms"]! == nil, "no Effect type, no timer left: no effects field")
+        #expect(counts["alarms"]??.timers == 1, "no Effect type, yet its timer set is counted: \(counts)")
+        #expect(try await caller.state(Alarms.self).rung.sorted() == ["ancient", "wake"], "each rang once")
     }
 
     @Test func aDaemonRefusesToStartWithoutAHandlerForADomainThatDeclaresEffects() throws {

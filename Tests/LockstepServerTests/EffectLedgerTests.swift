@@ -3,7 +3,7 @@ import LockstepServer
 import Testing
 
 /// The leader's effects and timers, decision by decision, on clocks the test moves (docs/effects.md).
-@Suite struct EffectLedgerTests {
+@Suite(.timeLimit(.minutes(1))) struct EffectLedgerTests {
     let start = ContinuousClock.now
     func at(_ milliseconds: Int) -> ContinuousClock.Instant { start + .milliseconds(milliseconds) }
 
@@ -39,7 +39,7 @@ import Testing
         var ledger = EffectLedger(outbox: JournalOutbox(), policy: policy, now: at(0))
         ledger.sequenced([effect(1)], timers: [], now: at(0))
         #expect(runs(ledger.tick(now: at(10), wallMilliseconds: 0)).isEmpty, "not committed yet")
-        #expect(ledger.nextDeadline().monotonic == nil, "nothing to wake for before the commit")
+        #expect(ledger.nextDeadline(now: at(0)).monotonic == nil, "nothing to wake for before the commit")
         ledger.committed([effect(1).id], now: at(20))
         #expect(runs(ledger.tick(now: at(20), wallMilliseconds: 0)) == ["s/1/0#1"])
         #expect(runs(ledger.tick(now: at(30), wallMilliseconds: 0)).isEmpty, "running: not started twice")
@@ -70,7 +70,7 @@ import Testing
             ]
         )
         #expect(runs(ledger.tick(now: at(109), wallMilliseconds: 0)).isEmpty, "waits 100 ms")
-        #expect(ledger.nextDeadline().monotonic == at(110))
+        #expect(ledger.nextDeadline(now: at(0)).monotonic == at(110))
         #expect(runs(ledger.tick(now: at(110), wallMilliseconds: 0)) == ["s/1/0#2"])
         _ = ledger.finished(id, attempt: 2, .failure(EffectFailure("down")), now: at(200))
         #expect(runs(ledger.tick(now: at(349), wallMilliseconds: 0)).isEmpty, "waits 200 ms, capped at 150")
@@ -99,7 +99,7 @@ import Testing
         var ledger = EffectLedger(outbox: JournalOutbox(effects: [effect(1)]), policy: policy, now: at(0))
         let id = effect(1).id
         _ = ledger.tick(now: at(0), wallMilliseconds: 0)
-        #expect(ledger.nextDeadline().monotonic == at(1_000))
+        #expect(ledger.nextDeadline(now: at(0)).monotonic == at(1_000))
         let timedOut = ledger.tick(now: at(1_000), wallMilliseconds: 0)
         #expect(timedOut.contains(.failed(id, attempt: 1, error: "no answer within 1.0 seconds", givenUp: false)))
         #expect(ledger.finished(id, attempt: 1, .success([]), now: at(1_050)).isEmpty, "attempt 1 was given up on")
@@ -117,7 +117,7 @@ import Testing
             policy: policy,
             now: at(0)
         )
-        #expect(ledger.nextDeadline().wallMilliseconds == 1_000)
+        #expect(ledger.nextDeadline(now: at(0)).wallMilliseconds == 1_000)
         #expect(ledger.tick(now: at(0), wallMilliseconds: 999).isEmpty)
         #expect(
             ledger.tick(now: at(0), wallMilliseconds: 5_000) == [
@@ -125,7 +125,7 @@ import Testing
             ]
         )
         #expect(ledger.tick(now: at(0), wallMilliseconds: 9_000).isEmpty, "each fires once")
-        #expect(ledger.nextDeadline().wallMilliseconds == nil)
+        #expect(ledger.nextDeadline(now: at(0)).wallMilliseconds == nil)
     }
 
     @Test func aTimerSetAgainUnderItsKeyReplacesItAndACancelRemovesIt() {
@@ -144,7 +144,8 @@ import Testing
         var ledger = EffectLedger(outbox: outbox, policy: policy, now: at(0))
         #expect(ledger.retry(effect(2).id, now: at(0)) == nil, "not a dead letter")
         #expect(ledger.retry(effect(1).id, now: at(0)) == [.journal(JournalEffectUpdate(effect(1).id, .retry))])
-        #expect(runs(ledger.tick(now: at(0), wallMilliseconds: 0)) == ["s/1/0#1", "s/2/0#1"], "its tries start again")
+        // Its tries start again, behind the effect that was waiting already.
+        #expect(runs(ledger.tick(now: at(0), wallMilliseconds: 0)) == ["s/2/0#1", "s/1/0#1"])
         #expect(ledger.drop(effect(1).id) == nil, "running")
         #expect(ledger.refusal(effect(1).id, retrying: false).contains("running"))
         _ = ledger.finished(effect(2).id, attempt: 1, .failure(EffectFailure("down")), now: at(1))
@@ -161,5 +162,29 @@ import Testing
         ] {
             #expect(JournalEffectID(bad) == nil, "\(bad)")
         }
+    }
+
+    @Test func effectsRunInTheOrderTheirActionsBecameDurableAndADroppedOneIsSkipped() {
+        var ledger = EffectLedger(outbox: JournalOutbox(), policy: policy, now: at(0))
+        let effects = (1...2_000).map { effect(UInt64($0)) }
+        ledger.sequenced(effects, timers: [], now: at(0))
+        ledger.committed(effects.suffix(1_000).map(\.id), now: at(1))
+        ledger.committed(effects.prefix(1_000).map(\.id), now: at(2))
+        #expect(ledger.drop(effect(1_001).id) != nil)
+        var order: [String] = []
+        // Each turn's runs end at once; a bounded number of turns, however the ledger behaves.
+        for turn in 0..<2_000 {
+            let started = runs(ledger.tick(now: at(3 + turn), wallMilliseconds: 0))
+            if started.isEmpty { break }
+            for run in started {
+                order.append(run)
+                let id = JournalEffectID(String(run.prefix { $0 != "#" }))!
+                _ = ledger.finished(id, attempt: 1, .success([]), now: at(3 + turn))
+            }
+        }
+        #expect(order.count == 1_999, "every effect but the dropped one ran once")
+        #expect(Set(order).count == order.count)
+        #expect(order.prefix(2) == ["s/1002/0#1", "s/1003/0#1"], "the first committed first, the dropped skipped")
+        #expect(order.last == "s/1000/0#1" && !order.contains("s/1001/0#1"))
     }
 }

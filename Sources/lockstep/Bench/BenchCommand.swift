@@ -34,8 +34,8 @@ struct BenchCommand: ParsableCommand {
 
     @Option(
         help: """
-            Run only these parts, comma-separated: baselines, p1, p2, optimistic, postgres, redis, p3, p4, p5 (p6 \
-            comes with the others).
+            Run only these parts, comma-separated: baselines, p1, p2, optimistic, effects, postgres, redis, p3, p4, \
+            p5 (p6 comes with the others).
             """
     )
     var only: String?
@@ -52,7 +52,7 @@ struct BenchCommand: ParsableCommand {
         _ = try parts()
     }
 
-    static let allParts = ["baselines", "p1", "p2", "optimistic", "postgres", "redis", "p3", "p4", "p5"]
+    static let allParts = ["baselines", "p1", "p2", "optimistic", "effects", "postgres", "redis", "p3", "p4", "p5"]
 
     private func parts() throws -> Set<String> {
         guard let only else { return Set(Self.allParts) }

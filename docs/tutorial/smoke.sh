@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The template end to end, in a fresh temporary folder: boardd, its effect and its timer (a card long overdue is
-# flagged, a card moved into done is notified once), two board-clients dispatching at once, the daemon's own state,
-# a clean SIGTERM, then the tool on the journal the daemon left behind.
+# The template end to end, in a fresh temporary folder: boardd, its timer (a card long overdue is flagged) and its
+# effect (a card moved into done is notified once, through a crash of boardd between the run and its result), two
+# board-clients dispatching at once, the daemon's own state, a clean SIGTERM, then the tool on the journal the daemon
+# left behind.
 #
 #   bash docs/tutorial/smoke.sh "$(swift build --package-path docs/tutorial --show-bin-path)"
 #
@@ -63,26 +64,38 @@ wait_for_board() {
     done
 }
 
+# Starts boardd, its output to $1 and the environment after it added to this one's, and waits at most 20 s until
+# 'board stats' answers; sets `daemon`.
+start_boardd() {
+    local log=$1
+    shift
+    env "$@" "$bin/boardd" >"$log" 2>&1 &
+    daemon=$!
+    pids+=("$daemon")
+    local deadline=$((SECONDS + 20))
+    until "$bin/board" stats --timeout-ms 500 --retries 0 >stats.out 2>/dev/null; do
+        kill -0 "$daemon" 2>/dev/null || fail "boardd exited before it answered"
+        ((SECONDS < deadline)) || fail "boardd did not answer 'board stats' within 20 s"
+        sleep 0.2
+    done
+}
+
 cd "$work"
 started=$SECONDS
 
-check "starting boardd in $work (journal in ./.lockstep/data, sockets in ./.lockstep/run)"
-"$bin/boardd" >boardd.log 2>&1 &
-daemon=$!
-pids+=("$daemon")
-
-check "waiting (at most 20 s) until 'board stats' answers"
-deadline=$((SECONDS + 20))
-until "$bin/board" stats --timeout-ms 500 --retries 0 >stats.out 2>/dev/null; do
-    kill -0 "$daemon" 2>/dev/null || fail "boardd exited before it answered"
-    ((SECONDS < deadline)) || fail "boardd did not answer 'board stats' within 20 s"
-    sleep 0.2
-done
+# LOCKSTEP_FAILPOINT=effect-ran: a debug build of boardd kills itself (SIGKILL) when its first effect's run has
+# ended, before what it returned is journaled. A release build ignores it, and says so in its log.
+check "starting boardd in $work (journal in ./.lockstep/data, sockets in ./.lockstep/run), with the failpoint"
+check "  LOCKSTEP_FAILPOINT=effect-ran, and waiting (at most 20 s) until 'board stats' answers"
+start_boardd boardd.log LOCKSTEP_FAILPOINT=effect-ran
+crash=1
+! grep -q 'LOCKSTEP_FAILPOINT is ignored' boardd.log || crash=0
 
 # Effects and timers (docs/effects.md). Card 1 is due in 2023: its timer fires at once and flags it overdue. Card 2
 # is due in 2100: its move into done cancels its timer and runs the notify effect, which boardd's handler sends to
-# the stand-in service (one file per notification in .lockstep/data/notifications); its receipt comes back as an
-# action.
+# the stand-in service (one file per notification in .lockstep/data/notifications, named by its idempotency key);
+# boardd kills itself there, and once restarted runs the effect again: the service sends nothing again, and the
+# receipt comes back as an action, once.
 past=1700000000000   # 2023-11-14T22:13:20Z
 future=4102444800000 # 2100-01-01T00:00:00Z
 check "effects and timers: adding card 1, due in 2023, and card 2, due in 2100"
@@ -95,21 +108,38 @@ grep -qE '^board/due-2 +2100-01-01T00:00:00Z' effects-set.out || fail "'board ef
 check "  'board effects' lists card 2's timer: $(grep -E '^board/due-2 ' effects-set.out | tr -s ' ')"
 wait_for_board '"id":1,"overdue":true' 20
 check "  card 1's timer fired: card 1 is overdue"
+if ((crash)); then
+    check "  moving card 2 into done: boardd runs its notification, then its failpoint kills it (bash says: Killed)"
+else
+    check "  moving card 2 into done (boardd is not a debug build: it ignores the failpoint)"
+fi
 "$bin/board" dispatch board --json '{"moveCard":{"id":2,"to":"done"}}' >moved.json 2>&1 \
     || fail "'board dispatch' of card 2's move into done exited $?"
 moved=$(field seq <moved.json)
 # The move's effects: 0 cancels card 2's timer, 1 is the notification; its id is the service's idempotency key.
 key=board/$moved/1
-wait_for_board "\"id\":2,\"receipt\":\"notified:$key\"" 20
-check "  card 2, moved into done at seq $moved, has the receipt of notification $key"
 notifications=.lockstep/data/notifications
+if ((crash)); then
+    wait_for_exit "$daemon" 20
+    ((exit_status == 137)) || fail "boardd exited $exit_status, not 137 (SIGKILL, by its failpoint)"
+    [[ -f $notifications/board-$moved-1.json ]] || fail "boardd was killed before its handler sent $key"
+    "$bin/board" journal dump .lockstep/data --store board >dump-killed.jsonl 2>&1 \
+        || fail "'board journal dump' exited $?"
+    if grep -q '"notified"' dump-killed.jsonl; then fail "the receipt was journaled before boardd was killed"; fi
+    check "  boardd was killed after notification $key was sent, before its receipt was journaled"
+    check "  restarting boardd: it runs $key again, and the service, which has that key, sends nothing again"
+    start_boardd boardd-restarted.log
+fi
+wait_for_board "\"id\":2,\"receipt\":\"notified:$key\"" 20
+check "  card 2 has the receipt of notification $key"
 [[ $(ls -A "$notifications") == "board-$moved-1.json" ]] \
     || fail "the service holds '$(ls -A "$notifications")', not the one notification board-$moved-1.json"
 grep -q '"card":2' "$notifications/board-$moved-1.json" || fail "the notification is $(cat "$notifications"/*)"
 "$bin/board" effects >effects-done.out 2>&1 || fail "'board effects' exited $?"
 (($(grep -c '^(none)$' effects-done.out) == 2)) || fail "effects or timers are left: $(cat effects-done.out)"
 "$bin/board" stats >stats-effects.out 2>&1 || fail "'board stats' exited $?"
-grep -qE '^board .* 0 pending, 0 dead, 0 timers$' stats-effects.out || fail "'board stats' shows $(cat stats-effects.out)"
+grep -qE '^board .* 0 pending, 0 dead, 0 timers$' stats-effects.out \
+    || fail "'board stats' shows $(cat stats-effects.out)"
 check "  'board effects' lists no effect and no timer left; 'board stats': 0 pending, 0 dead, 0 timers"
 
 check "running two board-clients at once, 200 generated actions each"
@@ -134,11 +164,12 @@ check "both replicas hold seq $seq with digest $digest"
 # The generated due times are in 2024: every timer they set has fired (or a move into done or a removal cancelled
 # it), and every move into done was notified.
 deadline=$((SECONDS + 20))
-until "$bin/board" stats >stats-clients.out 2>&1 && grep -qE '^board .* 0 pending, 0 dead, 0 timers$' stats-clients.out; do
+until "$bin/board" stats >stats-clients.out 2>&1 \
+    && grep -qE '^board .* 0 pending, 0 dead, 0 timers$' stats-clients.out; do
     ((SECONDS < deadline)) || fail "effects or timers are left after the clients: $(cat stats-clients.out)"
     sleep 0.1
 done
-check "every timer the clients set has fired or was cancelled, every effect ran: $(ls "$notifications" | wc -l) notifications"
+check "every timer the clients set fired or was cancelled, every effect ran ($(ls "$notifications" | wc -l) notified)"
 
 check "checking 'board state board --json' gives the daemon's digest at the same seq"
 "$bin/board" state board --json >state.json || fail "'board state board --json' exited $?"

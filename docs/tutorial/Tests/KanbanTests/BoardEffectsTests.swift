@@ -140,10 +140,8 @@ func timer(_ id: Int, _ milliseconds: Int64) -> DomainEffect<Board> {
 
         let card = Board.Card(id: 2, title: "Ship", dueMilliseconds: due, overdue: true, receipt: "notified:board/9/1")
         let bytes = try CanonicalEncoding.encode(card)
-        #expect(
-            String(decoding: bytes, as: UTF8.self)
-                == #"{"dueMilliseconds":1767225600000,"id":2,"overdue":true,"receipt":"notified:board/9/1","title":"Ship"}"#
-        )
+        let json = #"{"dueMilliseconds":1767225600000,"id":2,"overdue":true,"receipt":"notified:board/9/1","#
+        #expect(String(decoding: bytes, as: UTF8.self) == json + #""title":"Ship"}"#)
         #expect(try CanonicalEncoding.decode(Board.Card.self, from: bytes) == card)
     }
 

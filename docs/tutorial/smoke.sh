@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The template end to end, in a fresh temporary folder: boardd, two board-clients dispatching at once, the
-# daemon's own state, a clean SIGTERM, then the tool on the journal the daemon left behind.
+# The template end to end, in a fresh temporary folder: boardd, its timer (a card long overdue is flagged) and its
+# effect (a card moved into done is notified once, through a crash of boardd between the run and its result), two
+# board-clients dispatching at once, the daemon's own state, a clean SIGTERM, then the tool on the journal the daemon
+# left behind.
 #
 #   bash docs/tutorial/smoke.sh "$(swift build --package-path docs/tutorial --show-bin-path)"
 #
@@ -52,21 +54,93 @@ wait_for_exit() {
 # The value of "key" (a hex string or a number) in the first line of JSON or key=value text that has it.
 field() { grep -o -m1 -E "\"?$1\"?[=:]\"?[0-9a-f]+" | head -n1 | sed -E 's/.*[=:]"?//'; }
 
+# Waits at most $2 seconds until the daemon's board (`board state board --json`, canonical JSON: keys sorted) matches
+# the extended regular expression $1.
+wait_for_board() {
+    local deadline=$((SECONDS + $2))
+    until "$bin/board" state board --json >board-now.json 2>/dev/null && grep -qE "$1" board-now.json; do
+        ((SECONDS < deadline)) || fail "the board did not match '$1' within $2 s; it is $(cat board-now.json)"
+        sleep 0.1
+    done
+}
+
+# Starts boardd, its output to $1 and the environment after it added to this one's, and waits at most 20 s until
+# 'board stats' answers; sets `daemon`.
+start_boardd() {
+    local log=$1
+    shift
+    env "$@" "$bin/boardd" >"$log" 2>&1 &
+    daemon=$!
+    pids+=("$daemon")
+    local deadline=$((SECONDS + 20))
+    until "$bin/board" stats --timeout-ms 500 --retries 0 >stats.out 2>/dev/null; do
+        kill -0 "$daemon" 2>/dev/null || fail "boardd exited before it answered"
+        ((SECONDS < deadline)) || fail "boardd did not answer 'board stats' within 20 s"
+        sleep 0.2
+    done
+}
+
 cd "$work"
 started=$SECONDS
 
-check "starting boardd in $work (journal in ./.lockstep/data, sockets in ./.lockstep/run)"
-"$bin/boardd" >boardd.log 2>&1 &
-daemon=$!
-pids+=("$daemon")
+# LOCKSTEP_FAILPOINT=effect-ran: a debug build of boardd kills itself (SIGKILL) when its first effect's run has
+# ended, before what it returned is journaled. A release build ignores it, and says so in its log.
+check "starting boardd in $work (journal in ./.lockstep/data, sockets in ./.lockstep/run), with the failpoint"
+check "  LOCKSTEP_FAILPOINT=effect-ran, and waiting (at most 20 s) until 'board stats' answers"
+start_boardd boardd.log LOCKSTEP_FAILPOINT=effect-ran
+crash=1
+! grep -q 'LOCKSTEP_FAILPOINT is ignored' boardd.log || crash=0
 
-check "waiting (at most 20 s) until 'board stats' answers"
-deadline=$((SECONDS + 20))
-until "$bin/board" stats --timeout-ms 500 --retries 0 >stats.out 2>/dev/null; do
-    kill -0 "$daemon" 2>/dev/null || fail "boardd exited before it answered"
-    ((SECONDS < deadline)) || fail "boardd did not answer 'board stats' within 20 s"
-    sleep 0.2
-done
+# Effects and timers (docs/effects.md). Card 1 is due in 2023: its timer fires at once and flags it overdue. Card 2
+# is due in 2100: its move into done cancels its timer and runs the notify effect, which boardd's handler sends to
+# the stand-in service (one file per notification in .lockstep/data/notifications, named by its idempotency key);
+# boardd kills itself there, and once restarted runs the effect again: the service sends nothing again, and the
+# receipt comes back as an action, once.
+past=1700000000000   # 2023-11-14T22:13:20Z
+future=4102444800000 # 2100-01-01T00:00:00Z
+check "effects and timers: adding card 1, due in 2023, and card 2, due in 2100"
+"$bin/board" dispatch board '{"addColumn":{"name":"todo","wipLimit":3}}' '{"addColumn":{"name":"done","wipLimit":3}}' \
+    "{\"addCard\":{\"title\":\"Late\",\"column\":\"todo\",\"dueMilliseconds\":$past}}" \
+    "{\"addCard\":{\"title\":\"Ship it\",\"column\":\"todo\",\"dueMilliseconds\":$future}}" >added.log 2>&1 \
+    || fail "'board dispatch' of two columns and two cards exited $?"
+"$bin/board" effects >effects-set.out 2>&1 || fail "'board effects' exited $?"
+grep -qE '^board/due-2 +2100-01-01T00:00:00Z' effects-set.out || fail "'board effects' lists no timer for card 2"
+check "  'board effects' lists card 2's timer: $(grep -E '^board/due-2 ' effects-set.out | tr -s ' ')"
+wait_for_board '"id":1,"overdue":true' 20
+check "  card 1's timer fired: card 1 is overdue"
+if ((crash)); then
+    check "  moving card 2 into done: boardd runs its notification, then its failpoint kills it (bash says: Killed)"
+else
+    check "  moving card 2 into done (boardd is not a debug build: it ignores the failpoint)"
+fi
+"$bin/board" dispatch board --json '{"moveCard":{"id":2,"to":"done"}}' >moved.json 2>&1 \
+    || fail "'board dispatch' of card 2's move into done exited $?"
+moved=$(field seq <moved.json)
+# The move's effects: 0 cancels card 2's timer, 1 is the notification; its id is the service's idempotency key.
+key=board/$moved/1
+notifications=.lockstep/data/notifications
+if ((crash)); then
+    wait_for_exit "$daemon" 20
+    ((exit_status == 137)) || fail "boardd exited $exit_status, not 137 (SIGKILL, by its failpoint)"
+    [[ -f $notifications/board-$moved-1.json ]] || fail "boardd was killed before its handler sent $key"
+    "$bin/board" journal dump .lockstep/data --store board >dump-killed.jsonl 2>&1 \
+        || fail "'board journal dump' exited $?"
+    if grep -q '"notified"' dump-killed.jsonl; then fail "the receipt was journaled before boardd was killed"; fi
+    check "  boardd was killed after notification $key was sent, before its receipt was journaled"
+    check "  restarting boardd: it runs $key again, and the service, which has that key, sends nothing again"
+    start_boardd boardd-restarted.log
+fi
+wait_for_board "\"id\":2,\"receipt\":\"notified:$key\"" 20
+check "  card 2 has the receipt of notification $key"
+[[ $(ls -A "$notifications") == "board-$moved-1.json" ]] \
+    || fail "the service holds '$(ls -A "$notifications")', not the one notification board-$moved-1.json"
+grep -q '"card":2' "$notifications/board-$moved-1.json" || fail "the notification is $(cat "$notifications"/*)"
+"$bin/board" effects >effects-done.out 2>&1 || fail "'board effects' exited $?"
+(($(grep -c '^(none)$' effects-done.out) == 2)) || fail "effects or timers are left: $(cat effects-done.out)"
+"$bin/board" stats >stats-effects.out 2>&1 || fail "'board stats' exited $?"
+grep -qE '^board .* 0 pending, 0 dead, 0 timers$' stats-effects.out \
+    || fail "'board stats' shows $(cat stats-effects.out)"
+check "  'board effects' lists no effect and no timer left; 'board stats': 0 pending, 0 dead, 0 timers"
 
 check "running two board-clients at once, 200 generated actions each"
 "$bin/board-client" --actions 200 --seed 1 --settle-ms 3000 >client1.out 2>client1.err &
@@ -87,6 +161,15 @@ seq=$(field seq <client1.out)
 digest=$(field digest <client1.out)
 ((seq > 0)) || fail "the clients' final seq is 0: nothing was committed"
 check "both replicas hold seq $seq with digest $digest"
+# The generated due times are in 2024: every timer they set has fired (or a move into done or a removal cancelled
+# it), and every move into done was notified.
+deadline=$((SECONDS + 20))
+until "$bin/board" stats >stats-clients.out 2>&1 \
+    && grep -qE '^board .* 0 pending, 0 dead, 0 timers$' stats-clients.out; do
+    ((SECONDS < deadline)) || fail "effects or timers are left after the clients: $(cat stats-clients.out)"
+    sleep 0.1
+done
+check "every timer the clients set fired or was cancelled, every effect ran ($(ls "$notifications" | wc -l) notified)"
 
 check "checking 'board state board --json' gives the daemon's digest at the same seq"
 "$bin/board" state board --json >state.json || fail "'board state board --json' exited $?"
@@ -118,6 +201,13 @@ grep -q '"title":"Write the tutorial"' run.log || fail "'board run' did not prin
 status=0
 "$bin/board" run board '{"addCard":{"title":"Ship","column":"nowhere"}}' >refused.err 2>&1 || status=$?
 ((status == 3)) && grep -q unknown_column refused.err || fail "a refused action gave exit $status, not 3 with its code"
+
+check "checking the journal applied the receipt of $key once, and the service sent it once"
+"$bin/board" journal dump "$data" --store board >dump.jsonl 2>&1 || fail "'board journal dump' exited $?"
+applied=$(grep -c "\"notified\":{\"id\":2,\"receipt\":\"notified:$key\"}" dump.jsonl || true)
+((applied == 1)) || fail "the receipt of $key was applied $applied times"
+sent=$(grep -l "\"key\":\"$key\"" "$data"/notifications/*.json | wc -l)
+((sent == 1)) || fail "the service sent $key $sent times"
 
 check "verifying the journal with 'board journal verify'"
 "$bin/board" journal verify "$data" >verify.log 2>&1 || fail "'board journal verify' exited $?"

@@ -1,26 +1,50 @@
+import Foundation
 import Lockstep
 
 /// A kanban board: named columns in order, each with a work-in-progress limit and the cards in it.
 ///
 /// Actions on the wire (the JSON `board run` and `board dispatch` take):
 /// `{"addColumn":{"name":"todo","wipLimit":5}}`, `{"addCard":{"title":"Write docs","column":"todo"}}`,
+/// `{"addCard":{"title":"Ship","column":"todo","dueMilliseconds":1798761600000}}`,
+/// `{"setDue":{"id":1,"dueMilliseconds":1798761600000}}` (without `dueMilliseconds`: no due time),
 /// `{"moveCard":{"id":1,"to":"doing"}}`, `{"renameCard":{"id":1,"title":"Write the docs"}}`,
-/// `{"removeCard":{"id":1}}`.
+/// `{"removeCard":{"id":1}}`; and the two the daemon sends itself, `{"flagOverdue":{"id":1}}` (a due time's
+/// timer) and `{"notified":{"id":1,"receipt":"…"}}` (the notification service's answer).
 ///
 /// The daemon validates every action against the state it holds when the action's turn comes, so two
 /// clients racing for the last slot of a column both pass their own replica's check and the daemon refuses
 /// the second: the validator is the one place rules are enforced.
+///
+/// It acts on the world through ``effects(of:in:)`` (docs/effects.md): a card's due time sets a timer that flags
+/// it overdue, and a card moved into the column named ``doneColumn`` is notified to an outside service, whose
+/// receipt comes back as an action.
 public enum Board: Domain {
     /// One card. Its id comes from ``State/nextCardID``, never from the client, so every replica agrees.
-    public struct Card: Codable, Equatable, Sendable {
+    public struct Card: Equatable, Sendable {
         /// Unique on the board, and never reused.
         public var id: Int
         /// 1...``Board/maximumTitleLength`` bytes, not only spaces.
         public var title: String
+        /// When it is due, in milliseconds since 1970 (UTC), if it has a due time: a time the client put in the
+        /// action (a domain never reads the clock). The timer it sets flags the card ``overdue`` then.
+        public var dueMilliseconds: Int64?
+        /// Whether its due time came while it was not in the done column.
+        public var overdue: Bool
+        /// The notification service's receipt for its last move into the done column, once the service answered.
+        public var receipt: String?
 
-        public init(id: Int, title: String) {
+        public init(
+            id: Int,
+            title: String,
+            dueMilliseconds: Int64? = nil,
+            overdue: Bool = false,
+            receipt: String? = nil
+        ) {
             self.id = id
             self.title = title
+            self.dueMilliseconds = dueMilliseconds
+            self.overdue = overdue
+            self.receipt = receipt
         }
     }
 
@@ -61,14 +85,30 @@ public enum Board: Domain {
     public enum Action: Codable, Equatable, Sendable {
         /// Appends an empty column on the right.
         case addColumn(name: String, wipLimit: Int)
-        /// Puts a new card at the bottom of `column`.
-        case addCard(title: String, column: String)
+        /// Puts a new card at the bottom of `column`, due at `dueMilliseconds` if given (left out of the JSON,
+        /// it is `nil`: `{"addCard":{"title":"Write docs","column":"todo"}}` is still a card without a due time).
+        case addCard(title: String, column: String, dueMilliseconds: Int64? = nil)
+        /// Gives card `id` a due time, or takes its due time away (`nil`); either way it is not overdue any more.
+        case setDue(id: Int, dueMilliseconds: Int64?)
         /// Moves a card to the bottom of another column.
         case moveCard(id: Int, to: String)
         /// Gives a card a new title; it keeps its id and its place.
         case renameCard(id: Int, title: String)
         /// Takes a card off the board; its id is not given out again.
         case removeCard(id: Int)
+        /// Card `id`'s due time came: the timer its due time set dispatches this. It flags the card overdue unless
+        /// the card is in the done column.
+        case flagOverdue(id: Int)
+        /// The notification of card `id`'s move into the done column was sent; `receipt` is the service's. The
+        /// daemon dispatches it with what the effect's handler returned.
+        case notified(id: Int, receipt: String)
+    }
+
+    /// What the board asks the outside world to do: run by the daemon that leads (boardd's handler), never by
+    /// a replica.
+    public enum Effect: Codable, Equatable, Sendable {
+        /// Tell the notification service that card `card`, titled `title`, was moved into the done column.
+        case notify(card: Int, title: String)
     }
 
     /// The store's name on the wire, in the journal and on the command line (`board state board`).
@@ -84,6 +124,12 @@ public enum Board: Domain {
     public static let maximumTitleLength = 200
     /// The largest WIP limit: a limit is a promise to finish work, and a huge one promises nothing.
     public static let maximumWIPLimit = 100
+    /// The column whose cards are finished: a card moved into it is notified, and its due time no longer counts.
+    /// A name, not a flag on the column, to keep the board simple: add a column called `done` to use it.
+    public static let doneColumn = "done"
+    /// The latest due time, in milliseconds since 1970: the last millisecond of the year 9999. A due time must be
+    /// a date (0 or more, up to this); a timer's time must be one the daemon can keep.
+    public static let maximumDueMilliseconds: Int64 = 253_402_300_799_999
 
     // MARK: - Reducers
 
@@ -92,9 +138,9 @@ public enum Board: Domain {
     static let titleRules = Reducer<State, Action>(
         validate: { action, _ throws(Rejection) in
             switch action {
-            case let .addCard(title, _): try checkTitle(title, in: "addCard")
+            case let .addCard(title, _, _): try checkTitle(title, in: "addCard")
             case let .renameCard(_, title): try checkTitle(title, in: "renameCard")
-            case .addColumn, .moveCard, .removeCard: break
+            case .addColumn, .setDue, .moveCard, .removeCard, .flagOverdue, .notified: break
             }
         },
         reduce: { _, _ in }
@@ -142,9 +188,13 @@ public enum Board: Domain {
             switch action {
             case .addColumn:
                 break
-            case let .addCard(_, column):
+            case let .addCard(_, column, due):
+                try checkDue(due, in: "addCard")
                 let target = try state.requireColumn(column, in: "addCard")
                 try state.requireRoom(in: target, in: "addCard")
+            case let .setDue(id, due):
+                try checkDue(due, in: "setDue")
+                _ = try state.requireCard(id, in: "setDue")
             case let .moveCard(id, to):
                 let (from, _) = try state.requireCard(id, in: "moveCard")
                 let target = try state.requireColumn(to, in: "moveCard")
@@ -159,6 +209,12 @@ public enum Board: Domain {
                 _ = try state.requireCard(id, in: "renameCard")
             case let .removeCard(id):
                 _ = try state.requireCard(id, in: "removeCard")
+            case let .flagOverdue(id):
+                _ = try state.requireCard(id, in: "flagOverdue")
+            case let .notified(id, _):
+                // A card removed after its move into done may still get its receipt: the service was told, and
+                // the receipt is simply not kept. Only an id never given out is refused.
+                if !(1..<state.nextCardID).contains(id) { _ = try state.requireCard(id, in: "notified") }
             }
         },
         reduce: { state, action in
@@ -167,10 +223,14 @@ public enum Board: Domain {
             switch action {
             case .addColumn:
                 break
-            case let .addCard(title, column):
+            case let .addCard(title, column, due):
                 guard let target = state.columnIndex(column) else { return }
-                state.columns[target].cards.append(Card(id: state.nextCardID, title: title))
+                state.columns[target].cards.append(Card(id: state.nextCardID, title: title, dueMilliseconds: due))
                 state.nextCardID += 1
+            case let .setDue(id, due):
+                guard let (column, position) = state.cardIndex(id) else { return }
+                state.columns[column].cards[position].dueMilliseconds = due
+                state.columns[column].cards[position].overdue = false
             case let .moveCard(id, to):
                 guard let (from, position) = state.cardIndex(id), let target = state.columnIndex(to) else { return }
                 let card = state.columns[from].cards.remove(at: position)
@@ -181,6 +241,13 @@ public enum Board: Domain {
             case let .removeCard(id):
                 guard let (column, position) = state.cardIndex(id) else { return }
                 state.columns[column].cards.remove(at: position)
+            case let .flagOverdue(id):
+                guard let (column, position) = state.cardIndex(id), state.columns[column].name != doneColumn
+                else { return }
+                state.columns[column].cards[position].overdue = true
+            case let .notified(id, receipt):
+                guard let (column, position) = state.cardIndex(id) else { return }
+                state.columns[column].cards[position].receipt = receipt
             }
         }
     )
@@ -204,6 +271,57 @@ public enum Board: Domain {
         reducer.reduce(&state, action)
     }
 
+    // MARK: - Effects and timers
+
+    /// What an action sets going, given the state it left (docs/effects.md). Pure, like the reducer: the due time
+    /// comes from the action, never from the clock.
+    ///
+    /// - a card added with a due time, or given one by `setDue`, gets a timer under the key `due-ID` (a new due
+    ///   time replaces it) that dispatches `flagOverdue(id:)` then; `setDue` without a time cancels it;
+    /// - a card moved into the done column has its timer cancelled, and the service is notified: boardd's handler
+    ///   answers with `notified(id:receipt:)`;
+    /// - a removed card's timer is cancelled.
+    ///
+    /// A card in the done column has no timer: added there, it gets none; moved out again, it gets one only from
+    /// a new `setDue`.
+    public static func effects(of action: Action, in state: State) -> [DomainEffect<Board>] {
+        switch action {
+        case let .addCard(_, column, due?) where column != doneColumn:
+            // The card this action added is the last id handed out.
+            return [dueTimer(state.nextCardID - 1, at: due)]
+        case let .setDue(id, due?) where !state.isDone(id):
+            return [dueTimer(id, at: due)]
+        case let .setDue(id, _):
+            return [.cancel(key: dueKey(id))]
+        case let .moveCard(id, to) where to == doneColumn:
+            guard let card = state.card(id) else { return [] }
+            let notify = DomainEffect<Board>.run(.notify(card: id, title: card.title))
+            // A card without a due time has no timer to cancel.
+            return card.dueMilliseconds == nil ? [notify] : [.cancel(key: dueKey(id)), notify]
+        case let .removeCard(id):
+            return [.cancel(key: dueKey(id))]
+        case .addColumn, .addCard, .moveCard, .renameCard, .flagOverdue, .notified:
+            return []
+        }
+    }
+
+    /// The key of card `id`'s due-time timer: one per card, so a new due time replaces the old one.
+    public static func dueKey(_ id: Int) -> String { "due-\(id)" }
+
+    /// The timer that flags card `id` overdue at `due` (milliseconds since 1970).
+    static func dueTimer(_ id: Int, at due: Int64) -> DomainEffect<Board> {
+        .schedule(.flagOverdue(id: id), at: Date(timeIntervalSince1970: Double(due) / 1_000), key: dueKey(id))
+    }
+
+    static func checkDue(_ due: Int64?, in action: String) throws(Rejection) {
+        guard let due, !(0...maximumDueMilliseconds).contains(due) else { return }
+        throw Rejection(
+            code: "invalid_due",
+            "board: \(action) has dueMilliseconds \(due); a due time is milliseconds since 1970, "
+                + "0...\(maximumDueMilliseconds) (the end of the year 9999)"
+        )
+    }
+
     static func checkTitle(_ title: String, in action: String) throws(Rejection) {
         if title.allSatisfy(\.isWhitespace) {
             throw Rejection(code: "empty_title", "board: \(action) needs a title with something besides spaces")
@@ -218,7 +336,46 @@ public enum Board: Domain {
     }
 }
 
+extension Board.Card: Codable {
+    private enum CodingKeys: String, CodingKey {
+        case id, title, dueMilliseconds, overdue, receipt
+    }
+
+    /// A card as JSON; the fields a card without a due time, not overdue and never notified does not need may be
+    /// left out (`{"id":1,"title":"Plan"}`), as the board's journals from before due times have them.
+    public init(from decoder: any Decoder) throws {
+        let container = try decoder.container(keyedBy: CodingKeys.self)
+        id = try container.decode(Int.self, forKey: .id)
+        title = try container.decode(String.self, forKey: .title)
+        dueMilliseconds = try container.decodeIfPresent(Int64.self, forKey: .dueMilliseconds)
+        overdue = try container.decodeIfPresent(Bool.self, forKey: .overdue) ?? false
+        receipt = try container.decodeIfPresent(String.self, forKey: .receipt)
+    }
+
+    /// Writes only what the card has: a card without a due time, not overdue and never notified is
+    /// `{"id":1,"title":"Plan"}`, the very bytes it had before due times existed, so the state digests of
+    /// journals written then stay what they were.
+    public func encode(to encoder: any Encoder) throws {
+        var container = encoder.container(keyedBy: CodingKeys.self)
+        try container.encode(id, forKey: .id)
+        try container.encode(title, forKey: .title)
+        try container.encodeIfPresent(dueMilliseconds, forKey: .dueMilliseconds)
+        if overdue { try container.encode(overdue, forKey: .overdue) }
+        try container.encodeIfPresent(receipt, forKey: .receipt)
+    }
+}
+
 extension Board.State {
+    /// Card `id`, if it is on the board.
+    public func card(_ id: Int) -> Board.Card? {
+        cardIndex(id).map { columns[$0.column].cards[$0.position] }
+    }
+
+    /// Whether card `id` is in the done column.
+    public func isDone(_ id: Int) -> Bool {
+        cardIndex(id).map { columns[$0.column].name == Board.doneColumn } ?? false
+    }
+
     /// The index of the column called `name`. A linear search: boards have a handful of columns, and an array
     /// keeps their order without a second index to keep in step.
     public func columnIndex(_ name: String) -> Int? {

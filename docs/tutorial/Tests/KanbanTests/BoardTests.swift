@@ -129,4 +129,33 @@ func rejection(_ action: Board.Action, on state: Board.State = sample) -> String
         }
         #expect(passed > 700)
     }
+
+    @Test func theGeneratorMakesEveryKindOfAction() {
+        // What DeterminismCheck replays is what the generator makes: each action, with a due time and without,
+        // and the two the daemon sends itself, must come up.
+        var random = SplitMix64(seed: 7)
+        var state = Board.initialState
+        var kinds = Set<String>()
+        for _ in 0..<1_000 {
+            let action = Board.randomAction(for: state, using: &random)
+            guard rejection(action, on: state) == nil else { continue }
+            Board.reduce(into: &state, action)
+            let kind =
+                switch action {
+                case .addColumn: "addColumn"
+                case .addCard(_, _, nil): "addCard"
+                case .addCard: "addCard with a due time"
+                case .setDue(_, nil): "setDue without a time"
+                case .setDue: "setDue"
+                case .moveCard(_, Board.doneColumn): "moveCard into done"
+                case .moveCard: "moveCard"
+                case .renameCard: "renameCard"
+                case .removeCard: "removeCard"
+                case .flagOverdue: "flagOverdue"
+                case .notified: "notified"
+                }
+            kinds.insert(kind)
+        }
+        #expect(kinds.count == 11, "\(kinds.sorted())")
+    }
 }

@@ -310,7 +310,7 @@ public enum Board: Domain {
 
     /// The timer that flags card `id` overdue at `due` (milliseconds since 1970).
     static func dueTimer(_ id: Int, at due: Int64) -> DomainEffect<Board> {
-        .schedule(.flagOverdue(id: id), at: Date(timeIntervalSince1970: Double(due) / 1_000), key: dueKey(id))
+        .schedule(.flagOverdue(id: id), atMilliseconds: due, key: dueKey(id))
     }
 
     static func checkDue(_ due: Int64?, in action: String) throws(Rejection) {

@@ -24,7 +24,7 @@ func apply(_ action: Board.Action, to state: Board.State) throws -> (Board.State
 
 /// The timer a due time sets.
 func timer(_ id: Int, _ milliseconds: Int64) -> DomainEffect<Board> {
-    .schedule(.flagOverdue(id: id), at: Date(timeIntervalSince1970: Double(milliseconds) / 1_000), key: "due-\(id)")
+    .schedule(.flagOverdue(id: id), atMilliseconds: milliseconds, key: "due-\(id)")
 }
 
 @Suite struct BoardEffectsTests {

@@ -220,7 +220,8 @@ package final class Bench {
             confirmedP50Us: confirmed.p50,
             confirmedP99Us: confirmed.p99,
             failures: reports.reduce(0) { $0 + $1.failures },
-            resyncs: reports.reduce(0) { $0 + $1.resyncs }
+            resyncs: reports.reduce(0) { $0 + $1.resyncs },
+            firstFailure: reports.compactMap(\.firstFailure).first
         )
         results.p6.replicaPeakBytes = max(results.p6.replicaPeakBytes, reports.map(\.peakResident).max() ?? 0)
     }

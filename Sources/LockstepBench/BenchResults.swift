@@ -86,6 +86,8 @@ package struct BenchResults: Codable {
         /// Dispatches that failed or were rolled back; the replica's resyncs over the run.
         var failures = 0
         var resyncs = 0
+        /// What the first failed dispatch said, when one failed.
+        var firstFailure: String?
     }
 
     /// A daemon running `pulse`'s effects (one per action) with a no-op handler, over ipc.

@@ -88,7 +88,7 @@ package struct BenchTable {
                     "p50 \(e.dispatchToStartP50Us)  p99 \(e.dispatchToStartP99Us)",
                     "\(times(ratio(e.dispatchToStartP50Us.value, r.p1.p50Us.value))) P1 p50"
                 ),
-                row("ACCEPTED read → handler start", "p50 \(e.ackToStartP50Us)  p99 \(e.ackToStartP99Us)"),
+                row("ACCEPTED → handler start", "p50 \(e.ackToStartP50Us)  p99 \(e.ackToStartP99Us)"),
                 row(
                     "8 clients, batches of 100",
                     "\(count(e.effectsPerS)) effects/s",

@@ -90,6 +90,10 @@ package struct BenchWorker: Sendable {
         case .effectsDaemon: report = try await effectsDaemon()
         }
         report.peakResident = residentMemory(of: getpid()).peakKiB * 1_024
+        if let failure = report.firstFailure {
+            // In the worker's log, which `--keep` keeps: the table only counts failures.
+            FileHandle.standardError.write(Data("bench-worker \(role.rawValue): first failure: \(failure)\n".utf8))
+        }
         print(String(decoding: try JSONEncoder().encode(report), as: UTF8.self))
         fflush(nil)
     }

@@ -17,7 +17,8 @@ import Testing
             "not one JSON object: \(output.standardOutput)"
         )
         for key in [
-            "baselines", "p1", "p2", "optimistic", "p3", "p4", "p5", "p6", "transport", "build", "total_seconds",
+            "baselines", "p1", "p2", "optimistic", "effects", "p3", "p4", "p5", "p6", "transport", "build",
+            "total_seconds",
         ] {
             #expect(json[key] != nil, "no \(key) in \(json.keys.sorted())")
         }
@@ -54,6 +55,12 @@ import Testing
         #expect(optimistic["resyncs"] as? Int == 0, "\(optimistic)")
         for key in ["optimistic_p50_us", "optimistic_p99_us", "confirmed_p50_us", "confirmed_p99_us"] {
             #expect((optimistic[key] as? Double ?? 0) > 0, "\(key): \(optimistic)")
+        }
+        let effects = try #require(json["effects"] as? [String: Any])
+        #expect(effects["every_effect_ran_once"] as? Bool == true, "\(effects)")
+        #expect((effects["dispatches"] as? Int ?? 0) > 0 && (effects["effects_run"] as? Int ?? 0) > 0, "\(effects)")
+        for key in ["dispatch_to_start_p50_us", "dispatch_to_start_p99_us", "effects_per_s", "batched_actions_per_s"] {
+            #expect((effects[key] as? Double ?? 0) > 0, "\(key): \(effects)")
         }
         // Each dispatch showed in the optimistic state before its handle resolved, so every percentile is no later.
         for percentile in ["p50", "p99"] {

@@ -265,6 +265,12 @@ class Dispatcher:
     def range(self, store: str, from_seq: int, to_seq: int) -> wire.Reply:
         return self.call(wire.RangeRequest(self.new_request_id(), store, from_seq, to_seq))
 
+    def effects(self, command: str = "list", effect_id: Optional[str] = None) -> wire.Reply:
+        """EFFECTS: the leader's effects and timers (list), or a dead letter sent back to run (retry) or an effect
+        dropped (drop), by its id store/seq/index: an EFFECTS reply (its JSON the listing after the change) or ERROR
+        (unknown_effect when the id names nothing the command can act on)."""
+        return self.call(wire.EffectsRequest(self.new_request_id(), command, effect_id))
+
     def status(self) -> Dict[str, Any]:
         """The STATUS of the daemon requests go to now (a standby answers STATUS too, with role standby)."""
         reply = self.call(wire.StatusRequest(self.new_request_id()))

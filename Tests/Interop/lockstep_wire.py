@@ -26,20 +26,22 @@ DISPATCH = 0x01
 SNAPSHOT_REQUEST = 0x02
 RANGE_REQUEST = 0x03
 STATUS_REQUEST = 0x04
+EFFECTS_REQUEST = 0x05
 ACCEPTED = 0x81
 REJECTED = 0x82
 SNAPSHOT_REPLY = 0x83
 RANGE_REPLY = 0x84
 COMPACTED = 0x85
 STATUS_REPLY = 0x86
+EFFECTS_REPLY = 0x87
 ERROR = 0x8F
 EVENT = 0x41
 HEARTBEAT = 0x42
 DIGEST = 0x43
 EVENTS = 0x44
 
-REQUEST_TYPES = {DISPATCH, SNAPSHOT_REQUEST, RANGE_REQUEST, STATUS_REQUEST}
-REPLY_TYPES = {ACCEPTED, REJECTED, SNAPSHOT_REPLY, RANGE_REPLY, COMPACTED, STATUS_REPLY, ERROR}
+REQUEST_TYPES = {DISPATCH, SNAPSHOT_REQUEST, RANGE_REQUEST, STATUS_REQUEST, EFFECTS_REQUEST}
+REPLY_TYPES = {ACCEPTED, REJECTED, SNAPSHOT_REPLY, RANGE_REPLY, COMPACTED, STATUS_REPLY, EFFECTS_REPLY, ERROR}
 EVENT_TYPES = {EVENT, HEARTBEAT, DIGEST, EVENTS}
 
 # The exact header frame length of each type.
@@ -48,12 +50,14 @@ HEADER_SIZE = {
     SNAPSHOT_REQUEST: 12,
     RANGE_REQUEST: 28,
     STATUS_REQUEST: 12,
+    EFFECTS_REQUEST: 12,
     ACCEPTED: 32,
     REJECTED: 16,
     SNAPSHOT_REPLY: 60,
     RANGE_REPLY: 28,
     COMPACTED: 28,
     STATUS_REPLY: 12,
+    EFFECTS_REPLY: 12,
     ERROR: 14,
     EVENT: 20,
     HEARTBEAT: 20,
@@ -74,6 +78,7 @@ INVALID_RANGE = 9
 UNAVAILABLE = 10
 INTERNAL = 11
 NOT_LEADER = 12
+UNKNOWN_EFFECT = 13
 
 ERROR_NAMES = {
     MALFORMED: "malformed",
@@ -88,6 +93,7 @@ ERROR_NAMES = {
     UNAVAILABLE: "unavailable",
     INTERNAL: "internal",
     NOT_LEADER: "not_leader",
+    UNKNOWN_EFFECT: "unknown_effect",
 }
 
 # Limits (docs/protocol.md "Limits"), the defaults.
@@ -97,6 +103,8 @@ MAXIMUM_REASON_BYTES = 4096
 MAXIMUM_STORE_NAME_BYTES = 64
 MAXIMUM_REJECTION_CODE_BYTES = 64
 CLIENT_ID_BYTES = 16
+MAXIMUM_EFFECT_ID_BYTES = 200
+EFFECTS_COMMANDS = ("list", "retry", "drop")
 MAX_SEQ = 2**64 - 1  # the largest seq a RANGE may ask for (a daemon stops at its own last)
 DIGEST_BYTES = 32
 U64_MAX = (1 << 64) - 1
@@ -250,6 +258,13 @@ class StatusRequest:
 
 
 @dataclass(frozen=True)
+class EffectsRequest:
+    request_id: int
+    command: str  # list, retry or drop
+    effect_id: Optional[str] = None  # store/seq/index, for retry and drop
+
+
+@dataclass(frozen=True)
 class Accepted:
     request_id: int
     epoch: int
@@ -311,6 +326,16 @@ class Status:
 
 
 @dataclass(frozen=True)
+class Effects:
+    request_id: int
+    json_bytes: bytes
+
+    @property
+    def json(self) -> Any:
+        return json.loads(self.json_bytes.decode("utf-8"))
+
+
+@dataclass(frozen=True)
 class Error:
     request_id: int
     code: int
@@ -352,8 +377,8 @@ class Digest:
     digest: bytes
 
 
-Request = Union[Dispatch, SnapshotRequest, RangeRequest, StatusRequest]
-Reply = Union[Accepted, Rejected, Snapshot, Range, Compacted, Status, Error]
+Request = Union[Dispatch, SnapshotRequest, RangeRequest, StatusRequest, EffectsRequest]
+Reply = Union[Accepted, Rejected, Snapshot, Range, Compacted, Status, Effects, Error]
 Published = Union[Event, Events, Heartbeat, Digest]
 
 
@@ -375,6 +400,9 @@ def encode_request(request: Request) -> List[bytes]:
         return [head, store_bytes(request.store)]
     if isinstance(request, StatusRequest):
         return [_header(STATUS_REQUEST) + _u64(request.request_id)]
+    if isinstance(request, EffectsRequest):
+        body = [_header(EFFECTS_REQUEST) + _u64(request.request_id), request.command.encode("utf-8")]
+        return body + ([request.effect_id.encode("utf-8")] if request.effect_id is not None else [])
     raise TypeError(f"not a request: {request!r}")
 
 
@@ -397,6 +425,8 @@ def encode_reply(reply: Reply) -> List[bytes]:
         return [head, store_bytes(reply.store)]
     if isinstance(reply, Status):
         return [_header(STATUS_REPLY) + _u64(reply.request_id), reply.json_bytes]
+    if isinstance(reply, Effects):
+        return [_header(EFFECTS_REPLY) + _u64(reply.request_id), reply.json_bytes]
     if isinstance(reply, Error):
         head = _header(ERROR) + _u64(reply.request_id) + struct.pack(">H", reply.code)
         return [head, cut_reason(reply.reason)]
@@ -424,12 +454,14 @@ _NAMES = {
     SNAPSHOT_REQUEST: "SNAPSHOT request",
     RANGE_REQUEST: "RANGE request",
     STATUS_REQUEST: "STATUS request",
+    EFFECTS_REQUEST: "EFFECTS request",
     ACCEPTED: "ACCEPTED",
     REJECTED: "REJECTED",
     SNAPSHOT_REPLY: "SNAPSHOT reply",
     RANGE_REPLY: "RANGE reply",
     COMPACTED: "COMPACTED",
     STATUS_REPLY: "STATUS reply",
+    EFFECTS_REPLY: "EFFECTS reply",
     ERROR: "ERROR",
     EVENT: "EVENT",
     HEARTBEAT: "HEARTBEAT",
@@ -513,6 +545,26 @@ def decode_request(body: Sequence[bytes], limits: Limits = DEFAULT_LIMITS) -> Re
         if from_seq == 0 or from_seq > to_seq:
             raise WireError(INVALID_RANGE, f"RANGE request from {from_seq} to {to_seq}")
         return RangeRequest(request_id, store, from_seq, to_seq)
+    if kind == EFFECTS_REQUEST:
+        if len(body) < 2:
+            raise WireError(MALFORMED, f"EFFECTS request has {len(body)} frames; expected 2 or 3")
+        command = bytes(body[1]).decode("utf-8", errors="replace")
+        if command not in EFFECTS_COMMANDS:
+            raise WireError(MALFORMED, f"command (frame 1) of EFFECTS request is '{command[:64]}'; "
+                                       f"expected list, retry or drop")
+        if command == "list":
+            _frames(body, 2, kind)
+            return EffectsRequest(request_id, command)
+        _frames(body, 3, kind)
+        raw = bytes(body[2])
+        try:
+            effect_id = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            effect_id = None
+        if effect_id is None or not 1 <= len(raw) <= MAXIMUM_EFFECT_ID_BYTES:
+            raise WireError(MALFORMED, f"effect id (frame 2) of EFFECTS request is {len(raw)} bytes; expected 1 to "
+                                       f"{MAXIMUM_EFFECT_ID_BYTES} bytes of UTF-8")
+        return EffectsRequest(request_id, command, effect_id)
     _frames(body, 1, kind)
     return StatusRequest(request_id)
 
@@ -577,6 +629,9 @@ def decode_reply(
     if kind == STATUS_REPLY:
         _frames(body, 2, kind)
         return Status(request_id, bytes(body[1]))
+    if kind == EFFECTS_REPLY:
+        _frames(body, 2, kind)
+        return Effects(request_id, bytes(body[1]))
     (code,) = struct.unpack(">H", head[12:14])
     _frames(body, 2, kind)
     return Error(request_id, code, check_reason(bytes(body[1]), "error reason (frame 1)"))

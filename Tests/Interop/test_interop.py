@@ -1012,6 +1012,56 @@ class ConcurrentTest(DaemonTest):
 # 6. Bad input, REJECTED, idempotency
 
 
+class EffectsTest(DaemonTest):
+    """Effects and timers seen from Python: a reminder completed at once is notified and its receipt applied; one
+    past due is flagged by its timer; EFFECTS lists, and refuses what names no effect (docs/protocol.md "EFFECTS")."""
+
+    def reminders(self, client) -> dict:
+        reply = client.snapshot("reminders")
+        self.assertIsInstance(reply, wire.Snapshot)
+        self.assertTrue(reply.digest_matches())
+        return json.loads(reply.state)
+
+    def test_effects_and_timers_through_the_wire(self):
+        past = int(time.time() * 1000) - 1000
+        with self.dispatcher() as client:
+            reply = client.dispatch("reminders", [
+                wire.canonical_json({"add": {"text": "overdue", "dueMilliseconds": past}}),
+                wire.canonical_json({"add": {"text": "done", "dueMilliseconds": past + 86_400_000}}),
+                wire.canonical_json({"complete": {"id": 2}}),
+            ])
+            self.assertIsInstance(reply, wire.Accepted)
+            deadline = time.monotonic() + 20
+            state = self.reminders(client)
+            while time.monotonic() < deadline:
+                state = self.reminders(client)
+                first, second = state["reminders"]
+                if first["overdue"] and second.get("receipt"):
+                    break
+                time.sleep(0.02)
+            first, second = state["reminders"]
+            self.assertTrue(first["overdue"], state)
+            self.assertEqual(second.get("receipt"), "notified:reminders/3/1", state)
+            self.assertFalse(second["overdue"], "its timer was cancelled by the completion")
+
+            listing = client.effects()
+            self.assertIsInstance(listing, wire.Effects)
+            self.assertEqual(listing.json, {"effects": [], "timers": []})
+            counts = next(s for s in client.status()["stores"] if s["name"] == "reminders")["effects"]
+            self.assertEqual(counts, {"pending": 0, "dead": 0, "timers": 0})
+
+            for command, effect_id, code in [
+                ("retry", "reminders/3/1", wire.UNKNOWN_EFFECT),  # it ran: there is nothing to retry
+                ("drop", "not-an-id", wire.UNKNOWN_EFFECT),
+                ("purge", None, wire.MALFORMED),
+                ("retry", None, wire.MALFORMED),
+            ]:
+                reply = client.effects(command, effect_id)
+                self.assertIsInstance(reply, wire.Error, (command, effect_id, reply))
+                self.assertEqual(reply.code, code, (command, effect_id, reply))
+            self.assertEqual(self.reminders(client), state, "the refused requests changed nothing")
+
+
 class BadInputTest(DaemonTest):
     CLIENT = bytes(range(16))
 

@@ -188,45 +188,20 @@ extension Faults {
         let load = ReminderLoad(endpoints: [daemon.command], label: "effects")
         load.start(seed: random.next())
         defer { load.stop() }
-        let points = ["before-commit", "after-commit", "after-reply", "effect-start", "effect-ran"]
         var result = FaultResult(injected: 0, survived: 0, lost: 0)
-        var byPoint: [String: Int] = [:]
-        for cycle in 0..<(long ? 200 : 20) {
-            if cycle % 6 == 0 {
-                pause(20...400)
-                daemon.kill()
-                byPoint["random moment", default: 0] += 1
-            } else {
-                let point = points[cycle % 6 - 1]
-                daemon.kill()
-                try daemon.start(
-                    environment: ["LOCKSTEP_FAILPOINT": "\(point):\(Int.random(in: 1...4, using: &random))"],
-                    waitForReady: false
-                )
-                let deadline = ContinuousClock.now + .seconds(20)
-                while daemon.isRunning, ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.005) }
-                guard !daemon.isRunning else {
-                    result.failure = "the failpoint \(point) was never reached"
-                    break
-                }
-                byPoint[point, default: 0] += 1
-            }
-            result.injected += 1
-            try daemon.start()
+        try crashCycles(
+            daemon,
+            points: ["before-commit", "after-commit", "after-reply", "effect-start", "effect-ran"],
+            upTo: 4,
+            into: &result
+        ) {
             let before = load.sent.count
             let deadline = ContinuousClock.now + .seconds(15)
             while load.sent.count <= before, load.problem == nil, ContinuousClock.now < deadline {
                 Thread.sleep(forTimeInterval: 0.01)
             }
-            if load.sent.count > before { result.survived += 1 }
-            if let problem = load.problem {
-                result.failure = problem
-                break
-            }
+            return (load.sent.count > before, load.problem)
         }
-        result.notes.append(
-            byPoint.sorted { $0.key < $1.key }.map { "\($0.value) × \($0.key)" }.joined(separator: ", ")
-        )
         load.stop()
         try settleEffects(load, leader: daemon, service: service, into: &result) {
             try SQLiteJournal(directory: daemon.data, readOnly: true)

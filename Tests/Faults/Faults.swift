@@ -110,20 +110,42 @@ final class Faults {
         let load = Load(endpoints: [daemon.command], label: "kill")
         load.start()
         defer { load.stop() }
-        let cycles = long ? 200 : 20
-        let points = ["before-commit", "after-commit", "after-reply"]
         var result = FaultResult(injected: 0, survived: 0, lost: 0)
+        try crashCycles(
+            daemon,
+            points: ["before-commit", "after-commit", "after-reply"],
+            upTo: 10,
+            into: &result
+        ) {
+            // Counted after the restart, so only the new daemon's answers show it serves again.
+            (progresses(load, beyond: load.acks.count), nil)
+        }
+        try settle(daemon, load, watchers: watchers, into: &result)
+        return result
+    }
+
+    /// The kill -9 cycles (quick 20, long 200): in turn, a SIGKILL at a random moment and a restart with each of
+    /// `points` as `LOCKSTEP_FAILPOINT` (reached at its 1st to `upTo`-th pass), then a restart; a cycle survives
+    /// when `serves` says the restarted daemon serves again, and the cycles end at the first failure it names. How
+    /// many of each are noted.
+    func crashCycles(
+        _ daemon: Daemon,
+        points: [String],
+        upTo passes: Int,
+        into result: inout FaultResult,
+        serves: () throws -> (serves: Bool, failure: String?)
+    ) throws {
         var byPoint: [String: Int] = [:]
-        for cycle in 0..<cycles {
-            if cycle % 4 == 0 {
+        for cycle in 0..<(long ? 200 : 20) {
+            if cycle % (points.count + 1) == 0 {
                 pause(20...400)
                 daemon.kill()
                 byPoint["random moment", default: 0] += 1
             } else {
-                let point = points[cycle % 4 - 1]
+                let point = points[cycle % (points.count + 1) - 1]
                 daemon.kill()
                 try daemon.start(
-                    environment: ["LOCKSTEP_FAILPOINT": "\(point):\(Int.random(in: 1...10, using: &random))"],
+                    environment: ["LOCKSTEP_FAILPOINT": "\(point):\(Int.random(in: 1...passes, using: &random))"],
                     waitForReady: false
                 )
                 let deadline = ContinuousClock.now + .seconds(20)
@@ -136,15 +158,14 @@ final class Faults {
             }
             result.injected += 1
             try daemon.start()
-            // Counted after the restart, so only the new daemon's answers show it serves again.
-            let before = load.acks.count
-            if progresses(load, beyond: before) { result.survived += 1 }
+            let (served, failure) = try serves()
+            if served { result.survived += 1 }
+            result.failure = result.failure ?? failure
+            if result.failure != nil { break }
         }
         result.notes.append(
             byPoint.sorted { $0.key < $1.key }.map { "\($0.value) × \($0.key)" }.joined(separator: ", ")
         )
-        try settle(daemon, load, watchers: watchers, into: &result)
-        return result
     }
 
     // MARK: - SIGSTOP of the daemon

@@ -109,8 +109,8 @@ EOF
         || fail "after its first start, $unit@a says '$(uprop a StatusText)', not 'serving …'"
     local tables
     tables=$(psql_admin -d lockstep -c "SELECT string_agg(tablename, ' ' ORDER BY tablename) FROM pg_tables WHERE schemaname = 'lockstep' AND tableowner = 'lockstepd'")
-    [[ $tables == "events idempotency journal_format leadership snapshots store_versions stores" ]] \
-        || fail "after the first start, schema lockstep holds '$tables' owned by lockstepd, not the journal's 7 tables"
+    [[ $tables == "effects events idempotency journal_format leadership snapshots store_versions stores timers" ]] \
+        || fail "after the first start, schema lockstep holds '$tables' owned by lockstepd, not the journal's 9 tables"
     ct systemctl stop "$unit@a.service" || fail "systemctl stop $unit@a exited $?"
     psql_admin -d lockstep >/dev/null <<EOF || fail "taking the journal's ownership from lockstepd exited $?"
 CREATE ROLE lockstep_owner NOLOGIN;
@@ -120,8 +120,8 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA lockstep TO lockste
 EOF
     local owned
     owned=$(psql_admin -d lockstep -c "SELECT has_schema_privilege('lockstepd', 'lockstep', 'CREATE'), count(*) FILTER (WHERE tableowner = 'lockstep_owner'), count(*) FROM pg_tables WHERE schemaname = 'lockstep'")
-    [[ $owned == "f|7|7" ]] || fail "after the hand-over: CREATE on the schema, tables owned by lockstep_owner, tables = '$owned', expected f|7|7"
-    pass "journal: $unit@a created its 7 tables at the first start; they and the schema now belong to lockstep_owner (NOLOGIN), and lockstepd has USAGE and SELECT, INSERT, UPDATE, DELETE only ($(since "$phase") s)"
+    [[ $owned == "f|9|9" ]] || fail "after the hand-over: CREATE on the schema, tables owned by lockstep_owner, tables = '$owned', expected f|9|9"
+    pass "journal: $unit@a created its 9 tables at the first start; they and the schema now belong to lockstep_owner (NOLOGIN), and lockstepd has USAGE and SELECT, INSERT, UPDATE, DELETE only ($(since "$phase") s)"
 
     # --- The pair: a leads, b stands by; both answer, the tool finds the leader. ---
     phase=$(now)

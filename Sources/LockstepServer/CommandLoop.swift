@@ -51,6 +51,7 @@ final class CommandLoop: Sendable {
         effects = EffectRunner(
             handlers: effectHandlers,
             dataDirectory: configuration.dataDirectory,
+            threads: configuration.effects.concurrency,
             wakeup: wakeup,
             logger: logger
         )

@@ -76,10 +76,11 @@ public struct EffectContext: Sendable {
     public var logger: Logger
 }
 
-/// Runs effects the ``EffectLedger`` hands it, each in a task of its own, and hands each outcome back to the loop
-/// through a locked inbox and the loop's wake-up pipe. The runner owns those tasks: one the ledger gave up on (past
-/// its timeout) is cancelled, and so is every one still running when the daemon stops, which does not wait for them
-/// (a handler that ignores cancellation runs on, and its answer is ignored).
+/// Runs effects the ``EffectLedger`` hands it, each in a task of its own on the runner's ``EffectThreads``, and
+/// hands each outcome back to the loop through a locked inbox and the loop's wake-up pipe. The runner owns those
+/// tasks: one the ledger gave up on (past its timeout) is cancelled, and so is every one still running when the
+/// daemon stops, which does not wait for them (a handler that ignores cancellation runs on, and its answer is
+/// ignored).
 final class EffectRunner: Sendable {
     struct Job: Sendable {
         var id: JournalEffectID
@@ -102,18 +103,24 @@ final class EffectRunner: Sendable {
     private let dataDirectory: String
     private let logger: Logger
     private let wakeup: Wakeup
+    private let threads: EffectThreads
     /// What ended, what runs, whether the runner stopped, and which leadership the runs belong to (``cancelAll()``
     /// starts a new one: what a run of an earlier one comes to is dropped).
     private let state = LockedValue(
         (outcomes: [Outcome](), tasks: [Running: Task<Void, Never>](), stopped: false, generation: 0)
     )
 
-    init(handlers: [EffectHandler], dataDirectory: String, wakeup: Wakeup, logger: Logger) {
+    /// At most this many threads run handlers, however many runs `effects.concurrency` allows at once: beyond it,
+    /// handlers that block wait for one another (handlers that await do not).
+    static let threadLimit = 64
+
+    init(handlers: [EffectHandler], dataDirectory: String, threads: Int, wakeup: Wakeup, logger: Logger) {
         var byStore: [String: EffectHandler] = [:]
         for handler in handlers { byStore[handler.store] = handler }
         self.handlers = byStore
         self.dataDirectory = dataDirectory
         self.wakeup = wakeup
+        self.threads = EffectThreads(limit: min(threads, Self.threadLimit), name: "effects")
         self.logger = logger
     }
 
@@ -123,7 +130,7 @@ final class EffectRunner: Sendable {
         state.withLockedValue { state in
             guard !state.stopped else { return }
             let generation = state.generation
-            state.tasks[key] = Task { [self] in
+            state.tasks[key] = Task(executorPreference: threads) { [self] in
                 let result = await execute(job)
                 let current = self.state.withLockedValue { state in
                     guard state.generation == generation else { return false }
@@ -167,6 +174,7 @@ final class EffectRunner: Sendable {
     func stop() {
         state.withLockedValue { $0.stopped = true }
         cancelAll()
+        threads.stop()
     }
 
     private func execute(_ job: Job) async -> Result<[[UInt8]], EffectFailure> {

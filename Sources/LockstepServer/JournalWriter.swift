@@ -45,7 +45,6 @@ final class JournalWriter: Sendable {
             nameCurrentThread("lockstepd journal")
             run()
         }
-        thread.name = "lockstepd journal"
         thread.start()
     }
 

@@ -55,7 +55,6 @@ public final class LockstepDaemon: Service, Sendable {
                             continuation.resume(throwing: error)
                         }
                     }
-                    thread.name = "lockstepd loop"
                     thread.start()
                 }
             } onGracefulShutdown: { [loop] in

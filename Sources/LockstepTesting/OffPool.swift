@@ -1,4 +1,5 @@
 import Foundation
+import ZeroMQ
 
 /// Runs `body` on a thread of its own and returns what it returns, or throws what it throws, while the calling
 /// task suspends instead of holding a thread of Swift's cooperative pool.
@@ -32,7 +33,7 @@ public func offPool<T, E: Error>(
 ) async throws(E) -> sending T {
     let result: Result<T, E> = await withCheckedContinuation { continuation in
         let thread = Thread {
-            nameThisThread(name)
+            nameCurrentThread(name)
             do throws(E) {
                 let value = try body()
                 continuation.resume(returning: .success(value))
@@ -67,14 +68,6 @@ public func offPool<Value, T, E: Error>(
 ) async throws(E) -> sending T {
     let lent = Lent(value: value)
     return try await offPool(name) { () throws(E) -> sending T in try body(lent.value) }
-}
-
-/// Names the current thread `name`, cut to whole characters within the 15 bytes Linux keeps (a longer name would
-/// not be set at all); Foundation names a thread only from the thread itself.
-func nameThisThread(_ name: String) {
-    var name = name
-    while name.utf8.count > 15 { name.removeLast() }
-    Thread.current.name = name
 }
 
 /// A value of ``offPool(_:lending:_:)``'s caller, carried to its thread.

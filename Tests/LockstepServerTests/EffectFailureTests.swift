@@ -148,7 +148,7 @@ enum LegacyReader: Domain {
         configuration.commandEndpoint = "ipc://\(directory.path)/command"
         configuration.eventsEndpoint = "ipc://\(directory.path)/events"
         configuration.effects.tries = 2
-        configuration.effects.timeout = .milliseconds(300)
+        configuration.effects.timeout = .seconds(1)
         configuration.effects.backoff = .milliseconds(50)
         let daemon = try LockstepDaemon(
             configuration: configuration,
@@ -180,7 +180,9 @@ enum LegacyReader: Domain {
         _ = try await caller.dispatch(Legacy.self, .bump, number: number)
 
         var listing = try await caller.effects()
-        let settled = try await eventually(within: .seconds(30)) {
+        // Each poll is a call on a thread of its own: polled less often than the default, so that in a busy full run
+        // the wait still ends near its bound.
+        let settled = try await eventually(within: .seconds(30), every: .milliseconds(200)) {
             listing = try await caller.effects()
             return listing.effects.count == 3 && listing.effects.allSatisfy { $0.phase == "dead" }
         }
@@ -191,7 +193,7 @@ enum LegacyReader: Domain {
         }
         // A handler that hangs: each run timed out, then given up.
         let hang = try #require(effect(#""mode":"hang""#))
-        #expect(hang.attempts == 2 && hang.lastError?.contains("no answer within 0.3 seconds") == true, "\(hang)")
+        #expect(hang.attempts == 2 && hang.lastError?.contains("no answer within 1.0 seconds") == true, "\(hang)")
         // An effect that cannot be encoded: the action stands, the effect is a dead letter at once, never run.
         let unencodable = try #require(effect(""))
         #expect(
@@ -210,7 +212,7 @@ enum LegacyReader: Domain {
         #expect(effect(#""mode":"reject""#) == nil)
         // A timer of a domain with no Effect type, due before it was set: fired once.
         var alarms = try await caller.state(Alarms.self)
-        let rung = try await eventually(within: .seconds(10)) {
+        let rung = try await eventually(within: .seconds(10), every: .milliseconds(200)) {
             alarms = try await caller.state(Alarms.self)
             return alarms.rung.sorted() == ["ancient", "wake"]
         }

@@ -122,6 +122,7 @@ public final class PostgresJournal: EngineJournal {
 
     /// Runs `sql` on a connection of its own to `connection` and returns the first column of its rows as text:
     /// for tests and `PostgresServer`, which must reach under the journal (create a database, damage a row).
+    @discardableResult
     package static func execute(_ sql: String, connection: String) throws(JournalError) -> [String?] {
         let location = PostgresStorage.location(of: connection)
         do {

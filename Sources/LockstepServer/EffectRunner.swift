@@ -76,7 +76,7 @@ public struct EffectContext: Sendable {
     public var logger: Logger
 }
 
-/// Runs effects the ``EffectLedger`` hands it, each in a task of its own on the runner's ``EffectThreads``, and
+/// Runs effects the ``EffectLedger`` hands it, each in a task of its own on threads of the runner's own, and
 /// hands each outcome back to the loop through a locked inbox and the loop's wake-up pipe. The runner owns those
 /// tasks: one the ledger gave up on (past its timeout) is cancelled, and so is every one still running when the
 /// daemon stops, which does not wait for them (a handler that ignores cancellation runs on, and its answer is
@@ -103,7 +103,7 @@ final class EffectRunner: Sendable {
     private let dataDirectory: String
     private let logger: Logger
     private let wakeup: Wakeup
-    private let threads: EffectThreads
+    private let threads: ThreadsExecutor
     /// What ended, what runs, whether the runner stopped, and which leadership the runs belong to (``cancelAll()``
     /// starts a new one: what a run of an earlier one comes to is dropped).
     private let state = LockedValue(
@@ -120,7 +120,7 @@ final class EffectRunner: Sendable {
         self.handlers = byStore
         self.dataDirectory = dataDirectory
         self.wakeup = wakeup
-        self.threads = EffectThreads(limit: min(threads, Self.threadLimit), name: "effects")
+        self.threads = ThreadsExecutor(limit: min(threads, Self.threadLimit), name: "effects")
         self.logger = logger
     }
 

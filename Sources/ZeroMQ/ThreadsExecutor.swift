@@ -1,29 +1,29 @@
 import Dispatch
 import Foundation
-import Lockstep
-import ZeroMQ
+import Synchronization
 
-/// The threads effect handlers run on: a task executor of at most `limit` threads of the daemon's own, started as
-/// runs need them. A run's timeout then measures the handler, not the wait for a thread of Swift's cooperative
-/// pool — which other code in the process (a test suite, an HTTP server's handlers) may keep busy for seconds —
-/// and a handler that blocks (a synchronous client, a file write) holds one of these threads, never one of the pool.
+/// A task executor of at most `limit` threads of its own, started as the jobs enqueued need them, which run those
+/// jobs in order of arrival: for tasks that must not wait for a thread of Swift's cooperative pool, which other
+/// code in the process may keep busy for seconds, nor hold one of its threads when they block. The daemon runs
+/// effect handlers on one (a run's timeout then measures the handler); tests run long synchronous checks on one of
+/// a single thread.
 ///
-/// Once stopped, the threads finish what is queued and end; whatever a run still does later (one that ignores
-/// cancellation) goes on on the global executor.
-final class EffectThreads: TaskExecutor, Sendable {
+/// Once stopped, the threads finish what is queued and end; a job enqueued later (a task that ignored cancellation,
+/// resumed) runs on the global executor.
+package final class ThreadsExecutor: TaskExecutor, Sendable {
     private let limit: Int
     private let name: String
     private let ready = DispatchSemaphore(value: 0)
-    private let state = LockedValue((jobs: [UnownedJob](), head: 0, threads: 0, idle: 0, stopped: false))
+    private let state = Mutex((jobs: [UnownedJob](), head: 0, threads: 0, idle: 0, stopped: false))
 
-    init(limit: Int, name: String) {
+    package init(limit: Int, name: String) {
         self.limit = max(1, limit)
         self.name = name
     }
 
-    func enqueue(_ job: consuming ExecutorJob) {
+    package func enqueue(_ job: consuming ExecutorJob) {
         let unowned = UnownedJob(job)
-        let (queued, startThread) = state.withLockedValue { state -> (Bool, Bool) in
+        let (queued, startThread) = state.withLock { state -> (Bool, Bool) in
             guard !state.stopped else { return (false, false) }
             state.jobs.append(unowned)
             guard state.jobs.count - state.head > state.idle, state.threads < limit else { return (true, false) }
@@ -45,8 +45,8 @@ final class EffectThreads: TaskExecutor, Sendable {
     }
 
     /// Lets the threads end once what is queued has run.
-    func stop() {
-        let threads = state.withLockedValue { state in
+    package func stop() {
+        let threads = state.withLock { state in
             state.stopped = true
             return state.threads
         }
@@ -56,7 +56,7 @@ final class EffectThreads: TaskExecutor, Sendable {
     private func work() {
         while true {
             ready.wait()
-            let job = state.withLockedValue { state -> UnownedJob?? in
+            let job = state.withLock { state -> UnownedJob?? in
                 guard state.head < state.jobs.count else { return state.stopped ? .some(nil) : nil }
                 defer {
                     state.head += 1
@@ -71,14 +71,14 @@ final class EffectThreads: TaskExecutor, Sendable {
             switch job {
             case .none: continue
             case .some(.none):
-                state.withLockedValue { state in
+                state.withLock { state in
                     state.threads -= 1
                     state.idle -= 1
                 }
                 return
             case .some(.some(let job)):
                 job.runSynchronously(on: asUnownedTaskExecutor())
-                state.withLockedValue { $0.idle += 1 }
+                state.withLock { $0.idle += 1 }
             }
         }
     }

@@ -3,6 +3,7 @@ import Lockstep
 import LockstepExamples
 import LockstepJournal
 import LockstepTesting
+import TestSupport
 import Testing
 
 /// Recovery cost must follow the snapshot interval, not the history: a long history with a snapshot every
@@ -20,9 +21,9 @@ import Testing
         let tail = Self.snapshotEvery - 1
         let policy = JournalPolicy(snapshotEveryEvents: Self.snapshotEvery)
         let fixture = try await JournalFixture(.sqlite, policy: policy)
-        // Seconds of writing, recovering and verifying: on a thread of its own, not on one of the cooperative pool.
+        // Seconds of writing, recovering and verifying: on the check thread, not on one of the cooperative pool.
         // The test checks what it found.
-        let found = try await offPool("recovery scale", lending: fixture) { fixture in
+        let found = try await onCheckThread {
             let journal = try fixture.open()
             _ = try journal.recover(Counter.self)
 

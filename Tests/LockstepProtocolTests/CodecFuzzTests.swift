@@ -16,7 +16,7 @@ import Testing
 
     @Test func requestDecoderSurvivesFuzzing() async {
         // Seconds of fuzzing: on a thread of its own, in this task, so the cooperative pool stays free.
-        await onOwnThread {
+        await onCheckThread {
             let report = Fuzzer.run(
                 seed: 0x5EED_0001,
                 headerFrame: 0,
@@ -30,7 +30,7 @@ import Testing
 
     @Test func replyDecoderSurvivesFuzzing() async {
         // Seconds of fuzzing: on a thread of its own, in this task, so the cooperative pool stays free.
-        await onOwnThread {
+        await onCheckThread {
             let report = Fuzzer.run(
                 seed: 0x5EED_0002,
                 headerFrame: 0,
@@ -44,7 +44,7 @@ import Testing
 
     @Test func eventDecoderSurvivesFuzzing() async {
         // Seconds of fuzzing: on a thread of its own, in this task, so the cooperative pool stays free.
-        await onOwnThread {
+        await onCheckThread {
             let report = Fuzzer.run(
                 seed: 0x5EED_0003,
                 headerFrame: 1,

@@ -511,8 +511,11 @@ import Glibc
             var accepted: OptimisticDispatch?
             for attempt in 0..<3 where accepted == nil {
                 let handle = try await replica.dispatchOptimistically(.add(text: "accepted, then lost \(attempt)"))
+                // Answered: pending as accepted, or already confirmed and gone (then the loop tries again).
                 let answered = try await eventually(within: .seconds(10), every: .milliseconds(1)) {
-                    replica.pending.contains { if case .accepted = $0.status { true } else { false } }
+                    !replica.pending.contains {
+                        if case .accepted = $0.status { false } else { $0.requestNumber == handle.requestNumber }
+                    }
                 }
                 try #require(answered, "\(replica.pending)")
                 daemon.kill()

@@ -30,7 +30,7 @@ import Testing
             // 2-core machine other suites' tests once held both for many seconds with blocking waits (one CI run in
             // four timed out at 15 s with all three replicas never started; later, 4 tests here at 60 s). Tests now
             // wait for processes and daemons off the pool (`offPool`) and run their long synchronous checks on
-            // threads of their own (`onOwnThread`), so run() soon gets a thread; the bound stays.
+            // the run's check thread (`onCheckThread`), so run() soon gets a thread; the bound stays.
             try await replica.waitUntilLive(timeout: .seconds(60))
             let result = try await body(replica)
             group.cancelAll()

@@ -42,7 +42,7 @@ func expectDivergence<D: Domain>(
     children: [ReplayChildCommand] = [],
     sourceLocation: SourceLocation = #_sourceLocation
 ) async throws -> Divergence? {
-    let found = try await offPool("replay") { () throws -> Divergence? in
+    let found = try await onCheckThread { () throws -> Divergence? in
         do {
             _ = try ReplayHarness<D>(settings: settings, children: children).replay(try ReplayLog<D>(actions))
             return nil
@@ -145,8 +145,8 @@ func expectDivergence<D: Domain>(
     @Test(arguments: Examples.domains.map { $0.name })
     func exampleDomainsPassInAndAcrossProcesses(store: String) async throws {
         let domain = try #require(Examples.domain(named: store))
-        // The check waits for its child processes: on a thread of its own, not on one of the cooperative pool.
-        try await offPool("determinism") { try check(domain) }
+        // The check waits for its child processes: on the check thread, not on one of the cooperative pool.
+        try await onCheckThread { try check(domain) }
     }
 
     func check<D: ActionGenerating>(_: D.Type) throws {
@@ -364,8 +364,8 @@ func expectDivergence<D: Domain>(
     @Test func aDeterministicDomainPasses() async throws {
         var check = DeterminismCheck(Todos.self)
         check.sequences = 5
-        // Seconds of replays: on a thread of its own, not on one of the cooperative pool.
-        try await offPool("determinism") { [check] in try check.run() }
+        // Seconds of replays: on the check thread, not on one of the cooperative pool.
+        try await onCheckThread { try check.run() }
     }
 }
 

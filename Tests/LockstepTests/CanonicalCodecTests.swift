@@ -83,8 +83,8 @@ import Testing
 
     // MARK: - The example domains
     //
-    // Each domain's walk is seconds of encoding and decoding (twenty for todos in a debug build): it runs on a
-    // thread of its own, in the test's task (`onOwnThread`), so the cooperative pool's threads stay free.
+    // Each domain's walk is seconds of encoding and decoding (twenty for todos in a debug build): it runs on the
+    // run's check thread, in the test's task (`onCheckThread`), so the cooperative pool's threads stay free.
 
     /// Walks `count` generated actions from the initial state, applying the valid ones; checks every action and
     /// every state on the way, and that none of them left the fast path.
@@ -110,16 +110,16 @@ import Testing
     }
 
     @Test func counterActionsAndStatesTakeTheFastPath() async throws {
-        try await onOwnThread { try Self.checkDomain(Counter.self, count: 3000, seed: 1) }
+        try await onCheckThread { try Self.checkDomain(Counter.self, count: 3000, seed: 1) }
     }
     @Test func todosActionsAndStatesTakeTheFastPath() async throws {
-        try await onOwnThread { try Self.checkDomain(Todos.self, count: 1500, seed: 2) }
+        try await onCheckThread { try Self.checkDomain(Todos.self, count: 1500, seed: 2) }
     }
     @Test func postsActionsAndStatesTakeTheFastPath() async throws {
-        try await onOwnThread { try Self.checkDomain(Posts.self, count: 1500, seed: 3) }
+        try await onCheckThread { try Self.checkDomain(Posts.self, count: 1500, seed: 3) }
     }
     @Test func numbersActionsAndStatesTakeTheFastPath() async throws {
-        try await onOwnThread { try Self.checkDomain(Numbers.self, count: 3000, seed: 4) }
+        try await onCheckThread { try Self.checkDomain(Numbers.self, count: 3000, seed: 4) }
     }
 
     /// The counter above counts: a call that falls back is seen (else a fast path that always fell back would pass).
@@ -756,7 +756,7 @@ import Testing
     /// does, and whatever it refuses, Foundation judges.
     @Test func damagedBytes() async throws {
         // Seconds of encoding and decoding: on a thread of its own, in this task, so the pool stays free.
-        try await onOwnThread {
+        try await onCheckThread {
             var random = SplitMix64(seed: 6)
             let samples: [[UInt8]] = try [
                 Self.foundationEncode(Counter.Action.increment),
@@ -809,7 +809,7 @@ import Testing
     /// Random JSON values, with names and strings drawn from a small alphabet that has escapes and non-ASCII in it.
     @Test func randomJSONValues() async throws {
         // Seconds of encoding and decoding: on a thread of its own, in this task, so the pool stays free.
-        await onOwnThread {
+        await onCheckThread {
             var random = SplitMix64(seed: 7)
             let pieces = [
                 "a", "b", "B", "", "é", "😀", "\"", "\\", "/", "\n", "\u{1}", "\u{7f}", "a10", "a9", "K", "\u{212A}",

@@ -227,13 +227,10 @@ final class Faults {
         var takeovers: (kill: [Duration], stop: [Duration]) = ([], [])
         var woken = Woken()
         for cycle in 1...(long ? 40 : 4) {
-            let killing = cycle % 2 == 1
-            let fault = killing ? "kill -9" : "SIGSTOP"
-            guard let (leading, term) = leader(of: daemons) else {
+            guard let (killing, fault, leading, term, successor) = takeover(cycle, of: daemons) else {
                 result.failure = result.failure ?? "no daemon said it leads within 10 s before cycle \(cycle)"
                 break
             }
-            let successor = daemons.first { $0 !== leading }!
             guard progresses(load, beyond: load.acks.count) else {
                 result.failure = "no dispatch was acknowledged before cycle \(cycle)"
                 break
@@ -369,6 +366,19 @@ final class Faults {
 
     /// The daemon whose STATUS says it leads, and its term: each is asked in turn, with a second to answer (a
     /// leader busy with a commit and a digest can take longer than the usual 300 ms), for at most 10 s.
+    /// Cycle `cycle` of a takeover class: an odd one kills the leader with -9, an even one stops it; the daemon that
+    /// leads (asked for 10 s), its term, and the one that is to take over. `nil` when no daemon leads.
+    func takeover(
+        _ cycle: Int,
+        of daemons: [Daemon]
+    ) -> (
+        killing: Bool, fault: String, leading: Daemon, term: UInt64, successor: Daemon
+    )? {
+        guard let (leading, term) = leader(of: daemons) else { return nil }
+        let killing = cycle % 2 == 1
+        return (killing, killing ? "kill -9" : "SIGSTOP", leading, term, daemons.first { $0 !== leading }!)
+    }
+
     func leader(of daemons: [Daemon]) -> (daemon: Daemon, term: UInt64)? {
         let deadline = ContinuousClock.now + .seconds(10)
         while ContinuousClock.now < deadline {

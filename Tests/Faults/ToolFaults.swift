@@ -35,13 +35,10 @@ extension Faults {
         var acks: [Ack] = []
         var exits: [String: [Int32: Int]] = [:]
         for cycle in 1...(long ? 200 : 20) {
-            let killing = cycle % 2 == 1
-            let fault = killing ? "kill -9" : "SIGSTOP"
-            guard let (leading, term) = leader(of: daemons) else {
+            guard let (killing, fault, leading, term, successor) = takeover(cycle, of: daemons) else {
                 result.failure = result.failure ?? "no daemon said it leads within 10 s before cycle \(cycle)"
                 break
             }
-            let successor = daemons.first { $0 !== leading }!
             let both = daemons.flatMap { ["--command-endpoint", $0.command] }
             let events = daemons.flatMap { ["--events-endpoint", $0.events] }
             var commands: [(name: String, text: String?, arguments: [String])] = [

@@ -139,6 +139,10 @@ package struct EffectLedger {
 
     /// How many effects are running.
     package var running: Int { runningIDs.count }
+    /// Nothing runs, waits or is set to fire: ``tick(now:wallMilliseconds:)`` would do nothing and
+    /// ``nextDeadline(now:)`` has none — the state of a daemon whose domains set nothing going, which then pays
+    /// nothing for effects per turn.
+    package var isIdle: Bool { runningIDs.isEmpty && ready.isEmpty && delayed.isEmpty && timers.isEmpty }
 
     /// Every effect in the ledger, waiting, running or dead, by id.
     package var effects: [JournalEffectID: Entry] { live.merging(dead) { first, _ in first } }

@@ -197,7 +197,7 @@ struct Serving {
         var deadline = (lastPublished.values.min() ?? ContinuousClock.now) + configuration.heartbeatInterval
         if let pipelineDeadline = pipeline.nextDeadline { deadline = min(deadline, pipelineDeadline) }
         // While the lease is not surely ours, effects wait for the renewal, whose end wakes the loop.
-        guard pipeline.surelyLeads(at: .now) else { return deadline }
+        guard !ledger.isIdle, pipeline.surelyLeads(at: .now) else { return deadline }
         let (monotonic, wall) = ledger.nextDeadline(now: .now)
         if let monotonic { deadline = min(deadline, monotonic) }
         if let wall {
@@ -355,6 +355,8 @@ struct Serving {
     /// The effects' turn: what the runs that ended came to, then what the ledger says is due — timers to fire,
     /// effects to run, results to sequence, changes to journal.
     mutating func runEffects() {
+        // Idle, nothing runs whose outcome the ledger would take (a late one it gave up on waits for the next run).
+        guard !ledger.isIdle else { return }
         let runner = loop.effects
         let now = ContinuousClock.now
         // A leader that may have lost its lease (paused past it) starts nothing until a renewal says it leads.

@@ -45,6 +45,25 @@ import Testing
         #expect(runs(ledger.tick(now: at(30), wallMilliseconds: 0)).isEmpty, "running: not started twice")
     }
 
+    /// Idle — nothing runs, waits or is set — is what lets a daemon whose domains set nothing going skip the
+    /// ledger on every turn; anything the ledger would act on makes it busy.
+    @Test func theLedgerIsIdleOnlyWhileNothingRunsWaitsOrIsSet() {
+        var ledger = EffectLedger(outbox: JournalOutbox(), policy: policy, now: at(0))
+        #expect(ledger.isIdle)
+        ledger.sequenced([effect(1)], timers: [], now: at(0))
+        ledger.committed([effect(1).id], now: at(1))
+        #expect(!ledger.isIdle, "an effect free to run")
+        #expect(runs(ledger.tick(now: at(1), wallMilliseconds: 0)) == ["s/1/0#1"])
+        #expect(!ledger.isIdle, "a run whose outcome or timeout is awaited")
+        _ = ledger.finished(effect(1).id, attempt: 1, .failure(EffectFailure("down")), now: at(2))
+        #expect(!ledger.isIdle, "a retry after its backoff")
+        _ = ledger.tick(now: at(102), wallMilliseconds: 0)
+        _ = ledger.finished(effect(1).id, attempt: 2, .success([]), now: at(103))
+        #expect(ledger.isIdle)
+        ledger.sequenced([], timers: [.set(timer("t", due: 50))], now: at(104))
+        #expect(!ledger.isIdle, "a timer set")
+    }
+
     @Test func noMoreThanTheLimitRunAtOnceAndTheRestFollowAsRunsEnd() {
         var ledger = EffectLedger(
             outbox: JournalOutbox(effects: [effect(1), effect(2), effect(3)]),

@@ -308,21 +308,31 @@ package struct BenchWorker: Sendable {
         try await replica.waitUntilLive(timeout: .seconds(30))
         // The optimistic count and when the subscriber saw it: nothing else dispatches to the store meanwhile, so
         // each dispatch moves it up by one, and a rebase on the confirmed state that holds it leaves it there.
+        // A subscriber is told one read at a time, the newest kept: while it is being told the previous dispatch's
+        // confirmation, this one's read waits for that call to end. So the time kept is when it first saw each
+        // count, and the count is read once the handle resolved, waiting (at most 5 s) for the call in progress.
         let shown = LockedValue<(count: Int, at: UInt64)>((replica.state.count, 0))
         let subscription = replica.subscribe({ $0.count }) { count in
             let at = monotonicNanos()
-            shown.withLockedValue { $0 = (count, at) }
+            shown.withLockedValue { if $0.count != count { $0 = (count, at) } }
         }
         defer { subscription.cancel() }
         func dispatchOne() async throws -> (optimistic: UInt64, confirmed: UInt64) {
             let expected = replica.state.count + 1
             let start = monotonicNanos()
             let handle = try await replica.dispatchOptimistically(.increment)
-            let (count, at) = shown.withLockedValue { $0 }
             _ = try await handle.seq
             let confirmed = monotonicNanos()
+            var (count, at) = shown.withLockedValue { $0 }
+            let deadline = ContinuousClock.now + .seconds(5)
+            while count != expected, ContinuousClock.now < deadline {
+                try await Task.sleep(for: .microseconds(200))
+                (count, at) = shown.withLockedValue { $0 }
+            }
             guard count == expected, at >= start else {
-                throw CommandFailure("the optimistic count was \(count) once the dispatch returned, not \(expected)")
+                throw CommandFailure(
+                    "the subscriber's optimistic count was \(count) after the dispatch, not \(expected)"
+                )
             }
             return (at - start, confirmed - start)
         }

@@ -43,8 +43,15 @@ import Glibc
         )
         let context = try Context()
 
-        /// One dispatch from a fresh REQ socket; nil when nothing comes back within `wait` ms.
-        @Sendable func send(keys: CurveKeyPair?, serverKey: [UInt8], number: UInt64, wait: Int32) throws -> Reply? {
+        /// One dispatch from a fresh REQ socket, as client `client` (the same in every try of one dispatch, so a try
+        /// whose answer came too late is not applied again); nil when nothing comes back within `wait` ms.
+        @Sendable func send(
+            keys: CurveKeyPair?,
+            serverKey: [UInt8],
+            number: UInt64,
+            wait: Int32,
+            client: ClientID = ClientID.random()
+        ) throws -> Reply? {
             let socket = try Socket(context, type: .request)
             defer { socket.close() }
             if let keys {
@@ -58,7 +65,7 @@ import Glibc
                 DispatchRequest(
                     requestID: number,
                     domainVersion: 1,
-                    clientID: ClientID.random(),
+                    clientID: client,
                     store: try StoreName("counter"),
                     actions: [Array(#"{"increment":{}}"#.utf8)]
                 )
@@ -72,14 +79,16 @@ import Glibc
             try await offPool("dispatch") { try send(keys: keys, serverKey: serverKey, number: number, wait: wait) }
         }
 
-        /// Dispatches with `keys` and the server's key, 500 ms per try, until a reply comes or `limit` has passed.
+        /// Dispatches with `keys` and the server's key, 500 ms per try, until a reply comes or `limit` has passed: one
+        /// dispatch, every try under the same client id and number, applied once however many tries it takes.
         /// The tries and the clock run on a thread of their own: a busy cooperative pool does not use up `limit`.
         func untilAnswered(within limit: Duration, keys: CurveKeyPair, number: UInt64) async throws -> Reply? {
             try await offPool("dispatch") {
                 var reply: Reply?
+                let client = ClientID.random()
                 let deadline = ContinuousClock.now + limit
                 while reply == nil, ContinuousClock.now < deadline {
-                    reply = try send(keys: keys, serverKey: server.publicKey, number: number, wait: 500)
+                    reply = try send(keys: keys, serverKey: server.publicKey, number: number, wait: 500, client: client)
                 }
                 return reply
             }

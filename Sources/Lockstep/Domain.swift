@@ -30,6 +30,17 @@ public protocol Domain: Sendable {
     /// Applies an action that passed ``validate(_:in:)``. Total: it never fails.
     static func reduce(into state: inout State, _ action: Action)
 
+    /// ``validate(_:in:)`` knowing who sent the action: its ``Author``, the identity the daemon's policy names
+    /// (docs/security.md). The default asks ``validate(_:in:)``; implement this one to decide by author — only a
+    /// card's owner may move it.
+    static func validate(_ action: Action, in state: State, by author: Author) throws(Rejection)
+
+    /// ``reduce(into:_:)`` knowing who sent the action, the same in every process: the journal and every event carry
+    /// the author. The default calls ``reduce(into:_:)``; implement this one to record the author — a card's
+    /// owner is who added it. Then ``reduce(into:_:)`` is what an action by ``Author/unknown`` does (a daemon
+    /// without a policy): usually `reduce(into: &state, action, by: .unknown)`.
+    static func reduce(into state: inout State, _ action: Action, by author: Author)
+
     /// What `action` sets going, given `state`, the state it left (after ``reduce(into:_:)``): effects to run, timers
     /// to set or cancel. Pure and deterministic, as the reducer is — every process must compute the same list at the
     /// same seq — and called only by the daemon, which journals the list with the action, in the same transaction;
@@ -48,6 +59,16 @@ public protocol Domain: Sendable {
 extension Domain {
     /// A domain that accepts every action needs no validator.
     public static func validate(_ action: Action, in state: State) throws(Rejection) {}
+
+    /// A domain that does not decide by author validates as ``validate(_:in:)`` does.
+    public static func validate(_ action: Action, in state: State, by author: Author) throws(Rejection) {
+        try validate(action, in: state)
+    }
+
+    /// A domain that does not record authors reduces as ``reduce(into:_:)`` does.
+    public static func reduce(into state: inout State, _ action: Action, by author: Author) {
+        reduce(into: &state, action)
+    }
 
     /// No upgrades: a store written by another version is refused.
     public static var upgrades: [DomainUpgrade<Self>] { [] }

@@ -135,6 +135,9 @@ public struct ProtocolError: Error, Hashable, Sendable, CustomStringConvertible 
         /// An EFFECTS retry or drop names no effect it can act on: none has that id, or it is running (drop), or it
         /// is not a dead letter (retry).
         public static let unknownEffect = Code(rawValue: 13)
+        /// The daemon's policy grants the sender no right to this: to read that store, or to dispatch that action
+        /// to it (docs/security.md). Nothing was sequenced.
+        public static let forbidden = Code(rawValue: 14)
 
         /// The code's name as docs/protocol.md spells it (`unknown_store`), or `error_<number>` for a number this peer
         /// does not know.
@@ -153,6 +156,7 @@ public struct ProtocolError: Error, Hashable, Sendable, CustomStringConvertible 
             case .internal: "internal"
             case .notLeader: "not_leader"
             case .unknownEffect: "unknown_effect"
+            case .forbidden: "forbidden"
             default: "error_\(rawValue)"
             }
         }

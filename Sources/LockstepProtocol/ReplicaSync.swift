@@ -6,14 +6,17 @@ public struct SequencedAction: Hashable, Sendable {
     public var seq: SequenceNumber
     /// The action's JSON, as the daemon published it.
     public var action: Frame
+    /// Who dispatched it, as the daemon's policy names them; ``Author/unknown`` without a policy.
+    public var author: Author
     /// What the action set going (the daemon's own record, journaled with it; never on the wire): empty for a
     /// domain without effects, and as replicas receive it.
     public var effects: [EffectRecord]
 
-    /// The action `action` (its JSON) at `seq`, with the effects it set going.
-    public init(seq: SequenceNumber, action: Frame, effects: [EffectRecord] = []) {
+    /// The action `action` (its JSON) at `seq` by `author`, with the effects it set going.
+    public init(seq: SequenceNumber, action: Frame, author: Author = .unknown, effects: [EffectRecord] = []) {
         self.seq = seq
         self.action = action
+        self.author = author
         self.effects = effects
     }
 }

@@ -25,9 +25,11 @@ public protocol SequencedStore: Sendable {
     /// Decodes `actions` into their canonical bytes (`CanonicalEncoding.normalize(_:_:with:)`), asks `admit`
     /// whether to go on with those (the caller's idempotency check; `false` returns `nil` and changes nothing),
     /// then validates and applies them as one batch, all or none: each action is validated against the state
-    /// the ones before it left. On success the actions have seqs `lastSeq + 1…` in order, in canonical form.
+    /// the ones before it left, as sent by `author`. On success the actions have seqs `lastSeq + 1…` in order, in
+    /// canonical form.
     mutating func sequence(
         _ actions: [Frame],
+        by author: Author,
         admit: (_ canonical: [Frame]) -> Bool
     ) -> Result<[SequencedAction], BatchFailure>?
 
@@ -70,6 +72,7 @@ public struct DomainStore<D: Domain>: SequencedStore {
     /// action passed.
     public mutating func sequence(
         _ frames: [Frame],
+        by author: Author,
         admit: (_ canonical: [Frame]) -> Bool
     ) -> Result<[SequencedAction], BatchFailure>? {
         var actions: [D.Action] = []
@@ -97,21 +100,21 @@ public struct DomainStore<D: Domain>: SequencedStore {
         if actions.count == 1 {
             // The common case validates and reduces in place, with no copy of the state.
             do throws(Rejection) {
-                try D.validate(actions[0], in: state)
+                try D.validate(actions[0], in: state, by: author)
             } catch {
                 return .failure(.rejected(index: 0, error))
             }
-            D.reduce(into: &state, actions[0])
+            D.reduce(into: &state, actions[0], by: author)
             keep(effectRecords(actions[0], in: state, seq: first), of: 0)
         } else {
             var scratch = state
             for (index, action) in actions.enumerated() {
                 do throws(Rejection) {
-                    try D.validate(action, in: scratch)
+                    try D.validate(action, in: scratch, by: author)
                 } catch {
                     return .failure(.rejected(index: index, error))
                 }
-                D.reduce(into: &scratch, action)
+                D.reduce(into: &scratch, action, by: author)
                 keep(effectRecords(action, in: scratch, seq: first + SequenceNumber(index)), of: index)
             }
             state = scratch
@@ -122,6 +125,7 @@ public struct DomainStore<D: Domain>: SequencedStore {
                 SequencedAction(
                     seq: first + SequenceNumber($0.offset),
                     action: $0.element,
+                    author: author,
                     effects: effects.isEmpty ? [] : effects[$0.offset]
                 )
             }
@@ -144,7 +148,7 @@ public struct DomainStore<D: Domain>: SequencedStore {
             )
         }
         let action = try coder.decode(D.Action.self, from: event.action)
-        D.reduce(into: &state, action)
+        D.reduce(into: &state, action, by: event.author)
         lastSeq = event.seq
     }
 
@@ -198,10 +202,15 @@ public struct Sequencer: Sendable {
         idempotency = IdempotencyCache(capacity: idempotencyCapacity)
     }
 
-    /// Decides what to do with `request`. The store decodes its actions into their canonical form first; a
+    /// Decides what to do with `request`, sent by `author`. The store decodes its actions into their canonical form
+    /// first; an action whose case `permits` refuses (``actionCase(of:)``) makes the whole request `forbidden`; a
     /// retried key (same canonical actions) gets its first reply again, the same key with other actions is
     /// refused; otherwise the store validates and sequences the batch.
-    public mutating func dispatch(_ request: DispatchRequest) -> DispatchDecision {
+    public mutating func dispatch(
+        _ request: DispatchRequest,
+        by author: Author = .unknown,
+        permits: ((_ actionCase: String?) -> Bool)? = nil
+    ) -> DispatchDecision {
         func error(_ code: ProtocolError.Code, _ reason: String) -> DispatchDecision {
             .reply(.error(requestID: request.requestID, ProtocolError(code: code, reason)))
         }
@@ -223,7 +232,21 @@ public struct Sequencer: Sendable {
         // Set by `admit`, which the store calls before it validates: every branch below that validated has it.
         var admitted: StateDigest?
         var known: DispatchDecision?
-        let result = store.sequence(request.actions) { canonical in
+        let result = store.sequence(request.actions, by: author) { canonical in
+            if let permits {
+                for action in canonical {
+                    let actionCase = Self.actionCase(of: action)
+                    guard permits(actionCase) else {
+                        known = error(
+                            .forbidden,
+                            "\(author.isUnknown ? "this peer" : "identity '\(author.name)'") may not dispatch "
+                                + (actionCase.map { "action '\($0)'" } ?? "this action") + " to store "
+                                + "'\(request.store)'; nothing was applied (ask the daemon's operator for the grant)"
+                        )
+                        return false
+                    }
+                }
+            }
             let digest = Self.fingerprint(store: request.store, actions: canonical)
             admitted = digest
             guard let entry = idempotency[key] else { return true }
@@ -269,6 +292,43 @@ public struct Sequencer: Sendable {
                 )
             )
         }
+    }
+
+    /// The case of an action in canonical form — the one key of its JSON object, as Swift's `Codable` writes an enum
+    /// case — or `nil` for an action of another shape. A policy grants action cases by this name.
+    public static func actionCase(of action: Frame) -> String? {
+        // `{"name":…}`: canonical JSON has no blank, and a key is escaped only for a quote, a backslash or a
+        // control character, which no Swift case name holds.
+        guard action.count > 4, action[0] == UInt8(ascii: "{"), action[1] == UInt8(ascii: "\"") else { return nil }
+        var end = 2
+        while end < action.count, action[end] != UInt8(ascii: "\""), action[end] != UInt8(ascii: "\\") { end += 1 }
+        guard end < action.count, action[end] == UInt8(ascii: "\""), end + 1 < action.count,
+            action[end + 1] == UInt8(ascii: ":"), action.last == UInt8(ascii: "}")
+        else { return nil }
+        // One key only: the value after it must run to the object's end; a second top-level key means a struct.
+        var depth = 0
+        var inString = false
+        var index = end + 2
+        while index < action.count - 1 {
+            let byte = action[index]
+            if inString {
+                if byte == UInt8(ascii: "\\") {
+                    index += 1
+                } else if byte == UInt8(ascii: "\"") {
+                    inString = false
+                }
+            } else if byte == UInt8(ascii: "\"") {
+                inString = true
+            } else if byte == UInt8(ascii: "{") || byte == UInt8(ascii: "[") {
+                depth += 1
+            } else if byte == UInt8(ascii: "}") || byte == UInt8(ascii: "]") {
+                depth -= 1
+            } else if byte == UInt8(ascii: ","), depth == 0 {
+                return nil
+            }
+            index += 1
+        }
+        return String(decoding: action[2..<end], as: UTF8.self)
     }
 
     /// Makes room for `count` idempotency entries before recovery loads them.

@@ -320,19 +320,34 @@ struct LoopThread {
         try sockets.serveAuthentication()
         var received = 0
         while accepting, received < 1_024,
-            let message = try sockets.router.receive(wait: false, maximumFrames: configuration.maximumBatch + 4)
+            let message = try sockets.router.receive(
+                wait: false,
+                maximumFrames: configuration.maximumBatch + 4,
+                userID: sockets.access != nil
+            )
         {
             let frames = message.frames
             // [identity, empty, body…] from REQ and from DEALERs that follow docs/protocol.md.
             let split = frames.count >= 2 && frames[1].isEmpty ? 2 : 1
             let envelope = Array(frames.prefix(split))
+            received += 1
             let request = readRequest(Array(frames.dropFirst(split)), message.droppedFrames, limits, logger)
+            var author = Author.unknown
+            var grant = AccessPolicy.ActionGrant.every
+            if sockets.access != nil, case let .success(decoded) = request {
+                switch sockets.admit(decoded, userID: message.userID) {
+                case let .admitted(identity, actions):
+                    (author, grant) = (identity, actions)
+                case let .refused(reply):
+                    sockets.send(reply, to: envelope)
+                    continue
+                }
+            }
             if serving != nil {
-                serving!.sequence(request, envelope: envelope)
+                serving!.sequence(request, envelope: envelope, author: author, grant: grant)
             } else {
                 sockets.send(answerStandingBy(request), to: envelope)
             }
-            received += 1
         }
         if serving != nil {
             do {

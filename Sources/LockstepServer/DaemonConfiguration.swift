@@ -1,4 +1,5 @@
 import LockstepJournal
+import LockstepProtocol
 
 /// Everything `lockstepd` needs to know to run: where it keeps data, where it listens, which domains it
 /// hosts, how durable a commit is, how often it speaks, and its limits.
@@ -68,6 +69,11 @@ public struct DaemonConfiguration: Hashable, Sendable {
     public var curve: CurveSettings?
     /// How the leader runs the hosted domains' effects (`[effects]` in the file; docs/effects.md).
     public var effects = Effects()
+    /// Who may do what (`[identities]`, `[read]`, `[dispatch]` in the file; docs/security.md): `nil` for no policy,
+    /// where every peer that reaches a socket may read every store and dispatch every action. Reloaded on SIGHUP.
+    public var access: AccessPolicy.Settings?
+    /// The file these settings came from (`--config`), read again on SIGHUP for the policy.
+    public var file: String?
 
     /// How effects are run: how many at once, how many tries, how long a run may take, how long to wait between
     /// tries.
@@ -116,6 +122,39 @@ public struct DaemonConfiguration: Hashable, Sendable {
         eventsEndpoint = "ipc://\(runtimeDirectory)/events"
         self.domains = domains
     }
+
+    /// The settings of configuration file `file` over these ones: read, parsed and applied, or an error naming the
+    /// file and what is wrong.
+    package mutating func apply(file: String) throws(ConfigurationError) {
+        let text: String
+        do {
+            text = try String(contentsOfFile: file, encoding: .utf8)
+        } catch {
+            throw ConfigurationError(file: file, key: "--config", "cannot read the file: \(error.localizedDescription)")
+        }
+        let document: TOMLDocument
+        do {
+            document = try TOMLDocument.parse(text)
+        } catch {
+            throw ConfigurationError(file: file, key: "syntax", error.description)
+        }
+        try apply(document, file: file)
+    }
+
+    /// The access policy `file` holds now, over the stores `domains` names (SIGHUP): `nil` for none.
+    func reloadedAccess() throws(ConfigurationError) -> AccessPolicy? {
+        var settings = access
+        if let file {
+            var fresh = DaemonConfiguration(environment: [:], domains: domains)
+            try fresh.apply(file: file)
+            settings = fresh.access
+        }
+        guard let settings else { return nil }
+        return try AccessPolicy(settings, stores: stores, file: file)
+    }
+
+    /// The hosted stores' names.
+    var stores: [StoreName] { domains.compactMap { try? StoreName($0) } }
 
     /// Settings from a configuration file (docs/operations.md, deploy/lockstepd.toml) over these ones.
     ///
@@ -167,6 +206,21 @@ public struct DaemonConfiguration: Hashable, Sendable {
             }
             curve = CurveSettings(serverKeyFile: secret, allowedClientsFile: clients)
         }
+        var access = AccessPolicy.Settings()
+        let named = try reader.lists("identities") { access.identities = $0 }
+        let reads = try reader.lists("read") { access.read = $0 }
+        let dispatches = try reader.lists("dispatch") { access.dispatch = $0 }
+        if named || reads || dispatches {
+            guard named else {
+                throw ConfigurationError(
+                    file: file,
+                    key: "identities",
+                    "[read] or [dispatch] grants to identities, but [identities] names none (docs/security.md)"
+                )
+            }
+            self.access = access
+        }
+        self.file = file
         try reader.finish()
     }
 
@@ -238,6 +292,18 @@ public struct DaemonConfiguration: Hashable, Sendable {
                     "'\(endpoint)' is a tcp endpoint and [curve] is not configured; tcp is served only with CURVE"
                 )
             }
+        }
+        if let access {
+            for (key, endpoint) in [("command_endpoint", commandEndpoint), ("events_endpoint", eventsEndpoint)]
+            where endpoint.hasPrefix("inproc://") {
+                throw ConfigurationError(
+                    file: file,
+                    key: key,
+                    "'\(endpoint)' is an inproc endpoint, whose peers carry no identity a policy could check; use "
+                        + "ipc:// or tcp:// with [identities]"
+                )
+            }
+            _ = try AccessPolicy(access, stores: stores, file: file)
         }
         guard commandEndpoint != eventsEndpoint else {
             throw ConfigurationError(
@@ -316,6 +382,17 @@ public struct DaemonConfiguration: Hashable, Sendable {
                 throw ConfigurationError(file: file, key: name(table, key), "expected one of \(choices), got \(value)")
             }
             set(choice)
+        }
+
+        /// Every key of `table` as an array of strings; whether the table is there.
+        mutating func lists(_ table: String, _ set: ([String: [String]]) -> Void) throws(ConfigurationError) -> Bool {
+            guard let keys = document.tables[table] else { return false }
+            var lists: [String: [String]] = [:]
+            for key in keys.keys.sorted() {
+                try strings(table, key) { lists[key] = $0 }
+            }
+            set(lists)
+            return true
         }
 
         func finish() throws(ConfigurationError) {

@@ -122,25 +122,7 @@ public struct DaemonFlags: ParsableArguments, Sendable {
     /// Throws ``ConfigurationError`` naming the file or flag and the value when one cannot be read.
     public func configuration(environment: [String: String], domains known: [String]) throws -> DaemonConfiguration {
         var settings = DaemonConfiguration(environment: environment, domains: known)
-        if let config {
-            let text: String
-            do {
-                text = try String(contentsOfFile: config, encoding: .utf8)
-            } catch {
-                throw ConfigurationError(
-                    file: config,
-                    key: "--config",
-                    "cannot read the file: \(error.localizedDescription)"
-                )
-            }
-            let document: TOMLDocument
-            do {
-                document = try TOMLDocument.parse(text)
-            } catch {
-                throw ConfigurationError(file: config, key: "syntax", error.description)
-            }
-            try settings.apply(document, file: config)
-        }
+        if let config { try settings.apply(file: config) }
         if let dataDir { settings.dataDirectory = dataDir }
         if let commandEndpoint { settings.commandEndpoint = commandEndpoint }
         if let eventsEndpoint { settings.eventsEndpoint = eventsEndpoint }

@@ -230,15 +230,22 @@ struct Serving {
         case `internal`
     }
 
-    /// Sequences one request into the open group.
-    mutating func sequence(_ request: Result<Request, RefusedRequest>, envelope: [Frame]) {
+    /// Sequences one request into the open group: a dispatch as sent by `author`, refused `forbidden` unless `grant`
+    /// allows each of its action cases.
+    mutating func sequence(
+        _ request: Result<Request, RefusedRequest>,
+        envelope: [Frame],
+        author: Author = .unknown,
+        grant: AccessPolicy.ActionGrant = .every
+    ) {
         let work: Pending
         var commit: Sequenced?
         switch request {
         case let .failure(refusal):
             work = .reply(refusal.reply)
         case let .success(.dispatch(dispatch)):
-            switch sequencer.dispatch(dispatch) {
+            let permits: ((String?) -> Bool)? = grant == .every ? nil : { grant.allows($0) }
+            switch sequencer.dispatch(dispatch, by: author, permits: permits) {
             case let .reply(reply):
                 work = .decided(reply)
             case let .commit(sequenced):
@@ -763,7 +770,7 @@ struct Serving {
     /// (even the empty one) follows it.
     mutating func followSubscriptions(_ sockets: LoopSockets) {
         let subscriptions = sockets.subscriptions
-        func followed(_ topic: Frame) -> Bool { subscriptions.contains { topic.starts(with: $0) } }
+        func followed(_ topic: Frame) -> Bool { subscriptions.keys.contains { topic.starts(with: $0) } }
         for name in sequencer.stores.keys {
             streams[name] = (followed(Event.topic(for: name)), followed(Event.runTopic(for: name)))
         }

@@ -45,11 +45,14 @@ public struct ReceivedMessage: Sendable {
     public var frames: [[UInt8]]
     /// Parts that arrived beyond `maximumFrames` and were discarded unread.
     public var droppedFrames: Int
+    /// The connection's User-Id, as the ZAP handler gave it when the peer connected, when asked for and set.
+    public var userID: String?
 
     /// A message of `frames`, with `droppedFrames` parts discarded beyond them.
-    public init(frames: [[UInt8]], droppedFrames: Int = 0) {
+    public init(frames: [[UInt8]], droppedFrames: Int = 0, userID: String? = nil) {
         self.frames = frames
         self.droppedFrames = droppedFrames
+        self.userID = userID
     }
 }
 
@@ -170,8 +173,13 @@ public final class Socket {
     }
 
     /// Receives one multipart message, keeping at most `maximumFrames` parts: the rest are read and
-    /// discarded without copying, so a hostile peer cannot make us hold more than we chose to.
-    public func receive(wait: Bool = true, maximumFrames: Int) throws(ZeroMQError) -> ReceivedMessage? {
+    /// discarded without copying, so a hostile peer cannot make us hold more than we chose to. With `userID`, the
+    /// message's User-Id property (the ZAP handler's word on who the peer is) comes with it.
+    public func receive(
+        wait: Bool = true,
+        maximumFrames: Int,
+        userID: Bool = false
+    ) throws(ZeroMQError) -> ReceivedMessage? {
         let handle = try open("zmq_msg_recv")
         var message = zmq_msg_t()
         zmq_msg_init(&message)
@@ -187,6 +195,13 @@ public final class Socket {
                     throw ZeroMQError(errno: EAGAIN, function: "zmq_msg_recv", detail: "a part after the first")
                 }
                 return nil
+            }
+            // The parts that came over the wire carry the connection's properties. A ROUTER's first part is its own
+            // (the peer's routing id), with them or, when a poll made it read ahead, without: the second has them.
+            if userID, received.userID == nil, received.frames.count + received.droppedFrames < 2,
+                let property = zmq_msg_gets(&message, "User-Id")
+            {
+                received.userID = String(cString: property)
             }
             // The rest of a multipart message is already here; never wait for it.
             flags = ZMQ_DONTWAIT
@@ -316,6 +331,9 @@ extension SocketOption where Value == Int32 {
     public static let immediate = SocketOption(ZMQ_IMMEDIATE, "ZMQ_IMMEDIATE")
     /// 1 if the last part received has more parts after it.
     public static let receiveMore = SocketOption(ZMQ_RCVMORE, "ZMQ_RCVMORE")
+    /// 1 makes an XPUB pass every subscription to the application and apply only those it sets again with
+    /// ``SocketOption/subscribe`` (for the peer of the subscription last received).
+    public static let manualSubscriptions = SocketOption(ZMQ_XPUB_MANUAL, "ZMQ_XPUB_MANUAL")
     /// `ZMQ_POLLIN` / `ZMQ_POLLOUT` bits of what the socket can do now.
     public static let events = SocketOption(ZMQ_EVENTS, "ZMQ_EVENTS")
 }

@@ -96,6 +96,14 @@ class LeaderSearch:
         return LEADER_PAUSE
 
 
+def configure_curve(sock: zmq.Socket, curve: tuple) -> None:
+    """Makes `sock` a CURVE client: `curve` is (server public key, client public key, client secret key), Z85."""
+    server, public, secret = (key.encode() if isinstance(key, str) else key for key in curve)
+    sock.setsockopt(zmq.CURVE_SERVERKEY, server)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, public)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, secret)
+
+
 def endpoint_list(endpoints, what: str) -> List[str]:
     """One endpoint (a str) or several (a list or tuple of str), as a list; a clear error for anything else."""
     if isinstance(endpoints, str):
@@ -129,6 +137,7 @@ class Dispatcher:
         retries: int = 3,
         socket_type: int = zmq.REQ,
         unavailable_retries: int = 5,
+        curve: Optional[tuple] = None,
     ):
         self.search = LeaderSearch(endpoint_list(endpoints, "Dispatcher"))
         self.context = context or zmq.Context.instance()
@@ -137,6 +146,7 @@ class Dispatcher:
         self.retries = retries
         self.socket_type = socket_type
         self.unavailable_retries = unavailable_retries
+        self.curve = curve  # (server public key, client public key, client secret key), Z85, for tcp endpoints
         self.next_request_id = 1
         self.socket: Optional[zmq.Socket] = None
         self.resends = 0  # requests sent again after a silence
@@ -167,6 +177,8 @@ class Dispatcher:
         if self.socket is None:
             self.socket = self.context.socket(self.socket_type)
             self.socket.setsockopt(zmq.LINGER, 0)
+            if self.curve is not None:
+                configure_curve(self.socket, self.curve)
             self.socket.connect(self.endpoint)
             self.sockets_opened += 1
         return self.socket

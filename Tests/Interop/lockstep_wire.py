@@ -79,6 +79,7 @@ UNAVAILABLE = 10
 INTERNAL = 11
 NOT_LEADER = 12
 UNKNOWN_EFFECT = 13
+FORBIDDEN = 14  # the daemon's policy grants the sender no right to this (docs/security.md); nothing was done
 
 ERROR_NAMES = {
     MALFORMED: "malformed",
@@ -94,6 +95,7 @@ ERROR_NAMES = {
     INTERNAL: "internal",
     NOT_LEADER: "not_leader",
     UNKNOWN_EFFECT: "unknown_effect",
+    FORBIDDEN: "forbidden",
 }
 
 # Limits (docs/protocol.md "Limits"), the defaults.

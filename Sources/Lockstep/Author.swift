@@ -21,6 +21,20 @@ public struct Author: Hashable, Sendable, Codable, Comparable, CustomStringConve
     /// The author of the daemon's own actions (``daemonName``).
     public static let daemon = Author(daemonName)
 
+    /// The longest name, in bytes: names are those of the policy (letters, digits, `-`, `_`), at most 64 bytes.
+    public static let maximumLength = 64
+
+    /// Whether `byte` may be part of a name.
+    public static func isAllowed(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+            UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "-"), UInt8(ascii: "_"):
+            true
+        default:
+            false
+        }
+    }
+
     /// Whether this is ``unknown``.
     public var isUnknown: Bool { name.isEmpty }
 

@@ -22,6 +22,8 @@ public struct DivergenceEvidence: Codable, Sendable {
     /// The actions since, in seq order (the first has seq ``agreedSeq`` + 1), as canonical JSON; `nil` when there
     /// were more than the replica keeps (``ReplicaConfiguration/maximumEvidenceBytes``).
     public var actions: [String]?
+    /// Who dispatched each of ``actions``; `nil` when nobody was identified (and in files of replicas before authors).
+    public var authors: [String]?
     /// The seq whose digest differed.
     public var divergentSeq: UInt64
     /// The daemon's digest at ``divergentSeq``, 64 hex digits.
@@ -42,6 +44,7 @@ public struct DivergenceEvidence: Codable, Sendable {
         agreedSeq: UInt64,
         agreedState: [UInt8],
         actions: [[UInt8]]?,
+        authors: [Author] = [],
         divergentSeq: UInt64,
         daemonDigest: StateDigest,
         replicaState: [UInt8]
@@ -58,6 +61,7 @@ public struct DivergenceEvidence: Codable, Sendable {
         self.agreedSeq = agreedSeq
         self.agreedState = String(decoding: agreedState, as: UTF8.self)
         self.actions = actions?.map { String(decoding: $0, as: UTF8.self) }
+        self.authors = actions != nil && authors.contains { !$0.isUnknown } ? authors.map(\.name) : nil
         self.divergentSeq = divergentSeq
         self.daemonDigest = daemonDigest.hex
         self.replicaState = String(decoding: replicaState, as: UTF8.self)
@@ -72,6 +76,7 @@ struct EvidenceRecorder {
     let maximumBytes: Int
     private var agreed: (epoch: Epoch, seq: SequenceNumber, state: [UInt8])?
     private var actions: [[UInt8]] = []
+    private var authors: [Author] = []
     private var bytes = 0
     private var overflowed = false
 
@@ -85,6 +90,7 @@ struct EvidenceRecorder {
     mutating func agree(epoch: Epoch, seq: SequenceNumber, state: [UInt8]) {
         agreed = (epoch, seq, state)
         actions.removeAll(keepingCapacity: true)
+        authors.removeAll(keepingCapacity: true)
         bytes = 0
         overflowed = false
     }
@@ -97,9 +103,11 @@ struct EvidenceRecorder {
             if bytes > maximumBytes {
                 overflowed = true
                 actions.removeAll()
+                authors.removeAll()
                 return
             }
             actions.append(event.action)
+            authors.append(event.author)
         }
     }
 
@@ -120,6 +128,7 @@ struct EvidenceRecorder {
             agreedSeq: agreed.seq,
             agreedState: agreed.state,
             actions: overflowed ? nil : actions,
+            authors: authors,
             divergentSeq: seq,
             daemonDigest: daemonDigest,
             replicaState: replicaState

@@ -57,7 +57,8 @@ public final class Replica<D: Domain>: Service, Sendable {
     /// What the replica's thread does to the local store: the only two ways its state changes.
     enum Change: Encodable, Sendable {
         case install(Replicated<D.State>)
-        case apply(firstSeq: SequenceNumber, [D.Action])
+        /// Actions from `firstSeq` on, by `authors` (empty: every one unknown).
+        case apply(firstSeq: SequenceNumber, [D.Action], authors: [Author])
     }
 
     /// A replica of `domain`'s store, reaching the daemon as `configuration` says; not running until ``run()``.
@@ -93,8 +94,10 @@ public final class Replica<D: Domain>: Service, Sendable {
                 switch change {
                 case let .install(snapshot):
                     replicated = snapshot
-                case let .apply(firstSeq, actions):
-                    for action in actions { D.reduce(into: &replicated.state, action) }
+                case let .apply(firstSeq, actions, authors):
+                    for (index, action) in actions.enumerated() {
+                        D.reduce(into: &replicated.state, action, by: authors.isEmpty ? .unknown : authors[index])
+                    }
                     replicated.seq = firstSeq + SequenceNumber(actions.count) - 1
                 }
             },

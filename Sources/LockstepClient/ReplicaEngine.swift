@@ -28,7 +28,9 @@ struct Engine<D: Domain> {
     /// Actions read in this pass over the events socket and not yet handed to the local store: a pass
     /// applies its in-order events as one change, so the store (and its subscribers) see one run per pass,
     /// not one change per event. Anything else the sync machine asks for hands them over first.
-    var unapplied: (epoch: Epoch, firstSeq: SequenceNumber, lastSeq: SequenceNumber, actions: [D.Action])?
+    /// Actions read but not yet handed to the local store, with their authors (empty while every one is unknown).
+    var unapplied:
+        (epoch: Epoch, firstSeq: SequenceNumber, lastSeq: SequenceNumber, actions: [D.Action], authors: [Author])?
     var batching = false
     /// Reads the events' actions: the canonical form's own coder, with Foundation's behind it for anything else.
     let coder = CanonicalEncoding.Coder()
@@ -301,10 +303,13 @@ struct Engine<D: Domain> {
             }
             guard event.store == store else { continue }
             switch event {
-            case let .events(_, epoch, firstSeq, actions):
-                try perform(sync.events(epoch: epoch, firstSeq: firstSeq, actions: actions, now: now), on: &link)
-            case let .event(_, epoch, seq, action):
-                try perform(sync.event(epoch: epoch, seq: seq, action: action, now: now), on: &link)
+            case let .events(_, epoch, firstSeq, actions, authors):
+                try perform(
+                    sync.events(epoch: epoch, firstSeq: firstSeq, actions: actions, authors: authors, now: now),
+                    on: &link
+                )
+            case let .event(_, epoch, seq, action, author):
+                try perform(sync.event(epoch: epoch, seq: seq, action: action, author: author, now: now), on: &link)
             case let .heartbeat(_, epoch, lastSeq):
                 try perform(sync.heartbeat(epoch: epoch, lastSeq: lastSeq, now: now), on: &link)
             case let .digest(_, epoch, seq, digest):
@@ -350,8 +355,11 @@ struct Engine<D: Domain> {
                     ),
                     on: &link
                 )
-            case let .range(_, name, epoch, firstSeq, actions) where name == store:
-                try perform(sync.range(epoch: epoch, firstSeq: firstSeq, actions: actions, now: now), on: &link)
+            case let .range(_, name, epoch, firstSeq, actions, authors) where name == store:
+                try perform(
+                    sync.range(epoch: epoch, firstSeq: firstSeq, actions: actions, authors: authors, now: now),
+                    on: &link
+                )
             case let .compacted(_, name, epoch, firstAvailable) where name == store:
                 try perform(sync.compacted(epoch: epoch, firstAvailable: firstAvailable, now: now), on: &link)
             case let .error(requestID, error) where error.code == .invalidRange && requestID == lastSyncRequest:
@@ -452,8 +460,16 @@ struct Engine<D: Domain> {
                 evidence?.applied(events)
                 if let pending = unapplied, pending.epoch != epoch || pending.lastSeq + 1 != first.seq { handOver() }
                 var actions = unapplied?.actions ?? []
+                var authors = unapplied?.authors ?? []
                 actions.reserveCapacity(actions.count + events.count)
                 for event in events {
+                    if !event.author.isUnknown || !authors.isEmpty {
+                        // Unknown until now: the earlier actions' authors are filled in as such.
+                        if authors.count < actions.count {
+                            authors += Array(repeating: .unknown, count: actions.count - authors.count)
+                        }
+                        authors.append(event.author)
+                    }
                     do {
                         actions.append(try coder.decode(D.Action.self, from: event.action))
                     } catch {
@@ -466,7 +482,7 @@ struct Engine<D: Domain> {
                         )
                     }
                 }
-                unapplied = (epoch, unapplied?.firstSeq ?? first.seq, last.seq, actions)
+                unapplied = (epoch, unapplied?.firstSeq ?? first.seq, last.seq, actions, authors)
                 if !batching { handOver() }
             case let .verifyDigest(seq, digest):
                 let current = replica.local.state
@@ -538,7 +554,7 @@ struct Engine<D: Domain> {
         unapplied = nil
         handed += 1
         replica.apply(
-            .apply(firstSeq: pending.firstSeq, pending.actions),
+            .apply(firstSeq: pending.firstSeq, pending.actions, authors: pending.authors),
             number: handed,
             epoch: pending.epoch,
             seq: pending.lastSeq

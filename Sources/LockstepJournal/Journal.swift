@@ -166,18 +166,32 @@ public struct JournalEvent: Hashable, Sendable {
     public var clientID: [UInt8]
     /// The client's request number: with ``clientID`` the request's idempotency key.
     public var requestNumber: UInt64
+    /// Who dispatched it: the identity's name under the daemon's policy (docs/security.md), `lockstepd` for the
+    /// daemon's own actions, empty when nobody was identified (no policy, and every event of a journal before
+    /// format 5 on SQLite, 4 on PostgreSQL).
+    public var author: String
 
     /// An event as the daemon sequenced it.
-    public init(store: String, seq: UInt64, action: [UInt8], clientID: [UInt8], requestNumber: UInt64) {
+    public init(
+        store: String,
+        seq: UInt64,
+        action: [UInt8],
+        clientID: [UInt8],
+        requestNumber: UInt64,
+        author: String = ""
+    ) {
         self.store = store
         self.seq = seq
         self.action = action
         self.clientID = clientID
         self.requestNumber = requestNumber
+        self.author = author
     }
 
     /// The CRC-32C the journal stores with the event, over its store, seq, action, client id and request
-    /// number, each length-prefixed or fixed-width so no two events share an input (see docs/operations.md).
+    /// number, each length-prefixed or fixed-width so no two events share an input, then — when there is one — its
+    /// author, length-prefixed: an event without an author has the checksum it had before authors were journaled
+    /// (see docs/operations.md).
     public var checksum: UInt32 {
         var crc = CRC32C()
         let name = Array(store.utf8)
@@ -189,6 +203,11 @@ public struct JournalEvent: Hashable, Sendable {
         crc.update(bigEndian: UInt32(truncatingIfNeeded: clientID.count))
         crc.update(clientID)
         crc.update(bigEndian: requestNumber)
+        if !author.isEmpty {
+            let author = Array(author.utf8)
+            crc.update(bigEndian: UInt32(truncatingIfNeeded: author.count))
+            crc.update(author)
+        }
         return crc.value
     }
 }

@@ -478,7 +478,7 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
                     "the action does not decode as a \(name) version \(X.version) action: \(error)"
                 )
             }
-            X.reduce(into: &state, action)
+            X.reduce(into: &state, action, by: Author(stored.event.author))
             expected += 1
             replayed += 1
             bytes += stored.event.action.count

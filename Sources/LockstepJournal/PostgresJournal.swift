@@ -13,7 +13,7 @@ import Lockstep
 public final class PostgresJournal: EngineJournal {
     /// The format this build writes and reads: 2 added the lease. A database of format 1 is upgraded when opened
     /// for writing (once no daemon of an earlier build holds it); one of another format is refused.
-    public static let formatVersion = 3
+    public static let formatVersion = 4
 
     let engine: JournalEngine<PostgresStorage>
     private var storage: PostgresStorage { engine.storage }
@@ -222,6 +222,7 @@ final class PostgresStorage: JournalStorage {
             client_id bytea NOT NULL,
             request_number bigint NOT NULL,
             checksum bigint NOT NULL,
+            author text NOT NULL DEFAULT '',
             PRIMARY KEY (store, seq)
         );
         CREATE TABLE snapshots (
@@ -279,10 +280,11 @@ final class PostgresStorage: JournalStorage {
         /// one per row, and 6 parameters a row stay far below PostgreSQL's 65,535.
         static let rowsPerStatement = 1_000
 
-        /// `rows` events in one INSERT: parameters store, seq, action, client id, request number, checksum each.
+        /// `rows` events in one INSERT: parameters store, seq, action, client id, request number, checksum, author
+        /// each.
         static func insertEvents(rows: Int) -> String {
-            "INSERT INTO events (store, seq, action, client_id, request_number, checksum) VALUES "
-                + placeholders(rows: rows, columns: 6)
+            "INSERT INTO events (store, seq, action, client_id, request_number, checksum, author) VALUES "
+                + placeholders(rows: rows, columns: 7)
         }
 
         /// `rows` idempotency entries (keys distinct) in one statement: parameters client id, request number,
@@ -412,9 +414,9 @@ final class PostgresStorage: JournalStorage {
             session.close()
             throw Self.map(error, location: location, operation: "open")
         }
-        // Format 1 is format 2 without the lease, format 2 format 3 without the outbox: a read-only open reads them
-        // as they are.
-        guard found == PostgresJournal.formatVersion || (readOnly && (found == 1 || found == 2)) else {
+        // Format 1 is format 2 without the lease, format 2 format 3 without the outbox, format 3 format 4 without
+        // authors: a read-only open reads them as they are.
+        guard found == PostgresJournal.formatVersion || (readOnly && (1...3).contains(found ?? 0)) else {
             session.close()
             throw fail(
                 .formatVersionMismatch,
@@ -484,6 +486,11 @@ final class PostgresStorage: JournalStorage {
             if version == 1 || version == 2 {
                 try session.executeScript(outboxTables)
                 try session.execute("UPDATE journal_format SET version = $1", [.int64(3)])
+            }
+            if (1...3).contains(version ?? 0) {
+                // Format 4: each event's author (docs/security.md); the events before it have none.
+                try session.execute("ALTER TABLE events ADD COLUMN IF NOT EXISTS author text NOT NULL DEFAULT ''")
+                try session.execute("UPDATE journal_format SET version = $1", [.int64(4)])
             }
             try session.execute("COMMIT")
         } catch {
@@ -884,7 +891,10 @@ final class PostgresStorage: JournalStorage {
         return JournalSnapshot(store: store, seq: snapshotSeq, state: state, digest: digest)
     }
 
-    private static let eventColumns = "SELECT seq, action, client_id, request_number, checksum FROM events"
+    /// The events' columns; a journal before format 4, opened read-only, has no author.
+    private var eventColumns: String {
+        "SELECT seq, action, client_id, request_number, checksum, \(formatVersion >= 4 ? "author" : "''") FROM events"
+    }
 
     private func event(
         _ rows: PostgresRows,
@@ -900,7 +910,8 @@ final class PostgresStorage: JournalStorage {
                 seq: try seq(try int64(rows, row, 0, operation, store), operation, store),
                 action: try bytes(rows, row, 1, operation, store),
                 clientID: try bytes(rows, row, 2, operation, store),
-                requestNumber: UInt64(bitPattern: try int64(rows, row, 3, operation, store))
+                requestNumber: UInt64(bitPattern: try int64(rows, row, 3, operation, store)),
+                author: rows.text(row, 5) ?? ""
             ),
             storedChecksum: try int64(rows, row, 4, operation, store)
         )
@@ -920,7 +931,7 @@ final class PostgresStorage: JournalStorage {
             var next = from
             while next <= min(through, UInt64(Int64.max)) {
                 let rows = try session.execute(
-                    Self.eventColumns + " WHERE store = $1 AND seq >= $2 AND seq <= $3 ORDER BY seq LIMIT $4",
+                    eventColumns + " WHERE store = $1 AND seq >= $2 AND seq <= $3 ORDER BY seq LIMIT $4",
                     [.text(store), Self.bound(next), Self.bound(through), .int64(Int64(page))]
                 )
                 for row in 0..<rows.count {
@@ -969,7 +980,7 @@ final class PostgresStorage: JournalStorage {
             reading: while events.count < limit, next <= to {
                 let page = min(64, limit - events.count)
                 let rows = try session.execute(
-                    Self.eventColumns + " WHERE store = $1 AND seq >= $2 AND seq <= $3 ORDER BY seq LIMIT $4",
+                    eventColumns + " WHERE store = $1 AND seq >= $2 AND seq <= $3 ORDER BY seq LIMIT $4",
                     [.text(store), Self.bound(next), Self.bound(to), .int64(Int64(page))]
                 )
                 for row in 0..<rows.count {
@@ -1046,7 +1057,7 @@ final class PostgresStorage: JournalStorage {
             event in
             [
                 .text(event.store), .int64(Int64(event.seq)), .bytes(event.action), .bytes(event.clientID),
-                .int64(Int64(bitPattern: event.requestNumber)), .int64(Int64(event.checksum)),
+                .int64(Int64(bitPattern: event.requestNumber)), .int64(Int64(event.checksum)), .text(event.author),
             ]
         }
         for snapshot in plan.batch.snapshots {

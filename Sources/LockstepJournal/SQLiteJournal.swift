@@ -17,7 +17,7 @@ public final class SQLiteJournal: EngineJournal {
     /// The journal's file name inside the data directory.
     public static let fileName = "journal.sqlite"
     /// The format this build writes and reads. A journal of another format is refused when opened.
-    public static let formatVersion = 4
+    public static let formatVersion = 5
 
     let engine: JournalEngine<SQLiteStorage>
     private var storage: SQLiteStorage { engine.storage }
@@ -113,6 +113,7 @@ final class SQLiteStorage: JournalStorage {
             client_id BLOB NOT NULL,
             request_number INTEGER NOT NULL,
             checksum INTEGER NOT NULL,
+            author TEXT NOT NULL DEFAULT '',
             PRIMARY KEY (store, seq)
         ) WITHOUT ROWID;
         CREATE TABLE snapshots (
@@ -151,6 +152,13 @@ final class SQLiteStorage: JournalStorage {
             checksum INTEGER NOT NULL,
             PRIMARY KEY (store, key)
         ) WITHOUT ROWID;
+        """
+
+    /// Format 5 records each event's author (docs/security.md): a format 4 journal opened read-write gains the
+    /// column, empty for the events it holds (their checksums leave an empty author out, so they still match).
+    static let migrationFrom4 = """
+        ALTER TABLE events ADD COLUMN author TEXT NOT NULL DEFAULT '';
+        UPDATE journal_format SET version = 5;
         """
 
     /// Format 4 adds the outbox; a format 3 journal opened read-write gains its two tables in one transaction.
@@ -266,6 +274,7 @@ final class SQLiteStorage: JournalStorage {
                         if version == 1, !readOnly { try db.execute(sql: Self.migrationFrom1) }
                         if version == 1 || version == 2, !readOnly { try db.execute(sql: Self.migrationFrom2) }
                         if (1...3).contains(version ?? 0), !readOnly { try db.execute(sql: Self.migrationFrom3) }
+                        if (1...4).contains(version ?? 0), !readOnly { try db.execute(sql: Self.migrationFrom4) }
                         return .commit
                     }
                     guard tables.isEmpty, !readOnly else { return .commit }
@@ -292,9 +301,10 @@ final class SQLiteStorage: JournalStorage {
                     + "the daemon at another data directory"
             )
         }
-        // A format 1, 2 or 3 journal opened read-only reads the same: its index may be ordered the old way, each
-        // store's one version is the one `stores` names (1, 2), and its outbox is empty (1, 2, 3).
-        guard found == SQLiteJournal.formatVersion || ((1...3).contains(found) && readOnly) else {
+        // A format 1 to 4 journal opened read-only reads the same: its index may be ordered the old way, each
+        // store's one version is the one `stores` names (1, 2), its outbox is empty (1, 2, 3), and no event has an
+        // author (1 to 4).
+        guard found == SQLiteJournal.formatVersion || ((1...4).contains(found) && readOnly) else {
             try? queue.close()
             throw JournalError(
                 code: .formatVersionMismatch,
@@ -648,6 +658,9 @@ final class SQLiteStorage: JournalStorage {
         )
     }
 
+    /// The events' author column: a journal before format 5, opened read-only, has none.
+    private var authorColumn: String { formatVersion >= 5 ? "author" : "''" }
+
     private func event(_ row: Row, store: String, _ operation: String) throws(JournalError) -> StoredEvent {
         StoredEvent(
             event: JournalEvent(
@@ -655,7 +668,8 @@ final class SQLiteStorage: JournalStorage {
                 seq: try seq(try integer(row, 0, operation, store), operation, store),
                 action: try blob(row, 1, operation, store),
                 clientID: try blob(row, 2, operation, store),
-                requestNumber: UInt64(bitPattern: try integer(row, 3, operation, store))
+                requestNumber: UInt64(bitPattern: try integer(row, 3, operation, store)),
+                author: row[5] as String? ?? ""
             ),
             storedChecksum: try integer(row, 4, operation, store)
         )
@@ -673,7 +687,7 @@ final class SQLiteStorage: JournalStorage {
                 let rows = try Row.fetchCursor(
                     db,
                     sql: """
-                        SELECT seq, action, client_id, request_number, checksum FROM events
+                        SELECT seq, action, client_id, request_number, checksum, \(authorColumn) FROM events
                         WHERE store = ? AND seq >= ? AND seq <= ? ORDER BY seq
                         """,
                     arguments: [
@@ -727,7 +741,7 @@ final class SQLiteStorage: JournalStorage {
                 let cursor = try Row.fetchCursor(
                     db,
                     sql: """
-                        SELECT seq, action, client_id, request_number, checksum FROM events
+                        SELECT seq, action, client_id, request_number, checksum, \(authorColumn) FROM events
                         WHERE store = ? AND seq >= ? AND seq <= ? ORDER BY seq LIMIT ?
                         """,
                     arguments: [store, Int64(from), Int64(to), limit]
@@ -783,8 +797,8 @@ final class SQLiteStorage: JournalStorage {
         if !plan.batch.events.isEmpty {
             let insert = try db.cachedStatement(
                 sql: """
-                    INSERT INTO events (store, seq, action, client_id, request_number, checksum)
-                    VALUES (?, ?, ?, ?, ?, ?)
+                    INSERT INTO events (store, seq, action, client_id, request_number, checksum, author)
+                    VALUES (?, ?, ?, ?, ?, ?, ?)
                     """
             )
             for event in plan.batch.events {
@@ -795,6 +809,7 @@ final class SQLiteStorage: JournalStorage {
                     values.blob(event.clientID, at: 4)
                     values.int64(Int64(bitPattern: event.requestNumber), at: 5)
                     values.int64(Int64(event.checksum), at: 6)
+                    values.text(event.author, at: 7)
                 }
             }
         }

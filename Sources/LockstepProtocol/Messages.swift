@@ -47,12 +47,15 @@ enum MessageType: UInt8, Sendable {
     case compacted = 0x85
     case statusReply = 0x86
     case effectsReply = 0x87
+    case rangeReplyBy = 0x88
     case error = 0x8F
 
     case event = 0x41
     case heartbeat = 0x42
     case digest = 0x43
     case events = 0x44
+    case eventBy = 0x45
+    case eventsBy = 0x46
 
     /// Which decoder reads a type: requests and replies share the command socket but never a direction.
     enum Family: String, Sendable {
@@ -68,9 +71,9 @@ enum MessageType: UInt8, Sendable {
             switch self {
             case .request: "0x01 DISPATCH, 0x02 SNAPSHOT, 0x03 RANGE, 0x04 STATUS or 0x05 EFFECTS"
             case .reply:
-                "0x81 ACCEPTED, 0x82 REJECTED, 0x83 SNAPSHOT, 0x84 RANGE, 0x85 COMPACTED, 0x86 STATUS, 0x87 EFFECTS or "
-                    + "0x8f ERROR"
-            case .event: "0x41 EVENT, 0x42 HEARTBEAT, 0x43 DIGEST or 0x44 EVENTS"
+                "0x81 ACCEPTED, 0x82 REJECTED, 0x83 SNAPSHOT, 0x84 RANGE, 0x85 COMPACTED, 0x86 STATUS, 0x87 EFFECTS, "
+                    + "0x88 RANGE_BY or 0x8f ERROR"
+            case .event: "0x41 EVENT, 0x42 HEARTBEAT, 0x43 DIGEST, 0x44 EVENTS, 0x45 EVENT_BY or 0x46 EVENTS_BY"
             }
         }
     }
@@ -78,8 +81,10 @@ enum MessageType: UInt8, Sendable {
     var family: Family {
         switch self {
         case .dispatch, .snapshotRequest, .rangeRequest, .statusRequest, .effectsRequest: .request
-        case .accepted, .rejected, .snapshotReply, .rangeReply, .compacted, .statusReply, .effectsReply, .error: .reply
-        case .event, .heartbeat, .digest, .events: .event
+        case .accepted, .rejected, .snapshotReply, .rangeReply, .compacted, .statusReply, .effectsReply, .rangeReplyBy,
+            .error:
+            .reply
+        case .event, .heartbeat, .digest, .events, .eventBy, .eventsBy: .event
         }
     }
 
@@ -99,6 +104,9 @@ enum MessageType: UInt8, Sendable {
         case .heartbeat: "HEARTBEAT"
         case .digest: "DIGEST"
         case .events: "EVENTS"
+        case .eventBy: "EVENT_BY"
+        case .eventsBy: "EVENTS_BY"
+        case .rangeReplyBy: "RANGE_BY"
         }
     }
 
@@ -111,8 +119,8 @@ enum MessageType: UInt8, Sendable {
         case .snapshotRequest, .statusRequest, .statusReply, .effectsRequest, .effectsReply: 12
         case .error: 14
         case .rejected: 16
-        case .event, .heartbeat, .events: 20
-        case .rangeRequest, .rangeReply, .compacted: 28
+        case .event, .heartbeat, .events, .eventBy, .eventsBy: 20
+        case .rangeRequest, .rangeReply, .compacted, .rangeReplyBy: 28
         case .dispatch, .accepted: 32
         case .digest: 52
         case .snapshotReply: 60
@@ -268,6 +276,45 @@ enum Wire {
             actions.append(try action(frames[index], field: "action \(index - start) (frame \(index))", limits: limits))
         }
         return actions
+    }
+
+    /// The authors of a run of `count` actions, `frames[start...]`: exactly `count` of them.
+    static func authors(
+        _ frames: [Frame],
+        from start: Int,
+        count: Int,
+        type: MessageType
+    ) throws(ProtocolError) -> [Author] {
+        guard frames.count - start == count else {
+            throw ProtocolError(
+                code: .malformed,
+                "\(type.fullName) has \(frames.count - start) author frames for \(count) actions; expected one each"
+            )
+        }
+        var authors: [Author] = []
+        authors.reserveCapacity(count)
+        for index in start..<frames.count {
+            authors.append(try author(frames[index], field: "author \(index - start) (frame \(index))"))
+        }
+        return authors
+    }
+
+    /// An author: empty (nobody identified), or 1 to 64 bytes of ASCII letters, digits, `-` and `_` (a name of the
+    /// daemon's policy, or `lockstepd`).
+    static func author(_ frame: Frame, field: String) throws(ProtocolError) -> Author {
+        guard frame.count <= Author.maximumLength else {
+            throw ProtocolError(
+                code: .malformed,
+                "\(field) is \(frame.count) bytes; expected at most \(Author.maximumLength)"
+            )
+        }
+        for byte in frame where !Author.isAllowed(byte) {
+            throw ProtocolError(
+                code: .malformed,
+                "\(field) contains byte \(hex(byte)); an author has only ASCII letters, digits, '-' and '_'"
+            )
+        }
+        return Author(String(decoding: frame, as: UTF8.self))
     }
 
     /// A reason: valid UTF-8 of at most ``WireFormat/maximumReasonBytes`` bytes.

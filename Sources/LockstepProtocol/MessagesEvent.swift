@@ -6,10 +6,12 @@ import Lockstep
 /// (``runTopic(for:)``: one EVENTS per store per commit, up to ``maximumRun`` actions). Both carry the HEARTBEATs
 /// and DIGESTs. The daemon publishes a stream only while someone subscribes to it.
 public enum Event: Hashable, Sendable {
-    /// The action that got `seq` (the one-by-one stream).
-    case event(store: StoreName, epoch: Epoch, seq: SequenceNumber, action: Frame)
-    /// Actions that got seqs `firstSeq`, `firstSeq + 1`, … in one commit (the stream in runs); never empty.
-    case events(store: StoreName, epoch: Epoch, firstSeq: SequenceNumber, actions: [Frame])
+    /// The action that got `seq` (the one-by-one stream), dispatched by `author`: an EVENT, or an EVENT_BY when the
+    /// author is known.
+    case event(store: StoreName, epoch: Epoch, seq: SequenceNumber, action: Frame, author: Author = .unknown)
+    /// Actions that got seqs `firstSeq`, `firstSeq + 1`, … in one commit (the stream in runs); never empty. `authors`
+    /// is empty when nobody was identified (an EVENTS), else each action's author (an EVENTS_BY).
+    case events(store: StoreName, epoch: Epoch, firstSeq: SequenceNumber, actions: [Frame], authors: [Author] = [])
     /// The store is idle and stands at `lastSeq`; a replica behind it has lost events.
     case heartbeat(store: StoreName, epoch: Epoch, lastSeq: SequenceNumber)
     /// The digest of the daemon's canonical state at `seq`, for replicas to compare with their own.
@@ -18,8 +20,8 @@ public enum Event: Hashable, Sendable {
     /// The store the message is about.
     public var store: StoreName {
         switch self {
-        case let .event(store, _, _, _), let .heartbeat(store, _, _), let .digest(store, _, _, _),
-            let .events(store, _, _, _):
+        case let .event(store, _, _, _, _), let .heartbeat(store, _, _), let .digest(store, _, _, _),
+            let .events(store, _, _, _, _):
             store
         }
     }
@@ -52,16 +54,19 @@ public enum Event: Hashable, Sendable {
     /// The frames of this message, topic first.
     public func encode() -> [Frame] {
         switch self {
-        case let .event(store, epoch, seq, action):
-            var header = ByteWriter(.event)
+        case let .event(store, epoch, seq, action, author):
+            var header = ByteWriter(author.isUnknown ? .event : .eventBy)
             header.write(epoch.rawValue)
             header.write(seq)
-            return [Self.topic(for: store), header.bytes, action]
-        case let .events(store, epoch, firstSeq, actions):
-            var header = ByteWriter(.events)
+            let frames = [Self.topic(for: store), header.bytes, action]
+            return author.isUnknown ? frames : frames + [Array(author.name.utf8)]
+        case let .events(store, epoch, firstSeq, actions, authors):
+            let authored = authors.contains { !$0.isUnknown }
+            var header = ByteWriter(authored ? .eventsBy : .events)
             header.write(epoch.rawValue)
             header.write(firstSeq)
-            return [Self.runTopic(for: store), header.bytes] + actions
+            let frames = [Self.runTopic(for: store), header.bytes] + actions
+            return authored ? frames + authors.map { Array($0.name.utf8) } : frames
         case let .heartbeat(store, epoch, lastSeq):
             var header = ByteWriter(.heartbeat)
             header.write(epoch.rawValue)
@@ -94,12 +99,13 @@ public enum Event: Hashable, Sendable {
             UInt64.self,
             field: type == .heartbeat ? "last seq" : type == .events ? "first seq" : "seq"
         )
-        if type == .event || type == .events, inRuns != (type == .events) {
+        let isRun = type == .events || type == .eventsBy
+        if type == .event || type == .eventBy || isRun, inRuns != isRun {
             throw ProtocolError(
                 code: .malformed,
                 "\(type.name) on the topic of the \(inRuns ? "stream in runs" : "one-by-one stream") "
                     + "(frame 0 ends with \(Wire.hex(frames[0].last ?? 0))); "
-                    + "expected \(type == .events ? "0x01" : "0x00")"
+                    + "expected \(isRun ? "0x01" : "0x00")"
             )
         }
         switch type {
@@ -113,11 +119,30 @@ public enum Event: Hashable, Sendable {
             }
             let actions = try Wire.actionRun(frames, from: 2, firstSeq: seq, type: type, limits: limits)
             return .events(store: store, epoch: epoch, firstSeq: seq, actions: actions)
-        case .event:
-            try Wire.requireFrames(frames, exactly: 3, type: type, layout: "topic, header, action")
+        case .eventsBy:
+            guard (4...2 * Self.maximumRun + 2).contains(frames.count), frames.count % 2 == 0 else {
+                throw ProtocolError(
+                    code: frames.count > 2 * Self.maximumRun + 2 ? .tooLarge : .malformed,
+                    "EVENTS_BY has \(Wire.frames(frames.count)); expected an even count of 4 to "
+                        + "\(2 * Self.maximumRun + 2) (topic, header, 1 to \(Self.maximumRun) actions, an author each)"
+                )
+            }
+            let count = (frames.count - 2) / 2
+            let actions = try Wire.actionRun(Array(frames[..<(2 + count)]), from: 2, firstSeq: seq, type: type, limits: limits)
+            let authors = try Wire.authors(frames, from: 2 + count, count: count, type: type)
+            return .events(store: store, epoch: epoch, firstSeq: seq, actions: actions, authors: authors)
+        case .event, .eventBy:
+            let authored = type == .eventBy
+            try Wire.requireFrames(
+                frames,
+                exactly: authored ? 4 : 3,
+                type: type,
+                layout: authored ? "topic, header, action, author" : "topic, header, action"
+            )
             try Wire.positiveSeq(seq, field: "seq", type: type)
             let action = try Wire.action(frames[2], field: "action (frame 2)", limits: limits)
-            return .event(store: store, epoch: epoch, seq: seq, action: action)
+            let author = authored ? try Wire.author(frames[3], field: "author (frame 3)") : .unknown
+            return .event(store: store, epoch: epoch, seq: seq, action: action, author: author)
         case .heartbeat:
             try Wire.requireFrames(frames, exactly: 2, type: type, layout: "topic, header")
             return .heartbeat(store: store, epoch: epoch, lastSeq: seq)

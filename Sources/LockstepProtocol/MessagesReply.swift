@@ -10,7 +10,14 @@ public enum Reply: Hashable, Sendable {
     case snapshot(requestID: UInt64, SnapshotReply)
     /// Events from the journal: the k-th action (from 0) has seq `firstSeq + k`. It may hold fewer than were
     /// asked for, even none; the client asks again from the next seq.
-    case range(requestID: UInt64, store: StoreName, epoch: Epoch, firstSeq: SequenceNumber, actions: [Frame])
+    case range(
+        requestID: UInt64,
+        store: StoreName,
+        epoch: Epoch,
+        firstSeq: SequenceNumber,
+        actions: [Frame],
+        authors: [Author] = []
+    )
     /// The journal no longer holds seqs below `firstAvailable`: take a snapshot instead.
     case compacted(requestID: UInt64, store: StoreName, epoch: Epoch, firstAvailable: SequenceNumber)
     /// The daemon's status as a JSON object, whose fields docs/operations.md defines.
@@ -24,7 +31,7 @@ public enum Reply: Hashable, Sendable {
     public var requestID: UInt64 {
         switch self {
         case let .accepted(requestID, _, _, _), let .rejected(requestID, _, _), let .snapshot(requestID, _),
-            let .range(requestID, _, _, _, _), let .compacted(requestID, _, _, _), let .status(requestID, _),
+            let .range(requestID, _, _, _, _, _), let .compacted(requestID, _, _, _), let .status(requestID, _),
             let .effects(requestID, _), let .error(requestID, _):
             requestID
         }
@@ -55,12 +62,14 @@ public enum Reply: Hashable, Sendable {
             header.write(snapshot.seq)
             header.write(bytes: snapshot.digest.bytes)
             return [header.bytes, Array(snapshot.store.rawValue.utf8), snapshot.state]
-        case let .range(requestID, store, epoch, firstSeq, actions):
-            var header = ByteWriter(.rangeReply)
+        case let .range(requestID, store, epoch, firstSeq, actions, authors):
+            let authored = authors.contains { !$0.isUnknown }
+            var header = ByteWriter(authored ? .rangeReplyBy : .rangeReply)
             header.write(requestID)
             header.write(epoch.rawValue)
             header.write(firstSeq)
-            return [header.bytes, Array(store.rawValue.utf8)] + actions
+            let frames = [header.bytes, Array(store.rawValue.utf8)] + actions
+            return authored ? frames + authors.map { Array($0.name.utf8) } : frames
         case let .compacted(requestID, store, epoch, firstAvailable):
             var header = ByteWriter(.compacted)
             header.write(requestID)
@@ -135,6 +144,34 @@ public enum Reply: Hashable, Sendable {
             let store = try Wire.storeName(body[1], field: "store name (frame 1)")
             let actions = try Wire.actionRun(body, from: 2, firstSeq: firstSeq, type: type, limits: limits)
             return .range(requestID: requestID, store: store, epoch: epoch, firstSeq: firstSeq, actions: actions)
+        case .rangeReplyBy:
+            let epoch = Epoch(rawValue: try header.read(UInt64.self, field: "epoch"))
+            let firstSeq = try header.read(UInt64.self, field: "first seq")
+            guard body.count >= 4, body.count % 2 == 0 else {
+                throw ProtocolError(
+                    code: .malformed,
+                    "RANGE_BY reply has \(Wire.frames(body.count)); expected an even count of at least 4 (header, store "
+                        + "name, actions, an author each)"
+                )
+            }
+            let store = try Wire.storeName(body[1], field: "store name (frame 1)")
+            let count = (body.count - 2) / 2
+            let actions = try Wire.actionRun(
+                Array(body[..<(2 + count)]),
+                from: 2,
+                firstSeq: firstSeq,
+                type: type,
+                limits: limits
+            )
+            let authors = try Wire.authors(body, from: 2 + count, count: count, type: type)
+            return .range(
+                requestID: requestID,
+                store: store,
+                epoch: epoch,
+                firstSeq: firstSeq,
+                actions: actions,
+                authors: authors
+            )
         case .compacted:
             let epoch = Epoch(rawValue: try header.read(UInt64.self, field: "epoch"))
             let firstAvailable = try header.read(UInt64.self, field: "first available seq")

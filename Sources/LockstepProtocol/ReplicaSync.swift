@@ -179,49 +179,55 @@ public struct ReplicaSync: Sendable {
 
     // MARK: - Inputs from the events socket
 
-    /// An event published by the daemon.
+    /// An event published by the daemon: `action` at `seq`, dispatched by `author`.
     public mutating func event(
         epoch eventEpoch: Epoch,
         seq: SequenceNumber,
         action: Frame,
+        author: Author = .unknown,
         now: ContinuousClock.Instant
     ) -> [Output] {
         lastHeard = now
+        let sequenced = SequencedAction(seq: seq, action: action, author: author)
         if let epoch, eventEpoch != epoch, phase != .joining {
-            return resync(.newEpoch(old: epoch, new: eventEpoch), now: now, keeping: (eventEpoch, seq, action))
+            return resync(.newEpoch(old: epoch, new: eventEpoch), now: now, keeping: (eventEpoch, sequenced))
         }
         heard(epoch: eventEpoch, seq: seq)
         switch phase {
         case .joining:
-            keep(epoch: eventEpoch, SequencedAction(seq: seq, action: action))
+            keep(epoch: eventEpoch, sequenced)
             return []
         case .repairing:
-            if seq > lastSeq { keep(epoch: eventEpoch, SequencedAction(seq: seq, action: action)) }
+            if seq > lastSeq { keep(epoch: eventEpoch, sequenced) }
             return []
         case .live:
             if seq <= lastSeq { return [] }  // a duplicate
             if seq == lastSeq + 1 {
                 lastSeq = seq
-                return [.apply([SequencedAction(seq: seq, action: action)])] + checkPendingDigest()
+                return [.apply([sequenced])] + checkPendingDigest()
             }
-            keep(epoch: eventEpoch, SequencedAction(seq: seq, action: action))
+            keep(epoch: eventEpoch, sequenced)
             phase = .repairing
             return request(.range(from: lastSeq + 1, to: seq - 1), now: now)
         }
     }
 
     /// A run of events published together (EVENTS): the same as each of them in turn, with the actions that apply
-    /// at once coming out as one ``Output/apply(_:)``, so the owner applies the run in one step.
+    /// at once coming out as one ``Output/apply(_:)``, so the owner applies the run in one step. `authors` is empty
+    /// (nobody identified) or holds each action's author.
     public mutating func events(
         epoch eventEpoch: Epoch,
         firstSeq: SequenceNumber,
         actions: [Frame],
+        authors: [Author] = [],
         now: ContinuousClock.Instant
     ) -> [Output] {
         var outputs: [Output] = []
         var run: [SequencedAction] = []
         for (offset, action) in actions.enumerated() {
-            for output in event(epoch: eventEpoch, seq: firstSeq + UInt64(offset), action: action, now: now) {
+            let author = offset < authors.count ? authors[offset] : .unknown
+            let seq = firstSeq + UInt64(offset)
+            for output in event(epoch: eventEpoch, seq: seq, action: action, author: author, now: now) {
                 if case let .apply(applied) = output {
                     run += applied
                 } else {
@@ -292,11 +298,13 @@ public struct ReplicaSync: Sendable {
         return [.install(epoch: snapshotEpoch, seq: seq, digest: digest, state: state)] + drainBuffer(now: now)
     }
 
-    /// Events asked for by range; `actions[k]` has seq `firstSeq + k`.
+    /// Events asked for by range; `actions[k]` has seq `firstSeq + k` and author `authors[k]` (`authors` empty:
+    /// nobody identified).
     public mutating func range(
         epoch rangeEpoch: Epoch,
         firstSeq: SequenceNumber,
         actions: [Frame],
+        authors: [Author] = [],
         now: ContinuousClock.Instant
     ) -> [Output] {
         guard case .range = awaiting else { return [] }
@@ -311,7 +319,8 @@ public struct ReplicaSync: Sendable {
             let seq = firstSeq + SequenceNumber(offset)
             guard seq > lastSeq else { continue }
             guard seq == lastSeq + 1 else { break }  // the daemon left a hole: ask again below
-            applied.append(SequencedAction(seq: seq, action: action))
+            let author = offset < authors.count ? authors[offset] : .unknown
+            applied.append(SequencedAction(seq: seq, action: action, author: author))
             lastSeq = seq
         }
         daemonSeq = max(daemonSeq, lastSeq)
@@ -424,7 +433,7 @@ public struct ReplicaSync: Sendable {
     private mutating func resync(
         _ reason: ResyncReason,
         now: ContinuousClock.Instant,
-        keeping event: (Epoch, SequenceNumber, Frame)? = nil,
+        keeping event: (Epoch, SequencedAction)? = nil,
         delay: Duration = .zero
     ) -> [Output] {
         resyncCount += 1
@@ -436,7 +445,7 @@ public struct ReplicaSync: Sendable {
         pendingDigest = nil
         buffer.removeAll()
         bufferEpoch = nil
-        if let (eventEpoch, seq, action) = event { keep(epoch: eventEpoch, SequencedAction(seq: seq, action: action)) }
+        if let (eventEpoch, sequenced) = event { keep(epoch: eventEpoch, sequenced) }
         guard delay > .zero else { return [.resync(reason)] + request(.snapshot, now: now) }
         awaiting = nil
         snapshotDueAt = now + delay

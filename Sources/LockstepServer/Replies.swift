@@ -102,7 +102,8 @@ enum Replies {
                     store: name,
                     epoch: epoch,
                     firstSeq: from,
-                    actions: events.map(\.action)
+                    actions: events.map(\.action),
+                    authors: events.contains { !$0.author.isEmpty } ? events.map { Author($0.author) } : []
                 )
             case let .compacted(firstAvailable):
                 return .compacted(requestID: requestID, store: name, epoch: epoch, firstAvailable: firstAvailable)

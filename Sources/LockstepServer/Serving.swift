@@ -439,7 +439,7 @@ struct Serving {
                 store: storeName,
                 actions: actions
             )
-            switch sequencer.dispatch(request) {
+            switch sequencer.dispatch(request, by: .daemon) {
             case let .commit(commit):
                 var change = outboxChanges(of: commit, firing: timer)
                 change.effectUpdates += done
@@ -671,7 +671,8 @@ struct Serving {
                         seq: event.seq,
                         action: event.action,
                         clientID: commit.clientID.bytes,
-                        requestNumber: commit.requestNumber
+                        requestNumber: commit.requestNumber,
+                        author: event.author.name
                     )
                 )
             }
@@ -725,26 +726,42 @@ struct Serving {
     mutating func publish(_ group: Pipeline.Group, _ sockets: inout LoopSockets) {
         readSubscriptions(&sockets)
         let now = ContinuousClock.now
-        var runs: [(store: StoreName, epoch: Epoch, firstSeq: SequenceNumber, actions: [Frame])] = []
+        var runs: [(store: StoreName, epoch: Epoch, firstSeq: SequenceNumber, actions: [Frame], authors: [Author])] = []
         for commit in group.commits.compactMap(\.commit) {
             let streams = streams[commit.store] ?? (false, false)
             if streams.oneByOne {
                 for event in commit.events {
                     sockets.publish(
-                        Event.event(store: commit.store, epoch: commit.epoch, seq: event.seq, action: event.action)
-                            .encode()
+                        Event.event(
+                            store: commit.store,
+                            epoch: commit.epoch,
+                            seq: event.seq,
+                            action: event.action,
+                            author: event.author
+                        ).encode()
                     )
                 }
             }
             if streams.runs, let first = commit.events.first {
                 // The group's commits of one store are consecutive seqs: one run, unless it is over the limit.
+                let run: Int
                 if let last = runs.indices.last(where: { runs[$0].store == commit.store }),
                     runs[last].actions.count + commit.events.count <= Event.maximumRun
                 {
-                    runs[last].actions += commit.events.map(\.action)
+                    run = last
                 } else {
-                    runs.append((commit.store, commit.epoch, first.seq, commit.events.map(\.action)))
+                    run = runs.count
+                    runs.append((commit.store, commit.epoch, first.seq, [], []))
                 }
+                // Authors only once one is known (a commit's actions share theirs): without a policy, none.
+                if !first.author.isUnknown || !runs[run].authors.isEmpty {
+                    runs[run].authors += repeatElement(
+                        Author.unknown,
+                        count: runs[run].actions.count - runs[run].authors.count
+                    )
+                    runs[run].authors += commit.events.map(\.author)
+                }
+                runs[run].actions += commit.events.map(\.action)
             }
             lastPublished[commit.store] = now
             publishedSeq[commit.store] = commit.events.last?.seq ?? publishedSeq[commit.store]
@@ -752,7 +769,13 @@ struct Serving {
         }
         for run in runs {
             sockets.publish(
-                Event.events(store: run.store, epoch: run.epoch, firstSeq: run.firstSeq, actions: run.actions).encode()
+                Event.events(
+                    store: run.store,
+                    epoch: run.epoch,
+                    firstSeq: run.firstSeq,
+                    actions: run.actions,
+                    authors: run.authors
+                ).encode()
             )
         }
         for digest in committing?.digests ?? [] {

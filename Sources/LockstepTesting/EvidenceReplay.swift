@@ -53,6 +53,7 @@ extension DivergenceEvidence {
             startSeq: agreedSeq,
             startState: Array(agreedState.utf8),
             actions: decoded,
+            authors: (authors ?? []).map { Author($0) },
             expected: [divergentSeq: (daemon, nil)]
         )
         log.expectedSource = "the daemon's digest"
@@ -70,6 +71,7 @@ extension DivergenceEvidence {
                 startSeq: log.startSeq,
                 startState: log.startState,
                 actions: log.actions,
+                authors: log.authors,
                 plan: plan
             ).captures[divergentSeq]?.state ?? []
         let replica = Array(replicaState.utf8)

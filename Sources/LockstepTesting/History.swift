@@ -59,6 +59,7 @@ extension ReplayLog {
             startState = snapshot.state
         }
         var actions: [D.Action] = []
+        var authors: [Author] = []
         var next = startSeq + 1
         let decoder = JSONDecoder()
         while next <= info.lastSeq {
@@ -74,6 +75,7 @@ extension ReplayLog {
             for event in events {
                 do {
                     actions.append(try decoder.decode(D.Action.self, from: Data(event.action)))
+                    authors.append(Author(event.author))
                 } catch {
                     throw HistoryError(
                         kind: .undecodable(seq: event.seq),
@@ -90,6 +92,6 @@ extension ReplayLog {
                 expected[seq] = (snapshot.digest, snapshot.state)
             }
         }
-        self.init(startSeq: startSeq, startState: startState, actions: actions, expected: expected)
+        self.init(startSeq: startSeq, startState: startState, actions: actions, authors: authors, expected: expected)
     }
 }

@@ -10,6 +10,8 @@ public struct ReplayLog<D: Domain>: Sendable {
     public var startState: [UInt8]
     /// The actions, the first of which has seq `startSeq + 1`.
     public var actions: [D.Action]
+    /// Who dispatched each action (the journal's record, docs/security.md); empty when nobody was identified.
+    public var authors: [Author] = []
     /// Digests the state must have at some seqs (a journal's snapshots), with the state bytes when known.
     public var expected: [SequenceNumber: (digest: StateDigest, state: [UInt8]?)]
     /// Where ``expected`` comes from, as a divergence names that side.
@@ -26,13 +28,18 @@ public struct ReplayLog<D: Domain>: Sendable {
         startSeq: SequenceNumber,
         startState: [UInt8],
         actions: [D.Action],
+        authors: [Author] = [],
         expected: [SequenceNumber: (digest: StateDigest, state: [UInt8]?)] = [:]
     ) {
         self.startSeq = startSeq
         self.startState = startState
         self.actions = actions
+        self.authors = authors.contains { !$0.isUnknown } ? authors : []
         self.expected = expected
     }
+
+    /// The author of the `offset`-th action.
+    func author(at offset: Int) -> Author { offset < authors.count ? authors[offset] : .unknown }
 
     /// The seq of the last action.
     public var lastSeq: SequenceNumber { startSeq + SequenceNumber(actions.count) }
@@ -248,6 +255,7 @@ struct ReplicaCursor<D: Domain> {
     /// a checkpoint returns the digests and what the replica left (state and effects), which the trace records too.
     mutating func step(
         _ action: D.Action,
+        by author: Author,
         seq: SequenceNumber,
         offset: Int,
         isLast: Bool
@@ -258,11 +266,11 @@ struct ReplicaCursor<D: Domain> {
             // type is shared between the two values, and replicas that copy at other points part ways.
             let original = state
             let before = Array(try CanonicalEncoding.encode(original))
-            D.reduce(into: &state, action)
+            D.reduce(into: &state, action, by: author)
             let after = Array(try CanonicalEncoding.encode(original))
             if after != before { throw SharedReferenceDetected(seq: seq, before: before, after: after) }
         } else {
-            D.reduce(into: &state, action)
+            D.reduce(into: &state, action, by: author)
         }
         var effects = EffectList.none
         let domainEffects = D.effects(of: action, in: state)
@@ -304,12 +312,14 @@ enum ReplicaRunner {
         startSeq: SequenceNumber,
         startState: [UInt8],
         actions: [D.Action],
+        authors: [Author] = [],
         plan: TracePlan
     ) throws -> ReplicaTrace {
         var cursor = try ReplicaCursor<D>(startState: startState, plan: plan)
         for (offset, action) in actions.enumerated() {
             _ = try cursor.step(
                 action,
+                by: offset < authors.count ? authors[offset] : .unknown,
                 seq: startSeq + SequenceNumber(offset + 1),
                 offset: offset,
                 isLast: offset == actions.count - 1
@@ -326,6 +336,7 @@ enum ReplicaRunner {
         startSeq: SequenceNumber,
         startState: [UInt8],
         actions: [D.Action],
+        authors: [Author] = [],
         plans: [TracePlan]
     ) throws -> (traces: [ReplicaTrace], evidence: [Int: FirstRunEvidence]) {
         var cursors = try plans.map { try ReplicaCursor<D>(startState: startState, plan: $0) }
@@ -336,6 +347,7 @@ enum ReplicaRunner {
             for index in cursors.indices {
                 let checkpoint = try cursors[index].step(
                     action,
+                    by: offset < authors.count ? authors[offset] : .unknown,
                     seq: seq,
                     offset: offset,
                     isLast: offset == actions.count - 1
@@ -413,6 +425,7 @@ public struct ReplayHarness<D: Domain>: Sendable {
                 startSeq: log.startSeq,
                 startState: log.startState,
                 actions: log.actions,
+                authors: log.authors,
                 plans: local.map { plan(for: $0, interval: interval, checkpoints: expectedSeqs) }
             )
             let referenceDigests = Dictionary(together.traces[0].digests.map { ($0.seq, $0.digest) }) { a, _ in a }
@@ -551,6 +564,7 @@ public struct ReplayHarness<D: Domain>: Sendable {
                 startSeq: log.startSeq,
                 startState: log.startState,
                 actions: log.actions,
+                authors: log.authors,
                 plan: plan
             )
         case let .child(command, _):
@@ -597,6 +611,7 @@ public struct ReplayHarness<D: Domain>: Sendable {
                 startSeq: log.startSeq,
                 startState: log.startState,
                 actions: log.actions,
+                authors: log.authors,
                 plans: [left, right].map { plan(for: $0, interval: interval, checkpoints: window) }
             )
             again = together.evidence[1]

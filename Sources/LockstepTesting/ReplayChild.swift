@@ -23,7 +23,13 @@ public struct ReplayChildCommand: Sendable, Hashable {
 
     func run<D: Domain>(_: D.Type, log: ReplayLog<D>, plan: TracePlan) throws -> ReplicaTrace {
         var input = try JSONEncoder().encode(
-            ReplayChild.Header(store: D.name, startSeq: log.startSeq, startState: Data(log.startState), plan: plan)
+            ReplayChild.Header(
+                store: D.name,
+                startSeq: log.startSeq,
+                startState: Data(log.startState),
+                plan: plan,
+                authors: log.authors.isEmpty ? nil : log.authors.map(\.name)
+            )
         )
         input.append(0x0A)
         for action in log.actions {
@@ -115,6 +121,8 @@ public enum ReplayChild {
         var startSeq: SequenceNumber
         var startState: Data
         var plan: TracePlan
+        /// Each action's author, when any is known.
+        var authors: [String]?
     }
 
     /// One checkpoint of the child's replica, one JSON line on its standard output.
@@ -164,6 +172,7 @@ public enum ReplayChild {
             startSeq: header.startSeq,
             startState: Array(header.startState),
             actions: actions,
+            authors: (header.authors ?? []).map { Author($0) },
             plan: header.plan
         )
         var output = Data()

@@ -231,11 +231,12 @@ struct JournalDumpCommand: ParsableCommand {
     private func line(_ event: JournalEvent) -> String {
         let action = Data(event.action)
         let prefix = "{\"store\":\(jsonString(event.store)),\"seq\":\(event.seq),\"action\":"
+        let author = event.author.isEmpty ? "" : ",\"author\":\(jsonString(event.author))"
         if (try? JSONSerialization.jsonObject(with: action, options: [.fragmentsAllowed])) != nil {
-            return prefix + String(decoding: action, as: UTF8.self) + "}"
+            return prefix + String(decoding: action, as: UTF8.self) + author + "}"
         }
         // Not JSON (a domain with another encoding): keep the line parseable.
-        return prefix + "null,\"actionBase64\":\"\(action.base64EncodedString())\"}"
+        return prefix + "null,\"actionBase64\":\"\(action.base64EncodedString())\"" + author + "}"
     }
 }
 

@@ -116,10 +116,14 @@ struct TailCommand: ParsableCommand {
                 )
                 throw ExitCodes.unavailable
             }
-            guard case let .event(_, epoch, seq, action) = try Event.decode(frames) else { continue }
+            guard case let .event(_, epoch, seq, action, author) = try Event.decode(frames) else { continue }
             let text = String(decoding: action, as: UTF8.self)
+            // An author is a name of the daemon's policy (letters, digits, '-', '_'): nothing to escape in JSON.
+            let by = author.isUnknown ? "" : json ? #","author":"\#(author.name)""# : "  by \(author.name)"
             print(
-                json ? #"{"store":"\#(name)","epoch":"\#(epoch)","seq":\#(seq),"action":\#(text)}"# : "\(seq)  \(text)"
+                json
+                    ? #"{"store":"\#(name)","epoch":"\#(epoch)","seq":\#(seq),"action":\#(text)\#(by)}"#
+                    : "\(seq)  \(text)\(by)"
             )
             fflush(nil)
             printed += 1

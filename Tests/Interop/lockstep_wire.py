@@ -14,7 +14,7 @@ import hashlib
 import json
 import math
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, List, Optional, Sequence, Union
 
@@ -39,10 +39,15 @@ EVENT = 0x41
 HEARTBEAT = 0x42
 DIGEST = 0x43
 EVENTS = 0x44
+EVENT_BY = 0x45  # an EVENT with its author (docs/security.md): topic, header, action, author
+EVENTS_BY = 0x46  # an EVENTS with each action's author: topic, header, actions…, authors…
+RANGE_REPLY_BY = 0x88  # a RANGE reply with each action's author: header, store, actions…, authors…
 
 REQUEST_TYPES = {DISPATCH, SNAPSHOT_REQUEST, RANGE_REQUEST, STATUS_REQUEST, EFFECTS_REQUEST}
-REPLY_TYPES = {ACCEPTED, REJECTED, SNAPSHOT_REPLY, RANGE_REPLY, COMPACTED, STATUS_REPLY, EFFECTS_REPLY, ERROR}
-EVENT_TYPES = {EVENT, HEARTBEAT, DIGEST, EVENTS}
+REPLY_TYPES = {
+    ACCEPTED, REJECTED, SNAPSHOT_REPLY, RANGE_REPLY, COMPACTED, STATUS_REPLY, EFFECTS_REPLY, RANGE_REPLY_BY, ERROR,
+}
+EVENT_TYPES = {EVENT, HEARTBEAT, DIGEST, EVENTS, EVENT_BY, EVENTS_BY}
 
 # The exact header frame length of each type.
 HEADER_SIZE = {
@@ -63,6 +68,9 @@ HEADER_SIZE = {
     HEARTBEAT: 20,
     EVENTS: 20,
     DIGEST: 52,
+    EVENT_BY: 20,
+    EVENTS_BY: 20,
+    RANGE_REPLY_BY: 28,
 }
 
 # Error codes (docs/protocol.md "Error codes").
@@ -173,6 +181,16 @@ def check_action(action: bytes, field_name: str, limits: Limits) -> bytes:
     if len(action) > limits.maximum_action_bytes:
         raise WireError(TOO_LARGE, f"{field_name} is {len(action)} bytes; over {limits.maximum_action_bytes}")
     return bytes(action)
+
+
+_AUTHOR_BYTES = frozenset(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_")
+
+
+def check_author(author: bytes, field_name: str) -> str:
+    """An author: empty, or up to 64 bytes of ASCII letters, digits, '-' and '_' (docs/protocol.md)."""
+    if len(author) > 64 or any(b not in _AUTHOR_BYTES for b in author):
+        raise WireError(MALFORMED, f"{field_name} is not an author (at most 64 letters, digits, '-' or '_')")
+    return author.decode()
 
 
 def check_reason(reason: bytes, field_name: str) -> str:
@@ -307,6 +325,7 @@ class Range:
     epoch: int
     first_seq: int
     actions: List[bytes]
+    authors: List[str] = field(default_factory=list)  # empty: nobody identified (a RANGE, not a RANGE_BY)
 
 
 @dataclass(frozen=True)
@@ -354,6 +373,7 @@ class Event:
     epoch: int
     seq: int
     action: bytes
+    author: str = ""  # who dispatched it, under the daemon's policy; "" for nobody identified (an EVENT)
 
 
 @dataclass(frozen=True)
@@ -362,6 +382,7 @@ class Events:
     epoch: int
     first_seq: int
     actions: List[bytes]
+    authors: List[str] = field(default_factory=list)  # empty: nobody identified (an EVENTS, not an EVENTS_BY)
 
 
 @dataclass(frozen=True)
@@ -420,8 +441,10 @@ def encode_reply(reply: Reply) -> List[bytes]:
         head = _header(SNAPSHOT_REPLY) + _u64(reply.request_id) + _u64(reply.epoch) + _u64(reply.seq)
         return [head + reply.digest, store_bytes(reply.store), reply.state]
     if isinstance(reply, Range):
-        head = _header(RANGE_REPLY) + _u64(reply.request_id) + _u64(reply.epoch) + _u64(reply.first_seq)
-        return [head, store_bytes(reply.store)] + list(reply.actions)
+        authored = any(reply.authors)
+        head = _header(RANGE_REPLY_BY if authored else RANGE_REPLY) + _u64(reply.request_id) + _u64(reply.epoch)
+        frames = [head + _u64(reply.first_seq), store_bytes(reply.store)] + list(reply.actions)
+        return frames + [a.encode() for a in reply.authors] if authored else frames
     if isinstance(reply, Compacted):
         head = _header(COMPACTED) + _u64(reply.request_id) + _u64(reply.epoch) + _u64(reply.first_available)
         return [head, store_bytes(reply.store)]
@@ -438,7 +461,9 @@ def encode_reply(reply: Reply) -> List[bytes]:
 def encode_event(message: Published) -> List[bytes]:
     """An events-socket message: [topic, header(, action)]."""
     if isinstance(message, Event):
-        return [topic(message.store), _header(EVENT) + _u64(message.epoch) + _u64(message.seq), message.action]
+        kind = EVENT_BY if message.author else EVENT
+        frames = [topic(message.store), _header(kind) + _u64(message.epoch) + _u64(message.seq), message.action]
+        return frames + [message.author.encode()] if message.author else frames
     if isinstance(message, Heartbeat):
         return [topic(message.store), _header(HEARTBEAT) + _u64(message.epoch) + _u64(message.last_seq)]
     if isinstance(message, Digest):
@@ -469,6 +494,9 @@ _NAMES = {
     HEARTBEAT: "HEARTBEAT",
     DIGEST: "DIGEST",
     EVENTS: "EVENTS",
+    EVENT_BY: "EVENT_BY",
+    EVENTS_BY: "EVENTS_BY",
+    RANGE_REPLY_BY: "RANGE_BY reply",
 }
 
 
@@ -622,6 +650,17 @@ def decode_reply(
         _seq_run(first, len(body) - 2, kind)
         actions = [check_action(bytes(a), f"action {i}", limits) for i, a in enumerate(body[2:])]
         return Range(request_id, store, epoch, first, actions)
+    if kind == RANGE_REPLY_BY:
+        epoch, first = struct.unpack(">QQ", head[12:28])
+        if len(body) < 4 or len(body) % 2:
+            raise WireError(MALFORMED, f"RANGE_BY reply has {len(body)} frames; expected an even count of 4 or more")
+        store = check_store_name(bytes(body[1]), "store name (frame 1)")
+        count = (len(body) - 2) // 2
+        _positive(first, "first seq", kind)
+        _seq_run(first, count, kind)
+        actions = [check_action(bytes(a), f"action {i}", limits) for i, a in enumerate(body[2:2 + count])]
+        authors = [check_author(bytes(a), f"author {i}") for i, a in enumerate(body[2 + count:])]
+        return Range(request_id, store, epoch, first, actions, authors)
     if kind == COMPACTED:
         epoch, first = struct.unpack(">QQ", head[12:28])
         _frames(body, 2, kind)
@@ -653,9 +692,23 @@ def decode_event(frames: Sequence[bytes], limits: Limits = DEFAULT_LIMITS) -> Pu
         raise WireError(MALFORMED, "topic (frame 0) does not end in 0x00 or 0x01")
     store = check_store_name(raw_topic[:-1], "store name in topic (frame 0)")
     in_runs = raw_topic[-1] == 1
-    if kind in (EVENT, EVENTS) and in_runs != (kind == EVENTS):
+    if kind in (EVENT, EVENTS, EVENT_BY, EVENTS_BY) and in_runs != (kind in (EVENTS, EVENTS_BY)):
         raise WireError(MALFORMED, f"{_NAMES[kind]} on the topic of the other stream")
     epoch, seq = struct.unpack(">QQ", head[4:20])
+    if kind == EVENTS_BY:
+        if len(frames) < 4 or len(frames) % 2:
+            raise WireError(MALFORMED, f"EVENTS_BY has {len(frames)} frames; expected an even count of 4 or more")
+        count = (len(frames) - 2) // 2
+        _positive(seq, "first seq", kind)
+        _seq_run(seq, count, kind)
+        actions = [check_action(bytes(f), f"action {i}", limits) for i, f in enumerate(frames[2:2 + count])]
+        authors = [check_author(bytes(f), f"author {i}") for i, f in enumerate(frames[2 + count:])]
+        return Events(store, epoch, seq, actions, authors)
+    if kind == EVENT_BY:
+        _frames(frames, 4, kind)
+        _positive(seq, "seq", kind)
+        action = check_action(bytes(frames[2]), "action (frame 2)", limits)
+        return Event(store, epoch, seq, action, check_author(bytes(frames[3]), "author (frame 3)"))
     if kind == EVENTS:
         if len(frames) < 3:
             raise WireError(MALFORMED, f"EVENTS has {len(frames)} frames; expected at least 3")

@@ -5,10 +5,11 @@ it (the tests start it under others with setpriv) or with a CURVE key.
 Usage:
   policy_probe.py requests COMMAND_ENDPOINT [--curve SERVER CLIENT_PUBLIC CLIENT_SECRET] STEP...
       STEP is dispatch:STORE:JSON, snapshot:STORE, range:STORE:FROM:TO or status. Prints one JSON line per step:
-      {"step": …, "reply": "accepted"|"rejected"|"snapshot"|"range"|"status"|"error", "code": …, "reason": …}.
+      {"step": …, "reply": "accepted"|"rejected"|"snapshot"|"range"|"status"|"error", "code": …, "reason": …,
+      "authors": "a,b" (a range's)}.
   policy_probe.py subscribe EVENTS_ENDPOINT [--curve SERVER CLIENT_PUBLIC CLIENT_SECRET] STORE...
       Subscribes to each store's one-by-one stream (a store it may not read too: the daemon must keep those events
-      from it) and prints one JSON line per message received, {"store": …, "type": …, "seq": …}, first
+      from it) and prints one JSON line per message received, {"store": …, "type": …, "seq": …, "author": …}, first
       {"ready": true} once the socket is connected; runs until stdin closes.
 """
 import json
@@ -52,6 +53,8 @@ def requests(endpoint: str, args) -> None:
             else:
                 raise SystemExit(f"policy_probe.py: unknown step {step!r}")
             line = {"step": step, "reply": type(reply).__name__.lower()}
+            if isinstance(reply, wire.Range):
+                line["authors"] = ",".join(reply.authors)
             if isinstance(reply, wire.Error):
                 line.update(code=reply.name, reason=reply.reason)
             emit(line)
@@ -79,7 +82,8 @@ def subscribe(endpoint: str, args) -> None:
         for _ in poller.poll(100):
             message = wire.decode_event(sock.recv_multipart())
             seq = getattr(message, "seq", getattr(message, "last_seq", None))
-            emit({"store": message.store, "type": type(message).__name__.lower(), "seq": seq})
+            emit({"store": message.store, "type": type(message).__name__.lower(), "seq": seq,
+                  "author": getattr(message, "author", "")})
 
 
 if __name__ == "__main__":

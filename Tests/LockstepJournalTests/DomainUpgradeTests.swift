@@ -182,7 +182,10 @@ import Testing
     @Test func aFormatTwoJournalGainsItsVersionHistoryWhenOpenedForWriting() async throws {
         let (fixture, _) = try await versionOneJournal(.sqlite)
         try tamper(fixture) { db in
-            try db.execute(sql: "DROP TABLE store_versions; UPDATE journal_format SET version = 2")
+            try db.execute(
+                sql:
+                    "DROP TABLE store_versions; ALTER TABLE events DROP COLUMN author; UPDATE journal_format SET version = 2"
+            )
         }
         let reader = try SQLiteJournal(directory: fixture.dataDirectory, readOnly: true)
         #expect(try reader.stats().formatVersion == 2)

@@ -29,6 +29,27 @@ import Testing
     }
 
     /// A range read stops at its byte budget — but always holds at least one event, however large.
+    /// Each event keeps its author, read back by range and through a restart, and recovery's checksums cover it.
+    @Test(arguments: JournalKind.allCases)
+    func eventsKeepTheirAuthors(kind: JournalKind) async throws {
+        let fixture = try await JournalFixture(kind)
+        let journal = try fixture.open()
+        _ = try journal.recover(Counter.self)
+        var batch = events(Counter.name, from: 1, count: 3) { _ in Counter.Action.increment }
+        batch[0].author = "member"
+        batch[2].author = "lockstepd"
+        try journal.commit(JournalBatch(events: batch, idempotency: idempotency(for: batch)))
+        try journal.close()
+        let reopened = try fixture.open()
+        #expect(try reopened.recover(Counter.self).lastSeq == 3)
+        guard case let .events(read) = try reopened.events(store: Counter.name, from: 1, to: 3, limit: 10) else {
+            Issue.record("no events")
+            return
+        }
+        #expect(read.map(\.author) == ["member", "", "lockstepd"])
+        #expect(read == batch)
+    }
+
     @Test(arguments: JournalKind.allCases)
     func aRangeStopsAtItsByteBudgetWithAtLeastOneEvent(kind: JournalKind) async throws {
         let fixture = try await JournalFixture(kind)

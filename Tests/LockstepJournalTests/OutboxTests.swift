@@ -119,7 +119,9 @@ import Testing
         let journal = try fixture.open()
         try history(journal)
         try journal.close()
-        try fixture.tamper("DROP TABLE effects; DROP TABLE timers; UPDATE journal_format SET version = 3")
+        try fixture.tamper(
+            "DROP TABLE effects; DROP TABLE timers; ALTER TABLE events DROP COLUMN author; UPDATE journal_format SET version = 3"
+        )
         let reader = try SQLiteJournal(directory: fixture.dataDirectory, readOnly: true)
         #expect(try reader.outbox() == JournalOutbox())
         #expect(try reader.stats().formatVersion == 3)

@@ -33,7 +33,10 @@ import Testing
         }
         try journal.close()
 
-        let clean = try await runProduct("lockstep", ["replay", "--journal", fixture.dataDirectory, "--processes", "1"])
+        let clean = try await runProduct(
+            "lockstep",
+            ["replay", "--journal", fixture.dataDirectory, "--processes", "1"]
+        )
         #expect(clean.status == 0, "\(clean.standardOutput)\(clean.standardError)")
         #expect(
             clean.standardOutput.contains("every digest the journal recorded matched (2 snapshots)"),

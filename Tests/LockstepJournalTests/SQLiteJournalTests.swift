@@ -106,6 +106,7 @@ import Glibc
                     DROP TABLE idempotency;
                     ALTER TABLE idempotency_1 RENAME TO idempotency;
                     DROP TABLE store_versions;
+                    ALTER TABLE events DROP COLUMN author;
                     UPDATE journal_format SET version = 1;
                     """
             )
@@ -136,6 +137,44 @@ import Glibc
         )
         try writer.close()
         #expect(try schema()?.contains("UNIQUE (request_number, client_id)") == true)
+    }
+
+    /// A journal of format 4 (before authors) reads as it is, its events by nobody identified; opened for writing
+    /// it gains the column, its old events' checksums still match, and new events keep their authors.
+    @Test func aFormat4JournalGainsAuthorsWhenOpenedForWriting() async throws {
+        let fixture = try await journal(withIncrements: 3)
+        try tamper(fixture) { db in
+            try db.execute(sql: "ALTER TABLE events DROP COLUMN author; UPDATE journal_format SET version = 4")
+        }
+        let reader = try SQLiteJournal(directory: fixture.dataDirectory, readOnly: true)
+        #expect(try reader.stats().formatVersion == 4)
+        guard case let .events(old) = try reader.events(store: "counter", from: 1, to: 3, limit: 10) else {
+            Issue.record("no events")
+            return
+        }
+        #expect(old.map(\.author) == ["", "", ""])
+        try reader.close()
+        let writer = try SQLiteJournal(directory: fixture.dataDirectory)
+        #expect(try writer.stats().formatVersion == SQLiteJournal.formatVersion)
+        #expect(try writer.recover(Counter.self).lastSeq == 3)
+        let authored = JournalEvent(
+            store: "counter",
+            seq: 4,
+            action: Array(#"{"increment":{}}"#.utf8),
+            clientID: clientA,
+            requestNumber: 4,
+            author: "member"
+        )
+        try writer.commit(JournalBatch(events: [authored]))
+        try writer.close()
+        let again = try SQLiteJournal(directory: fixture.dataDirectory)
+        #expect(try again.recover(Counter.self).lastSeq == 4)
+        guard case let .events(all) = try again.events(store: "counter", from: 1, to: 4, limit: 10) else {
+            Issue.record("no events")
+            return
+        }
+        #expect(all.map(\.author) == ["", "", "", "member"])
+        try again.close()
     }
 
     @Test func oneWriterPerDataDirectory() async throws {
@@ -266,6 +305,12 @@ import Glibc
         changed[3].clientID = clientB
         changed[4].requestNumber = 10
         for other in changed { #expect(other.checksum != event.checksum) }
+        // An author counts once there is one; without one the checksum is what journals before authors stored.
+        var authored = event
+        authored.author = "member"
+        var other = authored
+        other.author = "membe"
+        #expect(authored.checksum != event.checksum && other.checksum != authored.checksum)
         // Length prefixes: moving a byte from the store name into the action changes the checksum.
         let shifted = JournalEvent(
             store: "counte",

@@ -232,7 +232,31 @@ private func acceptedHeader(firstSeq: UInt64, count: UInt32) -> Frame {
     Reply.accepted(requestID: 1, epoch: epoch, firstSeq: firstSeq, count: count).encode()[0]
 }
 
+private let rangeReplyBy = Reply.range(
+    requestID: 6,
+    store: CodecSamples.counter,
+    epoch: epoch,
+    firstSeq: 1,
+    actions: [CodecSamples.increment, CodecSamples.increment],
+    authors: ["a", "b"]
+).encode()
+
 private let replyMalformations: [Malformation] = [
+    Malformation(
+        "RANGE_BY with an odd count",
+        Array(rangeReplyBy.prefix(5)),
+        .malformed,
+        "RANGE_BY",
+        "5 frames",
+        "even"
+    ),
+    Malformation(
+        "RANGE_BY with an author of other bytes",
+        replacing(rangeReplyBy, frame: 5, with: Array("b/".utf8)),
+        .malformed,
+        "author 1 (frame 5)",
+        "0x2f"
+    ),
     Malformation("no frames", [], .malformed, "0 frames"),
     Malformation("wrong magic", setting(accepted, frame: 0, byte: 0, to: 0x00), .malformed, "magic", "0x00"),
     Malformation(
@@ -241,7 +265,7 @@ private let replyMalformations: [Malformation] = [
         .unsupportedVersion,
         "protocol version 2 is not spoken here; this peer speaks version 1"
     ),
-    Malformation("type 0x88", setting(accepted, frame: 0, byte: 3, to: 0x88), .unknownMessageType, "0x88"),
+    Malformation("type 0x89", setting(accepted, frame: 0, byte: 3, to: 0x89), .unknownMessageType, "0x89"),
     Malformation("request type", GoldenVectors.dispatch, .unknownMessageType, "0x01", "DISPATCH"),
     Malformation("event header", [GoldenVectors.event[1]], .unknownMessageType, "0x41"),
     Malformation("ACCEPTED header short", [accepted[0].dropLast()], .malformed, "31 bytes", "32"),
@@ -333,7 +357,46 @@ private let events = Event.events(
 private let heartbeat = Event.heartbeat(store: CodecSamples.counter, epoch: epoch, lastSeq: 42).encode()
 private let digest = Event.digest(store: CodecSamples.counter, epoch: epoch, seq: 9, StateDigest(of: [0x39])).encode()
 
+private let eventBy = Event.event(
+    store: CodecSamples.counter,
+    epoch: epoch,
+    seq: 42,
+    action: GoldenVectors.event[2],
+    author: "member"
+).encode()
+private let eventsBy = Event.events(
+    store: CodecSamples.counter,
+    epoch: epoch,
+    firstSeq: 42,
+    actions: [GoldenVectors.event[2], GoldenVectors.event[2]],
+    authors: ["a", "b"]
+).encode()
+
 private let eventMalformations: [Malformation] = [
+    Malformation("EVENT_BY without its author", Array(eventBy.prefix(3)), .malformed, "EVENT_BY", "exactly 4"),
+    Malformation(
+        "EVENT_BY with an author of other bytes",
+        replacing(eventBy, frame: 3, with: Array("mem ber".utf8)),
+        .malformed,
+        "author (frame 3)",
+        "0x20"
+    ),
+    Malformation(
+        "EVENT_BY with an author over 64 bytes",
+        replacing(eventBy, frame: 3, with: Array(repeating: 0x61, count: 65)),
+        .malformed,
+        "65 bytes",
+        "at most 64"
+    ),
+    Malformation(
+        "EVENTS_BY with an author short",
+        Array(eventsBy.prefix(5)),
+        .malformed,
+        "EVENTS_BY",
+        "5 frames",
+        "even"
+    ),
+    Malformation("EVENTS_BY with no action", Array(eventsBy.prefix(2)), .malformed, "EVENTS_BY", "2 frames"),
     Malformation("no frames", [], .malformed, "0 frames", "at least 2"),
     Malformation("topic only", Array(event.prefix(1)), .malformed, "1 frame"),
     Malformation(
@@ -373,7 +436,7 @@ private let eventMalformations: [Malformation] = [
         replacing(setting(event, frame: 1, byte: 2, to: 2), frame: 0, with: []),
         .unsupportedVersion
     ),
-    Malformation("type 0x45", setting(event, frame: 1, byte: 3, to: 0x45), .unknownMessageType, "0x45"),
+    Malformation("type 0x47", setting(event, frame: 1, byte: 3, to: 0x47), .unknownMessageType, "0x47"),
     Malformation(
         "EVENTS on the one-by-one topic",
         setting(event, frame: 1, byte: 3, to: 0x44),

@@ -146,6 +146,17 @@ enum CodecSamples {
             )
         ),
         Sample(
+            "RANGE_BY",
+            .range(
+                requestID: 6,
+                store: counter,
+                epoch: epoch,
+                firstSeq: 1,
+                actions: [increment, increment],
+                authors: ["a-b_C9", String(repeating: "x", count: 64)].map { Author($0) }
+            )
+        ),
+        Sample(
             "RANGE ending at the last seq",
             .range(requestID: 6, store: counter, epoch: epoch, firstSeq: .max, actions: [increment])
         ),
@@ -170,6 +181,17 @@ enum CodecSamples {
         Sample(
             "EVENTS one",
             .events(store: store("x"), epoch: Epoch(rawValue: 0), firstSeq: .max, actions: [json("1")])
+        ),
+        Sample("EVENT_BY", .event(store: counter, epoch: epoch, seq: 42, action: increment, author: "member")),
+        Sample(
+            "EVENTS_BY, one author unknown",
+            .events(
+                store: counter,
+                epoch: epoch,
+                firstSeq: 42,
+                actions: [increment, increment],
+                authors: ["lockstepd", .unknown]
+            )
         ),
     ]
 

@@ -203,6 +203,7 @@ import Glibc
         )
         #expect(memberSaid.map { $0["reply"] ?? "" } == ["accepted", "accepted", "error", "snapshot", "range"])
         #expect(memberSaid[2]["code"] == "forbidden")
+        #expect(memberSaid[4]["authors"] == "member", "the journal keeps who dispatched each action")
         #expect(
             memberSaid[2]["reason"]?.contains("identity 'member' may not dispatch action 'toggle' to store 'todos'")
                 == true
@@ -237,9 +238,8 @@ import Glibc
         // Events: the member saw both stores' events; the observer saw counter's, and nothing of todos — its
         // connection delivers in order, so a todos event would have come before counter's.
         var seenByMember: [[String: String]] = []
-        #expect(
-            try lines(of: member, seen: &seenByMember) { $0["store"] == "todos" && $0["type"] == "event" } != nil
-        )
+        let todo = try lines(of: member, seen: &seenByMember) { $0["store"] == "todos" && $0["type"] == "event" }
+        #expect(todo?["author"] == "member", "an event carries its author")
         var seenByObserver: [[String: String]] = []
         #expect(
             try lines(of: watching, seen: &seenByObserver) { $0["store"] == "counter" && $0["type"] == "event" } != nil
@@ -261,7 +261,10 @@ import Glibc
         }
         #expect(accepted, "the reloaded policy lets the observer increment")
         #expect(try requests(as: observer, command, ["dispatch:counter:{\"decrement\":{}}"])[0]["code"] == "forbidden")
-        #expect(try lines(of: member, seen: &seenByMember) { $0["store"] == "counter" && $0["seq"] == "2" } != nil)
+        #expect(
+            try lines(of: member, seen: &seenByMember) { $0["store"] == "counter" && $0["seq"] == "2" }?["author"]
+                == "observer"
+        )
         #expect(try lines(of: watching, seen: &seenByObserver) { $0["store"] == "counter" && $0["seq"] == "2" } != nil)
 
         // SIGHUP again: the observer reads todos instead of counter. Its subscription to counter goes (the events

@@ -150,7 +150,7 @@ struct ClientTimeout: Error {}
         )
         #expect(sameKey == accepted)
         guard
-            case let .range(_, _, _, first, actions) = try again.call(
+            case let .range(_, _, _, first, actions, _) = try again.call(
                 Request.range(requestID: 6, store: try StoreName("counter"), from: 1, to: 9).encode()
             )
         else {
@@ -347,7 +347,7 @@ struct ClientTimeout: Error {}
                 // Heartbeats keep arriving, so a lost event must end the wait by the deadline, not by silence.
                 let deadline = ContinuousClock.now + .seconds(30)
                 while seqs.count < Int(total), ContinuousClock.now < deadline, let frames = try socket.receive() {
-                    if case let .event(_, _, seq, _) = try Event.decode(frames) { seqs.append(seq) }
+                    if case let .event(_, _, seq, _, _) = try Event.decode(frames) { seqs.append(seq) }
                 }
                 return seqs
             }

@@ -33,7 +33,7 @@ import ZeroMQ
             while actions.count < snapshot.seq {
                 let from = UInt64(actions.count + 1)
                 let reply = try client.call(.range(requestID: from, store: store, from: from, to: snapshot.seq))
-                guard case let .range(_, _, _, _, frames) = reply, !frames.isEmpty else {
+                guard case let .range(_, _, _, _, frames, _) = reply, !frames.isEmpty else {
                     throw DaemonProcessError("RANGE from \(from) answered \(reply)")
                 }
                 actions += try frames.map { try JSONDecoder().decode(Reminders.Action.self, from: Data($0)) }

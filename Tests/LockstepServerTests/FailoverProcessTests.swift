@@ -282,7 +282,7 @@ import Glibc
         try await offPool("event", lending: socket) { socket throws -> SequenceNumber? in
             let deadline = ContinuousClock.now + .seconds(5)
             while ContinuousClock.now < deadline, let frames = try socket.receive() {
-                if case let .event(_, _, seq, _) = try Event.decode(frames) { return seq }
+                if case let .event(_, _, seq, _, _) = try Event.decode(frames) { return seq }
             }
             return nil
         }

@@ -162,7 +162,7 @@ import ZeroMQ
         }
         #expect(conflict.code == .idempotencyConflict)
 
-        guard let frames = seen.event, case let .event(_, _, seq, action) = try Event.decode(frames) else {
+        guard let frames = seen.event, case let .event(_, _, seq, action, _) = try Event.decode(frames) else {
             Issue.record("expected the EVENT of seq 1")
             return
         }
@@ -208,7 +208,7 @@ import ZeroMQ
         while oneByOne.count < 3, let frames = try subscribers[0].receive() {
             #expect(frames[0] == Event.topic(for: counter))
             switch try Event.decode(frames) {
-            case let .event(_, _, seq, action):
+            case let .event(_, _, seq, action, _):
                 oneByOne.append(seq)
                 #expect(action == Array(increment.utf8))
             case .heartbeat, .digest: continue
@@ -220,7 +220,7 @@ import ZeroMQ
         while run == nil, let frames = try subscribers[1].receive() {
             #expect(frames[0] == Event.runTopic(for: counter))
             switch try Event.decode(frames) {
-            case let .events(_, _, firstSeq, actions): run = (firstSeq, actions)
+            case let .events(_, _, firstSeq, actions, _): run = (firstSeq, actions)
             case .heartbeat, .digest: continue
             case .event: Issue.record("EVENT on the stream in runs")
             }

@@ -23,6 +23,8 @@ package final class Bench {
     private let progressToStandardError: Bool
     private let lockstep: URL
     private let lockstepd: URL
+    /// Whether P1 and P2 run against a daemon with a policy (`--policy`).
+    private let policy: Bool
     /// With tcp: the daemon's (and the raw servers') key pair and the one client pair every client uses.
     private let curve: (server: CurveKeyPair, client: CurveKeyPair)?
     private var workers = 0
@@ -36,11 +38,13 @@ package final class Bench {
         transport: Transport,
         seconds: Double,
         keep: Bool,
+        policy: Bool = false,
         progressToStandardError: Bool
     ) throws {
         self.transport = transport
         self.seconds = seconds
         self.keep = keep
+        self.policy = policy
         self.progressToStandardError = progressToStandardError
         self.lockstep = lockstep
         self.lockstepd = lockstepd
@@ -57,6 +61,7 @@ package final class Bench {
             cores: ProcessInfo.processInfo.activeProcessorCount,
             secondsPerMeasurement: seconds
         )
+        results.policy = policy
     }
 
     deinit {
@@ -195,7 +200,7 @@ package final class Bench {
 
     /// P1 and P2, then optimistic dispatch, against one lockstepd with an SQLite journal.
     private func measureDispatch(_ parts: Set<String>) throws {
-        let daemon = try startDaemon("dispatch", domains: [Counter.name])
+        let daemon = try startDaemon("dispatch", domains: [Counter.name], extra: policy ? policyTables : "")
         if !parts.isDisjoint(with: ["p1", "p2"]) { (results.p1, results.p2) = try dispatchRows(daemon, journal: "") }
         if parts.contains("optimistic") { try measureOptimistic(daemon) }
         results.p6.daemonPeakBytes = max(results.p6.daemonPeakBytes, daemon.memory().peakKiB * 1_024)
@@ -703,6 +708,22 @@ package final class Bench {
             throw BenchFailure("lockstepd at \(daemon.command) did not answer STATUS with a readable status")
         }
         return status.stores.reduce(0) { $0 + $1.seq }
+    }
+
+    /// A policy that names this process's OS user (on ipc) and the clients' CURVE key (on tcp) and grants them the
+    /// counter's increments: each request goes through every check a policy makes — the identity, the store, the
+    /// action's case.
+    private var policyTables: String {
+        let key = curve.map { ", \"key:\(Z85.encode($0.client.publicKey))\"" } ?? ""
+        return """
+            [identities]
+            bench = ["uid:\(getuid())"\(key)]
+            [read]
+            bench = ["*"]
+            [dispatch]
+            bench = ["\(Counter.name):increment"]
+
+            """
     }
 
     /// A lockstepd serving `domains` from the folder `name` (its journal, config and log), answering.

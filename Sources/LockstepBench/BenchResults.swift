@@ -5,6 +5,8 @@ package struct BenchResults: Codable {
     var transport: String
     var cores: Int
     var secondsPerMeasurement: Double
+    /// Whether P1 and P2 ran against a daemon with a policy (`--policy`, docs/security.md).
+    var policy = false
     var baselines = Baselines()
     var p1 = P1()
     var p2: [P2] = []

@@ -203,13 +203,13 @@ public struct Sequencer: Sendable {
     }
 
     /// Decides what to do with `request`, sent by `author`. The store decodes its actions into their canonical form
-    /// first; an action whose case `permits` refuses (``actionCase(of:)``) makes the whole request `forbidden`; a
-    /// retried key (same canonical actions) gets its first reply again, the same key with other actions is
-    /// refused; otherwise the store validates and sequences the batch.
+    /// first; with `allowedCases`, an action whose case (``actionCase(of:)``) is not among them makes the whole
+    /// request `forbidden`; a retried key (same canonical actions) gets its first reply again, the same key with other
+    /// actions is refused; otherwise the store validates and sequences the batch.
     public mutating func dispatch(
         _ request: DispatchRequest,
         by author: Author = .unknown,
-        permits: ((_ actionCase: String?) -> Bool)? = nil
+        allowedCases: Set<String>? = nil
     ) -> DispatchDecision {
         func error(_ code: ProtocolError.Code, _ reason: String) -> DispatchDecision {
             .reply(.error(requestID: request.requestID, ProtocolError(code: code, reason)))
@@ -233,10 +233,10 @@ public struct Sequencer: Sendable {
         var admitted: StateDigest?
         var known: DispatchDecision?
         let result = store.sequence(request.actions, by: author) { canonical in
-            if let permits {
+            if let allowedCases {
                 for action in canonical {
                     let actionCase = Self.actionCase(of: action)
-                    guard permits(actionCase) else {
+                    guard let actionCase, allowedCases.contains(actionCase) else {
                         known = error(
                             .forbidden,
                             "\(author.isUnknown ? "this peer" : "identity '\(author.name)'") may not dispatch "

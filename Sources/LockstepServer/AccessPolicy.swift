@@ -93,11 +93,11 @@ public struct AccessPolicy: Hashable, Sendable {
         /// The action cases named (the key of the action's JSON object, as Swift's `Codable` writes an enum).
         case only(Set<String>)
 
-        /// Whether an action of `actionCase` (`nil`: the action is not an enum case) is granted.
-        public func allows(_ actionCase: String?) -> Bool {
+        /// The cases granted, or `nil` for every action.
+        public var cases: Set<String>? {
             switch self {
-            case .every: true
-            case let .only(cases): actionCase.map(cases.contains) ?? false
+            case .every: nil
+            case let .only(cases): cases
             }
         }
     }

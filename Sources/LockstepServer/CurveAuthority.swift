@@ -83,27 +83,4 @@ struct CurveAuthority {
         }
         return keys
     }
-
-    /// Answers one ZAP request (ZeroMQ RFC 27): 200 for a listed CURVE client, 400 for anything else.
-    func answer(_ request: [[UInt8]]) -> (reply: [[UInt8]], allowed: Bool, client: String) {
-        guard request.count >= 6 else {
-            // libzmq never sends these, but a REP socket must answer whatever it received.
-            let requestID = request.count > 1 ? request[1] : []
-            return (
-                [Array("1.0".utf8), requestID, Array("400".utf8), Array("malformed ZAP request".utf8), [], []], false,
-                "?"
-            )
-        }
-        let version = request[0]
-        let requestID = request[1]
-        let mechanism = String(decoding: request[5], as: UTF8.self)
-        let key = request.count >= 7 ? request[6] : []
-        let allowed = version == Array("1.0".utf8) && mechanism == "CURVE" && allowedClients.contains(key)
-        let client = key.count == 32 ? Z85.encode(key) : mechanism
-        let reply: [[UInt8]] = [
-            Array("1.0".utf8), requestID, Array((allowed ? "200" : "400").utf8),
-            Array((allowed ? "OK" : "client key not listed").utf8), allowed ? Array(client.utf8) : [], [],
-        ]
-        return (reply, allowed, client)
-    }
 }

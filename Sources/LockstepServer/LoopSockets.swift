@@ -18,6 +18,9 @@ struct LoopSockets {
     var access: AccessCheck?
     /// ERROR replies sent since start, by code, for STATUS (and subscriptions refused, as `forbidden`).
     var refusals: [String: UInt64] = [:]
+    /// When a `forbidden` was last logged, and how many went unlogged since: one line a second at most, so a peer
+    /// that sends nothing but forbidden requests cannot flood the log.
+    private var forbiddenLog: (at: ContinuousClock.Instant, unlogged: Int)?
     /// The topics subscribers asked for, as the XPUB tells them, each with how many asked. Kept with the socket,
     /// whatever the daemon's role: libzmq sends a subscriber's subscriptions once, when it connects, so one that
     /// stayed connected while the daemon stood by would be forgotten by its next leadership.
@@ -58,9 +61,22 @@ struct LoopSockets {
     mutating func send(_ reply: Reply, to envelope: [Frame]) {
         if case let .error(_, error) = reply {
             refusals[error.code.description, default: 0] += 1
-            if error.code == .forbidden { loop.logger.notice("forbidden", metadata: ["reason": "\(error.reason)"]) }
+            if error.code == .forbidden { logForbidden(error.reason) }
         }
         _ = try? router.send(envelope + reply.encode(), wait: false)
+    }
+
+    /// Logs a `forbidden` with its reason — at most one line a second, the next one counting those left out.
+    private mutating func logForbidden(_ reason: String, subscription: Bool = false) {
+        let now = ContinuousClock.now
+        if let last = forbiddenLog, now - last.at < .seconds(1) {
+            forbiddenLog?.unlogged += 1
+            return
+        }
+        var metadata: Logger.Metadata = ["reason": "\(reason)"]
+        if let unlogged = forbiddenLog?.unlogged, unlogged > 0 { metadata["unloggedBefore"] = "\(unlogged)" }
+        loop.logger.notice(subscription ? "forbidden: refused a subscription" : "forbidden", metadata: metadata)
+        forbiddenLog = (now, 0)
     }
 
     /// What the policy makes of a request.
@@ -78,14 +94,14 @@ struct LoopSockets {
         guard access != nil else { return .admitted(.unknown, .every) }
         let identity = access!.identity(userID)
         let author = identity.map { Author($0.name) } ?? .unknown
-        let who = AccessCheck.who(identity, userID)
         func refuse(_ what: String) -> Admission {
             .refused(
                 .error(
                     requestID: request.requestID,
                     ProtocolError(
                         code: .forbidden,
-                        "\(who) may not \(what); nothing was done (ask the daemon's operator for the grant)"
+                        "\(AccessCheck.who(identity, userID)) may not \(what); nothing was done (ask the daemon's "
+                            + "operator for the grant)"
                     )
                 )
             )
@@ -156,11 +172,10 @@ struct LoopSockets {
         }
         guard !refused.isEmpty else { return }
         refusals[ProtocolError.Code.forbidden.description, default: 0] += 1
-        loop.logger.notice(
-            "forbidden: refused a subscription",
-            metadata: [
-                "who": "\(AccessCheck.who(identity, userID))", "stores": "\(refused.joined(separator: ","))",
-            ]
+        logForbidden(
+            "\(AccessCheck.who(identity, userID)) may not read \(refused.map { "'\($0)'" }.joined(separator: ", ")): "
+                + "its subscription gets nothing of it",
+            subscription: true
         )
     }
 
@@ -178,7 +193,16 @@ struct LoopSockets {
                     )
                 }
             }
-            if access != nil { try reloadAccess() }
+            if access != nil {
+                try reloadAccess()
+            } else if configuration.file != nil, (try? configuration.reloadedAccess()) ?? nil != nil {
+                loop.logger.warning(
+                    """
+                    the configuration file now has a policy; it takes effect when the daemon starts again (its sockets \
+                    identify peers only when made under one)
+                    """
+                )
+            }
         }
         if let zap {
             while let request = try zap.receive(wait: false, maximumFrames: 16) {

@@ -244,8 +244,7 @@ struct Serving {
         case let .failure(refusal):
             work = .reply(refusal.reply)
         case let .success(.dispatch(dispatch)):
-            let permits: ((String?) -> Bool)? = grant == .every ? nil : { grant.allows($0) }
-            switch sequencer.dispatch(dispatch, by: author, permits: permits) {
+            switch sequencer.dispatch(dispatch, by: author, allowedCases: grant.cases) {
             case let .reply(reply):
                 work = .decided(reply)
             case let .commit(sequenced):

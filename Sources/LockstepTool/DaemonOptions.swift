@@ -107,13 +107,15 @@ struct DaemonOptions: ParsableArguments {
 }
 
 /// Reports a reply the command did not ask for (an ERROR, or another kind) and returns the exit to throw: 65 for an
-/// action the store cannot read, 64 for a store the leader does not host, 1 for the rest.
+/// action the store cannot read, 64 for a store the leader does not host, 77 for what the policy forbids, 1 for the
+/// rest.
 func unexpected(_ reply: Reply, to request: String) -> ExitCode {
     if case let .error(_, error) = reply {
         printError("\(Tool.commandName): the daemon refused the \(request) request: \(error)")
         switch error.code {
         case .undecodableAction: return ExitCodes.badInput
         case .unknownStore: return ExitCodes.unknownStore
+        case .forbidden: return ExitCodes.forbidden
         default: return .failure
         }
     }

@@ -101,6 +101,7 @@ struct ToolCommand: AsyncParsableCommand {
                 of the group hosts
                   65  bad input: an action or file that could not be read or decoded
                   69  no daemon answered, or none of those given led, within --retries × --timeout-ms
+                  77  forbidden: the daemon's policy grants this user or key no right to it (docs/security.md)
                 """,
             subcommands: own + tool.commands
         )
@@ -114,6 +115,7 @@ package enum ExitCodes {
     package static let unknownStore = ExitCode(64)
     package static let badInput = ExitCode(65)
     package static let unavailable = ExitCode(69)
+    package static let forbidden = ExitCode(77)
 }
 
 /// Writes one line to standard error.

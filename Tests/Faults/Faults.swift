@@ -743,9 +743,20 @@ final class Faults {
     // MARK: - Bad input
 
     func badInput() throws -> FaultResult {
+        // Under a policy (docs/security.md) that lets this process read every store and add todos, nothing else: the
+        // bad messages go through its checks too, and dispatches of what it does not grant are answered forbidden.
+        let policy = """
+            [identities]
+            suite = ["uid:\(getuid())"]
+            [read]
+            suite = ["*"]
+            [dispatch]
+            suite = ["todos:add"]
+
+            """
         let daemon = try Daemon(
             folder: folder.appendingPathComponent("input"),
-            configuration: Self.keepHistory + "[limits]\nmax_message_bytes = 65536\n"
+            configuration: Self.keepHistory + "[limits]\nmax_message_bytes = 65536\n" + policy
         )
         try daemon.start()
         let stores = ["counter", "todos", "posts", "numbers"]
@@ -795,6 +806,12 @@ final class Faults {
         }
         let after = try daemon.digests(stores)
         let memoryAfter = daemon.memory()
+        let forbidden = daemon.status()?.refused?["forbidden"] ?? 0
+        let sentForbidden = (kinds["forbidden store"] ?? 0) + (kinds["forbidden action case"] ?? 0)
+        if forbidden < UInt64(sentForbidden) {
+            result.failure = "\(sentForbidden) forbidden dispatches sent, but STATUS counts \(forbidden) forbidden"
+        }
+        result.notes.append("\(forbidden) answered forbidden (counted in STATUS)")
         result.notes.append(
             "\(replies) ERROR replies read (an oversized part is answered too_large: it is under 4 × the limit); "
                 + "resident memory \(memoryBefore.residentKiB / 1024) → \(memoryAfter.residentKiB / 1024) MiB "
@@ -803,6 +820,8 @@ final class Faults {
         if after != before {
             result.lost = 1
             result.failure = "the state changed: \(before) → \(after)"
+        } else if result.failure != nil {
+            // Set above.
         } else if memoryAfter.residentKiB - memoryBefore.residentKiB > 64 * 1024 {
             result.failure =
                 "resident memory grew by \((memoryAfter.residentKiB - memoryBefore.residentKiB) / 1024) MiB"
@@ -813,7 +832,8 @@ final class Faults {
         return result
     }
 
-    /// The `index`-th bad message: never a valid dispatch, so nothing may change.
+    /// The `index`-th bad message: never a dispatch the daemon may apply — malformed, or forbidden by its policy — so
+    /// nothing may change.
     private func badMessage(_ index: Int) -> (String, [Frame]) {
         func bytes(_ count: Int) -> Frame { (0..<count).map { _ in UInt8(truncatingIfNeeded: random.next()) } }
         let valid = Request.dispatch(
@@ -825,7 +845,7 @@ final class Faults {
                 actions: [Array(#"{"increment":{}}"#.utf8)]
             )
         ).encode()
-        switch index % 12 {
+        switch index % 14 {
         case 0: return ("random single frame", [bytes(Int.random(in: 0...64, using: &random))])
         case 1:
             let frames = (0..<Int.random(in: 1...8, using: &random)).map { _ in
@@ -851,9 +871,21 @@ final class Faults {
             header[15] ^= 0xFF  // inside the domain version
             return ("wrong domain version", [header] + valid.dropFirst())
         case 9: return ("empty frame", [[]])
-        case 10 where index % 120 == 10:
+        case 12: return ("forbidden store", valid)
+        case 13:
+            let toggle = Request.dispatch(
+                DispatchRequest(
+                    requestID: UInt64(index + 1),
+                    domainVersion: 1,
+                    clientID: ClientID.random(),
+                    store: try! StoreName("todos"),
+                    actions: [Array(#"{"add":{"text":"granted"}}"#.utf8), Array(#"{"toggle":{"id":1}}"#.utf8)]
+                )
+            ).encode()
+            return ("forbidden action case", toggle)
+        case 10 where index % 140 == 10:
             return ("too many frames", [valid[0], valid[1]] + Array(repeating: valid[2], count: 1_500))
-        case 11 where index % 120 == 11:
+        case 11 where index % 140 == 11:
             return ("oversized part", [valid[0], valid[1], bytes(70_000)])
         default:
             var header = valid[0]

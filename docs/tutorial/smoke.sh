@@ -12,6 +12,7 @@ set -euo pipefail
 usage="usage: smoke.sh BIN_PATH   (from: swift build --package-path docs/tutorial --show-bin-path)"
 [[ $# -eq 1 && -d $1 ]] || { echo "$usage" >&2; exit 64; }
 bin=$(cd "$1" && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
 for exe in boardd board board-client; do
     [[ -x $bin/$exe ]] || { echo "smoke: $bin/$exe is missing; build the template first" >&2; exit 1; }
 done
@@ -211,5 +212,52 @@ sent=$(grep -l "\"key\":\"$key\"" "$data"/notifications/*.json | wc -l)
 
 check "verifying the journal with 'board journal verify'"
 "$bin/board" journal verify "$data" >verify.log 2>&1 || fail "'board journal verify' exited $?"
+
+# Roles (deploy/roles.toml, docs/security.md): a member may move cards, an observer may only read. It runs as root,
+# as CI does: it makes the two OS users and groups (kept for the next run), and runs the tool as each with setpriv.
+if ((EUID == 0)); then
+    check "roles: boardd with deploy/roles.toml; a member moves a card, an observer reads and is refused a move"
+    getent group board-members >/dev/null || groupadd --system board-members
+    getent group board-observers >/dev/null || groupadd --system board-observers
+    for role in member observer; do
+        id "board-$role" >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin -U "board-$role"
+        usermod -aG "board-${role}s" "board-$role"
+    done
+    roles=$work/roles && mkdir -p "$roles/.lockstep/run" && chmod 755 "$work" "$roles" "$roles/.lockstep" "$roles/.lockstep/run"
+    cd "$roles"
+    # umask 0: the sockets open to every local user, as UMask=0000 would; the policy decides what each may do.
+    (umask 000 && exec "$bin/boardd" --config "$here/deploy/roles.toml" --journal memory) >boardd-roles.log 2>&1 &
+    daemon=$!
+    pids+=("$daemon")
+    deadline=$((SECONDS + 20))
+    until "$bin/board" stats --timeout-ms 500 --retries 0 >/dev/null 2>&1; do
+        kill -0 "$daemon" 2>/dev/null || fail "boardd with roles.toml exited: $(cat boardd-roles.log)"
+        ((SECONDS < deadline)) || fail "boardd with roles.toml did not answer within 20 s"
+        sleep 0.2
+    done
+    as() { local user=$1; shift; setpriv --reuid="$user" --regid="$user" --init-groups "$bin/board" "$@"; }
+    "$bin/board" dispatch board '{"addColumn":{"name":"todo","wipLimit":3}}' '{"addColumn":{"name":"done","wipLimit":3}}' \
+        >/dev/null || fail "the admin (root) could not add the columns"
+    as board-member dispatch board '{"addCard":{"title":"Mine","column":"todo"}}' '{"moveCard":{"id":1,"to":"done"}}' \
+        >member.out 2>&1 || fail "the member could not add and move a card: $(cat member.out)"
+    as board-observer state board --json >observer-state.json 2>&1 || fail "the observer could not read: $(cat observer-state.json)"
+    grep -q '"title":"Mine"' observer-state.json || fail "the observer reads $(cat observer-state.json)"
+    status=0
+    as board-observer dispatch board '{"moveCard":{"id":1,"to":"todo"}}' >observer.err 2>&1 || status=$?
+    ((status == 77)) && grep -q "identity 'observer' may not dispatch to store 'board'" observer.err \
+        || fail "the observer's move gave exit $status: $(cat observer.err)"
+    status=0
+    as board-member dispatch board '{"removeCard":{"id":1}}' >member-remove.err 2>&1 || status=$?
+    ((status == 77)) && grep -q "may not dispatch action 'removeCard'" member-remove.err \
+        || fail "the member's removeCard gave exit $status: $(cat member-remove.err)"
+    check "  member: added and moved card 1; observer: read it, its move refused ($(head -c 120 observer.err))"
+    kill -TERM "$daemon"
+    wait_for_exit "$daemon" 20
+    cd "$work"
+elif [[ ${SYSTEMD_TEST_REQUIRED:-} == 1 ]]; then
+    fail "roles: this run requires everything (SYSTEMD_TEST_REQUIRED=1, as CI sets), and the roles need root to make OS users"
+else
+    check "roles: skipped, not root (it makes OS users); CI runs it as root"
+fi
 
 check "all checks passed in $((SECONDS - started)) s"

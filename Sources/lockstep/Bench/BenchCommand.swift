@@ -46,6 +46,14 @@ struct BenchCommand: ParsableCommand {
     @Flag(help: "Keep the bench's folder (journals and every process's log) and say where it is.")
     var keep = false
 
+    @Flag(
+        help: """
+            Run P1 and P2 against a daemon with a policy (docs/security.md) that checks every request: the bench's \
+            OS user (and CURVE key) as an identity granted the counter store's increment case.
+            """
+    )
+    var policy = false
+
     func validate() throws {
         guard (0.2...60).contains(seconds) else { throw ValidationError("--seconds must be 0.2...60, got \(seconds)") }
         _ = try historyLengths()
@@ -82,6 +90,7 @@ struct BenchCommand: ParsableCommand {
             transport: transport,
             seconds: seconds,
             keep: keep,
+            policy: policy,
             progressToStandardError: json
         )
         let results: BenchResults

@@ -6,7 +6,7 @@ public struct SequencedAction: Hashable, Sendable {
     public var seq: SequenceNumber
     /// The action's JSON, as the daemon published it.
     public var action: Frame
-    /// Who dispatched it, as the daemon's policy names them; ``Author/unknown`` without a policy.
+    /// Who dispatched it, as the daemon's policy names them; `Author.unknown` without a policy.
     public var author: Author
     /// What the action set going (the daemon's own record, journaled with it; never on the wire): empty for a
     /// domain without effects, and as replicas receive it.

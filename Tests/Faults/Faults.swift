@@ -836,15 +836,18 @@ final class Faults {
     /// nothing may change.
     private func badMessage(_ index: Int) -> (String, [Frame]) {
         func bytes(_ count: Int) -> Frame { (0..<count).map { _ in UInt8(truncatingIfNeeded: random.next()) } }
-        let valid = Request.dispatch(
-            DispatchRequest(
-                requestID: UInt64(index + 1),
-                domainVersion: 1,
-                clientID: ClientID.random(),
-                store: try! StoreName("counter"),
-                actions: [Array(#"{"increment":{}}"#.utf8)]
-            )
-        ).encode()
+        func dispatch(_ store: String, _ actions: [String]) -> [Frame] {
+            Request.dispatch(
+                DispatchRequest(
+                    requestID: UInt64(index + 1),
+                    domainVersion: 1,
+                    clientID: ClientID.random(),
+                    store: try! StoreName(store),
+                    actions: actions.map { Array($0.utf8) }
+                )
+            ).encode()
+        }
+        let valid = dispatch("counter", [#"{"increment":{}}"#])
         switch index % 14 {
         case 0: return ("random single frame", [bytes(Int.random(in: 0...64, using: &random))])
         case 1:
@@ -873,16 +876,9 @@ final class Faults {
         case 9: return ("empty frame", [[]])
         case 12: return ("forbidden store", valid)
         case 13:
-            let toggle = Request.dispatch(
-                DispatchRequest(
-                    requestID: UInt64(index + 1),
-                    domainVersion: 1,
-                    clientID: ClientID.random(),
-                    store: try! StoreName("todos"),
-                    actions: [Array(#"{"add":{"text":"granted"}}"#.utf8), Array(#"{"toggle":{"id":1}}"#.utf8)]
-                )
-            ).encode()
-            return ("forbidden action case", toggle)
+            return (
+                "forbidden action case", dispatch("todos", [#"{"add":{"text":"granted"}}"#, #"{"toggle":{"id":1}}"#])
+            )
         case 10 where index % 140 == 10:
             return ("too many frames", [valid[0], valid[1]] + Array(repeating: valid[2], count: 1_500))
         case 11 where index % 140 == 11:

@@ -139,7 +139,7 @@ package struct OptimisticLedger<D: Domain>: Sendable {
         } catch {
             throw .rejected(error)
         }
-        for action in actions { D.reduce(into: &state, action) }
+        for action in actions { D.reduce(into: &state, action, by: .unknown) }
         entries.append(Entry(number: number, actions: actions, dispatchedAt: now, outcome: outcome))
         output += changed()
         return output
@@ -334,7 +334,7 @@ package struct OptimisticLedger<D: Domain>: Sendable {
             let leftOut = (try? Self.validate(entries[index].actions, on: state)) == nil
             entries[index].leftOut = leftOut
             guard !leftOut else { continue }
-            for action in entries[index].actions { D.reduce(into: &state, action) }
+            for action in entries[index].actions { D.reduce(into: &state, action, by: .unknown) }
         }
     }
 
@@ -347,17 +347,17 @@ package struct OptimisticLedger<D: Domain>: Sendable {
     /// Validates `actions` in turn, each on the state the ones before it leave: as the daemon validates a batch.
     static func validate(_ actions: [D.Action], on state: D.State) throws(Rejection) {
         guard actions.count > 1 else {
-            if let action = actions.first { try D.validate(action, in: state) }
+            if let action = actions.first { try D.validate(action, in: state, by: .unknown) }
             return
         }
         var scratch = state
         for (index, action) in actions.enumerated() {
             do throws(Rejection) {
-                try D.validate(action, in: scratch)
+                try D.validate(action, in: scratch, by: .unknown)
             } catch {
                 throw Rejection(code: error.code, "action \(index) of the batch: \(error.reason)")
             }
-            D.reduce(into: &scratch, action)
+            D.reduce(into: &scratch, action, by: .unknown)
         }
     }
 }

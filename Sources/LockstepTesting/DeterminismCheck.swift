@@ -53,8 +53,8 @@ public struct DeterminismCheck<D: ActionGenerating>: Sendable {
         actions.reserveCapacity(length)
         for _ in 0..<length {
             let action = D.randomAction(for: state, using: &random)
-            guard (try? D.validate(action, in: state)) != nil else { continue }
-            D.reduce(into: &state, action)
+            guard (try? D.validate(action, in: state, by: .unknown)) != nil else { continue }
+            D.reduce(into: &state, action, by: .unknown)
             actions.append(action)
         }
         return actions
@@ -93,8 +93,8 @@ public struct DeterminismCheck<D: ActionGenerating>: Sendable {
     static func isValid(_ actions: [D.Action]) -> Bool {
         var state = D.initialState
         for action in actions {
-            guard (try? D.validate(action, in: state)) != nil else { return false }
-            D.reduce(into: &state, action)
+            guard (try? D.validate(action, in: state, by: .unknown)) != nil else { return false }
+            D.reduce(into: &state, action, by: .unknown)
         }
         return true
     }

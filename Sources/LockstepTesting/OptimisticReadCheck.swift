@@ -19,12 +19,12 @@ public enum OptimisticReadCheck {
             var passes = true
             for action in entry.actions {
                 do throws(Rejection) {
-                    try D.validate(action, in: scratch)
+                    try D.validate(action, in: scratch, by: .unknown)
                 } catch {
                     passes = false
                     break
                 }
-                D.reduce(into: &scratch, action)
+                D.reduce(into: &scratch, action, by: .unknown)
             }
             if passes { state = scratch }
             if passes == entry.isLeftOut {

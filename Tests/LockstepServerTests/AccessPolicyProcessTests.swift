@@ -125,6 +125,16 @@ import Glibc
         return status
     }
 
+    /// Whether the daemon's log has said `text` at least `times` times, waiting for it at most 10 s.
+    static func logged(_ text: String, times: Int, by daemon: DaemonProcess) -> Bool {
+        for _ in 0..<200 {
+            let log = (try? String(contentsOf: daemon.log, encoding: .utf8)) ?? ""
+            if log.components(separatedBy: text).count - 1 >= times { return true }
+            usleep(50_000)
+        }
+        return false
+    }
+
     static func seq(_ store: String, _ daemon: DaemonProcess) throws -> UInt64 {
         try status(daemon).stores.first { $0.name == store }?.seq ?? 0
     }
@@ -253,14 +263,14 @@ import Glibc
             encoding: .utf8
         )
         daemon.signal(SIGHUP)
-        var accepted = false
-        for _ in 0..<100 where !accepted {
-            accepted =
-                try requests(as: observer, command, ["dispatch:counter:{\"increment\":{}}"])[0]["reply"] == "accepted"
-            if !accepted { usleep(50_000) }
-        }
-        #expect(accepted, "the reloaded policy lets the observer increment")
-        #expect(try requests(as: observer, command, ["dispatch:counter:{\"decrement\":{}}"])[0]["code"] == "forbidden")
+        #expect(logged("reloaded the policy", times: 1, by: daemon), "no reload in \(daemon.log.path)")
+        let reloadedSaid = try requests(
+            as: observer,
+            command,
+            ["dispatch:counter:{\"increment\":{}}", "dispatch:counter:{\"decrement\":{}}"]
+        )
+        #expect(reloadedSaid[0]["reply"] == "accepted", "the reloaded policy lets the observer increment")
+        #expect(reloadedSaid[1]["code"] == "forbidden")
         #expect(
             try lines(of: member, seen: &seenByMember) { $0["store"] == "counter" && $0["seq"] == "2" }?["author"]
                 == "observer"
@@ -276,14 +286,27 @@ import Glibc
         )
         let before = try seq("counter", daemon)
         daemon.signal(SIGHUP)
-        // Until the observer sees a todos event: each round a counter action then a todos action, by the operator.
+        #expect(logged("made the events socket anew", times: 1, by: daemon), "no new events socket")
+        // Until the observer sees a todos event: each round a counter action then a todos action, by the operator
+        // (this process, root), from here.
+        let context = try Context()
+        let operatorClient = try Client(context, endpoint: command)
         var sawTodos = false
         for round in 0..<50 where !sawTodos {
-            _ = try requests(
-                as: nil,
-                command,
-                ["dispatch:counter:{\"increment\":{}}", "dispatch:todos:{\"add\":{\"text\":\"round \(round)\"}}"]
-            )
+            for (store, action) in [
+                ("counter", #"{"increment":{}}"#), ("todos", #"{"add":{"text":"round \#(round)"}}"#),
+            ] {
+                guard
+                    case .accepted = try operatorClient.dispatch(
+                        store,
+                        [action],
+                        number: UInt64(2 * round + 1 + (store == "todos" ? 1 : 0))
+                    )
+                else {
+                    Issue.record("the operator's \(store) dispatch was not accepted")
+                    return
+                }
+            }
             sawTodos = try lines(of: watching, seen: &seenByObserver, rounds: 5) { $0["store"] == "todos" } != nil
         }
         #expect(sawTodos, "the observer, now a reader of todos, gets its events")

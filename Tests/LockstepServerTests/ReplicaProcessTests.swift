@@ -99,11 +99,13 @@ extension ReplicaClient {
         // A short queue on both sides, so the stopped replica's events are dropped, not held.
         let daemon = try await startDaemon(directory, configuration: "[limits]\nevents_queue = 100\n")
         let watcher = try ReplicaClient(daemon, stores: ["counter"], actions: 0, extra: ["--events-queue", "100"])
-        // One event seen first: the watcher's subscription is in place before it is stopped.
+        // One event seen first: the watcher's subscription is in place before it is stopped. The bound is for a full
+        // parallel run's first minute on two cores, where ~100 process tests start at once and one `lockstep
+        // dispatch` has taken 14 s (alone: 0.3 s).
         let first = try await runProduct(
             "lockstep",
             ["dispatch", "counter", #"{"increment":{}}"#, "--command-endpoint", daemon.command],
-            timeout: .seconds(30)
+            timeout: .seconds(90)
         )
         #expect(first.status == 0)
         let live = await watcher.wait(within: .seconds(30)) {
@@ -202,7 +204,7 @@ extension ReplicaClient {
         let result = try await runProduct(
             "lockstep",
             ["dispatch", "numbers", #"{"delete":{"index":99}}"#, "--command-endpoint", daemon.command],
-            timeout: .seconds(30)
+            timeout: .seconds(90)
         )
         #expect(result.status == 3)
         #expect(result.standardError.contains("delete index 99 is out of range"), "\(result.standardError)")

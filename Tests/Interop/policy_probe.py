@@ -37,7 +37,7 @@ def curve_option(args):
 
 def requests(endpoint: str, args) -> None:
     curve, steps = curve_option(args)
-    with Dispatcher(endpoint, timeout=5.0, retries=1, curve=curve) as dispatcher:
+    with Dispatcher(endpoint, timeout=15.0, retries=2, curve=curve) as dispatcher:
         for step in steps:
             kind, _, rest = step.partition(":")
             if kind == "dispatch":
@@ -71,8 +71,8 @@ def subscribe(endpoint: str, args) -> None:
     for store in stores:
         sock.setsockopt(zmq.SUBSCRIBE, wire.topic(store))
     sock.connect(endpoint)
-    if not monitor.poll(10_000):
-        raise SystemExit(f"policy_probe.py: no handshake with {endpoint} within 10 s")
+    if not monitor.poll(60_000):
+        raise SystemExit(f"policy_probe.py: no handshake with {endpoint} within 60 s")
     emit({"ready": True})
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)

@@ -87,7 +87,7 @@ import Glibc
             environment: ["PYTHONDONTWRITEBYTECODE": "1"],
             input: true
         )
-        guard try lines(of: child, until: { $0["ready"] != nil }) != nil else {
+        guard try lines(of: child, rounds: 600, until: { $0["ready"] != nil }) != nil else {
             throw SuiteFailure("the subscriber as \(user ?? "root") did not connect: \(child.errors())")
         }
         return child
@@ -114,9 +114,13 @@ import Glibc
         return nil
     }
 
-    static func lines(of child: ChildProcess, until done: ([String: String]) -> Bool) throws -> [String: String]? {
+    static func lines(
+        of child: ChildProcess,
+        rounds: Int = 200,
+        until done: ([String: String]) -> Bool
+    ) throws -> [String: String]? {
         var seen: [[String: String]] = []
-        return try lines(of: child, seen: &seen, until: done)
+        return try lines(of: child, seen: &seen, rounds: rounds, until: done)
     }
 
     /// What the daemon's STATUS says of stores and refusals, asked as root (the policy's operator).
@@ -291,6 +295,8 @@ import Glibc
         // (this process, root), from here.
         let context = try Context()
         let operatorClient = try Client(context, endpoint: command)
+        // Its own bound: in a full run's busy first minute a dispatch has taken seconds.
+        try operatorClient.socket.set(.receiveTimeout, 60_000)
         var sawTodos = false
         for round in 0..<50 where !sawTodos {
             for (store, action) in [

@@ -67,7 +67,7 @@ public struct DomainStore<D: Domain>: SequencedStore {
         self.state = state
     }
 
-    /// Normalizes, validates and applies `frames` as one batch, as ``SequencedStore/sequence(_:admit:)`` says. A batch
+    /// Normalizes, validates and applies `frames` as one batch, as ``SequencedStore/sequence(_:by:admit:)`` says. A batch
     /// of one is validated and reduced in place; a longer batch works on a copy of the state, kept only when every
     /// action passed.
     public mutating func sequence(

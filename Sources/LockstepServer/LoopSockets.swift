@@ -215,9 +215,10 @@ struct LoopSockets {
         }
     }
 
-    /// Takes the policy the configuration file holds now. When it takes a store from a subscriber seen, the events
-    /// socket is made anew: libzmq cannot take back one peer's subscription, so every subscriber connects again
-    /// and its subscriptions are checked afresh (a replica repairs the events it missed meanwhile by range).
+    /// Takes the policy the configuration file holds now. When it changes what a subscriber seen may read, the events
+    /// socket is made anew: libzmq cannot take back one peer's subscription, nor send again one the daemon refused
+    /// (a store it may read now), so every subscriber connects again and its subscriptions are checked afresh (a
+    /// replica repairs the events it missed meanwhile by range).
     mutating func reloadAccess() throws {
         guard let old = access?.policy else { return }
         let policy: AccessPolicy
@@ -234,16 +235,15 @@ struct LoopSockets {
             return
         }
         access = AccessCheck(policy)
-        let narrowed = subscribers.filter { userID in
+        let changed = subscribers.filter { userID in
             guard let peer = AccessPolicy.Peer(userID: userID) else { return false }
-            let before = old.identity(of: peer)?.read ?? []
-            return !before.isSubset(of: policy.identity(of: peer)?.read ?? [])
+            return old.identity(of: peer)?.read != policy.identity(of: peer)?.read
         }
         loop.logger.notice(
             "reloaded the policy",
-            metadata: ["identities": "\(policy.identities.count)", "narrowedSubscribers": "\(narrowed.count)"]
+            metadata: ["identities": "\(policy.identities.count)", "subscribersReadingOtherStores": "\(changed.count)"]
         )
-        guard !narrowed.isEmpty, isBound else { return }
+        guard !changed.isEmpty, isBound else { return }
         try renewPublisher()
     }
 

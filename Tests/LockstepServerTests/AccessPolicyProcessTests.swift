@@ -323,6 +323,35 @@ import Glibc
             try lines(of: member, seen: &seenByMember) { $0["store"] == "counter" && $0["seq"] == "\(after)" } != nil,
             "the member's subscriber, narrowed in nothing, receives on"
         )
+
+        // SIGHUP a third time, widening only: the observer may read counter again. The subscription to counter it
+        // made at the start was refused and libzmq sends it no more, so the events socket is made anew for this too:
+        // the observer subscribes again and now gets counter's events.
+        try policy(observerReads: "\"todos\", \"counter\"", observerDispatches: "").write(
+            toFile: config,
+            atomically: true,
+            encoding: .utf8
+        )
+        daemon.signal(SIGHUP)
+        #expect(logged("made the events socket anew", times: 2, by: daemon), "no new events socket for a widening")
+        var sawCounter = false
+        for round in 0..<50 where !sawCounter {
+            guard
+                case .accepted = try operatorClient.dispatch(
+                    "counter",
+                    [#"{"increment":{}}"#],
+                    number: 1_000 + UInt64(round)
+                )
+            else {
+                Issue.record("the operator's counter dispatch was not accepted")
+                return
+            }
+            sawCounter =
+                try lines(of: watching, seen: &seenByObserver, rounds: 5) {
+                    $0["store"] == "counter" && $0["type"] == "event" && (UInt64($0["seq"] ?? "") ?? 0) > after
+                } != nil
+        }
+        #expect(sawCounter, "the observer, a reader of counter again, gets its events without reconnecting itself")
     }
 
     @Test func curveKeysAreIdentitiesToo() async throws {

@@ -684,8 +684,10 @@ def decode_event(frames: Sequence[bytes], limits: Limits = DEFAULT_LIMITS) -> Pu
         raise WireError(MALFORMED, f"event message has {len(frames)} frames; expected a topic and a header")
     head = bytes(frames[1])
     kind = _common(head, 1, EVENT_TYPES, "an event")
-    if len(frames) > limits.maximum_batch + 2:
-        raise WireError(TOO_LARGE, f"{_NAMES[kind]} has {len(frames)} frames")
+    # An EVENTS_BY carries an author frame per action: twice the frames of an EVENTS of the same run.
+    most = 2 * limits.maximum_batch + 2 if kind == EVENTS_BY else limits.maximum_batch + 2
+    if len(frames) > most:
+        raise WireError(TOO_LARGE, f"{_NAMES[kind]} has {len(frames)} frames; at most {most}")
     _exact_header(head, kind, 1)
     raw_topic = bytes(frames[0])
     if not raw_topic or raw_topic[-1] > 1:

@@ -28,7 +28,7 @@ package final class Bench {
     /// With tcp: the daemon's (and the raw servers') key pair and the one client pair every client uses.
     private let curve: (server: CurveKeyPair, client: CurveKeyPair)?
     private var workers = 0
-    private var results: BenchResults
+    var results: BenchResults
 
     /// A bench of these `lockstep` (its hidden `bench-worker` command) and `lockstepd` executables, in a new
     /// temporary folder.
@@ -68,7 +68,7 @@ package final class Bench {
         if !keep { try? FileManager.default.removeItem(at: folder) }
     }
 
-    package func run(histories: [Int], parts: Set<String>) throws -> BenchResults {
+    package func run(histories: [Int], parts: Set<String>, stateSizes: [Int] = [1, 10, 100]) throws -> BenchResults {
         let started = ContinuousClock.now
         if results.build == "debug" {
             say("this lockstep is a debug build: the figures say little; make bench builds -c release")
@@ -82,6 +82,7 @@ package final class Bench {
         if parts.contains("p3") { try measureFanOut() }
         if parts.contains("p4") { try measureLateJoin(histories: histories) }
         if parts.contains("p5") { measureStore() }
+        if parts.contains("p7") { try measureStateSizes(megabytes: stateSizes) }
         let p6 = results.p4.last.map { $0.stateBytes } ?? 0
         results.p6.stateBytes = p6
         results.p6.budgetBytes = 64 << 20 + 3 * p6
@@ -601,7 +602,7 @@ package final class Bench {
 
     enum CurveRole { case client, server, none }
 
-    private func say(_ line: String) {
+    func say(_ line: String) {
         if progressToStandardError {
             FileHandle.standardError.write(Data((line + "\n").utf8))
         } else {
@@ -618,7 +619,7 @@ package final class Bench {
         }
     }
 
-    private func worker(
+    func worker(
         _ role: String,
         _ arguments: [String],
         curve role2: CurveRole = .client,
@@ -646,7 +647,7 @@ package final class Bench {
     }
 
     /// The first line `child` prints that `matches`, waiting at most `timeout`.
-    private func awaitLine(
+    func awaitLine(
         _ child: ChildProcess,
         within timeout: Duration,
         matching matches: (String) -> Bool
@@ -664,25 +665,25 @@ package final class Bench {
         }
     }
 
-    private func report(of child: ChildProcess, within timeout: Duration) throws -> WorkerReport {
+    func report(of child: ChildProcess, within timeout: Duration) throws -> WorkerReport {
         let line = try awaitLine(child, within: timeout) { $0.hasPrefix("{") }
         return try JSONDecoder().decode(WorkerReport.self, from: Data(line.utf8))
     }
 
     /// Waits until every client is ready, tells them all to go, and collects their reports.
-    private func runClients(_ clients: [ChildProcess]) throws -> [WorkerReport] {
+    func runClients(_ clients: [ChildProcess]) throws -> [WorkerReport] {
         for client in clients { _ = try awaitLine(client, within: .seconds(60)) { $0 == "ready" } }
         for client in clients { client.send("go") }
         return try clients.map { try report(of: $0, within: .seconds(seconds + 60)) }
     }
 
     /// Operations per second summed over clients, each over its own measured window.
-    private func rate(_ reports: [WorkerReport]) -> Double {
+    func rate(_ reports: [WorkerReport]) -> Double {
         reports.reduce(0) { $0 + perSecond($1.count, nanoseconds: $1.elapsed) }.rounded()
     }
 
     /// The clients' own CPU per operation, in µs (all their CPU ÷ all their operations); `nil` without any.
-    private func cpuPerOperation(_ reports: [WorkerReport]) -> Double? {
+    func cpuPerOperation(_ reports: [WorkerReport]) -> Double? {
         let operations = reports.reduce(0) { $0 + $1.count }
         guard operations > 0 else { return nil }
         return tenths(Double(reports.reduce(0) { $0 + $1.cpuNanos }) / 1_000 / Double(operations))
@@ -695,7 +696,7 @@ package final class Bench {
     }
 
     /// A replica's process CPU per event it applied, in µs: the mean over `reports`; `nil` without events.
-    private func replicaCPU(_ reports: [WorkerReport]) -> Double? {
+    func replicaCPU(_ reports: [WorkerReport]) -> Double? {
         let perEvent = reports.filter { $0.eventsApplied > 0 }
             .map { Double($0.cpuNanos) / 1_000 / Double($0.eventsApplied) }
         guard !perEvent.isEmpty else { return nil }
@@ -703,7 +704,7 @@ package final class Bench {
     }
 
     /// The sum of the seqs of the daemon's stores.
-    private func seq(of daemon: DaemonProcess) throws -> UInt64 {
+    func seq(of daemon: DaemonProcess) throws -> UInt64 {
         guard let status = daemon.status(timeout: .milliseconds(500)) else {
             throw BenchFailure("lockstepd at \(daemon.command) did not answer STATUS with a readable status")
         }
@@ -727,7 +728,7 @@ package final class Bench {
     }
 
     /// A lockstepd serving `domains` from the folder `name` (its journal, config and log), answering.
-    private func startDaemon(_ name: String, domains: [String], extra: String = "") throws -> DaemonProcess {
+    func startDaemon(_ name: String, domains: [String], extra: String = "") throws -> DaemonProcess {
         let directory = folder.appendingPathComponent(name)
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let command = endpoint("\(name)-command")
@@ -849,4 +850,4 @@ private func microseconds(from start: Duration?, to end: Duration?, per operatio
 }
 
 /// `value` rounded to a tenth.
-private func tenths(_ value: Double) -> Double { (value * 10).rounded() / 10 }
+func tenths(_ value: Double) -> Double { (value * 10).rounded() / 10 }

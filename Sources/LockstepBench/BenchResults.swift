@@ -17,6 +17,7 @@ package struct BenchResults: Codable {
     var p4: [P4] = []
     var p5: [P5] = []
     var p6 = P6()
+    var p7: [P7] = []
     /// Redis Streams from 1, 8 and 32 clients, when `redis-server` is installed; else `null`.
     var redis: RedisStreams?
     /// P1 and P2 with the PostgreSQL journal, when PostgreSQL is installed; else `null`.
@@ -165,6 +166,35 @@ package struct BenchResults: Codable {
         var withinBudget: Bool?
         /// Why the budget was not judged, when it was not.
         var notJudged: String?
+    }
+
+    /// One size of P7's `todos` store: the empty store's row first, the others' ratios to it.
+    struct P7: Codable {
+        var megabytes: Int
+        /// The state's canonical JSON, in bytes.
+        var stateBytes: Int
+        var fillSeconds: Double
+        var daemonStartSeconds: Double
+        /// A new replica process's time to the store's last seq (snapshot included).
+        var joinSeconds: Double
+        /// One client adding todos, one at a time.
+        var p1P50Us: Microseconds
+        var p1P99Us: Microseconds
+        var p1RatioP50: Double?
+        var p1RatioP99: Double?
+        /// 8 clients adding todos.
+        var p2ActionsPerS: Double
+        var p2Ratio: Double?
+        var failures: Int
+        /// A replica following P1 and P2: its process's CPU per event applied.
+        var replicaCpuPerEventUs: Double?
+        var replicaResyncs: Int
+        /// VmHWM of the daemon, and of the two replica processes (the larger).
+        var daemonPeakBytes: Int
+        var replicaPeakBytes: Int
+        /// 64 MiB + 3 × the state.
+        var budgetBytes: Int
+        var withinBudget: Bool
     }
 
     struct PostgresJournalFigures: Codable {

@@ -174,6 +174,31 @@ package struct BenchTable {
             row("replica process", mebibytes(p6.replicaPeakBytes), judged(p6.replicaPeakBytes)),
         ]
         if let reason = p6.notJudged { lines.append("  not judged: \(reason)") }
+        if !r.p7.isEmpty {
+            lines += ["", "P7 cost against the size of the state (todos store; ratios to the empty store)"]
+        }
+        for p7 in r.p7 {
+            let size = "\(p7.megabytes) MB (\(bytes(p7.stateBytes)))"
+            lines += [
+                row(
+                    size,
+                    "P1 p50 \(p7.p1P50Us)  p99 \(p7.p1P99Us)",
+                    "\(times(p7.p1RatioP50)) / \(times(p7.p1RatioP99))"
+                ),
+                row("", "P2 8 clients \(count(p7.p2ActionsPerS))/s", times(p7.p2Ratio)),
+                row(
+                    "",
+                    String(
+                        format: "join %.2f s; replica %@ µs/event",
+                        p7.joinSeconds,
+                        p7.replicaCpuPerEventUs.map { String(format: "%.1f", $0) } ?? "–"
+                    ),
+                    "",
+                    "peak lockstepd \(mebibytes(p7.daemonPeakBytes)), replica \(mebibytes(p7.replicaPeakBytes)) "
+                        + "(\(p7.withinBudget ? "within" : "over") \(mebibytes(p7.budgetBytes)))"
+                ),
+            ]
+        }
         return lines.joined(separator: "\n")
     }
 

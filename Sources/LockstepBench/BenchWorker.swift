@@ -82,10 +82,17 @@ package struct BenchWorker: Sendable {
         case .req: report = try await request(context)
         case .sub: report = try subscribe(context)
         case .dispatch: report = try await dispatch(context)
-        case .replica: report = try await replica()
+        case .replica:
+            report =
+                store == Todos.name
+                ? try await replica(Todos.self, count: nil) : try await replica(Counter.self, count: { $0.count })
         case .optimistic: report = try await optimistic()
         case .join:
-            report = store == Posts.name ? try await join(Posts.self) : try await join(Counter.self)
+            switch store {
+            case Posts.name: report = try await join(Posts.self)
+            case Todos.name: report = try await join(Todos.self)
+            default: report = try await join(Counter.self)
+            }
         case .redis: report = try await redis()
         case .effectsDaemon: report = try await effectsDaemon()
         }
@@ -99,22 +106,39 @@ package struct BenchWorker: Sendable {
     }
 
     /// The counter DISPATCH every client sends (the raw ones send its bytes, for the same load); with `pulse`, a
-    /// batch of `batch` pings instead.
+    /// batch of `batch` pings instead; with `todos`, one ``todoAdd(_:)`` (P7's stores grow by it).
     package static func dispatchRequest(
         number: UInt64,
         clientID: ClientID,
-        pulse: Bool = false,
+        store: String = Counter.name,
         batch: Int = 1
     ) -> Request {
-        .dispatch(
+        let (version, actions): (UInt32, [Frame]) =
+            switch store {
+            case Pulse.name: (Pulse.version, Array(repeating: Pulse.ping, count: max(1, batch)))
+            case Todos.name: (Todos.version, [todoAdd(number)])
+            default: (Counter.version, [action])
+            }
+        return .dispatch(
             DispatchRequest(
                 requestID: number,
-                domainVersion: pulse ? Pulse.version : Counter.version,
+                domainVersion: version,
                 clientID: clientID,
-                store: try! StoreName(pulse ? Pulse.name : Counter.name),
-                actions: pulse ? Array(repeating: Pulse.ping, count: max(1, batch)) : [action]
+                store: try! StoreName(store),
+                actions: actions
             )
         )
+    }
+
+    /// The bytes of a todos `add` whose text is 180 characters, numbered `number`: ~220 bytes of state each.
+    package static func todoAdd(_ number: UInt64) -> Frame {
+        Array(#"{"add":{"text":""#.utf8) + Array(todoText(number).utf8) + Array(#""}}"#.utf8)
+    }
+
+    /// The 180 characters of todo `number`'s text.
+    package static func todoText(_ number: UInt64) -> String {
+        let label = "todo \(number) "
+        return label + String(repeating: "x", count: max(0, 180 - label.utf8.count))
     }
 
     /// `{"increment":{}}`, as every client and Redis send it.
@@ -235,12 +259,7 @@ package struct BenchWorker: Sendable {
         func dispatchOne() throws {
             number += 1
             let at = monotonicNanos()
-            let request = Self.dispatchRequest(
-                number: number,
-                clientID: clientID,
-                pulse: store == Pulse.name,
-                batch: count
-            )
+            let request = Self.dispatchRequest(number: number, clientID: clientID, store: store, batch: count)
             guard case let .accepted(_, _, seq, _) = try client.call(request) else {
                 throw CommandFailure("the daemon did not accept dispatch \(number)")
             }
@@ -254,21 +273,28 @@ package struct BenchWorker: Sendable {
         return report
     }
 
-    private func replica() async throws -> WorkerReport {
-        let replica = try Replica(Counter.self, configuration: try replicaConfiguration(), logger: quietLogger())
+    /// A replica of `D` that reports its CPU per event applied; with `count` (the counter's, which is its seq),
+    /// also when its state reached each seq.
+    private func replica<D: Domain>(
+        _ domain: D.Type,
+        count: (@Sendable (D.State) -> Int)?
+    ) async throws -> WorkerReport {
+        let replica = try Replica(D.self, configuration: try replicaConfiguration(), logger: quietLogger())
         let running = Task { try await replica.run() }
         defer { running.cancel() }
-        try await replica.waitUntilLive(timeout: .seconds(30))
+        try await replica.waitUntilLive(timeout: .seconds(60))
         // Every dispatch is an increment and nothing is rejected, so the count is the seq: the subscriber to the
         // confirmed state learns on the replica's own thread, the moment a run of events is applied (the optimistic
         // view, the default, is rebuilt after it).
         let applied = LockedValue<[WorkerReport.Sample]>([])
         applied.withLockedValue { $0.reserveCapacity(1 << 16) }
-        let subscription = replica.subscribe({ $0.count }, view: .confirmed) { count in
-            let at = monotonicNanos()
-            applied.withLockedValue { $0.append(.init(seq: UInt64(count), at: at)) }
+        let subscription = count.map { count in
+            replica.subscribe(count, view: .confirmed) { count in
+                let at = monotonicNanos()
+                applied.withLockedValue { $0.append(.init(seq: UInt64(count), at: at)) }
+            }
         }
-        defer { subscription.cancel() }
+        defer { subscription?.cancel() }
         let cpuStart = processCPUTime()
         let seqStart = replica.seq
         print("ready")

@@ -86,13 +86,23 @@ struct EvidenceRecorder {
         self.maximumBytes = maximumBytes
     }
 
-    /// The state at `seq` is known to be the daemon's (a digest matched, or a checked snapshot was installed).
+    /// The state at `seq` is known to be the daemon's (a digest matched, or a checked snapshot was installed). The
+    /// actions applied after `seq` are kept: a digest taken off the daemon's loop is known after later events.
     mutating func agree(epoch: Epoch, seq: SequenceNumber, state: [UInt8]) {
+        if let agreed, agreed.epoch == epoch, !overflowed, seq >= agreed.seq,
+            seq - agreed.seq <= SequenceNumber(actions.count)
+        {
+            let passed = Int(seq - agreed.seq)
+            bytes -= actions.prefix(passed).reduce(0) { $0 + $1.count }
+            actions.removeFirst(passed)
+            authors.removeFirst(min(passed, authors.count))
+        } else {
+            actions.removeAll(keepingCapacity: true)
+            authors.removeAll(keepingCapacity: true)
+            bytes = 0
+            overflowed = false
+        }
         agreed = (epoch, seq, state)
-        actions.removeAll(keepingCapacity: true)
-        authors.removeAll(keepingCapacity: true)
-        bytes = 0
-        overflowed = false
     }
 
     /// Actions applied after the agreement, in seq order.
@@ -121,14 +131,16 @@ struct EvidenceRecorder {
         replicaState: [UInt8]
     ) throws -> URL? {
         guard let agreed else { return nil }
+        let upTo = seq > agreed.seq ? Int(seq - agreed.seq) : 0
         let evidence = DivergenceEvidence(
             store: store,
             domainVersion: domainVersion,
             epoch: agreed.epoch,
             agreedSeq: agreed.seq,
             agreedState: agreed.state,
-            actions: overflowed ? nil : actions,
-            authors: authors,
+            // Up to the seq that diverged: the ones applied after it say nothing of it.
+            actions: overflowed ? nil : Array(actions.prefix(upTo)),
+            authors: Array(authors.prefix(upTo)),
             divergentSeq: seq,
             daemonDigest: daemonDigest,
             replicaState: replicaState

@@ -78,13 +78,20 @@ package struct OptimisticLedger<D: Domain>: Sendable {
     package private(set) var version: UInt64 = 0
     /// Subscriptions to the optimistic state: while there are some, it is rebuilt even with nothing pending.
     package private(set) var watchers = 0
-    /// The newest confirmed change heard of, and its state.
-    private var newest: (number: UInt64, base: Replicated<D.State>)?
+    /// The newest confirmed change heard of, and its state — not kept (`nil`) while nothing needs it: nothing pending,
+    /// nobody watching. Kept, it would make the local store's next change copy the whole state (an array of 10⁵ todos
+    /// at every event); ``restore(_:)`` reads it from the local store when something does.
+    private var newest: (number: UInt64, base: Replicated<D.State>?)?
     /// Confirmed changes that arrived while a rebase onto them waited for an answer, oldest first, at most
     /// ``maximumHeldBases`` (each keeps a copy of the state alive).
     private var held: [(number: UInt64, base: Replicated<D.State>)] = []
 
     package static var maximumHeldBases: Int { 64 }
+
+    /// Whether the newest confirmed state is let go while nothing needs it; the owner then calls ``restore(_:)``
+    /// before every event that builds on it — ``dispatch(_:_:outcome:now:)``, ``watch()``, ``catchUp()`` — and only
+    /// then (a `Replica` does): a state taken back and kept across the local store's next change costs a copy.
+    package var letsIdleStateGo = false
 
     /// A ledger with nothing pending, on `base`.
     package init(base: Replicated<D.State>, pendingTimeout: Duration, maximumPending: Int) {
@@ -130,7 +137,7 @@ package struct OptimisticLedger<D: Domain>: Sendable {
         outcome: DispatchOutcome,
         now: ContinuousClock.Instant
     ) throws(Refusal) -> [Action] {
-        guard newest?.base.epoch != nil || base.epoch != nil else { throw .notJoined }
+        guard newest?.base?.epoch != nil || base.epoch != nil else { throw .notJoined }
         let pending = pendingActions
         guard pending + actions.count <= maximumPending else { throw .tooMany(pending: pending, adding: actions.count) }
         var output = rebase()
@@ -164,7 +171,7 @@ package struct OptimisticLedger<D: Domain>: Sendable {
         guard let index = entries.firstIndex(where: { $0.number == number }) else { return [] }
         entries[index].accepted = (epoch, seqs)
         entries[index].confirmBy = confirmBy
-        entries[index].epochSeen = (newest?.base ?? base).epoch == epoch
+        entries[index].epochSeen = ((newest?.base).flatMap { $0 } ?? base).epoch == epoch
         let output = rebase()
         return output.isEmpty ? changed() : output
     }
@@ -194,7 +201,10 @@ package struct OptimisticLedger<D: Domain>: Sendable {
         for index in entries.indices where entries[index].accepted?.epoch == confirmed.epoch {
             entries[index].epochSeen = true
         }
-        if entries.isEmpty, watchers == 0 { return [] }
+        if entries.isEmpty, watchers == 0 {
+            if letsIdleStateGo { newest = (number, nil) }
+            return []
+        }
         // A rebase onto this change waits for an answer: keep it, so the rebase can go as far as it may before the
         // next answers come (under a steady stream of dispatches, never all answered).
         if entries.contains(where: { $0.holdsUp(number) }) {
@@ -248,6 +258,13 @@ package struct OptimisticLedger<D: Domain>: Sendable {
         entries.lazy.map { $0.confirmBy ?? ($0.dispatchedAt + self.pendingTimeout) }.min()
     }
 
+    /// The newest confirmed change's state, when it was not kept (see `newest`): `current`, the local store's state now
+    /// — that change's, or a later one's whose change has yet to be told (which only makes a rebase wait less long
+    /// than it could, never go past a dispatch it holds up: nothing was pending when the state was let go).
+    package mutating func restore(_ current: @autoclosure () -> Replicated<D.State>) {
+        if let (number, state) = newest, state == nil { newest = (number, current()) }
+    }
+
     /// A subscription to the optimistic state starts: the state is rebuilt on the newest confirmed state now, and
     /// on every confirmed change while it lasts.
     package mutating func watch() -> [Action] {
@@ -291,7 +308,7 @@ package struct OptimisticLedger<D: Domain>: Sendable {
     /// change may hold it (events do not say who sent them), and rebuilding then would show the action twice.
     private mutating func rebase(removed: Bool = false) -> [Action] {
         let limit = entries.compactMap { $0.accepted == nil ? $0.heardAtSend : nil }.min()
-        var target = newest
+        var target = newest.flatMap { newest in newest.base.map { (number: newest.number, base: $0) } }
         if let limit, let last = target, last.number > limit {
             target = held.last { $0.number <= limit }
         }

@@ -43,6 +43,8 @@ public final class Replica<D: Domain>: Service, Sendable {
     let published: Store<OptimisticRead<D>, Publication>
     let shared = LockedValue(Shared())
     private let wakeup: Wakeup
+    /// Encodes and hashes the local state at the seqs the daemon digests, off the replica's thread.
+    private let digestThread = DispatchQueue(label: "lockstep.replica.digests")
 
     /// A read made under the ledger's lock, handed to the store of published reads.
     struct Publication: Encodable, Sendable {
@@ -103,11 +105,12 @@ public final class Replica<D: Domain>: Service, Sendable {
             },
             observers: ActionObservers()
         )
-        let ledger = OptimisticLedger<D>(
+        var ledger = OptimisticLedger<D>(
             base: initial,
             pendingTimeout: configuration.pendingTimeout,
             maximumPending: configuration.maximumPending
         )
+        ledger.letsIdleStateGo = true
         self.ledger = LockedValue(ledger)
         published = Store(
             name: D.name,
@@ -132,7 +135,7 @@ public final class Replica<D: Domain>: Service, Sendable {
     public var optimistic: OptimisticRead<D> {
         var read: OptimisticRead<D>?
         carryOut(
-            withLedger { ledger in
+            withLedger(restoring: true) { ledger in
                 let actions = ledger.catchUp()
                 read = ledger.read
                 return actions
@@ -193,7 +196,7 @@ public final class Replica<D: Domain>: Service, Sendable {
         // Watching first, so the read the subscription starts on is rebuilt on the newest confirmed state.
         var version: UInt64 = 0
         carryOut(
-            withLedger { ledger in
+            withLedger(restoring: true) { ledger in
                 let actions = ledger.watch()
                 version = ledger.version
                 return actions
@@ -353,7 +356,7 @@ public final class Replica<D: Domain>: Service, Sendable {
         }
         do throws(OptimisticLedger<D>.Refusal) {
             carryOut(
-                try withLedger { ledger throws(OptimisticLedger<D>.Refusal) in
+                try withLedger(restoring: true) { ledger throws(OptimisticLedger<D>.Refusal) in
                     try ledger.dispatch(number, actions, outcome: outcome, now: .now)
                 }
             )
@@ -489,6 +492,13 @@ public final class Replica<D: Domain>: Service, Sendable {
                 return
             }
             try engine.send(outbox, on: &link)
+            try engine.checkDigests(
+                shared.withLockedValue { shared in
+                    defer { shared.digestsTaken.removeAll() }
+                    return shared.digestsTaken
+                },
+                on: &link
+            )
             if ready[0].contains(.readable) { try engine.readEvents(from: &link) }
             if ready[1].contains(.readable) { try engine.readReplies(from: &link) }
             try engine.tick(on: &link)
@@ -543,8 +553,39 @@ public final class Replica<D: Domain>: Service, Sendable {
         local.send(change) { [self] _ in
             // Still on the thread that applied the change, before the store takes its next one: this is its state.
             let confirmed = local.state
+            takeDigestIfWanted(of: confirmed)
             carryOut(withLedger { $0.confirmed(number, confirmed) })
             applied(epoch: epoch, seq: seq)
+        }
+    }
+
+    /// Takes the digest of the local state at `seq` of `epoch` off the replica's thread, as soon as the local store
+    /// holds that state (now, or when it applies the change that ends there).
+    func wantDigest(_ wanted: DigestWanted) {
+        shared.withLockedValue { $0.digestWanted = wanted }
+        takeDigestIfWanted(of: local.state)
+    }
+
+    /// Hands `state` to the digest thread if it is the one wanted: the thread keeps a reference, so the store's next
+    /// change copies what it changes (all of an array; a path of a `TreeDictionary`).
+    private func takeDigestIfWanted(of state: Replicated<D.State>) {
+        let wanted = shared.withLockedValue { shared -> DigestWanted? in
+            guard let wanted = shared.digestWanted, wanted.seq == state.seq, wanted.epoch == state.epoch else {
+                return nil
+            }
+            shared.digestWanted = nil
+            return wanted
+        }
+        guard let wanted else { return }
+        let keepState = configuration.evidenceDirectory != nil
+        digestThread.async { [self] in
+            var taken = DigestTaken(seq: wanted.seq, generation: wanted.generation)
+            if let bytes = try? Array(CanonicalEncoding.encode(state.state)) {
+                taken.digest = StateDigest(of: bytes)
+                if keepState { taken.state = bytes }
+            }
+            shared.withLockedValue { $0.digestsTaken.append(taken) }
+            wakeup.signal()
         }
     }
 
@@ -552,11 +593,14 @@ public final class Replica<D: Domain>: Service, Sendable {
 
     /// Runs `event` on the ledger under its lock. Handles are resolved or failed there, so a handle's status and
     /// the pending list never disagree; the rest of what the ledger decided is returned, to carry out after the
-    /// lock (``carryOut(_:telling:)``).
+    /// lock (``carryOut(_:telling:)``). With `restoring`, for an event that builds on the newest confirmed state (a
+    /// dispatch, a read, a watch), the ledger first takes that state back from the local store if it let it go.
     func withLedger<E: Error>(
+        restoring: Bool = false,
         _ event: (inout OptimisticLedger<D>) throws(E) -> [OptimisticLedger<D>.Action]
     ) throws(E) -> [OptimisticLedger<D>.Action] {
         try ledger.withLockedValue { ledger throws(E) in
+            if restoring { ledger.restore(local.state) }
             let actions = try event(&ledger)
             for action in actions {
                 switch action {
@@ -622,7 +666,27 @@ public final class Replica<D: Domain>: Service, Sendable {
         var nextListener: UInt64 = 0
         var listeners: [UInt64: AsyncStream<ReplicaNotice>.Continuation] = [:]
         var rollbackListeners: [UInt64: AsyncStream<OptimisticRollback<D>>.Continuation] = [:]
+        /// The seq whose state the replica's thread wants a digest of, once the local store has it.
+        var digestWanted: DigestWanted?
+        /// Digests taken off the replica's thread, for it to check.
+        var digestsTaken: [DigestTaken] = []
     }
+}
+
+/// A seq of an epoch whose state's digest the replica's thread asked for (``DigestChecks``).
+struct DigestWanted: Sendable {
+    var epoch: Epoch
+    var seq: SequenceNumber
+    var generation: UInt64
+}
+
+/// The digest of the local state at `seq`, taken off the replica's thread; with the canonical state when divergence
+/// evidence is kept. `digest` is `nil` when the state did not encode.
+struct DigestTaken: Sendable {
+    var seq: SequenceNumber
+    var generation: UInt64
+    var digest: StateDigest?
+    var state: Frame?
 }
 
 // What the replica's thread and its callers share, outside the generic `Replica<D>`: types nested in a generic

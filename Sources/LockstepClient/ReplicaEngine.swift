@@ -36,6 +36,8 @@ struct Engine<D: Domain> {
     let coder = CanonicalEncoding.Coder()
     /// With ``ReplicaConfiguration/evidenceDirectory``: what a divergence's evidence file is made of.
     var evidence: EvidenceRecorder?
+    /// The digests of the local state kept at the daemon's digest seqs, and the daemon's, until both are known.
+    var digests = DigestChecks()
     /// How many confirmed changes were handed to the local store: the number of the next one, less one.
     var handed: UInt64 = 0
     /// The optimistic dispatches waiting for a reply, by request number.
@@ -314,6 +316,8 @@ struct Engine<D: Domain> {
                 try perform(sync.heartbeat(epoch: epoch, lastSeq: lastSeq, now: now), on: &link)
             case let .digest(_, epoch, seq, digest):
                 try perform(sync.digest(epoch: epoch, seq: seq, digest: digest, now: now), on: &link)
+            case let .checkpoint(_, epoch, seq):
+                try perform(sync.checkpoint(epoch: epoch, seq: seq, now: now), on: &link)
             }
         }
     }
@@ -448,6 +452,7 @@ struct Engine<D: Domain> {
                     )
                 }
                 handed += 1
+                digests.reset()
                 replica.apply(
                     .install(Replicated(epoch: epoch, seq: seq, state: state)),
                     number: handed,
@@ -485,44 +490,12 @@ struct Engine<D: Domain> {
                 unapplied = (epoch, unapplied?.firstSeq ?? first.seq, last.seq, actions, authors)
                 if !batching { handOver() }
             case let .verifyDigest(seq, digest):
-                let current = replica.local.state
-                // Not applied yet when another thread is draining the local store; the next digest checks.
-                guard current.seq == seq, let epoch = current.epoch,
-                    let bytes = try? Array(CanonicalEncoding.encode(current.state))
-                else { continue }
-                let mine = StateDigest(of: bytes)
-                guard mine != digest else {
-                    evidence?.agree(epoch: epoch, seq: seq, state: bytes)
-                    continue
-                }
-                var location = ""
-                do {
-                    if let file = try evidence?.write(
-                        store: store.rawValue,
-                        domainVersion: D.version,
-                        seq: seq,
-                        daemonDigest: digest,
-                        replicaState: bytes
-                    ) {
-                        location = "; evidence in \(file.path)"
-                        replica.logger.error(
-                            "wrote the evidence of a divergence",
-                            metadata: ["store": "\(store)", "seq": "\(seq)", "file": "\(file.path)"]
-                        )
-                    }
-                } catch {
-                    replica.logger.error(
-                        "could not write the evidence of a divergence",
-                        metadata: [
-                            "store": "\(store)", "directory": "\(evidence?.directory ?? "")", "error": "\(error)",
-                        ]
-                    )
-                }
-                return try mismatch(
-                    seq,
-                    "the daemon's digest is \(digest), this replica's is \(mine)\(location)",
-                    on: &link
-                )
+                keepDigest(at: seq)
+                if let verdict = digests.daemonSaid(digest, at: seq), try judge(verdict, on: &link) { return }
+            case let .keepDigest(seq):
+                keepDigest(at: seq)
+            case let .verifyKeptDigest(seq, digest):
+                if let verdict = digests.daemonSaid(digest, at: seq), try judge(verdict, on: &link) { return }
             case let .reportDivergence(seq):
                 divergences += 1
                 let detail = divergenceDetail ?? "the state differs from the daemon's"
@@ -533,6 +506,7 @@ struct Engine<D: Domain> {
                 )
                 replica.notify(.diverged(seq: seq, detail: detail))
             case let .resync(reason):
+                digests.reset()
                 replica.logger.warning("replica resyncs", metadata: ["store": "\(store)", "reason": "\(reason)"])
                 replica.notify(.resynced(reason))
             case let .silent(duration):
@@ -545,6 +519,66 @@ struct Engine<D: Domain> {
                 // With one daemon the request goes out again on the same socket, where a slow reply still lands.
                 if link.search.endpoints.count > 1 { try moveOn(.syncUnanswered, &link, now: .now) }
             }
+        }
+    }
+
+    /// Asks for the digest of the local state at `seq` (the replica's seq now: every action before it is handed over).
+    mutating func keepDigest(at seq: SequenceNumber) {
+        guard let epoch = sync.epoch, digests.keep(seq) else { return }
+        replica.wantDigest(DigestWanted(epoch: epoch, seq: seq, generation: digests.generation))
+    }
+
+    /// The digests the digest thread took: each checked against the daemon's once both are known.
+    mutating func checkDigests(_ taken: [DigestTaken], on link: inout Link) throws {
+        for taken in taken {
+            guard let digest = taken.digest else {
+                replica.logger.error(
+                    "could not encode the local state to check its digest",
+                    metadata: ["store": "\(store)", "seq": "\(taken.seq)"]
+                )
+                continue
+            }
+            let verdict = digests.computed(digest, state: taken.state, at: taken.seq, generation: taken.generation)
+            if let verdict, try judge(verdict, on: &link) { return }
+        }
+    }
+
+    /// Carries out a digest check's verdict: an agreement is the evidence's new starting point; a difference is a
+    /// divergence, with its evidence written when the replica keeps some: `true` then (the replica started over, and
+    /// what followed is void).
+    mutating func judge(_ verdict: DigestChecks.Verdict, on link: inout Link) throws -> Bool {
+        switch verdict {
+        case let .agree(seq, state):
+            if let epoch = sync.epoch, let state { evidence?.agree(epoch: epoch, seq: seq, state: state) }
+            return false
+        case let .differ(seq, digest, mine, state):
+            var location = ""
+            do {
+                if let state,
+                    let file = try evidence?.write(
+                        store: store.rawValue,
+                        domainVersion: D.version,
+                        seq: seq,
+                        daemonDigest: digest,
+                        replicaState: state
+                    )
+                {
+                    location = "; evidence in \(file.path)"
+                    replica.logger.error(
+                        "wrote the evidence of a divergence",
+                        metadata: ["store": "\(store)", "seq": "\(seq)", "file": "\(file.path)"]
+                    )
+                }
+            } catch {
+                replica.logger.error(
+                    "could not write the evidence of a divergence",
+                    metadata: [
+                        "store": "\(store)", "directory": "\(evidence?.directory ?? "")", "error": "\(error)",
+                    ]
+                )
+            }
+            try mismatch(seq, "the daemon's digest is \(digest), this replica's is \(mine)\(location)", on: &link)
+            return true
         }
     }
 

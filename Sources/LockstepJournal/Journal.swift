@@ -44,7 +44,7 @@ public protocol Journal: AnyObject, Sendable {
     /// Writes the whole batch in one transaction and returns once it is durable.
     ///
     /// Each store in the batch must have been recovered, its events must continue its seqs without a gap,
-    /// and a snapshot must be at its store's last seq after the batch. A snapshot also compacts its store:
+    /// and a snapshot must be at or below its store's last seq after the batch, past its newest snapshot. A snapshot also compacts its store:
     /// the oldest snapshots beyond ``JournalPolicy/snapshotsKept`` are deleted, and so are the events at or
     /// below the oldest snapshot kept. Idempotency entries beyond ``JournalPolicy/idempotencyEntriesKept``
     /// are deleted, oldest first.
@@ -335,6 +335,9 @@ public struct RecoveredStore<D: Domain>: Sendable {
     public var snapshotSeq: UInt64?
     /// How many events recovery replayed after the snapshot.
     public var replayedEvents: Int
+    /// About how many bytes the state's canonical form has: the snapshot recovery started from and the actions it
+    /// replayed after it (0 for a store with neither). The daemon sizes its first checkpoint by it.
+    public var stateBytesHint: Int = 0
     /// The version the store was written by when recovery upgraded it to `D.version`; `nil` when it was already.
     public var upgradedFrom: UInt32?
 }

@@ -3,8 +3,8 @@ import Lockstep
 /// A message the daemon publishes on the events socket: frame 0 is the store's topic, frame 1 the header.
 ///
 /// Each store has two streams, one topic each: *one by one* (``topic(for:)``: an EVENT per action) and *in runs*
-/// (``runTopic(for:)``: one EVENTS per store per commit, up to ``maximumRun`` actions). Both carry the HEARTBEATs
-/// and DIGESTs. The daemon publishes a stream only while someone subscribes to it.
+/// (``runTopic(for:)``: one EVENTS per store per commit, up to ``maximumRun`` actions). Both carry the HEARTBEATs,
+/// DIGESTs and CHECKPOINTs. The daemon publishes a stream only while someone subscribes to it.
 public enum Event: Hashable, Sendable {
     /// The action that got `seq` (the one-by-one stream), dispatched by `author`: an EVENT, or an EVENT_BY when the
     /// author is known.
@@ -14,14 +14,19 @@ public enum Event: Hashable, Sendable {
     case events(store: StoreName, epoch: Epoch, firstSeq: SequenceNumber, actions: [Frame], authors: [Author] = [])
     /// The store is idle and stands at `lastSeq`; a replica behind it has lost events.
     case heartbeat(store: StoreName, epoch: Epoch, lastSeq: SequenceNumber)
-    /// The digest of the daemon's canonical state at `seq`, for replicas to compare with their own.
+    /// The digest of the daemon's canonical state at `seq`, for replicas to compare with their own. It follows the
+    /// event of `seq` at once, or — for a state too large to encode on the daemon's loop — comes later, after a
+    /// ``checkpoint(store:epoch:seq:)`` for the same seq.
     case digest(store: StoreName, epoch: Epoch, seq: SequenceNumber, StateDigest)
+    /// The daemon is taking the digest of its state at `seq` off its loop: a DIGEST for `seq` follows, later. It comes
+    /// right after the event of `seq`, so a replica can keep its own state at `seq` to compare with it.
+    case checkpoint(store: StoreName, epoch: Epoch, seq: SequenceNumber)
 
     /// The store the message is about.
     public var store: StoreName {
         switch self {
         case let .event(store, _, _, _, _), let .heartbeat(store, _, _), let .digest(store, _, _, _),
-            let .events(store, _, _, _, _):
+            let .events(store, _, _, _, _), let .checkpoint(store, _, _):
             store
         }
     }
@@ -37,7 +42,7 @@ public enum Event: Hashable, Sendable {
         Array(store.rawValue.utf8) + [0]
     }
 
-    /// The topic of `store`'s stream in runs (EVENTS, HEARTBEAT, DIGEST): the name, then one 0x01. Neither topic
+    /// The topic of `store`'s stream in runs (EVENTS, HEARTBEAT, DIGEST, CHECKPOINT): the name, then one 0x01. Neither topic
     /// of a store is a prefix of the other's, nor of another store's.
     public static func runTopic(for store: StoreName) -> Frame {
         Array(store.rawValue.utf8) + [1]
@@ -77,6 +82,11 @@ public enum Event: Hashable, Sendable {
             header.write(epoch.rawValue)
             header.write(seq)
             header.write(bytes: digest.bytes)
+            return [Self.topic(for: store), header.bytes]
+        case let .checkpoint(store, epoch, seq):
+            var header = ByteWriter(.checkpoint)
+            header.write(epoch.rawValue)
+            header.write(seq)
             return [Self.topic(for: store), header.bytes]
         }
     }
@@ -128,7 +138,13 @@ public enum Event: Hashable, Sendable {
                 )
             }
             let count = (frames.count - 2) / 2
-            let actions = try Wire.actionRun(Array(frames[..<(2 + count)]), from: 2, firstSeq: seq, type: type, limits: limits)
+            let actions = try Wire.actionRun(
+                Array(frames[..<(2 + count)]),
+                from: 2,
+                firstSeq: seq,
+                type: type,
+                limits: limits
+            )
             let authors = try Wire.authors(frames, from: 2 + count, count: count, type: type)
             return .events(store: store, epoch: epoch, firstSeq: seq, actions: actions, authors: authors)
         case .event, .eventBy:
@@ -153,6 +169,10 @@ public enum Event: Hashable, Sendable {
             }
             try Wire.requireFrames(frames, exactly: 2, type: type, layout: "topic, header")
             return .digest(store: store, epoch: epoch, seq: seq, digest)
+        case .checkpoint:
+            try Wire.requireFrames(frames, exactly: 2, type: type, layout: "topic, header")
+            try Wire.positiveSeq(seq, field: "seq", type: type)
+            return .checkpoint(store: store, epoch: epoch, seq: seq)
         default:
             // `messageType` returned an event type; the others cannot reach here.
             throw ProtocolError(code: .unknownMessageType, "\(type.fullName) is not an event")

@@ -76,6 +76,13 @@ public struct ReplicaSync: Sendable {
         /// The daemon's digest at `seq`, which is the replica's current seq: compare it with the local
         /// state's and report ``ReplicaSync/digestMismatch(at:now:)`` if they differ.
         case verifyDigest(seq: SequenceNumber, digest: StateDigest)
+        /// The daemon is taking its digest at `seq`, the replica's current seq, off its loop (a CHECKPOINT): keep the
+        /// local state's digest at `seq` for the DIGEST that comes later.
+        case keepDigest(seq: SequenceNumber)
+        /// The daemon's digest at `seq`, a seq the replica has passed: compare it with the local state's digest kept
+        /// at `seq` (``keepDigest(seq:)``), if one was, and report ``ReplicaSync/digestMismatch(at:now:)`` if they
+        /// differ.
+        case verifyKeptDigest(seq: SequenceNumber, digest: StateDigest)
         /// The replica's state differs from the daemon's at `seq`: tell the user loudly.
         case reportDivergence(seq: SequenceNumber)
         /// Everything held so far is void; a snapshot request follows.
@@ -152,6 +159,8 @@ public struct ReplicaSync: Sendable {
     private var requestedAt: ContinuousClock.Instant
     private var lastHeard: ContinuousClock.Instant
     private var pendingDigest: (seq: SequenceNumber, digest: StateDigest)?
+    /// A CHECKPOINT of a seq the replica has not reached yet.
+    private var pendingCheckpoint: SequenceNumber?
     /// Divergences in a row (each within twice the maximum backoff of the one before), and when the last was.
     private var divergenceStreak = 0
     private var lastDivergence: ContinuousClock.Instant?
@@ -269,9 +278,27 @@ public struct ReplicaSync: Sendable {
             return resync(.newEpoch(old: epoch, new: digestEpoch), now: now)
         }
         heard(epoch: digestEpoch, seq: seq)
-        guard phase != .joining, seq >= lastSeq else { return [] }
+        guard phase != .joining else { return [] }
+        if seq < lastSeq { return [.verifyKeptDigest(seq: seq, digest: digest)] }
         if seq == lastSeq { return [.verifyDigest(seq: seq, digest: digest)] }
         pendingDigest = (seq, digest)
+        return repairIfBehind(now: now)
+    }
+
+    /// The daemon is taking its digest at `seq` off its loop; the DIGEST comes later.
+    public mutating func checkpoint(
+        epoch checkpointEpoch: Epoch,
+        seq: SequenceNumber,
+        now: ContinuousClock.Instant
+    ) -> [Output] {
+        lastHeard = now
+        if let epoch, checkpointEpoch != epoch, phase != .joining {
+            return resync(.newEpoch(old: epoch, new: checkpointEpoch), now: now)
+        }
+        heard(epoch: checkpointEpoch, seq: seq)
+        guard phase != .joining, seq >= lastSeq else { return [] }
+        if seq == lastSeq { return [.keepDigest(seq: seq)] }
+        pendingCheckpoint = seq
         return repairIfBehind(now: now)
     }
 
@@ -291,6 +318,7 @@ public struct ReplicaSync: Sendable {
         lastHeard = now
         if bufferEpoch != snapshotEpoch { buffer.removeAll() }
         if let pending = pendingDigest, pending.seq <= seq || epoch != snapshotEpoch { pendingDigest = nil }
+        if let pending = pendingCheckpoint, pending <= seq || epoch != snapshotEpoch { pendingCheckpoint = nil }
         epoch = snapshotEpoch
         bufferEpoch = snapshotEpoch
         lastSeq = seq
@@ -443,6 +471,7 @@ public struct ReplicaSync: Sendable {
         daemonSeq = 0
         daemonSeqEpoch = nil
         pendingDigest = nil
+        pendingCheckpoint = nil
         buffer.removeAll()
         bufferEpoch = nil
         if let (eventEpoch, sequenced) = event { keep(epoch: eventEpoch, sequenced) }
@@ -515,8 +544,13 @@ public struct ReplicaSync: Sendable {
     }
 
     private mutating func checkPendingDigest() -> [Output] {
-        guard let pending = pendingDigest, pending.seq <= lastSeq else { return [] }
+        var outputs: [Output] = []
+        if let pending = pendingCheckpoint, pending <= lastSeq {
+            pendingCheckpoint = nil
+            if pending == lastSeq { outputs.append(.keepDigest(seq: pending)) }
+        }
+        guard let pending = pendingDigest, pending.seq <= lastSeq else { return outputs }
         pendingDigest = nil
-        return pending.seq == lastSeq ? [.verifyDigest(seq: pending.seq, digest: pending.digest)] : []
+        return outputs + (pending.seq == lastSeq ? [.verifyDigest(seq: pending.seq, digest: pending.digest)] : [])
     }
 }

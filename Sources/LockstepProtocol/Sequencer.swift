@@ -38,6 +38,10 @@ public protocol SequencedStore: Sendable {
 
     /// The canonical bytes of the current state, for snapshots and digests.
     func encodedState() throws -> Frame
+
+    /// About how many bytes ``encodedState()`` gave when the store was recovered (0 when not known): the daemon
+    /// decides by it where to take the store's first checkpoint.
+    var stateBytesHint: Int { get }
 }
 
 /// A ``SequencedStore`` for domain `D`.
@@ -52,19 +56,24 @@ public struct DomainStore<D: Domain>: SequencedStore {
     public private(set) var lastSeq: SequenceNumber
     /// The state after `lastSeq`.
     public private(set) var state: D.State
+    /// About how many bytes the state's canonical form had when the store was recovered (0 when not known).
+    public let stateBytesHint: Int
     private let coder = CanonicalEncoding.Coder()
 
-    /// The store at `lastSeq` with `state` (a recovered snapshot, or the domain's initial state at 0).
+    /// The store at `lastSeq` with `state` (a recovered snapshot, or the domain's initial state at 0), whose canonical
+    /// form has about `stateBytesHint` bytes.
     public init(
         _ domain: D.Type,
         epoch: Epoch,
         lastSeq: SequenceNumber = 0,
-        state: D.State = D.initialState
+        state: D.State = D.initialState,
+        stateBytesHint: Int = 0
     ) throws(ProtocolError) {
         self.name = try StoreName(D.name)
         self.epoch = epoch
         self.lastSeq = lastSeq
         self.state = state
+        self.stateBytesHint = stateBytesHint
     }
 
     /// Normalizes, validates and applies `frames` as one batch, as ``SequencedStore/sequence(_:by:admit:)`` says. A batch

@@ -29,6 +29,9 @@ final class CommandLoop: Sendable {
     /// Replies finished by readers off the loop, waiting for the loop to send them.
     private let outbox = LockedValue<(replies: [(envelope: [Frame], reply: Reply)], inFlight: Int)>(([], 0))
     private let readers = DispatchQueue(label: "lockstepd.readers", attributes: .concurrent)
+    /// Checkpoints of large states, one at a time, and what they came to, waiting for the loop.
+    private let checkpointThread = DispatchQueue(label: "lockstepd.checkpoints")
+    private let checkpoints = LockedValue<[Checkpoints.Taken]>([])
 
     init(
         configuration: DaemonConfiguration,
@@ -86,6 +89,41 @@ final class CommandLoop: Sendable {
             wakeup.signal()
         }
         return true
+    }
+
+    /// Encodes and hashes `store` — a value the loop no longer changes — on the checkpoint thread, keeping the bytes
+    /// when `snapshot`, and hands the result to the loop (``checkpointsTaken()``).
+    func takeCheckpoint(of store: any SequencedStore, snapshot: Bool, generation: UInt64) {
+        checkpointThread.async { [self] in
+            let start = ContinuousClock.now
+            var taken = Checkpoints.Taken(
+                store: store.name,
+                epoch: store.epoch,
+                seq: store.lastSeq,
+                bytes: 0,
+                cost: .zero,
+                generation: generation
+            )
+            do {
+                let state = try store.encodedState()
+                taken.digest = StateDigest(of: state)
+                taken.bytes = state.count
+                if snapshot { taken.state = state }
+            } catch {
+                taken.failure = "\(error)"
+            }
+            taken.cost = ContinuousClock.now - start
+            checkpoints.withLockedValue { $0.append(taken) }
+            wakeup.signal()
+        }
+    }
+
+    /// The checkpoints the checkpoint thread finished since the last call.
+    func checkpointsTaken() -> [Checkpoints.Taken] {
+        checkpoints.withLockedValue { taken in
+            defer { taken.removeAll() }
+            return taken
+        }
     }
 
     /// SNAPSHOT and RANGE requests a reader thread is answering now.
@@ -351,6 +389,7 @@ struct LoopThread {
         }
         if serving != nil {
             do {
+                serving!.takeCheckpoints(&sockets)
                 serving!.runEffects()
                 try serving!.advance(&sockets, writer)
                 serving!.publishHeartbeats(&sockets)

@@ -24,7 +24,8 @@ public struct HostedDomain: Sendable {
                 domain,
                 epoch: Epoch(rawValue: recovered.epoch),
                 lastSeq: recovered.lastSeq,
-                state: recovered.state
+                state: recovered.state,
+                stateBytesHint: recovered.stateBytesHint
             )
             return (store, recovered.upgradedFrom)
         }

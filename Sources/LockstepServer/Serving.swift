@@ -40,16 +40,23 @@ struct Serving {
     var streams: [StoreName: (oneByOne: Bool, runs: Bool)] = [:]
     /// Each store's last seq published: durable, and what heartbeats announce.
     var publishedSeq: [StoreName: SequenceNumber] = [:]
-    var sinceDigest: [StoreName: Int] = [:]
     var committedEvents: [StoreName: UInt64] = [:]
-    /// The snapshots and digests of the group being committed, published with it.
-    var committing: (snapshots: [StoreName: JournalSnapshot], digests: [Digest])?
+    /// When and where each store's checkpoints are taken.
+    var checkpoints: Checkpoints
+    /// What the group being committed publishes after its events: the DIGESTs of checkpoints taken on the loop, the
+    /// CHECKPOINTs of those handed to the checkpoint thread.
+    var committing: (digests: [Digest], checkpoints: [Checkpoint])?
+    /// Snapshots the checkpoint thread made, for the next commit to journal.
+    var readySnapshots: [JournalSnapshot] = []
+    /// DIGESTs the checkpoint thread made of a seq not yet published: they go out after its event.
+    var laterDigests: [Digest] = []
     /// The fault suite's crash point, in a test build.
     var failpoint: Failpoint?
     /// The effects and timers, when a hosted domain declares effects.
     var ledger: EffectLedger
 
     typealias Digest = (store: StoreName, epoch: Epoch, seq: SequenceNumber, digest: StateDigest)
+    typealias Checkpoint = (store: StoreName, epoch: Epoch, seq: SequenceNumber)
 
     var configuration: DaemonConfiguration { loop.configuration }
     var logger: Logger { loop.logger }
@@ -85,6 +92,10 @@ struct Serving {
             commitsOnLoop: !(journal is PostgresJournal),
             relaxed: loop.configuration.durability == .relaxed,
             lease: lease
+        )
+        checkpoints = Checkpoints(
+            everyEvents: loop.configuration.digestEveryEvents,
+            stores: recovered.sequencer.stores.mapValues(\.stateBytesHint)
         )
         let now = ContinuousClock.now
         for (name, store) in sequencer.stores {
@@ -504,11 +515,6 @@ struct Serving {
                     queue += pipeline.completed(.failure(CommitFailure(.other, "\(error)")), now: .now)
                     continue
                 }
-                var snapshots: [StoreName: JournalSnapshot] = [:]
-                for snapshot in batch.snapshots {
-                    if let name = try? StoreName(snapshot.store) { snapshots[name] = snapshot }
-                }
-                committing = (snapshots, digestsDue(after: group.commits.compactMap(\.commit), snapshots: snapshots))
                 failpoint?.pass(.beforeCommit)
                 let journal = self.journal
                 queue += run(at: place, writer) { () throws(JournalError) in
@@ -538,6 +544,8 @@ struct Serving {
                 do {
                     let recovered = try loop.recoverStores(journal)
                     sequencer = recovered.sequencer
+                    checkpoints.restart(stores: sequencer.stores.mapValues(\.stateBytesHint))
+                    (committing, readySnapshots, laterDigests) = (nil, [], [])
                     // What was sequenced on the failed commit is gone: the outbox is the journal's again.
                     loop.effects.cancelAll()
                     ledger = EffectLedger(outbox: recovered.outbox, policy: ledger.policy, now: .now)
@@ -654,7 +662,10 @@ struct Serving {
         }
     }
 
-    func batch(for changes: [Sequenced]) throws -> JournalBatch {
+    /// The journal batch of a group's changes, with the snapshots the checkpoint thread made since the last one; and
+    /// the checkpoints the group makes due: taken here (a small state) or handed to the checkpoint thread, from the
+    /// stores as they stand at the group's last seq (see ``Checkpoints``).
+    mutating func batch(for changes: [Sequenced]) throws -> JournalBatch {
         var batch = JournalBatch()
         for change in changes {
             batch.effects += change.effects
@@ -682,42 +693,73 @@ struct Serving {
                     reply: ReplyRecord.encode(commit.reply)
                 )
             )
+            checkpoints.committed(commit.store, events: commit.events.count)
         }
-        for name in Set(commits.map(\.store)) where journal.snapshotDue(store: name.rawValue, in: batch) {
+        batch.snapshots = readySnapshots
+        readySnapshots = []
+        var published: (digests: [Digest], checkpoints: [Checkpoint]) = ([], [])
+        let now = ContinuousClock.now
+        for name in Set(commits.map(\.store)) {
             guard let store = sequencer.stores[name] else { continue }
-            batch.snapshots.append(
-                JournalSnapshot(store: name.rawValue, seq: store.lastSeq, state: try store.encodedState())
-            )
+            let snapshotted = batch.snapshots.contains { $0.store == name.rawValue }
+            let snapshotDue = !snapshotted && journal.snapshotDue(store: name.rawValue, in: batch)
+            guard let plan = checkpoints.due(name, snapshotDue: snapshotDue, now: now) else { continue }
+            switch plan.place {
+            case .loop:
+                let state = try store.encodedState()
+                let digest = StateDigest(of: state)
+                if plan.snapshot {
+                    batch.snapshots.append(
+                        JournalSnapshot(store: name.rawValue, seq: store.lastSeq, state: state, digest: digest)
+                    )
+                }
+                checkpoints.tookOnLoop(plan, bytes: state.count)
+                published.digests.append((name, store.epoch, store.lastSeq, digest))
+            case .background:
+                loop.takeCheckpoint(of: store, snapshot: plan.snapshot, generation: checkpoints.generation)
+                checkpoints.started(plan, seq: store.lastSeq, now: now)
+                published.checkpoints.append((name, store.epoch, store.lastSeq))
+            }
         }
+        committing = published
         return batch
     }
 
-    /// The digest of each store past its digest interval or snapshotted by these commits, at the group's last
-    /// seq: taken as the group is committed, while the stores still stand there (a snapshot's digest
-    /// is reused rather than the state encoded again).
-    mutating func digestsDue(
-        after commits: [Sequencer.Commit],
-        snapshots: [StoreName: JournalSnapshot]
-    ) -> [Digest] {
-        var due: [Digest] = []
-        for commit in commits { sinceDigest[commit.store, default: 0] += commit.events.count }
-        for name in Set(commits.map(\.store)) {
-            let snapshot = snapshots[name]
-            guard (sinceDigest[name] ?? 0) >= configuration.digestEveryEvents || snapshot != nil,
-                let store = sequencer.stores[name]
-            else { continue }
-            let digest: StateDigest
-            if let snapshot, snapshot.seq == store.lastSeq {
-                digest = snapshot.digest
-            } else if let state = try? store.encodedState() {
-                digest = StateDigest(of: state)
-            } else {
+    /// What the checkpoint thread finished: a snapshot to journal in the next commit (one is made due now), a DIGEST to
+    /// publish — now, or after its seq's event when that is not published yet.
+    mutating func takeCheckpoints(_ sockets: inout LoopSockets) {
+        for taken in loop.checkpointsTaken() where checkpoints.finished(taken) {
+            guard let digest = taken.digest else {
+                logger.error(
+                    "could not take a checkpoint of the store",
+                    metadata: ["store": "\(taken.store)", "seq": "\(taken.seq)", "error": "\(taken.failure ?? "")"]
+                )
                 continue
             }
-            due.append((name, store.epoch, store.lastSeq, digest))
-            sinceDigest[name] = 0
+            if let state = taken.state {
+                readySnapshots.removeAll { $0.store == taken.store.rawValue }
+                readySnapshots.append(
+                    JournalSnapshot(store: taken.store.rawValue, seq: taken.seq, state: state, digest: digest)
+                )
+                pipeline.sequenced(Waiting(envelope: [], work: .internal), commit: Sequenced())
+            }
+            laterDigests.append((taken.store, taken.epoch, taken.seq, digest))
         }
-        return due
+        publishLaterDigests(sockets)
+    }
+
+    /// The DIGESTs made off the loop whose seq is published.
+    mutating func publishLaterDigests(_ sockets: LoopSockets) {
+        guard !laterDigests.isEmpty else { return }
+        let published = publishedSeq
+        let (due, later) = (
+            laterDigests.filter { $0.seq <= published[$0.store] ?? 0 },
+            laterDigests.filter { $0.seq > published[$0.store] ?? 0 }
+        )
+        laterDigests = later
+        for digest in due {
+            announce(Event.digest(store: digest.store, epoch: digest.epoch, seq: digest.seq, digest.digest), sockets)
+        }
     }
 
     /// Events — an EVENT each on the one-by-one stream, one EVENTS per store on the stream in runs — then the
@@ -780,7 +822,11 @@ struct Serving {
         for digest in committing?.digests ?? [] {
             announce(Event.digest(store: digest.store, epoch: digest.epoch, seq: digest.seq, digest.digest), sockets)
         }
+        for checkpoint in committing?.checkpoints ?? [] {
+            announce(Event.checkpoint(store: checkpoint.store, epoch: checkpoint.epoch, seq: checkpoint.seq), sockets)
+        }
         committing = nil
+        publishLaterDigests(sockets)
     }
 
     /// Reads what the XPUB says of subscriptions and, if they changed, which streams someone follows.

@@ -548,6 +548,8 @@ class Replica:
                     self._on_event(message, now)
                 elif isinstance(message, wire.Heartbeat):
                     self._on_heartbeat(message, now)
+                elif isinstance(message, wire.Checkpoint):
+                    self._on_checkpoint(message, now)
                 else:
                     self._on_digest(message, now)
 
@@ -604,6 +606,9 @@ class Replica:
         self.kept: Dict[int, bytes] = {}
         self.kept_epoch: Optional[int] = None
         self.pending_digests: Dict[int, bytes] = {}
+        # CHECKPOINTs: the state's digest kept at each seq the daemon digests off its loop, until its DIGEST comes.
+        self.kept_digests: Dict[int, bytes] = {}
+        self.pending_checkpoint: Optional[int] = None
         self.pending_digests_epoch: Optional[int] = None
         self.daemon_seq = 0
         self.daemon_seq_epoch: Optional[int] = None
@@ -721,6 +726,10 @@ class Replica:
         return True
 
     def _check_pending_digest(self, now: float) -> bool:
+        if self.pending_checkpoint is not None and self.pending_checkpoint <= self.last:
+            if self.pending_checkpoint == self.last:
+                self._keep_digest()
+            self.pending_checkpoint = None
         if self.pending_digests_epoch != self.epoch:
             self.pending_digests = {}
             return True
@@ -786,6 +795,25 @@ class Replica:
         self._heard(beat.epoch, beat.last_seq)
         self._repair_if_behind(now)
 
+    def _keep_digest(self) -> None:
+        self.kept_digests[self.last] = self.domain.digest(self.state)
+        for seq in sorted(self.kept_digests)[:-4]:
+            del self.kept_digests[seq]
+
+    def _on_checkpoint(self, message: wire.Checkpoint, now: float) -> None:
+        self.last_heard = now
+        if self._other_epoch(message.epoch):
+            self._resync(f"new epoch {message.epoch:016x} (was {self.epoch:016x}) in a CHECKPOINT", now)
+            return
+        self._heard(message.epoch, message.seq)
+        if self.epoch is None or self.phase == "joining" or message.seq < self.last:
+            return
+        if message.seq == self.last:
+            self._keep_digest()
+        else:
+            self.pending_checkpoint = message.seq
+            self._repair_if_behind(now)
+
     def _on_digest(self, message: wire.Digest, now: float) -> None:
         self.last_heard = now
         if self._other_epoch(message.epoch):
@@ -794,6 +822,15 @@ class Replica:
         self._heard(message.epoch, message.seq)
         if self.epoch is not None and message.seq == self.last and self.phase != "joining":
             self._verify(message.seq, message.digest, now)
+            return
+        if self.epoch is not None and message.seq < self.last and self.phase != "joining":
+            # A DIGEST taken off the daemon's loop, after later events: compare it with the digest kept at its seq.
+            mine = self.kept_digests.pop(message.seq, None)
+            for seq in [s for s in self.kept_digests if s < message.seq]:
+                del self.kept_digests[seq]
+            if mine is not None and mine != message.digest:
+                self._diverged(message.seq, f"the daemon's digest is {message.digest.hex()}, this replica's "
+                               f"was {mine.hex()}", now)
             return
         if message.seq > self.last or self.phase == "joining":
             if self.pending_digests_epoch != message.epoch:

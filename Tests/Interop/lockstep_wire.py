@@ -41,13 +41,14 @@ DIGEST = 0x43
 EVENTS = 0x44
 EVENT_BY = 0x45  # an EVENT with its author (docs/security.md): topic, header, action, author
 EVENTS_BY = 0x46  # an EVENTS with each action's author: topic, header, actions…, authors…
+CHECKPOINT = 0x47  # the daemon digests `seq` off its loop: a DIGEST of it follows later (docs/protocol.md)
 RANGE_REPLY_BY = 0x88  # a RANGE reply with each action's author: header, store, actions…, authors…
 
 REQUEST_TYPES = {DISPATCH, SNAPSHOT_REQUEST, RANGE_REQUEST, STATUS_REQUEST, EFFECTS_REQUEST}
 REPLY_TYPES = {
     ACCEPTED, REJECTED, SNAPSHOT_REPLY, RANGE_REPLY, COMPACTED, STATUS_REPLY, EFFECTS_REPLY, RANGE_REPLY_BY, ERROR,
 }
-EVENT_TYPES = {EVENT, HEARTBEAT, DIGEST, EVENTS, EVENT_BY, EVENTS_BY}
+EVENT_TYPES = {EVENT, HEARTBEAT, DIGEST, EVENTS, EVENT_BY, EVENTS_BY, CHECKPOINT}
 
 # The exact header frame length of each type.
 HEADER_SIZE = {
@@ -70,6 +71,7 @@ HEADER_SIZE = {
     DIGEST: 52,
     EVENT_BY: 20,
     EVENTS_BY: 20,
+    CHECKPOINT: 20,
     RANGE_REPLY_BY: 28,
 }
 
@@ -400,9 +402,16 @@ class Digest:
     digest: bytes
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    store: str
+    epoch: int
+    seq: int
+
+
 Request = Union[Dispatch, SnapshotRequest, RangeRequest, StatusRequest, EffectsRequest]
 Reply = Union[Accepted, Rejected, Snapshot, Range, Compacted, Status, Effects, Error]
-Published = Union[Event, Events, Heartbeat, Digest]
+Published = Union[Event, Events, Heartbeat, Digest, Checkpoint]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -469,6 +478,8 @@ def encode_event(message: Published) -> List[bytes]:
     if isinstance(message, Digest):
         head = _header(DIGEST) + _u64(message.epoch) + _u64(message.seq) + message.digest
         return [topic(message.store), head]
+    if isinstance(message, Checkpoint):
+        return [topic(message.store), _header(CHECKPOINT) + _u64(message.epoch) + _u64(message.seq)]
     raise TypeError(f"not an event: {message!r}")
 
 
@@ -496,6 +507,7 @@ _NAMES = {
     EVENTS: "EVENTS",
     EVENT_BY: "EVENT_BY",
     EVENTS_BY: "EVENTS_BY",
+    CHECKPOINT: "CHECKPOINT",
     RANGE_REPLY_BY: "RANGE_BY reply",
 }
 
@@ -725,6 +737,10 @@ def decode_event(frames: Sequence[bytes], limits: Limits = DEFAULT_LIMITS) -> Pu
     if kind == HEARTBEAT:
         _frames(frames, 2, kind)
         return Heartbeat(store, epoch, seq)
+    if kind == CHECKPOINT:
+        _frames(frames, 2, kind)
+        _positive(seq, "seq", kind)
+        return Checkpoint(store, epoch, seq)
     _frames(frames, 2, kind)
     return Digest(store, epoch, seq, head[20:52])
 

@@ -211,6 +211,21 @@ import Testing
         #expect(ledger.state.numbers == [1, 2, 3])
     }
 
+    @Test func anIdleLedgerLetsTheConfirmedStateGoAndTakesTheCurrentOneWhenADispatchComes() throws {
+        var ledger = joined()
+        ledger.letsIdleStateGo = true
+        var local = confirmed([1, 2, 3], seq: 3)
+        #expect(ledger.confirmed(2, local).isEmpty)
+        // Not kept: the local store's next change then changes its state in place instead of copying it.
+        let before = local.state.numbers.withUnsafeBufferPointer { $0.baseAddress }
+        local.state.numbers[0] = 9
+        #expect(local.state.numbers.withUnsafeBufferPointer { $0.baseAddress } == before)
+        // A dispatch comes: the owner hands over the local store's state now, and the ledger rebases on it.
+        ledger.restore(confirmed([1, 2, 3, 4], seq: 4))
+        _ = try ledger.dispatch(1, [.delete(index: 3)], outcome: .init(), now: at(0))
+        #expect(ledger.baseNumber == 2 && ledger.state.numbers == [1, 2, 3])
+    }
+
     @Test func aWatcherGetsTheNewestReadAtOnceAndOnEveryChange() throws {
         var ledger = joined()
         _ = ledger.confirmed(2, confirmed([1, 2, 3], seq: 3))

@@ -239,9 +239,16 @@ import Testing
             (
                 JournalBatch(
                     events: events(Counter.name, from: 4, count: 2) { _ in Counter.Action.increment },
-                    snapshots: [try JournalSnapshot(store: Counter.name, seq: 4, encoding: Counter.State(count: 4))]
+                    snapshots: [try JournalSnapshot(store: Counter.name, seq: 6, encoding: Counter.State(count: 6))]
                 ),
-                .invalidBatch, "a snapshot below the batch's last seq"
+                .invalidBatch, "a snapshot above the batch's last seq"
+            ),
+            (
+                JournalBatch(
+                    events: events(Counter.name, from: 4, count: 2) { _ in Counter.Action.increment },
+                    snapshots: [try JournalSnapshot(store: Counter.name, seq: 0, encoding: Counter.State(count: 0))]
+                ),
+                .invalidBatch, "a snapshot not past the newest"
             ),
             (
                 JournalBatch(

@@ -436,7 +436,7 @@ private let eventMalformations: [Malformation] = [
         replacing(setting(event, frame: 1, byte: 2, to: 2), frame: 0, with: []),
         .unsupportedVersion
     ),
-    Malformation("type 0x47", setting(event, frame: 1, byte: 3, to: 0x47), .unknownMessageType, "0x47"),
+    Malformation("type 0x48", setting(event, frame: 1, byte: 3, to: 0x48), .unknownMessageType, "0x48"),
     Malformation(
         "EVENTS on the one-by-one topic",
         setting(event, frame: 1, byte: 3, to: 0x44),

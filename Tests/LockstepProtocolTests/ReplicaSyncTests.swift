@@ -197,7 +197,10 @@ import Testing
     @Test func digestsAreVerifiedAtTheirSeqAndAMismatchStartsOver() {
         var sync = live(at: 6)
         #expect(sync.digest(epoch: epoch, seq: 6, digest: digest, now: t0) == [.verifyDigest(seq: 6, digest: digest)])
-        #expect(sync.digest(epoch: epoch, seq: 5, digest: digest, now: t0) == [])
+        // Past it: the replica compares it with its own digest at 5, if it kept one (a CHECKPOINT said so).
+        #expect(
+            sync.digest(epoch: epoch, seq: 5, digest: digest, now: t0) == [.verifyKeptDigest(seq: 5, digest: digest)]
+        )
         // A digest ahead of us is kept and checked once we get there.
         #expect(sync.digest(epoch: epoch, seq: 7, digest: digest, now: t0) == [.requestRange(from: 7, to: 7)])
         #expect(sync.event(epoch: epoch, seq: 7, action: action(7), now: t0) == [])

@@ -211,7 +211,7 @@ import ZeroMQ
             case let .event(_, _, seq, action, _):
                 oneByOne.append(seq)
                 #expect(action == Array(increment.utf8))
-            case .heartbeat, .digest: continue
+            case .heartbeat, .digest, .checkpoint: continue
             case .events: Issue.record("EVENTS on the one-by-one stream")
             }
         }
@@ -221,7 +221,7 @@ import ZeroMQ
             #expect(frames[0] == Event.runTopic(for: counter))
             switch try Event.decode(frames) {
             case let .events(_, _, firstSeq, actions, _): run = (firstSeq, actions)
-            case .heartbeat, .digest: continue
+            case .heartbeat, .digest, .checkpoint: continue
             case .event: Issue.record("EVENT on the stream in runs")
             }
         }

@@ -33,9 +33,14 @@ struct BenchCommand: ParsableCommand {
     var histories = "10000,100000,1000000"
 
     @Option(
+        help: "The sizes P7 grows its store to, in MB of state, comma-separated (an empty store is always measured)."
+    )
+    var stateSizes = "1,10,100"
+
+    @Option(
         help: """
             Run only these parts, comma-separated: baselines, p1, p2, optimistic, effects, postgres, redis, p3, p4, \
-            p5 (p6 comes with the others).
+            p5, p7 (p6 comes with the others).
             """
     )
     var only: String?
@@ -57,10 +62,13 @@ struct BenchCommand: ParsableCommand {
     func validate() throws {
         guard (0.2...60).contains(seconds) else { throw ValidationError("--seconds must be 0.2...60, got \(seconds)") }
         _ = try historyLengths()
+        _ = try sizes()
         _ = try parts()
     }
 
-    static let allParts = ["baselines", "p1", "p2", "optimistic", "effects", "postgres", "redis", "p3", "p4", "p5"]
+    static let allParts = [
+        "baselines", "p1", "p2", "optimistic", "effects", "postgres", "redis", "p3", "p4", "p5", "p7",
+    ]
 
     private func parts() throws -> Set<String> {
         guard let only else { return Set(Self.allParts) }
@@ -81,6 +89,14 @@ struct BenchCommand: ParsableCommand {
         return lengths.compactMap { $0 }
     }
 
+    private func sizes() throws -> [Int] {
+        let sizes = stateSizes.split(separator: ",").map { Int($0.trimmingCharacters(in: .whitespaces)) }
+        guard !sizes.isEmpty, sizes.allSatisfy({ $0.map { (1...1_000).contains($0) } ?? false }) else {
+            throw ValidationError("--state-sizes wants sizes in MB 1...1000, comma-separated; got '\(stateSizes)'")
+        }
+        return sizes.compactMap { $0 }
+    }
+
     func run() throws {
         signal(SIGPIPE, SIG_IGN)
         let (lockstep, lockstepd) = try executablesBesideThis(build: "swift build -c release")
@@ -97,7 +113,7 @@ struct BenchCommand: ParsableCommand {
         do {
             var parts = try parts()
             if noRedis { parts.remove("redis") }
-            results = try bench.run(histories: try historyLengths(), parts: parts)
+            results = try bench.run(histories: try historyLengths(), parts: parts, stateSizes: try sizes())
         } catch let failure as BenchFailure {
             printError("lockstep bench: \(failure.description) (logs in \(bench.folder.path))")
             throw ExitCode.failure

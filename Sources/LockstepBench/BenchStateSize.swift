@@ -1,0 +1,95 @@
+import Foundation
+import Lockstep
+import LockstepExamples
+import LockstepJournal
+import LockstepTesting
+
+extension Bench {
+    // MARK: - P7
+
+    /// P7: the per-action cost against the size of the state. For an empty `todos` store and for one grown to each
+    /// of `megabytes` (of canonical JSON; 180-character todos), a lockstepd on that journal (default settings: a digest
+    /// every 1,000 events, snapshots by the journal's policy): a new replica's join, then P1 (one client) and P2 (8
+    /// clients) adding todos while a replica follows, its CPU per event, and the peak memory of both processes.
+    func measureStateSizes(megabytes sizes: [Int]) throws {
+        var rows: [BenchResults.P7] = []
+        for megabytes in [0] + sizes {
+            say("P7: a todos store of \(megabytes) MB")
+            var row = try stateSizeRow(megabytes: megabytes)
+            if let empty = rows.first {
+                row.p1RatioP50 = ratio(row.p1P50Us.value, empty.p1P50Us.value)
+                row.p1RatioP99 = ratio(row.p1P99Us.value, empty.p1P99Us.value)
+                row.p2Ratio = ratio(row.p2ActionsPerS, empty.p2ActionsPerS)
+            }
+            rows.append(row)
+        }
+        results.p7 = rows
+    }
+
+    private func stateSizeRow(megabytes: Int) throws -> BenchResults.P7 {
+        let name = "size-\(megabytes)"
+        let directory = folder.appendingPathComponent(name)
+        // ~220 bytes of canonical JSON a todo: {"completed":false,"id":N,"text":"…180…"} and a comma.
+        let todos = megabytes << 20 / 220
+        let fillStart = ContinuousClock.now
+        var stateBytes = 0
+        if todos > 0 {
+            do {
+                // One snapshot, at the end: the store starts from it, as a daemon that has run a long time does.
+                let policy = JournalPolicy(snapshotEveryEvents: todos, snapshotEveryBytes: .max)
+                let journal = try SQLiteJournal(directory: directory.path, policy: policy, relaxed: true)
+                let state = try fill(journal, Todos.self, events: todos, batchSize: 10_000) { seq in
+                    (.add(text: BenchWorker.todoText(seq)), BenchWorker.todoAdd(seq))
+                }
+                try journal.sync()
+                try journal.close()
+                stateBytes = try CanonicalEncoding.encode(state).count
+            } catch {
+                throw BenchFailure("could not write the \(todos)-todo journal in \(directory.path): \(error)")
+            }
+        } else {
+            stateBytes = try CanonicalEncoding.encode(Todos.initialState).count
+        }
+        let fill = ContinuousClock.now - fillStart
+        let daemonStart = ContinuousClock.now
+        let daemon = try startDaemon(name, domains: [Todos.name])
+        defer { _ = daemon.stop() }
+        let started = ContinuousClock.now - daemonStart
+        let endpoints = ["--endpoint", daemon.command, "--events-endpoint", daemon.events, "--store", Todos.name]
+        let joiner = try worker("join", endpoints + ["--count", "\(todos)"], input: false)
+        let joined = try report(of: joiner, within: .seconds(120))
+        guard joined.seq >= UInt64(todos) else {
+            throw BenchFailure("the joining todos replica reached seq \(joined.seq) of \(todos) within 60 s")
+        }
+        let follower = try worker("replica", endpoints)
+        _ = try awaitLine(follower, within: .seconds(120)) { $0 == "ready" }
+        let dispatch = ["--endpoint", daemon.command, "--store", Todos.name, "--seconds", "\(seconds)"]
+        let one = try runClients([try worker("dispatch", dispatch)])
+        let eight = try runClients(try (0..<8).map { _ in try worker("dispatch", dispatch) })
+        follower.send("until \(try seq(of: daemon))")
+        let followed = try report(of: follower, within: .seconds(120))
+        let p1 = Latencies(one.flatMap(\.latencies))
+        let budget = 64 << 20 + 3 * stateBytes
+        let daemonPeak = daemon.memory().peakKiB * 1_024
+        let replicaPeak = max(joined.peakResident, followed.peakResident)
+        return BenchResults.P7(
+            megabytes: megabytes,
+            stateBytes: stateBytes,
+            fillSeconds: seconds(fill),
+            daemonStartSeconds: seconds(started),
+            joinSeconds: Double(joined.elapsed / 1_000_000) / 1_000,
+            p1P50Us: p1.p50,
+            p1P99Us: p1.p99,
+            p2ActionsPerS: rate(eight),
+            failures: (one + eight).reduce(0) { $0 + $1.failures },
+            replicaCpuPerEventUs: replicaCPU([followed]),
+            replicaResyncs: followed.resyncs + joined.resyncs,
+            daemonPeakBytes: daemonPeak,
+            replicaPeakBytes: replicaPeak,
+            budgetBytes: budget,
+            withinBudget: max(daemonPeak, replicaPeak) <= budget
+        )
+    }
+
+    private func seconds(_ duration: Duration) -> Double { (duration / .milliseconds(10)).rounded() / 100 }
+}

@@ -1,0 +1,73 @@
+import Lockstep
+import LockstepProtocol
+
+/// A replica's digest checks as a value: the seqs it keeps its own digest at (each taken off its thread), the daemon's
+/// DIGESTs of them, and the verdict once both are known. A DIGEST may come before the replica's own digest is done, or
+/// — for a state the daemon checkpoints off its loop — long after the replica has moved on.
+struct DigestChecks {
+    /// What a check came to: the states agree at `seq`, or differ.
+    enum Verdict: Equatable {
+        case agree(seq: SequenceNumber, state: Frame?)
+        case differ(seq: SequenceNumber, daemon: StateDigest, mine: StateDigest, state: Frame?)
+    }
+
+    /// One more at every resync: a digest taken before it is void.
+    private(set) var generation: UInt64 = 0
+    /// The replica's digests by seq: `nil` while being taken.
+    private var mine: [SequenceNumber: (digest: StateDigest, state: Frame?)?] = [:]
+    private var daemon: [SequenceNumber: StateDigest] = [:]
+
+    /// The most seqs kept at once: the daemon's DIGESTs come in seq order, and a checkpoint off its loop waits
+    /// for the one before it.
+    static var maximumKept: Int { 4 }
+
+    /// Starts keeping the replica's digest at `seq`: `false` when it is kept already.
+    mutating func keep(_ seq: SequenceNumber) -> Bool {
+        guard mine.index(forKey: seq) == nil else { return false }
+        mine[seq] = .some(nil)
+        for old in mine.keys.sorted().dropLast(Self.maximumKept) {
+            mine.removeValue(forKey: old)
+            daemon.removeValue(forKey: old)
+        }
+        return true
+    }
+
+    /// The daemon's digest at `seq`; ignored unless the replica keeps its own there. Seqs before it will get none.
+    mutating func daemonSaid(_ digest: StateDigest, at seq: SequenceNumber) -> Verdict? {
+        for old in mine.keys where old < seq {
+            mine.removeValue(forKey: old)
+            daemon.removeValue(forKey: old)
+        }
+        guard mine.index(forKey: seq) != nil else { return nil }
+        daemon[seq] = digest
+        return verdict(seq)
+    }
+
+    /// The replica's own digest at `seq`, taken in `generation`, with the state when evidence wants it.
+    mutating func computed(
+        _ digest: StateDigest,
+        state: Frame?,
+        at seq: SequenceNumber,
+        generation: UInt64
+    ) -> Verdict? {
+        guard generation == self.generation, mine.index(forKey: seq) != nil else { return nil }
+        mine[seq] = (digest, state)
+        return verdict(seq)
+    }
+
+    /// The replica starts over: nothing kept counts.
+    mutating func reset() {
+        generation += 1
+        mine.removeAll()
+        daemon.removeAll()
+    }
+
+    private mutating func verdict(_ seq: SequenceNumber) -> Verdict? {
+        guard let theirs = daemon[seq], let kept = mine[seq], let ours = kept else { return nil }
+        mine.removeValue(forKey: seq)
+        daemon.removeValue(forKey: seq)
+        return theirs == ours.digest
+            ? .agree(seq: seq, state: ours.state)
+            : .differ(seq: seq, daemon: theirs, mine: ours.digest, state: ours.state)
+    }
+}

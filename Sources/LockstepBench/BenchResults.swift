@@ -177,6 +177,11 @@ package struct BenchResults: Codable {
         var daemonStartSeconds: Double
         /// A new replica process's time to the store's last seq (snapshot included).
         var joinSeconds: Double
+        /// The bench encoding the state canonically once, hashing those bytes (SHA-256), decoding them: the floors
+        /// under a join and a checkpoint (0 for the empty store).
+        var encodeSeconds: Double
+        var hashSeconds: Double
+        var decodeSeconds: Double
         /// One client adding todos, one at a time.
         var p1P50Us: Microseconds
         var p1P99Us: Microseconds

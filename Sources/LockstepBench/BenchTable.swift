@@ -189,10 +189,16 @@ package struct BenchTable {
                 row(
                     "",
                     String(
-                        format: "join %.2f s; replica %@ µs/event",
+                        format: "join %.2f s (encode %.2f, hash %.2f, decode %.2f)",
                         p7.joinSeconds,
-                        p7.replicaCpuPerEventUs.map { String(format: "%.1f", $0) } ?? "–"
-                    ),
+                        p7.encodeSeconds,
+                        p7.hashSeconds,
+                        p7.decodeSeconds
+                    )
+                ),
+                row(
+                    "",
+                    "replica \(p7.replicaCpuPerEventUs.map { String(format: "%.1f", $0) } ?? "–") µs/event",
                     "",
                     "peak lockstepd \(mebibytes(p7.daemonPeakBytes)), replica \(mebibytes(p7.replicaPeakBytes)) "
                         + "(\(p7.withinBudget ? "within" : "over") \(mebibytes(p7.budgetBytes)))"

@@ -96,7 +96,7 @@ package struct BenchWorker: Sendable {
         case .redis: report = try await redis()
         case .effectsDaemon: report = try await effectsDaemon()
         }
-        report.peakResident = residentMemory(of: getpid()).peakKiB * 1_024
+        if report.peakResident == 0 { report.peakResident = residentMemory(of: getpid()).peakKiB * 1_024 }
         if let failure = report.firstFailure {
             // In the worker's log, which `--keep` keeps: the table only counts failures.
             FileHandle.standardError.write(Data("bench-worker \(role.rawValue): first failure: \(failure)\n".utf8))
@@ -406,6 +406,8 @@ package struct BenchWorker: Sendable {
         // confirmed change only after the change is in, so read just after the seq it can still be the one before.
         let current = replica.current
         report.seq = current.seq
+        // The peak of the join, before the encoding below (a report's, not the replica's) adds its own.
+        report.peakResident = residentMemory(of: getpid()).peakKiB * 1_024
         report.stateBytes = (try? CanonicalEncoding.encode(current.state).count) ?? 0
         report.resyncs = replica.status.resyncs
         report.repairs = replica.status.repairs

@@ -44,7 +44,7 @@ public final class Replica<D: Domain>: Service, Sendable {
     let shared = LockedValue(Shared())
     private let wakeup: Wakeup
     /// Encodes and hashes the local state at the seqs the daemon digests, off the replica's thread.
-    private let digestThread = DispatchQueue(label: "lockstep.replica.digests")
+    private let digestThread = BackgroundThread(name: "replica digests")
 
     /// A read made under the ledger's lock, handed to the store of published reads.
     struct Publication: Encodable, Sendable {
@@ -508,6 +508,7 @@ public final class Replica<D: Domain>: Service, Sendable {
 
     /// After the loop: nothing more will be answered.
     private func finish() {
+        digestThread.stop()
         let (outbox, waiters, listeners, rollbackListeners) = shared.withLockedValue { shared in
             shared.stopped = true
             shared.status.phase = .stopped
@@ -578,7 +579,7 @@ public final class Replica<D: Domain>: Service, Sendable {
         }
         guard let wanted else { return }
         let keepState = configuration.evidenceDirectory != nil
-        digestThread.async { [self] in
+        digestThread.submit { [self] in
             var taken = DigestTaken(seq: wanted.seq, generation: wanted.generation)
             if let bytes = try? Array(CanonicalEncoding.encode(state.state)) {
                 taken.digest = StateDigest(of: bytes)

@@ -6,7 +6,7 @@ import LockstepProtocol
 /// "Checkpoints").
 ///
 /// A checkpoint is due once a store has committed ``everyEvents`` events since its last one, or its journal is due a
-/// snapshot. A small state (under ``inlineBytes`` when last encoded) is encoded on the loop as the group that reached
+/// snapshot. A small state (under ``offLoopBytes`` when last encoded) is encoded on the loop as the group that reached
 /// it is committed, and its DIGEST follows the group's events. A larger one is encoded and hashed on another thread
 /// from the store as it stood then (a value the loop no longer changes): the loop publishes a CHECKPOINT after the
 /// events instead, and the DIGEST once the work is done; the snapshot goes into a later commit. One store has at most
@@ -57,23 +57,28 @@ struct Checkpoints {
         var taking: SequenceNumber?
     }
 
-    /// A state of at least this many bytes is checkpointed off the loop.
-    static var inlineBytes: Int { 1 << 20 }
     /// A store's next checkpoint off the loop starts no sooner than this many times the last one's cost after it.
     static var paceFactor: Int { 10 }
 
     /// Events between checkpoints (`[intervals] digest_every_events`).
     let everyEvents: Int
+    /// A state of at least this many bytes is checkpointed off the loop (`[intervals] checkpoint_off_loop_bytes`).
+    let offLoopBytes: Int
     /// Random at first (so a leadership never takes an earlier one's result), one more each time the stores were
     /// recovered anew: what was being taken before is void.
     private(set) var generation = UInt64.random(in: 0...UInt64.max / 2)
     private var tracks: [StoreName: Track] = [:]
 
     /// The checkpoints of stores of about `bytes` bytes each, every `everyEvents` events.
-    init(everyEvents: Int, stores bytes: [StoreName: Int]) {
+    init(everyEvents: Int, offLoopBytes: Int, stores bytes: [StoreName: Int]) {
         self.everyEvents = everyEvents
+        self.offLoopBytes = offLoopBytes
         tracks = bytes.mapValues { Track(bytes: $0) }
     }
+
+    /// Whether `store`'s state is checkpointed off the loop: SNAPSHOT requests are then answered from its newest
+    /// snapshot in the journal rather than by encoding it again.
+    func isLarge(_ store: StoreName) -> Bool { (tracks[store]?.bytes ?? 0) >= offLoopBytes }
 
     /// `events` more events of `store` were sequenced into the group being committed.
     mutating func committed(_ store: StoreName, events: Int) {
@@ -84,7 +89,7 @@ struct Checkpoints {
     func due(_ store: StoreName, snapshotDue: Bool, now: ContinuousClock.Instant) -> Plan? {
         let track = tracks[store] ?? Track(bytes: 0)
         guard track.taking == nil, track.sinceLast >= everyEvents || snapshotDue else { return nil }
-        guard track.bytes >= Self.inlineBytes else { return Plan(store: store, place: .loop, snapshot: snapshotDue) }
+        guard track.bytes >= offLoopBytes else { return Plan(store: store, place: .loop, snapshot: snapshotDue) }
         if let started = track.startedAt, now - started < track.cost * Self.paceFactor { return nil }
         return Plan(store: store, place: .background, snapshot: snapshotDue)
     }

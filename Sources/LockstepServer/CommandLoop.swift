@@ -30,7 +30,7 @@ final class CommandLoop: Sendable {
     private let outbox = LockedValue<(replies: [(envelope: [Frame], reply: Reply)], inFlight: Int)>(([], 0))
     private let readers = DispatchQueue(label: "lockstepd.readers", attributes: .concurrent)
     /// Checkpoints of large states, one at a time, and what they came to, waiting for the loop.
-    private let checkpointThread = DispatchQueue(label: "lockstepd.checkpoints")
+    private let checkpointThread = BackgroundThread(name: "lockstepd checkp")
     private let checkpoints = LockedValue<[Checkpoints.Taken]>([])
 
     init(
@@ -94,7 +94,7 @@ final class CommandLoop: Sendable {
     /// Encodes and hashes `store` — a value the loop no longer changes — on the checkpoint thread, keeping the bytes
     /// when `snapshot`, and hands the result to the loop (``checkpointsTaken()``).
     func takeCheckpoint(of store: any SequencedStore, snapshot: Bool, generation: UInt64) {
-        checkpointThread.async { [self] in
+        checkpointThread.submit { [self] in
             let start = ContinuousClock.now
             var taken = Checkpoints.Taken(
                 store: store.name,
@@ -160,6 +160,7 @@ final class CommandLoop: Sendable {
         var thread = try LoopThread(loop: self, journal: journal, writer: writer)
         defer { thread.sockets.close() }
         defer { effects.stop() }
+        defer { checkpointThread.stop() }
         try thread.start()
         while !isStopping { try thread.turn() }
         try thread.finish()

@@ -56,6 +56,10 @@ public struct DaemonConfiguration: Hashable, Sendable {
     public var heartbeatInterval = Duration.seconds(1)
     /// A digest per store every this many events (and on every snapshot).
     public var digestEveryEvents = 1_000
+    /// A state of at least this many bytes of canonical JSON is checkpointed — encoded and hashed for its digest and
+    /// snapshot — off the loop, on a thread of its own, paced to a tenth of a core; a smaller one on the loop, with
+    /// its DIGEST right after the events (`[intervals] checkpoint_off_loop_bytes`, docs/architecture.md).
+    public var checkpointOffLoopBytes = 1 << 20
     /// When snapshots are due and how much history (snapshots, idempotency entries) the journal keeps.
     public var snapshots = JournalPolicy()
     /// The largest message part accepted, in bytes.
@@ -177,6 +181,9 @@ public struct DaemonConfiguration: Hashable, Sendable {
         try reader.string("lease", "name") { leaseHolder = $0 }
         try reader.integer("intervals", "heartbeat_ms", 10...3_600_000) { heartbeatInterval = .milliseconds($0) }
         try reader.integer("intervals", "digest_every_events", 1...Int64(Int32.max)) { digestEveryEvents = Int($0) }
+        try reader.integer("intervals", "checkpoint_off_loop_bytes", 0...Int64.max) {
+            checkpointOffLoopBytes = Int($0)
+        }
         try reader.integer("snapshots", "every_events", 1...Int64(Int32.max)) {
             snapshots.snapshotEveryEvents = Int($0)
         }

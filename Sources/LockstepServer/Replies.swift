@@ -45,8 +45,17 @@ enum Replies {
     }
 
     /// A SNAPSHOT of `store` as it stood when the request was read: encoded on a reader thread.
-    static func snapshot(requestID: UInt64, store: any SequencedStore) -> Reply {
+    /// With `journal` (a large state, which the checkpoint thread snapshots now and then): the store's newest
+    /// snapshot in the journal, already encoded and hashed — a joining replica catches up from its seq by RANGE — or,
+    /// without one, the state encoded now.
+    static func snapshot(requestID: UInt64, store: any SequencedStore, journal: (any Journal)? = nil) -> Reply {
         let name = store.name
+        if let journal, let kept = try? journal.newestSnapshot(store: name.rawValue), kept.seq <= store.lastSeq {
+            return .snapshot(
+                requestID: requestID,
+                SnapshotReply(store: name, epoch: store.epoch, seq: kept.seq, digest: kept.digest, state: kept.state)
+            )
+        }
         do {
             let state = try store.encodedState()
             return .snapshot(

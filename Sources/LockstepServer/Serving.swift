@@ -95,6 +95,7 @@ struct Serving {
         )
         checkpoints = Checkpoints(
             everyEvents: loop.configuration.digestEveryEvents,
+            offLoopBytes: loop.configuration.checkpointOffLoopBytes,
             stores: recovered.sequencer.stores.mapValues(\.stateBytesHint)
         )
         let now = ContinuousClock.now
@@ -618,7 +619,10 @@ struct Serving {
                     reply = Replies.unavailable(requestID)
                     break
                 }
-                if loop.offload(envelope, { Replies.snapshot(requestID: requestID, store: store) }) { continue }
+                let kept = checkpoints.isLarge(store.name) ? journal : nil
+                if loop.offload(envelope, { Replies.snapshot(requestID: requestID, store: store, journal: kept) }) {
+                    continue
+                }
                 reply = Replies.busy(requestID)
             case .internal:
                 continue

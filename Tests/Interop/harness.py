@@ -53,9 +53,12 @@ def spawn(argv: List[str], runner=subprocess.Popen, wait: float = 60.0, **option
             time.sleep(0.2)
 
 
-def write_config(directory: str, heartbeat_ms: int = 200, digest_every: int = 10, **sections) -> str:
+def write_config(directory: str, heartbeat_ms: int = 200, digest_every: int = 10,
+                 off_loop_bytes: Optional[int] = None, **sections) -> str:
     """A TOML file for --config (keys as in deploy/lockstepd.toml)."""
     lines = ["[intervals]", f"heartbeat_ms = {heartbeat_ms}", f"digest_every_events = {digest_every}"]
+    if off_loop_bytes is not None:
+        lines.append(f"checkpoint_off_loop_bytes = {off_loop_bytes}")
     for section, values in sections.items():
         lines.append(f"[{section}]")
         lines += [f"{key} = {value}" for key, value in values.items()]
@@ -73,6 +76,7 @@ class Daemon:
         root: str,
         heartbeat_ms: int = 200,
         digest_every: int = 10,
+        off_loop_bytes: Optional[int] = None,
         journal: str = "sqlite",
         postgres: Optional[str] = None,
         name: Optional[str] = None,
@@ -88,7 +92,7 @@ class Daemon:
         self.data_dir = os.path.join(root, "data")
         self.journal = journal
         self.heartbeat = heartbeat_ms / 1000.0
-        self.config = write_config(root, heartbeat_ms, digest_every, **sections)
+        self.config = write_config(root, heartbeat_ms, digest_every, off_loop_bytes, **sections)
         self.process: Optional[subprocess.Popen] = None
         self.log_path = os.path.join(root, "lockstepd.log")
         self.starts = 0

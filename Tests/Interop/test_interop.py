@@ -547,6 +547,26 @@ class DivergenceTest(DaemonTest):
         self.assertEqual(status.digest.hex(), swift["digest"])
 
 
+class OffLoopDigestTest(DaemonTest):
+    """Every checkpoint taken off the daemon's loop, as for a large state: a CHECKPOINT follows the events, the DIGEST
+    comes later, and the replica compares it with the digest it kept at that seq."""
+    daemon_options = {"off_loop_bytes": 0}
+
+    def test_a_late_digest_agrees_and_a_tampered_state_is_caught(self):
+        replica = self.replica(Todos, name="late")
+        with self.dispatcher() as client:
+            client.dispatch("todos", [add(f"a{i}") for i in range(10)])  # seq 10: a CHECKPOINT, then the DIGEST
+            replica.wait_for(lambda s: s.seq == 10, 10)
+            client.dispatch("todos", [add("b")])
+            replica.wait_for(lambda s: s.seq == 11, 10)
+            replica.tamper(lambda state: state["list"]["items"][0].update(text="z"))
+            client.dispatch("todos", [add(f"c{i}") for i in range(9)])  # seq 20: caught, though the DIGEST is late
+        status = replica.wait_for(lambda s: s.divergences and s.phase == "live" and s.seq == 20, 10)
+        self.assertEqual([seq for seq, _ in status.divergences], [20], "the agreement at 10 is no divergence")
+        swift = self.daemon.swift_state("todos")
+        self.assertEqual(status.digest.hex(), swift["digest"])
+
+
 class RestartTest(DaemonTest):
     daemon_options = {"heartbeat_ms": 500}
 

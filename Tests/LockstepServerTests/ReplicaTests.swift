@@ -109,9 +109,14 @@ import Testing
     }
 
     /// A replica whose reducer does not match the daemon's leaves the evidence of its divergence before it
-    /// repairs itself, and the harness command turns the file into a report.
-    @Test func aLiveDivergenceLeavesEvidenceTheHarnessReportsFrom() async throws {
-        let (daemon, directory) = try startDaemon("replica-evidence", "[intervals]\ndigest_every_events = 3\n")
+    /// repairs itself, and the harness command turns the file into a report — with the digest taken on the daemon's
+    /// loop (after the events), and off it (a CHECKPOINT after the events, the DIGEST later, as for a large state).
+    @Test(arguments: [false, true])
+    func aLiveDivergenceLeavesEvidenceTheHarnessReportsFrom(offLoop: Bool) async throws {
+        let (daemon, directory) = try startDaemon(
+            "replica-evidence",
+            "[intervals]\ndigest_every_events = 3\ncheckpoint_off_loop_bytes = \(offLoop ? 0 : 1 << 20)\n"
+        )
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let evidence = URL(fileURLWithPath: directory).appendingPathComponent("evidence")
         try await withReplica(DoubleCounter.self, daemon, evidenceDirectory: evidence.path) { replica in
@@ -143,9 +148,13 @@ import Testing
         #expect(differences?.first?["right"] as? Int == 6)
     }
 
-    @Test func aDivergenceIsLoggedCountedAnnouncedAndRepairedByResync() async throws {
+    @Test(arguments: [false, true])
+    func aDivergenceIsLoggedCountedAnnouncedAndRepairedByResync(offLoop: Bool) async throws {
         // A digest after every event, so the first wrong state is caught at once.
-        let (daemon, directory) = try startDaemon("replica-diverge", "[intervals]\ndigest_every_events = 1\n")
+        let (daemon, directory) = try startDaemon(
+            "replica-diverge",
+            "[intervals]\ndigest_every_events = 1\ncheckpoint_off_loop_bytes = \(offLoop ? 0 : 1 << 20)\n"
+        )
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try await withReplica(DoubleCounter.self, daemon) { replica in
             let notices = replica.notices()

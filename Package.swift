@@ -25,6 +25,9 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-crypto.git", "3.12.3"..<"5.0.0"),
         .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        // TreeDictionary: the persistent dictionary docs/domains.md recommends for large states (the bench measures it,
+        // a test holds its canonical form); already in the graph through swift-async-algorithms.
+        .package(url: "https://github.com/apple/swift-collections.git", from: "1.6.0"),
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         // `swift package generate-documentation` (`make docs`); the plugin adds nothing to the products.
@@ -94,6 +97,7 @@ let package = Package(
                 "Lockstep", "LockstepProtocol", "LockstepClient", "LockstepExamples", "LockstepJournal",
                 "LockstepServer", "LockstepTesting", "LockstepTool", "ZeroMQ",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "HashTreeCollections", package: "swift-collections"),
             ]
         ),
         .target(
@@ -118,7 +122,10 @@ let package = Package(
         ),
         .testTarget(
             name: "LockstepTests",
-            dependencies: ["Lockstep", "LockstepExamples", "LockstepTesting", "TestSupport"]
+            dependencies: [
+                "Lockstep", "LockstepExamples", "LockstepTesting", "TestSupport",
+                .product(name: "HashTreeCollections", package: "swift-collections"),
+            ]
         ),
         .testTarget(name: "ZeroMQTests", dependencies: ["ZeroMQ", "TestSupport"]),
         .testTarget(

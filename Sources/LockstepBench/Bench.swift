@@ -596,6 +596,55 @@ package final class Bench {
             )
             for cancellation in cancellations { cancellation.cancel() }
         }
+        // (d): toggle one of 10,000 todos, 10 subscribers each selecting the todos (as a list view would): the
+        // example's array, then the tree docs/domains.md recommends for a large state.
+        say("P5: toggling one of 10,000 todos with 10 subscribers, as an array and as a TreeDictionary")
+        results.p5.append(
+            .init(
+                subscribers: 10,
+                dispatchesPerS: toggleRate(Todos.self, add: { .add(text: "todo \($0)") }, toggle: { .toggle(id: $0) }) {
+                    $0.list.items
+                },
+                state: "10,000 todos in an array, toggle one"
+            )
+        )
+        results.p5.append(
+            .init(
+                subscribers: 10,
+                dispatchesPerS: toggleRate(
+                    TreeTodos.self,
+                    add: { .add(text: "todo \($0)") },
+                    toggle: { .toggle(id: $0) }
+                ) { $0.todos },
+                state: "10,000 todos in a TreeDictionary, toggle one"
+            )
+        )
+    }
+
+    /// Toggles of random todos per second in a store of `D` holding 10,000 of them, with 10 subscribers selecting the
+    /// todos with `select`.
+    private func toggleRate<D: Domain, Selected: Equatable & Sendable>(
+        _ domain: D.Type,
+        add: (Int) -> D.Action,
+        toggle: (Int) -> D.Action,
+        select: @escaping @Sendable (D.State) -> Selected
+    ) -> Double where D.Action: Encodable {
+        let store = Store(D.self, observers: ActionObservers())
+        for id in 1...10_000 { store.send(add(id)) }
+        let cancellations = (0..<10).map { _ in store.subscribe(select) { _ in } }
+        defer { for cancellation in cancellations { cancellation.cancel() } }
+        var random = SplitMix64(seed: 35)
+        let start = monotonicNanos()
+        let end = start + UInt64(seconds * 1e9)
+        var dispatched = 0
+        var now = start
+        while now < end {
+            for _ in 0..<100 { store.send(toggle(Int(random.next() % 10_000) + 1)) }
+            dispatched += 100
+            now = monotonicNanos()
+        }
+        precondition(store.appliedCount == UInt64(10_000 + dispatched), "the store refused or lost toggles")
+        return perSecond(dispatched, nanoseconds: now - start)
     }
 
     // MARK: - Processes

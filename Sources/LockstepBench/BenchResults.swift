@@ -151,6 +151,8 @@ package struct BenchResults: Codable {
     struct P5: Codable {
         var subscribers: Int
         var dispatchesPerS: Double
+        /// The state and the action, when not the counter's increment.
+        var state: String?
     }
 
     struct P6: Codable {

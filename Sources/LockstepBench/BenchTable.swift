@@ -158,9 +158,16 @@ package struct BenchTable {
                 )
             )
         }
-        if !r.p5.isEmpty { lines += ["", "P5 in-process Store<Counter>, one dispatching thread"] }
+        if !r.p5.isEmpty { lines += ["", "P5 in-process Store, one dispatching thread (Store<Counter> unless said)"] }
         for p5 in r.p5 {
-            lines.append(row("\(p5.subscribers) subscribers", "\(count(p5.dispatchesPerS)) dispatches/s"))
+            lines.append(
+                row(
+                    "\(p5.subscribers) subscribers",
+                    "\(count(p5.dispatchesPerS)) dispatches/s",
+                    "",
+                    p5.state ?? ""
+                )
+            )
         }
         let p6 = r.p6
         func judged(_ peak: Int) -> String {

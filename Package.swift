@@ -162,7 +162,7 @@ let package = Package(
             name: "lockstep-faults",
             dependencies: [
                 "Lockstep", "LockstepClient", "LockstepJournal", "LockstepProtocol", "LockstepTesting", "ZeroMQ",
-                "LockstepExamples", .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                "LockstepExamples", "LockstepBench", .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             path: "Tests/Faults"
         ),

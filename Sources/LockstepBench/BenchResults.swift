@@ -177,8 +177,10 @@ package struct BenchResults: Codable {
         var stateBytes: Int
         var fillSeconds: Double
         var daemonStartSeconds: Double
-        /// A new replica process's time to the store's last seq (snapshot included).
+        /// A new replica process's time to the store's last seq (snapshot included), on the daemon just started (its
+        /// journal's snapshot is at the store's seq: no encoding), and again after P2 (the state encoded for it).
         var joinSeconds: Double
+        var joinAfterLoadSeconds: Double
         /// The bench encoding the state canonically once, hashing those bytes (SHA-256), decoding them: the floors
         /// under a join and a checkpoint (0 for the empty store).
         var encodeSeconds: Double
@@ -202,6 +204,10 @@ package struct BenchResults: Codable {
         /// 64 MiB + 3 × the state.
         var budgetBytes: Int
         var withinBudget: Bool
+        /// The largest size only: a replica whose reducer misapplies one action found out this long after the
+        /// action's acceptance, this many events after its seq, while one client added todos.
+        var divergenceFoundSeconds: Double?
+        var divergenceEvents: Int?
     }
 
     struct PostgresJournalFigures: Codable {

@@ -1,8 +1,11 @@
 import Foundation
 import Lockstep
+import LockstepClient
 import LockstepExamples
 import LockstepJournal
+import LockstepProtocol
 import LockstepTesting
+import ZeroMQ
 
 extension Bench {
     // MARK: - P7
@@ -15,7 +18,7 @@ extension Bench {
         var rows: [BenchResults.P7] = []
         for megabytes in [0] + sizes {
             say("P7: a todos store of \(megabytes) MB")
-            var row = try stateSizeRow(megabytes: megabytes)
+            var row = try stateSizeRow(megabytes: megabytes, plantDivergence: megabytes > 0 && megabytes == sizes.max())
             if let empty = rows.first {
                 row.p1RatioP50 = ratio(row.p1P50Us.value, empty.p1P50Us.value)
                 row.p1RatioP99 = ratio(row.p1P99Us.value, empty.p1P99Us.value)
@@ -26,7 +29,8 @@ extension Bench {
         results.p7 = rows
     }
 
-    private func stateSizeRow(megabytes: Int) throws -> BenchResults.P7 {
+    /// One row; with `plantDivergence`, also how long a replica whose reducer misapplies one action takes to find out.
+    private func stateSizeRow(megabytes: Int, plantDivergence: Bool) throws -> BenchResults.P7 {
         let name = "size-\(megabytes)"
         let directory = folder.appendingPathComponent(name)
         // ~220 bytes of canonical JSON a todo: {"completed":false,"id":N,"text":"…180…"} and a comma.
@@ -80,16 +84,24 @@ extension Bench {
         let eight = try runClients(try (0..<8).map { _ in try worker("dispatch", dispatch) })
         follower.send("until \(try seq(of: daemon))")
         let followed = try report(of: follower, within: .seconds(120))
+        // A join again, now that the store has moved past its journal's newest snapshot: the state is encoded for it.
+        let seqNow = try seq(of: daemon)
+        let rejoined = try report(
+            of: try worker("join", endpoints + ["--count", "\(seqNow)"], input: false),
+            within: .seconds(120)
+        )
+        let divergence = plantDivergence ? try timeToFindADivergence(daemon, endpoints: endpoints) : nil
         let p1 = Latencies(one.flatMap(\.latencies))
         let budget = 64 << 20 + 3 * stateBytes
         let daemonPeak = daemon.memory().peakKiB * 1_024
-        let replicaPeak = max(joined.peakResident, followed.peakResident)
+        let replicaPeak = max(joined.peakResident, followed.peakResident, rejoined.peakResident)
         return BenchResults.P7(
             megabytes: megabytes,
             stateBytes: stateBytes,
             fillSeconds: seconds(fill),
             daemonStartSeconds: seconds(started),
             joinSeconds: Double(joined.elapsed / 1_000_000) / 1_000,
+            joinAfterLoadSeconds: Double(rejoined.elapsed / 1_000_000) / 1_000,
             encodeSeconds: floors.encode,
             hashSeconds: floors.hash,
             decodeSeconds: floors.decode,
@@ -102,8 +114,47 @@ extension Bench {
             daemonPeakBytes: daemonPeak,
             replicaPeakBytes: replicaPeak,
             budgetBytes: budget,
-            withinBudget: max(daemonPeak, replicaPeak) <= budget
+            withinBudget: max(daemonPeak, replicaPeak) <= budget,
+            divergenceFoundSeconds: divergence?.seconds,
+            divergenceEvents: divergence?.events
         )
+    }
+
+    /// A replica of ``PoisonedTodos`` joins; one poisoned add is dispatched, then one client adds todos as fast as it
+    /// can until the replica reports the divergence: how long after the poisoned add's acceptance, and how many events
+    /// after its seq (the daemon's digest of a large state comes from a checkpoint off its loop).
+    private func timeToFindADivergence(
+        _ daemon: DaemonProcess,
+        endpoints: [String]
+    ) throws -> (seconds: Double, events: Int) {
+        say("P7: a replica that misapplies one action, in the largest state")
+        let poisoned = try worker("diverging", endpoints)
+        defer { poisoned.kill() }
+        _ = try awaitLine(poisoned, within: .seconds(120)) { $0 == "ready" }
+        let client = CommandClient(context: try Context(), endpoint: daemon.command, timeout: .seconds(10), retries: 0)
+        let action = Array(#"{"add":{"text":"\#(PoisonedTodos.poison)"}}"#.utf8)
+        let request = Request.dispatch(
+            DispatchRequest(
+                requestID: 1,
+                domainVersion: Todos.version,
+                clientID: .random(),
+                store: try StoreName(Todos.name),
+                actions: [action]
+            )
+        )
+        guard case let .accepted(_, _, seq, _) = try client.call(request) else {
+            throw BenchFailure("the daemon did not accept the poisoned add")
+        }
+        let accepted = monotonicNanos()
+        let load = try worker("dispatch", ["--endpoint", daemon.command, "--store", Todos.name, "--seconds", "120"])
+        defer { load.kill() }
+        _ = try awaitLine(load, within: .seconds(60)) { $0 == "ready" }
+        load.send("go")
+        let found = try report(of: poisoned, within: .seconds(120))
+        guard found.seq >= seq else {
+            throw BenchFailure("the replica diverged at seq \(found.seq), before the poison's \(seq)")
+        }
+        return (Double((found.finishedAt - accepted) / 1_000_000) / 1_000, Int(found.seq - seq))
     }
 
     private func seconds(_ duration: Duration) -> Double { (duration / .milliseconds(1)).rounded() / 1_000 }

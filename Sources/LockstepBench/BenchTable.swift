@@ -196,12 +196,20 @@ package struct BenchTable {
                 row(
                     "",
                     String(
-                        format: "join %.2f s (encode %.2f, hash %.2f, decode %.2f)",
+                        format: "join %.2f s, after load %.2f s (encode %.2f, hash %.2f, decode %.2f)",
                         p7.joinSeconds,
+                        p7.joinAfterLoadSeconds,
                         p7.encodeSeconds,
                         p7.hashSeconds,
                         p7.decodeSeconds
                     )
+                ),
+                row(
+                    "",
+                    p7.divergenceFoundSeconds.map {
+                        String(format: "a planted divergence found in %.1f s, ", $0)
+                            + "\(p7.divergenceEvents ?? 0) events after it"
+                    } ?? ""
                 ),
                 row(
                     "",

@@ -37,6 +37,9 @@ package struct BenchWorker: Sendable {
         /// each run started; `ready` once it serves, its report (`applied`: each effect's seq and start) once every
         /// effect set going has run after `stop` on standard input.
         case effectsDaemon = "effects-daemon"
+        /// Lockstep: a replica of `todos` whose reducer misapplies one action (``PoisonedTodos``); `ready` once live,
+        /// then its report once it found the divergence (`seq`, and `finishedAt`: when, monotonic ns).
+        case diverging
     }
 
     package var role: Role
@@ -95,6 +98,7 @@ package struct BenchWorker: Sendable {
             }
         case .redis: report = try await redis()
         case .effectsDaemon: report = try await effectsDaemon()
+        case .diverging: report = try await diverging()
         }
         if report.peakResident == 0 { report.peakResident = residentMemory(of: getpid()).peakKiB * 1_024 }
         if let failure = report.firstFailure {
@@ -465,6 +469,25 @@ package struct BenchWorker: Sendable {
         var report = WorkerReport()
         report.applied = starts.withLockedValue { $0 }
         report.count = report.applied.count
+        return report
+    }
+
+    private func diverging() async throws -> WorkerReport {
+        let replica = try Replica(PoisonedTodos.self, configuration: try replicaConfiguration(), logger: quietLogger())
+        let running = Task { try await replica.run() }
+        defer { running.cancel() }
+        try await replica.waitUntilLive(timeout: .seconds(60))
+        let notices = replica.notices()
+        print("ready")
+        fflush(nil)
+        var report = WorkerReport()
+        for await notice in notices {
+            if case let .diverged(seq, _) = notice {
+                report.finishedAt = monotonicNanos()
+                report.seq = seq
+                break
+            }
+        }
         return report
     }
 

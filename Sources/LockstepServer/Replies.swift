@@ -46,11 +46,12 @@ enum Replies {
 
     /// A SNAPSHOT of `store` as it stood when the request was read: encoded on a reader thread.
     /// With `journal` (a large state, which the checkpoint thread snapshots now and then): the store's newest
-    /// snapshot in the journal, already encoded and hashed — a joining replica catches up from its seq by RANGE — or,
-    /// without one, the state encoded now.
+    /// snapshot in the journal when it is at the store's seq — already encoded and hashed — or else the state encoded
+    /// now. (A SNAPSHOT is the state now: `lockstep state` and the tests read it so; an older snapshot would do for a
+    /// replica, which repairs the rest by RANGE, but the request does not say who asks.)
     static func snapshot(requestID: UInt64, store: any SequencedStore, journal: (any Journal)? = nil) -> Reply {
         let name = store.name
-        if let journal, let kept = try? journal.newestSnapshot(store: name.rawValue), kept.seq <= store.lastSeq {
+        if let journal, let kept = try? journal.newestSnapshot(store: name.rawValue), kept.seq == store.lastSeq {
             return .snapshot(
                 requestID: requestID,
                 SnapshotReply(store: name, epoch: store.epoch, seq: kept.seq, digest: kept.digest, state: kept.state)

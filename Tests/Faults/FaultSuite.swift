@@ -43,6 +43,8 @@ struct FaultSuite: ParsableCommand {
             ("kill -9 under load", faults.killUnderLoad),
             ("SIGSTOP of the daemon", faults.stopDaemon),
             ("SIGSTOP of a replica", faults.stopReplica),
+            ("kill -9, a 10 MB store", faults.killUnderLoadOnALargeStore),
+            ("SIGSTOP of a replica, 10 MB", faults.stopReplicaOfALargeStore),
             ("failover", faults.failover),
             ("tool through takeovers", faults.toolThroughTakeovers),
             ("effects", faults.effects),
@@ -72,7 +74,7 @@ struct FaultSuite: ParsableCommand {
         }
         let failed = results.filter { !$0.passed }
         print("")
-        print("fault class              injected  survived  lost  time")
+        print("fault class                  injected  survived  lost  time")
         for result in results { print(result.row) }
         if failed.isEmpty, !keep { try? FileManager.default.removeItem(at: folder) }
         if !failed.isEmpty {
@@ -105,7 +107,7 @@ struct FaultResult {
     }
 
     var row: String {
-        name.padding(toLength: 24, withPad: " ", startingAt: 0)
+        name.padding(toLength: 28, withPad: " ", startingAt: 0)
             + String(format: "%9d %9d %5d %5.1fs", injected, survived, lost, seconds)
     }
 }

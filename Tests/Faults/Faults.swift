@@ -1,5 +1,6 @@
 import Foundation
 import Lockstep
+import LockstepBench
 import LockstepClient
 import LockstepExamples
 import LockstepJournal
@@ -62,9 +63,10 @@ final class Faults {
         _ daemon: Daemon,
         _ load: Load,
         watchers: [ReplicaClient],
+        from first: SequenceNumber = 1,
         into result: inout FaultResult
     ) throws {
-        try settle(load, leader: daemon, watchers: watchers, into: &result) {
+        try settle(load, leader: daemon, watchers: watchers, from: first, into: &result) {
             try SQLiteJournal(directory: daemon.data, readOnly: true)
         }
     }
@@ -77,6 +79,7 @@ final class Faults {
         standbys: [Daemon] = [],
         watchers: [ReplicaClient],
         absent: Set<String> = [],
+        from first: SequenceNumber = 1,
         into result: inout FaultResult,
         journal: () throws -> any Journal
     ) throws {
@@ -90,7 +93,7 @@ final class Faults {
         }
         let opened = try journal()
         defer { try? opened.close() }
-        let check = try checkJournal(opened, acks: load.acks, absent: absent)
+        let check = try checkJournal(opened, acks: load.acks, absent: absent, from: first)
         result.lost += check.lost + check.duplicated + check.unexpected
         result.notes += check.problems
         if check.holes > 0 { result.failure = result.failure ?? "the journal's seqs have \(check.holes) holes" }
@@ -104,7 +107,39 @@ final class Faults {
     // MARK: - kill -9
 
     func killUnderLoad() throws -> FaultResult {
-        let daemon = try Daemon(folder: folder.appendingPathComponent("kill"), configuration: Self.keepHistory)
+        try killUnderLoad(in: "kill", configuration: Self.keepHistory)
+    }
+
+    /// The same on a store of ~10 MB: every checkpoint is taken off the loop (a snapshot every 2,000 events, written by
+    /// a later commit at its own seq; a digest every 500, published after later events), and each restart recovers
+    /// the large state.
+    func killUnderLoadOnALargeStore() throws -> FaultResult {
+        try killUnderLoad(in: "kill-large", configuration: Self.largeStore, prefill: true)
+    }
+
+    /// A store of ~10 MB checkpointed off the loop often, its events kept (but those of the prefill).
+    static let largeStore = "[snapshots]\nevery_events = 2000\nkeep = 1000\n[intervals]\ndigest_every_events = 500\n"
+
+    /// ~`megabytes` of `todos` written into `daemon`'s journal before it starts, with one snapshot at the end — as a
+    /// daemon that has run a long time leaves it — so the store is checkpointed off the loop from its first
+    /// checkpoint on.
+    @discardableResult
+    func prefillLargeStore(_ daemon: Daemon, megabytes: Int = 10) throws -> SequenceNumber {
+        let todos = megabytes << 20 / 220
+        let policy = JournalPolicy(snapshotEveryEvents: todos, snapshotEveryBytes: .max)
+        let journal = try SQLiteJournal(directory: daemon.data, policy: policy, relaxed: true)
+        _ = try fill(journal, Todos.self, events: todos, batchSize: 10_000) { seq in
+            (.add(text: BenchWorker.todoText(seq)), BenchWorker.todoAdd(seq))
+        }
+        try journal.sync()
+        try journal.close()
+        return SequenceNumber(todos)
+    }
+
+    private func killUnderLoad(in name: String, configuration: String, prefill: Bool = false) throws -> FaultResult {
+        let daemon = try Daemon(folder: folder.appendingPathComponent(name), configuration: configuration)
+        // The prefill's history is compacted by the daemon's first snapshot: the load's is checked from after it.
+        let first = prefill ? try prefillLargeStore(daemon) + 1 : 1
         try daemon.start()
         let watchers = try (0..<2).map { _ in try ReplicaClient(watching: [daemon], stores: ["todos"]) }
         let load = Load(endpoints: [daemon.command], label: "kill")
@@ -120,7 +155,7 @@ final class Faults {
             // Counted after the restart, so only the new daemon's answers show it serves again.
             (progresses(load, beyond: load.acks.count), nil)
         }
-        try settle(daemon, load, watchers: watchers, into: &result)
+        try settle(daemon, load, watchers: watchers, from: first, into: &result)
         return result
     }
 
@@ -396,12 +431,36 @@ final class Faults {
     // MARK: - SIGSTOP of a replica
 
     func stopReplica() throws -> FaultResult {
-        let daemon = try Daemon(
-            folder: folder.appendingPathComponent("replica"),
-            configuration: Self.keepHistory + "[limits]\nevents_queue = 100\n"
+        try stopReplica(in: "replica", store: "counter", action: #"{"increment":{}}"#)
+    }
+
+    /// The same with a replica of a store of ~10 MB, checkpointed off the loop.
+    func stopReplicaOfALargeStore() throws -> FaultResult {
+        // 180-character texts, like the prefill's: 2,000 commits of 20 are ~8 MB, far more than any buffer holds.
+        let text = "while it sleeps " + String(repeating: "z", count: 164)
+        return try stopReplica(
+            in: "replica-large",
+            store: "todos",
+            action: #"{"add":{"text":"\#(text)"}}"#,
+            prefill: true
         )
+    }
+
+    private func stopReplica(
+        in name: String,
+        store: String,
+        action: String,
+        prefill: Bool = false
+    ) throws
+        -> FaultResult
+    {
+        let daemon = try Daemon(
+            folder: folder.appendingPathComponent(name),
+            configuration: (prefill ? Self.largeStore : Self.keepHistory) + "[limits]\nevents_queue = 100\n"
+        )
+        if prefill { try prefillLargeStore(daemon) }
         try daemon.start()
-        let watcher = try ReplicaClient(watching: [daemon], stores: ["counter"], eventsQueue: 100)
+        let watcher = try ReplicaClient(watching: [daemon], stores: [store], eventsQueue: 100)
         let client = CommandClient(context: try Context(), endpoint: daemon.command, timeout: .seconds(5), retries: 2)
         var result = FaultResult(injected: 0, survived: 0, lost: 0)
         var number: UInt64 = 0
@@ -409,43 +468,43 @@ final class Faults {
         for round in 0..<(long ? 5 : 1) {
             // One event first, seen by the replica: its subscription is in place before it is stopped.
             number += 1
-            try client.mustAccept("counter", #"{"increment":{}}"#, number: number, clientID: clientID)
-            guard watcher.converge(on: try daemon.digests(["counter"]), within: .seconds(30)),
-                watcher.store("counter")?.phase == "live"
+            try client.mustAccept(store, action, number: number, clientID: clientID)
+            guard watcher.converge(on: try daemon.digests([store]), within: .seconds(60)),
+                watcher.store(store)?.phase == "live"
             else {
                 result.failure = "the replica did not catch up before round \(round + 1)"
                 break
             }
-            let repairsBefore = watcher.store("counter")?.repairs ?? 0
+            let repairsBefore = watcher.store(store)?.repairs ?? 0
             watcher.child.signal(SIGSTOP)
             // 40,000 events in 2,000 commits (2,000 EVENTS messages) while it sleeps: far more than both queues and
             // the socket buffers hold.
             for _ in 0..<2_000 {
                 number += 1
-                try client.mustAccept("counter", #"{"increment":{}}"#, count: 20, number: number, clientID: clientID)
+                try client.mustAccept(store, action, count: 20, number: number, clientID: clientID)
             }
             watcher.child.signal(SIGCONT)
             result.injected += 1
-            let expected = try daemon.digests(["counter"])
+            let expected = try daemon.digests([store])
             guard watcher.converge(on: expected, within: .seconds(60)) else {
-                result.failure = "the replica did not repair to \(expected["counter"]!)"
+                result.failure = "the replica did not repair to \(expected[store]!)"
                 break
             }
-            let repairs = watcher.store("counter")?.repairs ?? 0
-            if let resyncs = watcher.store("counter")?.resyncs, resyncs > 0 {
+            let repairs = watcher.store(store)?.repairs ?? 0
+            if let resyncs = watcher.store(store)?.resyncs, resyncs > 0 {
                 result.failure = "the replica resynced \(resyncs) times instead of repairing the gap"
             } else if repairs > repairsBefore {
                 result.survived += 1
             } else {
                 result.failure = "no gap formed: the replica lost no events while stopped"
             }
-            if let divergences = watcher.store("counter")?.divergences, divergences > 0 {
+            if let divergences = watcher.store(store)?.divergences, divergences > 0 {
                 result.lost += divergences
             }
         }
         result.notes.append(
             "\(result.injected * 40_000) events published while it was stopped; gaps repaired: "
-                + "\(watcher.store("counter")?.repairs ?? 0)"
+                + "\(watcher.store(store)?.repairs ?? 0)"
         )
         _ = try? watcher.stop()
         if daemon.stop() != 0 { result.failure = "lockstepd did not exit 0 on SIGTERM" }

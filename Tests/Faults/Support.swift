@@ -285,11 +285,17 @@ struct JournalCheck {
 }
 
 /// Checks the `todos` store of `journal` against the acknowledgements: each acknowledged text at the seq it was
-/// acknowledged with, every text at most once, none of `absent`, and the seqs 1…N without a hole.
-func checkJournal(_ journal: any Journal, acks: [Ack], absent: Set<String> = []) throws -> JournalCheck {
+/// acknowledged with, every text at most once, none of `absent`, and the seqs `first`…N without a hole (`first` is
+/// past a history written before the daemon started, which its snapshots compact).
+func checkJournal(
+    _ journal: any Journal,
+    acks: [Ack],
+    absent: Set<String> = [],
+    from first: SequenceNumber = 1
+) throws -> JournalCheck {
     var texts: [SequenceNumber: String] = [:]
     var seen: [String: Int] = [:]
-    var from: SequenceNumber = 1
+    var from = first
     while true {
         guard case let .events(events) = try journal.events(store: "todos", from: from, to: .max, limit: 10_000) else {
             throw SuiteError("the todos history was compacted; the suite keeps it whole")
@@ -324,9 +330,9 @@ func checkJournal(_ journal: any Journal, acks: [Ack], absent: Set<String> = [])
         check.unexpected += 1
         if check.problems.count < 10 { check.problems.append("'\(text)' was refused, yet is in the journal") }
     }
-    let last = texts.keys.max() ?? 0
-    check.holes = Int(last) - texts.count
-    if check.holes > 0, let first = (1...last).first(where: { texts[$0] == nil }) {
+    let last = texts.keys.max() ?? (first - 1)
+    check.holes = Int(last) - Int(first - 1) - texts.count
+    if check.holes > 0, let first = (first...last).first(where: { texts[$0] == nil }) {
         check.problems.append("\(check.holes) seqs missing below the last, \(last); the first is \(first)")
     }
     return check

@@ -8,7 +8,7 @@ import Testing
     @Test func aShortBenchReportsEveryFigureAndLosesNoAcknowledgedDispatch() async throws {
         let output = try await runProduct(
             "lockstep",
-            ["bench", "--json", "--seconds", "0.3", "--histories", "300", "--no-redis"],
+            ["bench", "--json", "--seconds", "0.3", "--histories", "300", "--state-sizes", "1", "--no-redis"],
             timeout: .seconds(300)
         )
         #expect(output.status == 0, "\(output.standardError)")
@@ -17,7 +17,7 @@ import Testing
             "not one JSON object: \(output.standardOutput)"
         )
         for key in [
-            "baselines", "p1", "p2", "optimistic", "effects", "p3", "p4", "p5", "p6", "transport", "build",
+            "baselines", "p1", "p2", "optimistic", "effects", "p3", "p4", "p5", "p6", "p7", "transport", "build",
             "total_seconds",
         ] {
             #expect(json[key] != nil, "no \(key) in \(json.keys.sorted())")
@@ -89,13 +89,33 @@ import Testing
         #expect((posts["state_bytes"] as? Int ?? 0) > 1_000_000)
 
         let p5 = try #require(json["p5"] as? [[String: Any]])
-        #expect(p5.compactMap { $0["subscribers"] as? Int } == [0, 1, 100])
+        #expect(p5.compactMap { $0["subscribers"] as? Int } == [0, 1, 100, 10, 10])
+        // (d): the array and the TreeDictionary, each named.
+        #expect(p5.compactMap { $0["state"] as? String }.count == 2, "\(p5)")
+        #expect(p5.allSatisfy { ($0["dispatches_per_s"] as? Double ?? 0) > 0 }, "\(p5)")
         let p6 = try #require(json["p6"] as? [String: Any])
         let peaks = (p6["daemon_peak_bytes"] as? Int ?? 0, p6["replica_peak_bytes"] as? Int ?? 0)
         #expect(peaks.0 > 0 && peaks.1 > 0)
         let budget = try #require(p6["budget_bytes"] as? Int)
         #expect(budget == 64 << 20 + 3 * (posts["state_bytes"] as? Int ?? 0))
         #expect(p6["within_budget"] as? Bool == (max(peaks.0, peaks.1) <= budget), "\(p6)")
+
+        // P7: an empty todos store and one of ~1 MB, each with every figure; nothing lost or failed; the largest one
+        // with a planted divergence found.
+        let p7 = try #require(json["p7"] as? [[String: Any]])
+        #expect(p7.compactMap { $0["megabytes"] as? Int } == [0, 1])
+        for row in p7 {
+            #expect(row["failures"] as? Int == 0, "\(row)")
+            #expect(row["replica_resyncs"] as? Int == 0, "\(row)")
+            for key in ["p1_p50_us", "p1_p99_us", "p2_actions_per_s", "replica_cpu_per_event_us"] {
+                #expect((row[key] as? Double ?? 0) > 0, "\(key): \(row)")
+            }
+        }
+        let largest = try #require(p7.last)
+        #expect((largest["state_bytes"] as? Int ?? 0) > 1_000_000, "\(largest)")
+        #expect(largest["p2_ratio"] as? Double != nil, "\(largest)")
+        #expect((largest["divergence_found_seconds"] as? Double ?? 0) > 0, "\(largest)")
+        #expect((largest["divergence_events"] as? Int ?? -1) >= 0, "\(largest)")
     }
 
     @Test func badOptionsAreRefusedNamingTheValue() async throws {

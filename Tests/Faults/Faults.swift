@@ -150,6 +150,8 @@ final class Faults {
             daemon,
             points: ["before-commit", "after-commit", "after-reply"],
             upTo: 10,
+            // Each restart recovers the large state (seconds in a test build): 8 cycles in the quick mode.
+            quickCycles: prefill ? 8 : 20,
             into: &result
         ) {
             // Counted after the restart, so only the new daemon's answers show it serves again.
@@ -159,7 +161,7 @@ final class Faults {
         return result
     }
 
-    /// The kill -9 cycles (quick 20, long 200): in turn, a SIGKILL at a random moment and a restart with each of
+    /// The kill -9 cycles (quick `quickCycles`, 20 unless said; long 200): in turn, a SIGKILL at a random moment and a restart with each of
     /// `points` as `LOCKSTEP_FAILPOINT` (reached at its 1st to `upTo`-th pass), then a restart; a cycle survives
     /// when `serves` says the restarted daemon serves again, and the cycles end at the first failure it names. How
     /// many of each are noted.
@@ -167,11 +169,12 @@ final class Faults {
         _ daemon: Daemon,
         points: [String],
         upTo passes: Int,
+        quickCycles: Int = 20,
         into result: inout FaultResult,
         serves: () throws -> (serves: Bool, failure: String?)
     ) throws {
         var byPoint: [String: Int] = [:]
-        for cycle in 0..<(long ? 200 : 20) {
+        for cycle in 0..<(long ? 200 : quickCycles) {
             if cycle % (points.count + 1) == 0 {
                 pause(20...400)
                 daemon.kill()

@@ -51,6 +51,7 @@ struct FaultSuite: ParsableCommand {
             ("journal surgery", faults.journalSurgery),
             ("disk full", faults.diskFull),
             ("power cut", { try faults.powerCut() }),
+            ("power cut, a 10 MB store", faults.powerCutOnALargeStore),
             ("fsync EIO", faults.fsyncFailure),
             ("power cut, no fsync", { try faults.powerCut(syncOff: true) }),
             ("bad input", faults.badInput),

@@ -680,24 +680,31 @@ final class Faults {
     /// cut (everything not fsynced forgotten, all of it, a random prefix, or with a torn last write), then it is
     /// started again on what the disk holds. With `syncOff` (the failpoint `no-sync`: SQLite never fsyncs) the
     /// class must lose acknowledged actions: the proof that it can see a missing fsync.
-    func powerCut(syncOff: Bool = false) throws -> FaultResult {
-        let base = folder.appendingPathComponent(syncOff ? "power-nosync" : "power")
+    /// The power cut on a store of ~10 MB, prefilled through the filesystem (and fsynced) before the daemon starts:
+    /// every checkpoint off the loop, a snapshot written at its own seq by a later commit; quick 3 cuts, long 200.
+    func powerCutOnALargeStore() throws -> FaultResult {
+        try powerCut(largeStore: true)
+    }
+
+    func powerCut(syncOff: Bool = false, largeStore: Bool = false) throws -> FaultResult {
+        let base = folder.appendingPathComponent(syncOff ? "power-nosync" : largeStore ? "power-large" : "power")
         let disk = try UnsyncedFileSystem(folder: base.appendingPathComponent("disk"))
         defer { disk.unmount() }
         // Two levels the daemon must create (and make durable) itself.
         let data = disk.mountPoint.appendingPathComponent("var/lockstep").path
         let daemon = try Daemon(
             folder: base.appendingPathComponent("daemon"),
-            configuration: "data_dir = \"\(data)\"\n" + Self.keepHistory,
+            configuration: "data_dir = \"\(data)\"\n" + (largeStore ? Self.largeStore : Self.keepHistory),
             environment: syncOff ? ["LOCKSTEP_FAILPOINT": "no-sync"] : [:],
             data: data
         )
+        let first = largeStore ? try prefillLargeStore(daemon) + 1 : 1
         try daemon.start()
         let watchers = syncOff ? [] : [try ReplicaClient(watching: [daemon], stores: ["todos"])]
         let load = Load(endpoints: [daemon.command], label: syncOff ? "nosync" : "power")
         load.start()
         defer { load.stop() }
-        let cycles = syncOff ? 3 : long ? 200 : 10
+        let cycles = syncOff || (largeStore && !long) ? 3 : long ? 200 : 10
         let modes = ["all", "prefix", "torn"]
         var result = FaultResult(injected: 0, survived: 0, lost: 0)
         for cycle in 0..<cycles {
@@ -725,7 +732,7 @@ final class Faults {
             }
             if progresses(load, beyond: load.acks.count) { result.survived += 1 }
         }
-        try settle(daemon, load, watchers: watchers, into: &result)
+        try settle(daemon, load, watchers: watchers, from: first, into: &result)
         let journal = try SQLiteJournal(directory: data, readOnly: true)
         let problems = try journal.verify()
         try? journal.close()

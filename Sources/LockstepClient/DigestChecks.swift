@@ -9,6 +9,12 @@ struct DigestChecks {
     enum Verdict: Equatable {
         case agree(seq: SequenceNumber, state: Frame?)
         case differ(seq: SequenceNumber, daemon: StateDigest, mine: StateDigest, state: Frame?)
+
+        /// The verdict on the daemon's and the replica's digests at `seq`.
+        static func compare(daemon: StateDigest, mine: StateDigest, at seq: SequenceNumber, state: Frame?) -> Self {
+            daemon == mine
+                ? .agree(seq: seq, state: state) : .differ(seq: seq, daemon: daemon, mine: mine, state: state)
+        }
     }
 
     /// One more at every resync: a digest taken before it is void.
@@ -66,8 +72,6 @@ struct DigestChecks {
         guard let theirs = daemon[seq], let kept = mine[seq], let ours = kept else { return nil }
         mine.removeValue(forKey: seq)
         daemon.removeValue(forKey: seq)
-        return theirs == ours.digest
-            ? .agree(seq: seq, state: ours.state)
-            : .differ(seq: seq, daemon: theirs, mine: ours.digest, state: ours.state)
+        return .compare(daemon: theirs, mine: ours.digest, at: seq, state: ours.state)
     }
 }

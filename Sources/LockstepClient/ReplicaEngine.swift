@@ -490,6 +490,22 @@ struct Engine<D: Domain> {
                 unapplied = (epoch, unapplied?.firstSeq ?? first.seq, last.seq, actions, authors)
                 if !batching { handOver() }
             case let .verifyDigest(seq, digest):
+                // In order: the daemon took it on its loop, so the state is small — compared here, at once, as the
+                // daemon did. A state the local store has not reached yet (another thread drains it) is compared
+                // off this thread once it has.
+                let current = replica.local.state
+                if current.seq == seq, current.epoch == sync.epoch,
+                    let bytes = try? Array(CanonicalEncoding.encode(current.state))
+                {
+                    let verdict = DigestChecks.Verdict.compare(
+                        daemon: digest,
+                        mine: StateDigest(of: bytes),
+                        at: seq,
+                        state: evidence == nil ? nil : bytes
+                    )
+                    if try judge(verdict, on: &link) { return }
+                    continue
+                }
                 keepDigest(at: seq)
                 if let verdict = digests.daemonSaid(digest, at: seq), try judge(verdict, on: &link) { return }
             case let .keepDigest(seq):

@@ -3,7 +3,7 @@ import Dispatch
 import Foundation
 import Synchronization
 
-/// One thread of its own, at the lowest priority, running the work handed to it in order: encoding and hashing a
+/// One thread of its own, at a low priority (nice 10), running the work handed to it in order: encoding and hashing a
 /// large state for a checkpoint must neither hold a loop nor, on a busy machine, take the CPU from one. Started by
 /// the first ``submit(_:)``; ``stop()`` ends it once the work in hand is done.
 public final class BackgroundThread: Sendable {
@@ -33,8 +33,9 @@ public final class BackgroundThread: Sendable {
         if start {
             let thread = Thread { [self] in
                 nameCurrentThread(name)
-                // Nice 19: a core the loops and the clients leave idle does the work; under load it gets a small share.
-                _ = lockstep_nice_current_thread(19)
+                // Nice 10: the loops and the clients come first, but on a saturated machine the work still gets about a
+                // tenth of a busy thread's share (at 19, a fortieth: a digest could wait seconds behind 20 processes).
+                _ = lockstep_nice_current_thread(10)
                 run()
             }
             thread.start()

@@ -177,6 +177,7 @@ enum CodecSamples {
         Sample("HEARTBEAT", .heartbeat(store: counter, epoch: epoch, lastSeq: 42)),
         Sample("HEARTBEAT empty store", .heartbeat(store: counter, epoch: epoch, lastSeq: 0)),
         Sample("DIGEST", .digest(store: counter, epoch: epoch, seq: 1000, StateDigest(of: json(#"{"count":7}"#)))),
+        Sample("CHECKPOINT", .checkpoint(store: counter, epoch: epoch, seq: 1000)),
         Sample("EVENTS", .events(store: counter, epoch: epoch, firstSeq: 42, actions: [increment, increment])),
         Sample(
             "EVENTS one",

@@ -491,8 +491,10 @@ struct Engine<D: Domain> {
                 if !batching { handOver() }
             case let .verifyDigest(seq, digest):
                 // In order: the daemon took it on its loop, so the state is small — compared here, at once, as the
-                // daemon did. A state the local store has not reached yet (another thread drains it) is compared
-                // off this thread once it has.
+                // daemon did. The events read with it go to the local store first (it applies them on this thread
+                // when idle); a state it has not reached yet (another thread drains it) is compared off this
+                // thread once it has.
+                handOver()
                 let current = replica.local.state
                 if current.seq == seq, current.epoch == sync.epoch,
                     let bytes = try? Array(CanonicalEncoding.encode(current.state))

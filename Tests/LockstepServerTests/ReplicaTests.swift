@@ -157,27 +157,35 @@ import Testing
         )
         defer { try? FileManager.default.removeItem(atPath: directory) }
         try await withReplica(DoubleCounter.self, daemon) { replica in
-            let notices = replica.notices()
-            let seq = try await replica.dispatch(.increment)
-            #expect(seq == 1)
             @Sendable func isDivergence(_ notice: ReplicaNotice) -> Bool {
                 if case .diverged = notice { true } else { false }
             }
-            let announced = await collect(notices, within: .seconds(10)) { seen in
-                seen.contains(where: isDivergence) && seen.contains { !isDivergence($0) }
+            // A subscription takes a moment to reach the daemon (docs/protocol.md): an event and its DIGEST published
+            // before it did are not delivered, and the replica repairs the event by RANGE without the digest. So
+            // one more increment at a time, until a digest is heard.
+            var dispatched: SequenceNumber = 0
+            var announced: [ReplicaNotice] = []
+            while dispatched < 5, !announced.contains(where: isDivergence) {
+                let notices = replica.notices()
+                dispatched = try await replica.dispatch(.increment)
+                announced = await collect(notices, within: .seconds(dispatched < 5 ? 4 : 10)) { seen in
+                    seen.contains(where: isDivergence) && seen.contains { !isDivergence($0) }
+                }
             }
             guard case let .diverged(divergedAt, detail)? = announced.first(where: isDivergence),
                 let resynced = announced.first(where: { !isDivergence($0) })
             else {
-                Issue.record("within 10 s the replica announced only \(announced)")
+                Issue.record("after \(dispatched) increments the replica announced only \(announced)")
                 return
             }
-            #expect(divergedAt == 1)
+            #expect(divergedAt >= 1 && divergedAt <= dispatched)
             #expect(detail.contains("the daemon's digest is"), "\(detail)")
-            #expect("\(resynced)".contains("digest differed from the daemon's at seq 1"))
+            #expect("\(resynced)".contains("digest differed from the daemon's at seq \(divergedAt)"))
             // After the resync it holds the daemon's state, from the snapshot.
-            _ = try await eventually(within: .seconds(10)) { replica.status.phase == .live && replica.state.count == 1 }
-            #expect(replica.state.count == 1)
+            _ = try await eventually(within: .seconds(10)) {
+                replica.status.phase == .live && replica.state.count == Int(dispatched)
+            }
+            #expect(replica.state.count == Int(dispatched))
             #expect(replica.status.divergences >= 1)
             #expect(replica.status.resyncs >= 1)
         }

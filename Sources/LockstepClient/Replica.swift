@@ -312,7 +312,7 @@ public final class Replica<D: Domain>: Service, Sendable {
     /// replica has applied them. A rejection names the action's index in the batch.
     @discardableResult
     public func dispatch(batch actions: [D.Action]) async throws -> ClosedRange<SequenceNumber> {
-        let frames = try Self.encode(actions, "dispatch(batch:)")
+        let frames = try canonicalFrames(actions, for: "dispatch(batch:)")
         let outcome = DispatchOutcome()
         let queued = shared.withLockedValue { shared in
             guard !shared.stopped else { return false }
@@ -347,7 +347,7 @@ public final class Replica<D: Domain>: Service, Sendable {
     /// optimistic state, the handle throws the rejection and ``rollbacks()`` tells. docs/optimistic.md has the
     /// whole model.
     public func dispatchOptimistically(batch actions: [D.Action]) async throws -> OptimisticDispatch {
-        let frames = try Self.encode(actions, "dispatchOptimistically(batch:)")
+        let frames = try canonicalFrames(actions, for: "dispatchOptimistically(batch:)")
         let outcome = DispatchOutcome()
         let number = try shared.withLockedValue { shared throws(ClientError) in
             guard !shared.stopped else { throw ClientError(code: .stopped, "the replica of '\(store)' has stopped") }
@@ -392,26 +392,6 @@ public final class Replica<D: Domain>: Service, Sendable {
         }
     }
 
-    /// The actions in canonical JSON, or a `badRequest` naming the one that cannot be encoded.
-    private static func encode(_ actions: [D.Action], _ function: String) throws(ClientError) -> [Frame] {
-        guard !actions.isEmpty else {
-            throw ClientError(code: .badRequest, "\(function) needs at least one action; it got none")
-        }
-        var frames: [Frame] = []
-        frames.reserveCapacity(actions.count)
-        for (index, action) in actions.enumerated() {
-            do {
-                frames.append(Array(try CanonicalEncoding.encode(action)))
-            } catch {
-                throw ClientError(
-                    code: .badRequest,
-                    "action \(index) cannot be encoded as JSON: \(CanonicalEncoding.describe(error))"
-                )
-            }
-        }
-        return frames
-    }
-
     // MARK: - Life
 
     /// Runs the replica until the task is cancelled or a graceful shutdown begins; then fails what is still
@@ -422,27 +402,7 @@ public final class Replica<D: Domain>: Service, Sendable {
             return !shared.started
         }
         guard first else { throw ClientError(code: .stopped, "this replica of '\(store)' already ran; make a new one") }
-        try await withTaskCancellationHandler {
-            try await withGracefulShutdownHandler {
-                try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
-                    let thread = Thread { [self] in
-                        nameCurrentThread("replica \(D.name)")
-                        do {
-                            try self.loop()
-                            continuation.resume()
-                        } catch {
-                            continuation.resume(throwing: error)
-                        }
-                    }
-                    thread.name = "lockstep replica \(D.name)"
-                    thread.start()
-                }
-            } onGracefulShutdown: {
-                self.stop()
-            }
-        } onCancel: {
-            self.stop()
-        }
+        try await runOnOwnThread(named: "replica \(D.name)", { try self.loop() }, stop: { self.stop() })
     }
 
     private func stop() {
@@ -693,14 +653,6 @@ struct DigestTaken: Sendable {
 // What the replica's thread and its callers share, outside the generic `Replica<D>`: types nested in a generic
 // type are generic themselves, and unspecialized code looks up their metadata at run time on every use.
 
-struct Outgoing: Sendable {
-    /// The request number of its idempotency key.
-    var number: UInt64
-    var actions: [Frame]
-    var outcome: DispatchOutcome
-    var optimistic = false
-}
-
 /// An accepted dispatch waiting for this replica to apply its seqs.
 struct Waiter: Sendable {
     var epoch: Epoch
@@ -711,9 +663,7 @@ struct Waiter: Sendable {
 
 extension ReplicaConfiguration {
     /// "the daemon at X", or "any of the daemons at X, Y": for messages.
-    var daemonsPhrase: String {
-        daemons.count == 1 ? "the daemon at \(commandEndpoint)" : "any of the daemons at \(commandEndpoints)"
-    }
+    var daemonsPhrase: String { LockstepClient.daemonsPhrase(daemons.map(\.command)) }
 
     /// The daemons' command endpoints, comma-separated: for messages.
     var commandEndpoints: String { daemons.map(\.command).joined(separator: ", ") }

@@ -238,9 +238,8 @@ struct Engine<D: Domain> {
     mutating func complete(_ request: Request, _ flight: Dispatch, with reply: Reply) {
         if let number = flight.optimistic { optimisticInFlight.remove(number) }
         let error: any Error
-        switch reply {
-        case let .accepted(_, epoch, firstSeq, count) where count == flight.count && count > 0:
-            let seqs = firstSeq...(firstSeq + SequenceNumber(count) - 1)
+        switch DispatchReply(reply, count: flight.count, store: store) {
+        case let .accepted(epoch, seqs):
             let deadline = ContinuousClock.now + configuration.readYourWritesTimeout
             if let number = flight.optimistic {
                 // Confirmed by the rebase onto a confirmed state that holds its seqs; that may be the one this
@@ -258,11 +257,7 @@ struct Engine<D: Domain> {
                 replica.applied(epoch: applied, seq: current.seq)
             }
             return
-        case let .rejected(_, index, rejection):
-            error =
-                flight.count == 1
-                ? rejection : Rejection(code: rejection.code, "action \(index) of the batch: \(rejection.reason)")
-        case let .error(_, refusal) where refusal.code == .unavailable || refusal.code == .notLeader:
+        case let .notNow(refusal):
             // Nothing was applied and a retry with the same key is safe: an optimistic dispatch is sent again after
             // a request's timeout; the caller of another may try again later.
             if let number = flight.optimistic {
@@ -271,11 +266,9 @@ struct Engine<D: Domain> {
                 replica.carryOut(replica.withLedger { $0.notTaken(number) })
                 return
             }
-            error = ClientError(code: .unavailable, "the daemon could not take the dispatch now: \(refusal)")
-        case let .error(_, refusal):
-            error = ClientError(code: .refused, "the daemon refused the dispatch to '\(store)': \(refusal)")
-        default:
-            error = ClientError(code: .protocolViolation, "the daemon answered a dispatch with \(reply)")
+            error = refusal
+        case let .failed(failure):
+            error = failure
         }
         if let number = flight.optimistic { replica.rolledBack(number, error) } else { flight.outcome.fail(error) }
     }

@@ -21,24 +21,20 @@ struct Link {
         try configuration.curve?.configure(events)
         try events.subscribe(topic)
         for daemon in configuration.daemons { try events.connect(daemon.events) }
-        commands = try Self.commandSocket(context, configuration, search.endpoint)
+        commands = try Self.commandSocket(context, curve: configuration.curve, search.endpoint)
         // Every other command endpoint is tried now: one libzmq cannot connect to (a typo) fails the start, not the
         // first failover.
         for endpoint in search.endpoints.dropFirst() {
-            try Self.commandSocket(context, configuration, endpoint).close()
+            try Self.commandSocket(context, curve: configuration.curve, endpoint).close()
         }
     }
 
-    static func commandSocket(
-        _ context: Context,
-        _ configuration: ReplicaConfiguration,
-        _ endpoint: String
-    ) throws
-        -> Socket
-    {
+    /// A DEALER to the command endpoint `endpoint`, with CURVE when `curve` is given; it drops what it holds when
+    /// closed.
+    static func commandSocket(_ context: Context, curve: ClientCurve?, _ endpoint: String) throws -> Socket {
         let socket = try Socket(context, type: .dealer)
         try socket.set(.linger, 0)
-        try configuration.curve?.configure(socket)
+        try curve?.configure(socket)
         try socket.connect(endpoint)
         return socket
     }
@@ -47,7 +43,7 @@ struct Link {
     /// ``search`` points at now.
     mutating func renewCommandSocket() throws {
         commands.close()
-        commands = try Self.commandSocket(context, configuration, search.endpoint)
+        commands = try Self.commandSocket(context, curve: configuration.curve, search.endpoint)
     }
 
     func send(_ request: Request) {

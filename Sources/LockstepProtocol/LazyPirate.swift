@@ -6,7 +6,7 @@
 /// in flight is sent again on the new one, with the same request id — for a DISPATCH, the same idempotency key,
 /// so the daemon applies it at most once. A request unanswered ``Settings/retries`` + 1 times is given up.
 ///
-/// `CommandClient` (one request at a time, blocking) and the replica's dispatcher (many at once) both drive it;
+/// `CommandClient` (one request at a time, blocking), the replica's dispatcher and `Dispatcher` (many at once) drive it;
 /// `Payload` is what the owner keeps with each request (a continuation, a count). Its methods are `@inlinable`, so
 /// each owner gets a copy specialized for its `Payload`: unspecialized, a client's every call went through the
 /// runtime's generic metadata lookups, a third of its user-space CPU.

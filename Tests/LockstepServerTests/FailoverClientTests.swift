@@ -106,4 +106,62 @@ extension FailoverProcessTests {
         #expect(await b.stop() == 0)
         await pair.close()
     }
+
+    /// A `Dispatcher` that 64 tasks share, given both daemons (the standby first), goes on through the leader's kill:
+    /// every dispatch answered once, each once in the history the standby continued.
+    @Test func aDispatcherSharedBySixtyFourTasksFollowsTheLeaderAcrossAKill() async throws {
+        let pair = try await Pair()
+        let a = try pair.daemon(0)
+        try await a.waitUntilServing()
+        let b = try pair.daemon(1)
+        try #require(try await status(b, role: "standby", within: .seconds(20)) != nil, "log:\n\(b.output)")
+        var configuration = DispatcherConfiguration(commandEndpoints: [b.command, a.command])
+        configuration.requestTimeout = .seconds(1)
+        // Enough tries to outlast a takeover (the 3 s lease and a recovery) on a loaded machine.
+        configuration.retries = 20
+        let dispatcher = try Dispatcher(Counter.self, configuration: configuration)
+        let (tasks, each) = (64, 5)
+        let answered = Tally()
+        let seqs = try await withThrowingTaskGroup(of: [SequenceNumber].self) { group in
+            group.addTask {
+                try await dispatcher.run()
+                return []
+            }
+            let dispatching = Task {
+                try await withThrowingTaskGroup(of: [SequenceNumber].self) { tasksGroup in
+                    for _ in 0..<tasks {
+                        tasksGroup.addTask {
+                            var seqs: [SequenceNumber] = []
+                            for _ in 0..<each {
+                                seqs.append(try await dispatcher.dispatch(.increment))
+                                answered.count.add(1, ordering: .relaxed)
+                            }
+                            return seqs
+                        }
+                    }
+                    return try await tasksGroup.reduce(into: []) { $0 += $1 }
+                }
+            }
+            let third = try await eventually(within: .seconds(60)) {
+                answered.count.load(ordering: .relaxed) >= tasks * each / 3
+            }
+            try #require(third, "only \(answered.count.load(ordering: .relaxed)) dispatches were answered in 60 s")
+            let killed = ContinuousClock.now
+            a.kill()
+            let answeredAtTheKill = answered.count.load(ordering: .relaxed)
+            let seqs = try await dispatching.value
+            print("failover: 64 tasks' dispatches were all answered \(ContinuousClock.now - killed) after the kill")
+            #expect(answeredAtTheKill < tasks * each, "the kill came after every dispatch was answered")
+            group.cancelAll()
+            while try await group.next() != nil {}
+            return seqs
+        }
+        #expect(seqs.sorted() == Array(1...SequenceNumber(tasks * each)))
+        let events = try await pair.journalEvents()
+        #expect(events.map(\.seq) == Array(1...UInt64(tasks * each)))
+        #expect(events.map(\.requestNumber).sorted() == Array(1...UInt64(tasks * each)))
+        #expect(events.allSatisfy { $0.client == dispatcher.clientID.bytes })
+        #expect(await b.stop() == 0)
+        await pair.close()
+    }
 }

@@ -1,0 +1,102 @@
+import Foundation
+import Lockstep
+import LockstepProtocol
+import ServiceLifecycle
+import ZeroMQ
+
+// What the two dispatching clients — `Replica` and `Dispatcher` — share: the request a caller queues, the actions'
+// canonical form, what the daemon's answer says, and the thread each runs on.
+
+/// A dispatch a caller queued for the client's thread to send.
+struct Outgoing: Sendable {
+    /// The request number of its idempotency key.
+    var number: UInt64
+    var actions: [Frame]
+    var outcome: DispatchOutcome
+    var optimistic = false
+}
+
+/// `actions` in canonical JSON, or a `badRequest` naming the one that cannot be encoded; `function` names the call in
+/// the message.
+func canonicalFrames<Action: Encodable>(_ actions: [Action], for function: String) throws(ClientError) -> [Frame] {
+    guard !actions.isEmpty else {
+        throw ClientError(code: .badRequest, "\(function) needs at least one action; it got none")
+    }
+    var frames: [Frame] = []
+    frames.reserveCapacity(actions.count)
+    for (index, action) in actions.enumerated() {
+        do {
+            frames.append(Array(try CanonicalEncoding.encode(action)))
+        } catch {
+            throw ClientError(
+                code: .badRequest,
+                "action \(index) cannot be encoded as JSON: \(CanonicalEncoding.describe(error))"
+            )
+        }
+    }
+    return frames
+}
+
+/// "the daemon at X", or "any of the daemons at X, Y": for messages.
+func daemonsPhrase(_ commandEndpoints: [String]) -> String {
+    commandEndpoints.count == 1
+        ? "the daemon at \(commandEndpoints[0])" : "any of the daemons at \(commandEndpoints.joined(separator: ", "))"
+}
+
+/// What a daemon's reply to a DISPATCH of `count` actions to `store` says.
+enum DispatchReply {
+    /// Sequenced in `epoch` at `seqs`, and durable.
+    case accepted(Epoch, ClosedRange<SequenceNumber>)
+    /// Not applied, and the same key may go again later: the daemon could not take it now.
+    case notNow(ClientError)
+    /// Not applied: the domain's `Rejection`, or a ``ClientError``.
+    case failed(any Error)
+
+    init(_ reply: Reply, count: Int, store: StoreName) {
+        switch reply {
+        case let .accepted(_, epoch, firstSeq, accepted) where accepted == count && count > 0:
+            self = .accepted(epoch, firstSeq...(firstSeq + SequenceNumber(count) - 1))
+        case let .rejected(_, index, rejection):
+            self = .failed(
+                count == 1
+                    ? rejection : Rejection(code: rejection.code, "action \(index) of the batch: \(rejection.reason)")
+            )
+        case let .error(_, refusal) where refusal.code == .unavailable || refusal.code == .notLeader:
+            self = .notNow(ClientError(code: .unavailable, "the daemon could not take the dispatch now: \(refusal)"))
+        case let .error(_, refusal):
+            self = .failed(ClientError(code: .refused, "the daemon refused the dispatch to '\(store)': \(refusal)"))
+        default:
+            self = .failed(ClientError(code: .protocolViolation, "the daemon answered a dispatch with \(reply)"))
+        }
+    }
+}
+
+/// Runs `loop` on a thread of its own, named `name`, until it returns or throws; the task's cancellation or a
+/// graceful shutdown of its service group calls `stop`, which must make `loop` return soon.
+func runOnOwnThread(
+    named name: String,
+    _ loop: @escaping @Sendable () throws -> Void,
+    stop: @escaping @Sendable () -> Void
+) async throws {
+    try await withTaskCancellationHandler {
+        try await withGracefulShutdownHandler {
+            try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in
+                let thread = Thread {
+                    nameCurrentThread(name)
+                    do {
+                        try loop()
+                        continuation.resume()
+                    } catch {
+                        continuation.resume(throwing: error)
+                    }
+                }
+                thread.name = "lockstep \(name)"
+                thread.start()
+            }
+        } onGracefulShutdown: {
+            stop()
+        }
+    } onCancel: {
+        stop()
+    }
+}

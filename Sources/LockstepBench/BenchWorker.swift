@@ -311,10 +311,8 @@ package struct BenchWorker: Sendable {
             }
         }
         guard let target else { throw CommandFailure("bench-worker: standard input ended before until") }
-        let deadline = ContinuousClock.now + .seconds(30)
-        while replica.seq < target, ContinuousClock.now < deadline {
-            try await Task.sleep(for: .milliseconds(2))
-        }
+        // Past 30 s the report says how far it got.
+        _ = try? await replica.wait(for: target, timeout: .seconds(30))
         var report = WorkerReport()
         let cpu = processCPUTime() - cpuStart
         report.cpuNanos =
@@ -401,10 +399,7 @@ package struct BenchWorker: Sendable {
         let running = Task { try await replica.run() }
         defer { running.cancel() }
         var report = WorkerReport()
-        let deadline = ContinuousClock.now + .seconds(60)
-        while replica.seq < UInt64(count), ContinuousClock.now < deadline {
-            try await Task.sleep(for: .microseconds(200))
-        }
+        _ = try? await replica.wait(for: UInt64(count), timeout: .seconds(60))
         report.elapsed = monotonicNanos() - start
         // The confirmed state and its seq, read together: `replica.state` is the optimistic view, rebuilt on a
         // confirmed change only after the change is in, so read just after the seq it can still be the one before.

@@ -14,6 +14,8 @@ struct Outgoing: Sendable {
     var actions: [Frame]
     var outcome: DispatchOutcome
     var optimistic = false
+    /// A ``Replica/sync(timeout:)``: no actions, but a STATUS, and the seq it names waited for until then.
+    var barrier: ContinuousClock.Instant? = nil
 }
 
 /// `actions` in canonical JSON, or a `badRequest` naming the one that cannot be encoded; `function` names the call in

@@ -276,22 +276,106 @@ public final class Replica<D: Domain>: Service, Sendable {
         return stream
     }
 
+    /// Its ``status`` now, and then each time it changes (phase, seqs, counts), newest first when a reader falls
+    /// behind (`.bufferingNewest(1)` by default); the stream ends once the replica has stopped.
+    public func statuses(
+        bufferingPolicy: AsyncStream<ReplicaStatus>.Continuation.BufferingPolicy = .bufferingNewest(1)
+    ) -> AsyncStream<ReplicaStatus> {
+        let (stream, continuation) = AsyncStream.makeStream(of: ReplicaStatus.self, bufferingPolicy: bufferingPolicy)
+        let (id, stopped) = shared.withLockedValue { shared in
+            shared.nextListener += 1
+            shared.statusListeners[shared.nextListener] = continuation
+            return (shared.nextListener, shared.stopped)
+        }
+        continuation.onTermination = { [shared] _ in
+            _ = shared.withLockedValue { $0.statusListeners.removeValue(forKey: id) }
+        }
+        continuation.yield(status)
+        if stopped { continuation.finish() }
+        return stream
+    }
+
     /// Returns once the replica is live (joined and caught up with what it heard), or throws
     /// ``ClientError/Code/unavailable`` after `timeout`.
     public func waitUntilLive(timeout: Duration = .seconds(10)) async throws {
-        let deadline = ContinuousClock.now + timeout
-        while status.phase != .live {
-            guard ContinuousClock.now < deadline, status.phase != .stopped else {
-                let status = self.status
-                throw ClientError(
-                    code: .unavailable,
-                    "the replica of '\(store)' is still \(status.phase) after \(timeout) (at seq \(status.lastSeq)"
-                        + "\(status.problem.map { "; \($0)" } ?? "")); is the daemon running at "
-                        + "\(configuration.commandEndpoints) and hosting '\(store)'?"
-                )
+        let reached = try await firstStatus(within: timeout) { $0.phase == .live || $0.phase == .stopped }
+        guard reached?.phase != .live else { return }
+        let status = self.status
+        throw ClientError(
+            code: .unavailable,
+            "the replica of '\(store)' is still \(status.phase) after \(timeout) (at seq \(status.lastSeq)"
+                + "\(status.problem.map { "; \($0)" } ?? "")); is the daemon running at "
+                + "\(configuration.commandEndpoints) and hosting '\(store)'?"
+        )
+    }
+
+    /// The first status within `timeout` that `condition` holds for; `nil` when none did.
+    private func firstStatus(
+        within timeout: Duration,
+        where condition: @escaping @Sendable (ReplicaStatus) -> Bool
+    ) async throws -> ReplicaStatus? {
+        let statuses = self.statuses()
+        return try await withThrowingTaskGroup(of: ReplicaStatus?.self) { group in
+            group.addTask {
+                for await status in statuses where condition(status) { return status }
+                return nil
             }
-            try await Task.sleep(for: .milliseconds(5))
+            group.addTask {
+                try await Task.sleep(for: timeout)
+                return nil
+            }
+            defer { group.cancelAll() }
+            return try await group.next() ?? nil
         }
+    }
+
+    // MARK: - Read barriers
+
+    /// Returns once this replica's confirmed state holds seq `seq` — what a dispatch returned, in this process or in
+    /// another — with that state (or a later one): a write acknowledged anywhere is then visible here. A process
+    /// that dispatched tells another the seq; the other waits for it before it reads.
+    ///
+    /// Throws ``ClientError/Code/notApplied`` when the replica has not reached `seq` within `timeout` (the daemon has
+    /// not sequenced it, or this replica cannot follow), ``ClientError/Code/stopped`` when it stops first.
+    @discardableResult
+    public func wait(for seq: SequenceNumber, timeout: Duration = .seconds(10)) async throws -> Replicated<D.State> {
+        let outcome = DispatchOutcome()
+        let queued = shared.withLockedValue { shared in
+            guard !shared.stopped else { return false }
+            shared.waiters.append(
+                Waiter(epoch: nil, seqs: seq...seq, deadline: .now + timeout, outcome: outcome, barrier: timeout)
+            )
+            return true
+        }
+        guard queued else { throw ClientError(code: .stopped, "the replica of '\(store)' has stopped") }
+        // It may hold the seq already.
+        let current = local.state
+        if let epoch = current.epoch, current.seq >= seq { applied(epoch: epoch, seq: current.seq) }
+        _ = try await outcome.value
+        return local.state
+    }
+
+    /// Asks the daemon that leads for the store's seq now, and returns once this replica holds it, with that state
+    /// (or a later one): every write the daemon acknowledged before the call — from any process — is then visible
+    /// here, without passing a seq around. Costs one round trip to the daemon more than ``wait(for:timeout:)``.
+    ///
+    /// Throws as ``wait(for:timeout:)`` does, and ``ClientError/Code/unavailable`` when no daemon that leads
+    /// answered.
+    @discardableResult
+    public func sync(timeout: Duration = .seconds(10)) async throws -> Replicated<D.State> {
+        let outcome = DispatchOutcome()
+        let queued = shared.withLockedValue { shared in
+            guard !shared.stopped else { return false }
+            shared.lastRequestID += 1
+            shared.outbox.append(
+                Outgoing(number: shared.lastRequestID, actions: [], outcome: outcome, barrier: .now + timeout)
+            )
+            return true
+        }
+        guard queued else { throw ClientError(code: .stopped, "the replica of '\(store)' has stopped") }
+        wakeup.signal()
+        _ = try await outcome.value
+        return local.state
     }
 
     // MARK: - Dispatch
@@ -462,7 +546,7 @@ public final class Replica<D: Domain>: Service, Sendable {
             if ready[0].contains(.readable) { try engine.readEvents(from: &link) }
             if ready[1].contains(.readable) { try engine.readReplies(from: &link) }
             try engine.tick(on: &link)
-            shared.withLockedValue { $0.status = engine.status }
+            publish(engine.status)
         }
     }
 
@@ -487,6 +571,29 @@ public final class Replica<D: Domain>: Service, Sendable {
         carryOut(withLedger { $0.stop(error) }, telling: false)
         for listener in listeners.values { listener.finish() }
         for listener in rollbackListeners.values { listener.finish() }
+        let stopped = shared.withLockedValue { $0.status }
+        for listener in shared.withLockedValue({ Array($0.statusListeners.values) }) { listener.yield(stopped) }
+        finishStatusListeners()
+    }
+
+    private func finishStatusListeners() {
+        let listeners = shared.withLockedValue { shared in
+            defer { shared.statusListeners.removeAll() }
+            return shared.statusListeners
+        }
+        for listener in listeners.values { listener.finish() }
+    }
+
+    /// The replica's thread made `status`: kept for ``status``, and told to the ``statuses()`` streams if it changed.
+    func publish(_ status: ReplicaStatus) {
+        let listeners = shared.withLockedValue { shared -> [AsyncStream<ReplicaStatus>.Continuation] in
+            guard shared.status != status else { return [] }
+            shared.status = status
+            return Array(shared.statusListeners.values)
+        }
+        guard !listeners.isEmpty else { return }
+        let status = self.status
+        for listener in listeners { listener.yield(status) }
     }
 
     /// The local store reached `seq` of `epoch`: wake the dispatches waiting for it. Runs on whichever thread
@@ -495,7 +602,7 @@ public final class Replica<D: Domain>: Service, Sendable {
         let ready = shared.withLockedValue { shared in
             var ready: [Waiter] = []
             shared.waiters.removeAll { waiter in
-                guard waiter.epoch == epoch, waiter.seqs.upperBound <= seq else { return false }
+                guard waiter.epoch == nil || waiter.epoch == epoch, waiter.seqs.upperBound <= seq else { return false }
                 ready.append(waiter)
                 return true
             }
@@ -627,6 +734,7 @@ public final class Replica<D: Domain>: Service, Sendable {
         var nextListener: UInt64 = 0
         var listeners: [UInt64: AsyncStream<ReplicaNotice>.Continuation] = [:]
         var rollbackListeners: [UInt64: AsyncStream<OptimisticRollback<D>>.Continuation] = [:]
+        var statusListeners: [UInt64: AsyncStream<ReplicaStatus>.Continuation] = [:]
         /// The seq whose state the replica's thread wants a digest of, once the local store has it.
         var digestWanted: DigestWanted?
         /// Digests taken off the replica's thread, for it to check.
@@ -653,12 +761,14 @@ struct DigestTaken: Sendable {
 // What the replica's thread and its callers share, outside the generic `Replica<D>`: types nested in a generic
 // type are generic themselves, and unspecialized code looks up their metadata at run time on every use.
 
-/// An accepted dispatch waiting for this replica to apply its seqs.
+/// An accepted dispatch waiting for this replica to apply its seqs, or a read barrier waiting for a seq of any epoch.
 struct Waiter: Sendable {
-    var epoch: Epoch
+    var epoch: Epoch?
     var seqs: ClosedRange<SequenceNumber>
     var deadline: ContinuousClock.Instant
     var outcome: DispatchOutcome
+    /// A read barrier's timeout (``Replica/wait(for:timeout:)``, ``Replica/sync(timeout:)``); `nil` for a dispatch.
+    var barrier: Duration? = nil
 }
 
 extension ReplicaConfiguration {

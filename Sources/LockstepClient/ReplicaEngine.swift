@@ -12,6 +12,8 @@ struct Dispatch {
     var optimistic: UInt64?
     /// When it was first sent: an optimistic dispatch is sent again until ``ReplicaConfiguration/pendingTimeout``.
     var firstSent: ContinuousClock.Instant
+    /// A ``Replica/sync(timeout:)``'s STATUS: the seq it names is waited for until then.
+    var barrier: ContinuousClock.Instant? = nil
 }
 
 /// The replica thread's state: the sync machine, the requests in flight, and what they wait for.
@@ -97,6 +99,12 @@ struct Engine<D: Domain> {
     mutating func send(_ outbox: [Outgoing], on link: inout Link) throws {
         let now = ContinuousClock.now
         for outgoing in outbox {
+            if let barrier = outgoing.barrier {
+                let request = Request.status(requestID: outgoing.number)
+                let dispatch = Dispatch(count: 0, outcome: outgoing.outcome, firstSent: now, barrier: barrier)
+                try perform(inFlight.submit(request, dispatch, now: now), on: &link)
+                continue
+            }
             let request = Request.dispatch(
                 DispatchRequest(
                     requestID: outgoing.number,
@@ -236,6 +244,7 @@ struct Engine<D: Domain> {
     /// Answers a dispatch: a rejection or refusal at once (an optimistic one rolled back), an acceptance once this
     /// replica applied it.
     mutating func complete(_ request: Request, _ flight: Dispatch, with reply: Reply) {
+        if let deadline = flight.barrier { return wait(for: reply, until: deadline, flight.outcome) }
         if let number = flight.optimistic { optimisticInFlight.remove(number) }
         let error: any Error
         switch DispatchReply(reply, count: flight.count, store: store) {
@@ -271,6 +280,41 @@ struct Engine<D: Domain> {
             error = failure
         }
         if let number = flight.optimistic { replica.rolledBack(number, error) } else { flight.outcome.fail(error) }
+    }
+
+    /// A ``Replica/sync(timeout:)``: waits until `deadline` for the seq of the store the daemon's STATUS `reply`
+    /// names.
+    func wait(for reply: Reply, until deadline: ContinuousClock.Instant, _ outcome: DispatchOutcome) {
+        guard let status = DaemonStatus(reply) else {
+            return outcome.fail(
+                ClientError(code: .protocolViolation, "the daemon answered a STATUS with \(reply), not its status")
+            )
+        }
+        guard status.leads else {
+            return outcome.fail(
+                ClientError(
+                    code: .unavailable,
+                    "the daemon asked for the store's seq stands by (it is \(status.role.map { "\($0)" } ?? "?")), so "
+                        + "its seq is not the store's; sync() again once a leader serves"
+                )
+            )
+        }
+        guard let seq = status.stores.first(where: { $0.name == store.rawValue })?.seq else {
+            return outcome.fail(
+                ClientError(
+                    code: .refused,
+                    "the daemon does not host '\(store)' (it hosts \(status.stores.map(\.name).joined(separator: ", ")))"
+                )
+            )
+        }
+        let timeout = deadline - .now
+        replica.shared.withLockedValue {
+            $0.waiters.append(
+                Waiter(epoch: nil, seqs: seq...seq, deadline: deadline, outcome: outcome, barrier: timeout)
+            )
+        }
+        let current = replica.local.state
+        if let epoch = current.epoch, current.seq >= seq { replica.applied(epoch: epoch, seq: current.seq) }
     }
 
     // MARK: Inputs
@@ -407,7 +451,20 @@ struct Engine<D: Domain> {
                     + "\(configuration.readYourWritesTimeout) (it is \(status.phase) at seq \(sync.lastSeq))"
             )
         }
-        for waiter in late { waiter.outcome.fail(notApplied(waiter.seqs)) }
+        for waiter in late {
+            guard let timeout = waiter.barrier else {
+                waiter.outcome.fail(notApplied(waiter.seqs))
+                continue
+            }
+            waiter.outcome.fail(
+                ClientError(
+                    code: .notApplied,
+                    "this replica has not reached seq \(waiter.seqs.upperBound) within \(timeout) (it is "
+                        + "\(status.phase) at seq \(sync.lastSeq), the daemon's last word seq \(sync.daemonSeq)); did "
+                        + "the daemon sequence it?"
+                )
+            )
+        }
         try abandon(replica.carryOut(replica.withLedger { $0.tick(now: now) }), on: &link)
         try perform(sync.tick(now: now), on: &link)
     }

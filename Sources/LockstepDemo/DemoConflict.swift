@@ -99,11 +99,20 @@ struct ConflictPlayer: Sendable {
     }
 
     private func prepare(at seq: SequenceNumber) async -> Replicated<Numbers.State>? {
-        guard await wait(until: { $0.current.seq >= seq && $0.pending.isEmpty }) else {
-            emit(failure: "the numbers replica is at seq \(replica.seq), not \(seq), after \(Self.patience)")
+        let current: Replicated<Numbers.State>
+        do {
+            current = try await replica.wait(for: seq, timeout: Self.patience)
+        } catch {
+            emit(failure: "the numbers replica did not reach seq \(seq): \(error)")
             return nil
         }
-        let current = replica.current
+        // Every optimistic dispatch of the run was answered, and confirmed, before this.
+        guard replica.pending.isEmpty else {
+            emit(
+                failure: "the numbers replica still holds \(replica.pending.count) optimistic dispatches at seq \(seq)"
+            )
+            return nil
+        }
         var line = ConflictLine(.prepared)
         line.seq = current.seq
         line.numbers = current.state.numbers
@@ -199,15 +208,6 @@ struct ConflictPlayer: Sendable {
             group.cancelAll()
             return first
         }
-    }
-
-    /// Polls `condition` every millisecond for at most ``patience``; whether it came true.
-    private func wait(until condition: (Replica<Numbers>) -> Bool) async -> Bool {
-        for _ in 0..<Int(Self.patience / .milliseconds(1)) {
-            if condition(replica) { return true }
-            try? await Task.sleep(for: .milliseconds(1))
-        }
-        return condition(replica)
     }
 
     private func emit(_ line: ConflictLine) {

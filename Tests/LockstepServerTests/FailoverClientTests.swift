@@ -70,9 +70,7 @@ extension FailoverProcessTests {
             for _ in 1...5 { try await replica.dispatch(.increment) }
             for number: UInt64 in 1...5 { _ = try await increment(number) }
             #expect(client.endpoint == a.command, "the command client did not settle on the leader")
-            let before = try #require(
-                try await eventually(within: .seconds(30)) { replica.seq == 10 } ? replica.seq : nil
-            )
+            let before = try await replica.wait(for: 10, timeout: .seconds(30)).seq
 
             let killed = ContinuousClock.now
             a.kill()
@@ -85,8 +83,7 @@ extension FailoverProcessTests {
             #expect(first == before + 1 && seq == before + 2)
             for number: UInt64 in 7...10 { _ = try await increment(number) }
             // The replica goes on from its seq: the same epoch, no resync.
-            let caughtUp = try await eventually(within: .seconds(30)) { replica.seq == 16 }
-            #expect(caughtUp, "the replica is at seq \(replica.seq), status \(replica.status)")
+            _ = try await replica.wait(for: 16, timeout: .seconds(30))
             #expect(replica.confirmedState.count == 16)
             #expect(replica.status.resyncs == 0, "\(replica.status)")
             group.cancelAll()

@@ -14,6 +14,7 @@ import Testing
         _ domain: D.Type,
         _ daemon: DaemonProcess,
         evidenceDirectory: String? = nil,
+        waitUntilLive: Bool = true,
         _ body: @Sendable (Replica<D>) async throws -> T
     ) async throws -> T {
         var configuration = ReplicaConfiguration(commandEndpoint: daemon.command, eventsEndpoint: daemon.events)
@@ -31,7 +32,7 @@ import Testing
             // four timed out at 15 s with all three replicas never started; later, 4 tests here at 60 s). Tests now
             // wait for processes and daemons off the pool (`offPool`) and run their long synchronous checks on
             // the run's check thread (`onCheckThread`), so run() soon gets a thread; the bound stays.
-            try await replica.waitUntilLive(timeout: .seconds(60))
+            if waitUntilLive { try await replica.waitUntilLive(timeout: .seconds(60)) }
             let result = try await body(replica)
             group.cancelAll()
             while let next = try await group.next() { _ = next }
@@ -92,6 +93,48 @@ import Testing
             }
             #expect(replica.state.numbers == [7])
             #expect(replica.seq == 1)
+        }
+        #expect(await daemon.stop() == 0)
+    }
+
+    /// Process A (`lockstep dispatch`) writes and tells this process the seq; a replica started here afterwards —
+    /// at seq 0 until it has joined — returns from its barrier holding A's writes. `sync()` the same without a seq,
+    /// and a seq nobody sequenced times out naming it.
+    @Test func aBarrierOnASeqFromAnotherProcessReturnsWithItsWriteAndSyncWithoutOne() async throws {
+        let (daemon, directory) = try startDaemon("replica-barrier")
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        /// Increments the counter `times` times from a `lockstep dispatch` process; the last seq it printed.
+        func dispatchElsewhere(_ times: Int) async throws -> SequenceNumber {
+            let arguments = [
+                "dispatch", "counter", #"{"increment":{}}"#, "--repeat", "\(times)", "--command-endpoint",
+                daemon.command,
+                "--json",
+            ]
+            let output = try await offPool("lockstep dispatch") { try runProduct("lockstep", arguments) }
+            try #require(output.status == 0, "\(output.standardError)")
+            let last = output.standardOutput.split(separator: "\n").last.map(String.init) ?? ""
+            let object = try JSONSerialization.jsonObject(with: Data(last.utf8)) as? [String: Any]
+            return try #require((object?["seq"] as? Int).map { SequenceNumber($0) }, "\(output.standardOutput)")
+        }
+        try await daemon.waitUntilServing()
+        let written = try await dispatchElsewhere(5)
+        #expect(written == 5)
+        try await withReplica(Counter.self, daemon, waitUntilLive: false) { replica in
+            let state = try await replica.wait(for: written, timeout: .seconds(30))
+            #expect(state.seq >= written && state.state.count == Int(written), "\(state)")
+        }
+        let more = try await dispatchElsewhere(4)
+        try await withReplica(Counter.self, daemon, waitUntilLive: false) { replica in
+            let state = try await replica.sync(timeout: .seconds(30))
+            #expect(state.seq >= more && state.state.count == Int(more), "\(state)")
+            let start = ContinuousClock.now
+            do {
+                try await replica.wait(for: 1_000, timeout: .milliseconds(300))
+                Issue.record("a barrier on seq 1000 of a store at seq \(more) returned")
+            } catch let error as ClientError {
+                #expect(error.code == .notApplied && error.reason.contains("seq 1000"), "\(error)")
+                #expect(ContinuousClock.now - start < .seconds(10))
+            }
         }
         #expect(await daemon.stop() == 0)
     }

@@ -144,9 +144,9 @@ grep -qE '^board .* 0 pending, 0 dead, 0 timers$' stats-effects.out \
 check "  'board effects' lists no effect and no timer left; 'board stats': 0 pending, 0 dead, 0 timers"
 
 check "running two board-clients at once, 200 generated actions each"
-"$bin/board-client" --actions 200 --seed 1 --settle-ms 3000 >client1.out 2>client1.err &
+"$bin/board-client" --actions 200 --seed 1 >client1.out 2>client1.err &
 client1=$!
-"$bin/board-client" --actions 200 --seed 2 --settle-ms 3000 >client2.out 2>client2.err &
+"$bin/board-client" --actions 200 --seed 2 >client2.out 2>client2.err &
 client2=$!
 pids+=("$client1" "$client2")
 for n in 1 2; do
@@ -157,11 +157,11 @@ for n in 1 2; do
     summary=$(sed -n 's/^board-client: sent/sent/p' "client$n.err")
     check "  board-client $n: $(cat "client$n.out")  ($summary)"
 done
-[[ $(cat client1.out) == "$(cat client2.out)" ]] || fail "the two clients ended at different states"
-seq=$(field seq <client1.out)
-digest=$(field digest <client1.out)
-((seq > 0)) || fail "the clients' final seq is 0: nothing was committed"
-check "both replicas hold seq $seq with digest $digest"
+# Each synced to the daemon's seq when it was done, and the one done last holds every action of both: its seq is at
+# least the other's. Each one's digest is checked against the journal's state at its seq once the daemon stops.
+seq1=$(field seq <client1.out)
+seq2=$(field seq <client2.out)
+((seq1 > 0 && seq2 > 0)) || fail "a client's final seq is 0: nothing was committed"
 # The generated due times are in 2024: every timer they set has fired (or a move into done or a removal cancelled
 # it), and every move into done was notified.
 deadline=$((SECONDS + 20))
@@ -172,10 +172,12 @@ until "$bin/board" stats >stats-clients.out 2>&1 \
 done
 check "every timer the clients set fired or was cancelled, every effect ran ($(ls "$notifications" | wc -l) notified)"
 
-check "checking 'board state board --json' gives the daemon's digest at the same seq"
+check "reading the daemon's state with 'board state board --json'"
 "$bin/board" state board --json >state.json || fail "'board state board --json' exited $?"
-[[ $(field seq <state.json) == "$seq" ]] || fail "the daemon is at seq $(field seq <state.json), the clients at $seq"
-[[ $(field digest <state.json) == "$digest" ]] || fail "the daemon's digest $(field digest <state.json) is not $digest"
+seq=$(field seq <state.json)
+digest=$(field digest <state.json)
+((seq >= seq1 && seq >= seq2)) || fail "the daemon is at seq $seq, behind a client (at $seq1 and $seq2)"
+check "  the daemon holds seq $seq with digest $digest"
 
 check "stopping boardd with SIGTERM (it must exit 0 within 20 s)"
 kill -TERM "$daemon"
@@ -186,11 +188,15 @@ data=$work/.lockstep/data
 check "replaying the journal in $data through the reducer"
 "$bin/board" replay --journal "$data" >replay.log 2>&1 || fail "'board replay --journal' exited $?"
 
-check "rebuilding the state at seq $seq, and at seq 1, from the journal with 'board journal state'"
-"$bin/board" journal state "$data" board --seq "$seq" --json >journal-state.json \
-    || fail "'board journal state' exited $?"
-[[ $(field digest <journal-state.json) == "$digest" ]] \
-    || fail "the journal's state at seq $seq has digest $(field digest <journal-state.json), not $digest"
+check "rebuilding the state at each client's seq, the daemon's, and seq 1 from the journal with 'board journal state'"
+for held in client1.out client2.out state.json; do
+    at=$(field seq <"$held")
+    "$bin/board" journal state "$data" board --seq "$at" --json >journal-state.json \
+        || fail "'board journal state --seq $at' exited $?"
+    [[ $(field digest <journal-state.json) == "$(field digest <"$held")" ]] \
+        || fail "the journal's state at seq $at has digest $(field digest <journal-state.json), $held has $(cat "$held")"
+    check "  seq $at: the journal's digest is the one in $held"
+done
 "$bin/board" journal state "$data" board --seq 1 --json >journal-state-1.json \
     || fail "'board journal state --seq 1' exited $?"
 [[ $(field seq <journal-state-1.json) == 1 ]] || fail "'board journal state --seq 1' printed $(cat journal-state-1.json)"

@@ -4,19 +4,19 @@ import Lockstep
 import LockstepClient
 
 /// `board-client`: keeps a replica of the daemon's `board` store, dispatches generated actions through it,
-/// waits until it holds everything the daemon sequenced, and prints `seq=<seq> digest=<hex>`.
+/// catches up with everything the daemon acknowledged (`sync()`), and prints `seq=<seq> digest=<hex>`.
 ///
-/// Replicas that print the same seq print the same digest: that is the whole promise of Lockstep, and what
-/// `smoke.sh` checks with two of these running at once.
+/// A replica that prints a seq prints the digest of the daemon's state at that seq: that is the whole promise of
+/// Lockstep, and what `smoke.sh` checks against the journal with two of these running at once.
 @main
 struct BoardClient {
     static let usage = """
-        usage: board-client [--actions N] [--seed S] [--timeout SECONDS] [--settle-ms MS]
+        usage: board-client [--actions N] [--seed S] [--timeout SECONDS]
                             [--command-endpoint ENDPOINT] [--events-endpoint ENDPOINT]
         """
 
     static func main() async {
-        // Plain `--name value` pairs: six options do not need a parser. The endpoints default to the daemon's
+        // Plain `--name value` pairs: five options do not need a parser. The endpoints default to the daemon's
         // own defaults, relative to the folder both are started in.
         var flags = [
             "--command-endpoint": "ipc://.lockstep/run/command",
@@ -24,7 +24,6 @@ struct BoardClient {
             "--actions": "100",
             "--seed": String(UInt64.random(in: 0...UInt64.max)),
             "--timeout": "30",
-            "--settle-ms": "1500",
         ]
         var arguments = CommandLine.arguments.dropFirst()
         while let flag = arguments.popFirst() {
@@ -38,8 +37,8 @@ struct BoardClient {
             flags[flag] = value
         }
         guard let actions = Int(flags["--actions"]!), actions >= 0, let seed = UInt64(flags["--seed"]!),
-            let timeout = Int(flags["--timeout"]!), timeout > 0, let settle = Int(flags["--settle-ms"]!), settle >= 0
-        else { fail("--actions, --seed, --timeout and --settle-ms take whole numbers\n\(usage)", code: 64) }
+            let timeout = Int(flags["--timeout"]!), timeout > 0
+        else { fail("--actions, --seed and --timeout take whole numbers\n\(usage)", code: 64) }
 
         let replica: Replica<Board>
         do {
@@ -89,28 +88,19 @@ struct BoardClient {
         }
         log("sent \(accepted + refused): \(accepted) accepted, \(refused) refused by the daemon, \(skipped) not sent")
 
-        // Caught up is a moment, not an end, while other clients still dispatch: wait until this replica holds
-        // the daemon's last seq and nothing new has come for `--settle-ms` (the daemon's heartbeat, every
-        // second on an idle store, keeps its last seq fresh).
-        let deadline = ContinuousClock.now + .seconds(timeout)
-        // `current` is state and seq read together; `state` and `seq` read apart could straddle a change.
-        var final = replica.current
-        var quietSince = ContinuousClock.now
-        while true {
-            let (current, status) = (replica.current, replica.status)
-            if current.seq != final.seq { quietSince = .now }
-            final = current
-            let quiet = ContinuousClock.now - quietSince >= .milliseconds(settle)
-            if status.phase == .live, final.seq == status.daemonSeq, quiet { break }
-            guard ContinuousClock.now < deadline else {
-                fail(
-                    "timed out after \(timeout) s: this replica is \(status.phase) at seq \(final.seq), the daemon's "
-                        + "last seq is \(status.daemonSeq)\(status.problem.map { " (\($0))" } ?? "")"
-                )
-            }
-            try? await Task.sleep(for: .milliseconds(20))
+        // Everything the daemon acknowledged before now — this client's actions and any other's — is in this
+        // replica once `sync()` returns: it asks the daemon for the store's seq and waits until it holds it. (A
+        // process told a seq by another, say the one a dispatch returned there, waits with `wait(for: seq)`.)
+        let final: Replicated<Board.State>
+        do {
+            final = try await replica.sync(timeout: .seconds(timeout))
+        } catch {
+            let status = replica.status
+            fail(
+                "could not catch up with the daemon in \(timeout) s: \(error) (this replica is \(status.phase) at seq "
+                    + "\(status.lastSeq)\(status.problem.map { ", \($0)" } ?? ""))"
+            )
         }
-
         do {
             print("seq=\(final.seq) digest=\(try CanonicalEncoding.digest(of: final.state).hex)")
         } catch {

@@ -85,7 +85,7 @@ public enum CanonicalEncoding {
                         + "or out of range, for an integer member)"
                 )
             }
-            throw NormalizationError(reason: describe(decodingError))
+            throw unknownCase(decodingError, in: bytes) ?? NormalizationError(reason: describe(decodingError))
         }
         let canonical: [UInt8]
         do {
@@ -190,8 +190,27 @@ public enum CanonicalEncoding {
     public struct NormalizationError: Error, Hashable, Sendable, CustomStringConvertible {
         /// What was wrong with the bytes and where, e.g. "member 'x' is not part of the type, which does not read it".
         public var reason: String
+        /// The case the bytes named when the type is an enum that has no such case (`{"restock":{…}}`).
+        public var unknownCase: String? = nil
         /// The reason itself.
         public var description: String { reason }
+    }
+
+    /// Foundation's words for an enum's JSON whose one member names none of its cases ("Invalid number of keys
+    /// found, expected one."), in a person's: the member it found. `nil` for any other error.
+    static func unknownCase(_ error: any Error, in bytes: [UInt8]) -> NormalizationError? {
+        guard case let DecodingError.typeMismatch(_, context) = error, context.codingPath.isEmpty,
+            context.debugDescription.contains("number of keys"),
+            case let .object(members)? = try? JSONValue(parsing: bytes)
+        else { return nil }
+        guard members.count == 1, let name = members.keys.first else {
+            let names = members.keys.sorted().map { "'\($0)'" }.joined(separator: ", ")
+            return NormalizationError(
+                reason: "an action is an object with one member, named after its case; this one has \(members.count)"
+                    + (members.isEmpty ? "" : ": \(names)")
+            )
+        }
+        return NormalizationError(reason: "it has no case named '\(name)'", unknownCase: name)
     }
 
     /// The SHA-256 digest of the canonical bytes of `value`.

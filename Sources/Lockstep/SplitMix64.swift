@@ -29,3 +29,23 @@ public protocol ActionGenerating: Domain {
     /// An action to try on `state`, drawn from `random`.
     static func randomAction(for state: State, using random: inout SplitMix64) -> Action
 }
+
+extension ActionGenerating {
+    /// The names of the action cases the generator makes along a random walk of `steps` actions from the initial
+    /// state (each one valid applied), sorted: how an error names a domain's actions to a person who sent another.
+    public static func generatedCaseNames(steps: Int = 500) -> [String] {
+        var random = SplitMix64(seed: 1)
+        var state = initialState
+        var names = Set<String>()
+        for _ in 0..<steps {
+            let action = randomAction(for: state, using: &random)
+            if let bytes = try? CanonicalEncoding.encode(action),
+                case let .object(members)? = try? JSONValue(parsing: Array(bytes))
+            {
+                names.formUnion(members.keys)
+            }
+            if (try? validate(action, in: state, by: .unknown)) != nil { reduce(into: &state, action, by: .unknown) }
+        }
+        return names.sorted()
+    }
+}

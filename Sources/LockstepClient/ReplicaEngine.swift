@@ -497,7 +497,7 @@ struct Engine<D: Domain> {
                     let reason = CanonicalEncoding.describe(error)
                     return try mismatch(
                         seq,
-                        "the snapshot is not a \(D.name) v\(D.version) state: \(reason)",
+                        "the snapshot is not a state of \(D.name) v\(D.version): \(reason)",
                         on: &link
                     )
                 }
@@ -531,7 +531,7 @@ struct Engine<D: Domain> {
                         let reason = CanonicalEncoding.describe(error)
                         return try mismatch(
                             event.seq,
-                            "the action is not a \(D.name) v\(D.version) action (\(reason)); does the daemon run "
+                            "the action is not an action of \(D.name) v\(D.version) (\(reason)); does the daemon run "
                                 + "another version of the domain?",
                             on: &link
                         )

@@ -76,6 +76,17 @@ public struct DomainStore<D: Domain>: SequencedStore {
         self.stateBytesHint = stateBytesHint
     }
 
+    /// Why an action was refused, naming the domain's actions when it named a case the domain does not have (as far
+    /// as its generator tells, when it has one).
+    static func explain(_ error: CanonicalEncoding.NormalizationError) -> String {
+        guard error.unknownCase != nil, let generating = D.self as? any ActionGenerating.Type else {
+            return error.reason
+        }
+        let names = generating.generatedCaseNames()
+        guard !names.isEmpty else { return error.reason }
+        return "\(error.reason); its actions include \(names.map { "'\($0)'" }.joined(separator: ", "))"
+    }
+
     /// Normalizes, validates and applies `frames` as one batch, as ``SequencedStore/sequence(_:by:admit:)`` says. A batch
     /// of one is validated and reduced in place; a longer batch works on a copy of the state, kept only when every
     /// action passed.
@@ -94,7 +105,7 @@ public struct DomainStore<D: Domain>: SequencedStore {
                 actions.append(action)
                 canonical.append(bytes)
             } catch {
-                return .failure(.undecodable(index: index, reason: error.reason))
+                return .failure(.undecodable(index: index, reason: Self.explain(error)))
             }
         }
         guard admit(canonical) else { return nil }
@@ -275,7 +286,7 @@ public struct Sequencer: Sendable {
         case let .failure(.undecodable(index, reason))?:
             return error(
                 .undecodableAction,
-                "action \(index) is not a '\(request.store)' action: \(reason); nothing was applied"
+                "action \(index) is not an action of '\(request.store)': \(reason); nothing was applied"
             )
         case let .failure(.rejected(index, rejection))?:
             let reply = Reply.rejected(requestID: request.requestID, actionIndex: UInt32(index), rejection)

@@ -28,7 +28,7 @@ public struct EffectHandler: Sendable {
                 effect = try coder.decode(D.Effect.self, from: body)
             } catch {
                 throw EffectFailure(
-                    "the effect is not a \(D.name) v\(D.version) effect (\(CanonicalEncoding.describe(error))); was "
+                    "the effect is not an effect of \(D.name) v\(D.version) (\(CanonicalEncoding.describe(error))); was "
                         + "it journaled by another version of the domain? Drop it, or run a build that reads it",
                     permanent: true
                 )

@@ -44,7 +44,7 @@ extension DivergenceEvidence {
                 return try decoder.decode(D.Action.self, from: Data(text.utf8))
             } catch {
                 throw Unreplayable(
-                    description: "the action at seq \(agreedSeq + UInt64(offset) + 1) is not a \(D.name) action: "
+                    description: "the action at seq \(agreedSeq + UInt64(offset) + 1) is not an action of '\(D.name)': "
                         + CanonicalEncoding.describe(error)
                 )
             }

@@ -79,7 +79,7 @@ extension ReplayLog {
                 } catch {
                     throw HistoryError(
                         kind: .undecodable(seq: event.seq),
-                        description: "store '\(D.name)' seq \(event.seq): not a \(D.name) action: "
+                        description: "store '\(D.name)' seq \(event.seq): not an action of '\(D.name)': "
                             + CanonicalEncoding.describe(error)
                     )
                 }

@@ -254,7 +254,7 @@ struct ReplayCommand: ParsableCommand {
                 actions.append(try decoder.decode(D.Action.self, from: try CanonicalEncoding.encode(value)))
             } catch {
                 printError(
-                    "\(Tool.commandName): \(input ?? "") line \(number + 1): not a \(D.name) action: "
+                    "\(Tool.commandName): \(input ?? "") line \(number + 1): not an action of '\(D.name)': "
                         + CanonicalEncoding.describe(error)
                 )
                 throw ExitCodes.badInput

@@ -53,7 +53,7 @@ struct RunCommand: AsyncParsableCommand {
                 decoded.append((line.label, try CanonicalEncoding.decode(D.Action.self, from: Data(line.text.utf8))))
             } catch {
                 printError(
-                    "\(Tool.commandName): \(line.label): not a \(D.name) action: \(CanonicalEncoding.describe(error)); "
+                    "\(Tool.commandName): \(line.label): not an action of '\(D.name)': \(CanonicalEncoding.describe(error)); "
                         + "input was \(line.text)"
                 )
                 throw ExitCodes.badInput

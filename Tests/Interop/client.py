@@ -710,7 +710,7 @@ class Replica:
         try:
             action = self.domain.decode_action(raw)
         except Undecodable as error:
-            self._diverged(seq, f"the action is not a {self.store} action: {error}", now)
+            self._diverged(seq, f"the action is not an action of {self.store}: {error}", now)
             return False
         self.domain.reduce(self.state, action)  # replicas reduce without validating
         self.last = seq
@@ -855,7 +855,7 @@ class Replica:
         try:
             state = self.domain.decode_state(snap.state)
         except Undecodable as error:
-            self._diverged(snap.seq, f"the snapshot is not a {self.store} state: {error}", now)
+            self._diverged(snap.seq, f"the snapshot is not a state of {self.store}: {error}", now)
             return
         if self.domain.encode(state) != snap.state:
             self.problems.append(f"the SNAPSHOT's state at seq {snap.seq} is not in canonical form as encoded here")

@@ -266,7 +266,7 @@ class DomainTest(unittest.TestCase):
                     Todos.decode_action(raw)
                 result = spawn([binary("lockstep"), "run", "todos", raw.decode()], subprocess.run,
                                capture_output=True, text=True, timeout=30)
-                self.assertIn("not a todos action", result.stderr)
+                self.assertIn("not an action of 'todos'", result.stderr)
 
 
 # ------------------------------------------------------------------------------------------------------

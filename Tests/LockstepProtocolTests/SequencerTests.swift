@@ -215,7 +215,16 @@ import Testing
     /// What the domain would not keep as sent is refused, naming what and where; nothing is applied.
     @Test(arguments: [
         (sent: #"{"increment":{"by":2}}"#, says: "member 'increment.by' is not part of the type"),
-        (sent: #"{"increment":{},"decrement":{}}"#, says: "expected Action at the top level"),
+        (
+            sent: #"{"increment":{},"decrement":{}}"#,
+            says:
+                "an action is an object with one member, named after its case; this one has 2: 'decrement', 'increment'"
+        ),
+        // A case the domain does not have is named, and the domain's actions listed (from its generator).
+        (
+            sent: #"{"restock":{"sku":"x"}}"#,
+            says: "it has no case named 'restock'; its actions include 'decrement', 'increment'"
+        ),
         (sent: #"{"increment":{},"increment":{}}"#, says: "member 'increment' appears twice in one object"),
         (sent: #"{"increment":{}} x"#, says: "not valid JSON: unexpected bytes after the value at byte 17"),
     ])

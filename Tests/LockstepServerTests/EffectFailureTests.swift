@@ -203,7 +203,7 @@ enum LegacyReader: Domain {
         // An effect this build cannot decode: given up at its first run.
         let legacy = try #require(effect(#"{"old":"#))
         #expect(legacy.id == "legacy/1/0")
-        #expect(legacy.attempts == 1 && legacy.lastError?.contains("not a legacy v1 effect") == true, "\(legacy)")
+        #expect(legacy.attempts == 1 && legacy.lastError?.contains("not an effect of legacy v1") == true, "\(legacy)")
 
         let jobs = try await caller.state(Jobs.self)
         #expect(jobs.started == ["ok", "hang", "reject", "unencodable"])

@@ -21,6 +21,13 @@ public struct ReplayChildCommand: Sendable, Hashable {
         self.timeout = timeout
     }
 
+    /// The package's own tool `name` — an executable made with `LockstepToolMain.run(domains:)`, built beside the
+    /// running tests (``packageExecutable(_:)``) — serving each replay through its hidden `replay-child` command:
+    /// `DeterminismCheck(Board.self, children: [.packageTool("board")])`.
+    public static func packageTool(_ name: String, timeout: Duration = .seconds(600)) -> ReplayChildCommand {
+        ReplayChildCommand(executable: packageExecutable(name).path, arguments: ["replay-child"], timeout: timeout)
+    }
+
     func run<D: Domain>(_: D.Type, log: ReplayLog<D>, plan: TracePlan) throws -> ReplicaTrace {
         var input = try JSONEncoder().encode(
             ReplayChild.Header(
@@ -35,6 +42,12 @@ public struct ReplayChildCommand: Sendable, Hashable {
         for action in log.actions {
             input.append(try CanonicalEncoding.encode(action))
             input.append(0x0A)
+        }
+        guard FileManager.default.isExecutableFile(atPath: executable) else {
+            throw ReplayChildError(
+                "no executable at \(executable) to replay in a child process; build it first (`swift build` builds "
+                    + "every product of the package)"
+            )
         }
         let process = Process()
         process.executableURL = URL(fileURLWithPath: executable)

@@ -315,6 +315,30 @@ func expectDivergence<D: Domain>(
 }
 
 @Suite struct DeterminismCheckTests {
+    /// The package's own tool is the child in one line; a tool that is not built is named, with what to do.
+    @Test func thePackagesOwnToolIsTheChildInOneLine() async throws {
+        try await onCheckThread {
+            var check = DeterminismCheck(Todos.self, children: [.packageTool("lockstep")])
+            check.sequences = 2
+            check.length = 100
+            try check.run()
+        }
+        let missing = await onCheckThread { () -> String? in
+            var check = DeterminismCheck(Todos.self, children: [.packageTool("no-such-tool")])
+            check.sequences = 1
+            do {
+                try check.run()
+                return nil
+            } catch {
+                return "\(error)"
+            }
+        }
+        #expect(
+            missing?.contains("no-such-tool") == true && missing?.contains("build it first") == true,
+            "\(missing ?? "")"
+        )
+    }
+
     @Test func reportsTheSeedAndAShortFailingLog() throws {
         var settings = ReplaySettings()
         settings.roundTripRate = 0.5

@@ -12,13 +12,7 @@ public func temporaryDirectory(_ label: String) throws -> URL {
 }
 
 /// One of this package's executables, built next to the test bundle.
-public func productURL(_ name: String) -> URL {
-    let productsDirectory = URL(fileURLWithPath: CommandLine.arguments[0]).deletingLastPathComponent()
-    let executable = productsDirectory.appendingPathComponent(name)
-    if FileManager.default.isExecutableFile(atPath: executable.path) { return executable }
-    // swift-testing may run from inside the .xctest bundle.
-    return productsDirectory.deletingLastPathComponent().appendingPathComponent(name)
-}
+public func productURL(_ name: String) -> URL { packageExecutable(name) }
 
 /// Runs one of this package's executables to its end, waiting at most `timeout`.
 public func runProduct(_ name: String, _ arguments: [String], timeout: Duration = .seconds(60)) throws -> ProcessOutput

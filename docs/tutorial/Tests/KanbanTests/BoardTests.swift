@@ -23,10 +23,11 @@ func rejection(_ action: Board.Action, on state: Board.State = sample) -> String
 }
 
 @Suite struct BoardTests {
-    /// The replay harness over 20 seeded sequences of generated actions: the reducer is deterministic and the
-    /// state survives encode/decode round trips.
-    @Test func isDeterministic() throws {
-        try DeterminismCheck(Board.self).run()
+    /// The replay harness over 20 seeded sequences of generated actions, here and in child processes of the
+    /// package's own tool: the reducer is deterministic, whatever the process's hash seed, and the state survives
+    /// encode/decode round trips.
+    @Test func isDeterministic() async throws {
+        try await offPool { try DeterminismCheck(Board.self, children: [.packageTool("board")]).run() }
     }
 
     @Test func aShortSequenceGivesExactlyThisBoard() throws {

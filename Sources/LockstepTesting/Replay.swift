@@ -49,7 +49,9 @@ public struct ReplayLog<D: Domain>: Sendable {
 public struct ReplaySettings: Sendable, Codable, Hashable {
     /// Replicas in this process. Replica 0 is the reference and never round-trips its state.
     public var replicas = 3
-    /// Compare digests every this many events; `nil`: every event for logs of up to 10,000, else every 1,000.
+    /// Compare digests every this many events; `nil`: about 128 times in a log (every event for logs under 256), so
+    /// that a long log of a growing state costs what its events cost, not its length times its state. A divergence
+    /// between two checkpoints is narrowed to its first seq all the same.
     public var checkpointInterval: Int?
     /// Seeds where each replica encodes and decodes its state, as a snapshot would.
     public var roundTripSeed: UInt64 = 0x5EED
@@ -57,13 +59,19 @@ public struct ReplaySettings: Sendable, Codable, Hashable {
     public var roundTripRate = 0.02
     /// Seqs after which every replica but 0 round-trips, whatever the seed says.
     public var roundTripAt: Set<SequenceNumber> = []
+    /// About the most round trips each replica draws in a log (`roundTripAt` aside): a long log's rate is lowered to
+    /// it, since each encodes and decodes the whole state.
+    public var maximumRoundTrips = 32
 
     /// The defaults: three replicas in this process, checkpoints by the log's length, and each replica but the first
     /// round-tripping its state after about 2 % of events.
     public init() {}
 
+    /// About how many checkpoints a log gets when ``checkpointInterval`` is `nil`.
+    static var defaultCheckpoints: Int { 128 }
+
     func interval(for count: Int) -> Int {
-        max(1, checkpointInterval ?? (count <= 10_000 ? 1 : 1_000))
+        max(1, checkpointInterval ?? count / Self.defaultCheckpoints)
     }
 }
 
@@ -244,10 +252,12 @@ struct ReplicaCursor<D: Domain> {
     let plan: TracePlan
     private(set) var trace = ReplicaTrace()
 
-    init(startState: [UInt8], plan: TracePlan) throws {
+    /// A replica at the start of a log of `events` actions.
+    init(startState: [UInt8], plan: TracePlan, events: Int) throws {
         state = try CanonicalEncoding.decode(D.State.self, from: Data(startState))
         random = SplitMix64(seed: plan.settings.roundTripSeed &+ UInt64(plan.replica) &* 0x9E37_79B9_7F4A_7C15)
-        threshold = UInt64(max(0, min(1, plan.settings.roundTripRate)) * Double(UInt64.max))
+        let rate = min(plan.settings.roundTripRate, Double(plan.settings.maximumRoundTrips) / Double(max(1, events)))
+        threshold = UInt64(max(0, min(1, rate)) * Double(UInt64.max))
         self.plan = plan
     }
 
@@ -315,7 +325,7 @@ enum ReplicaRunner {
         authors: [Author] = [],
         plan: TracePlan
     ) throws -> ReplicaTrace {
-        var cursor = try ReplicaCursor<D>(startState: startState, plan: plan)
+        var cursor = try ReplicaCursor<D>(startState: startState, plan: plan, events: actions.count)
         for (offset, action) in actions.enumerated() {
             _ = try cursor.step(
                 action,
@@ -337,11 +347,13 @@ enum ReplicaRunner {
         startState: [UInt8],
         actions: [D.Action],
         authors: [Author] = [],
-        plans: [TracePlan]
+        plans: [TracePlan],
+        progress: ReplayHarness<D>.Progress? = nil
     ) throws -> (traces: [ReplicaTrace], evidence: [Int: FirstRunEvidence]) {
-        var cursors = try plans.map { try ReplicaCursor<D>(startState: startState, plan: $0) }
+        var cursors = try plans.map { try ReplicaCursor<D>(startState: startState, plan: $0, events: actions.count) }
         var evidence: [Int: FirstRunEvidence] = [:]
         for (offset, action) in actions.enumerated() {
+            if let progress, offset % 256 == 0 { progress(.inProcess(replayed: offset, of: actions.count)) }
             let seq = startSeq + SequenceNumber(offset + 1)
             var reference: (digest: CheckpointDigest, capture: Capture)?
             for index in cursors.indices {
@@ -380,6 +392,18 @@ public struct ReplayHarness<D: Domain>: Sendable {
     public var settings: ReplaySettings
     /// Child processes that replay too, each with its own hash seed.
     public var children: [ReplayChildCommand]
+    /// Told how far a replay got, now and then, from the thread that replays: for a command line that shows long work.
+    public var progress: Progress?
+
+    /// Where a replay is: its replicas in this process, `replayed` actions of `of` in, or child process `index` (from
+    /// 0) of `of` started.
+    public enum ProgressStep: Sendable {
+        case inProcess(replayed: Int, of: Int)
+        case child(index: Int, of: Int)
+    }
+
+    /// See ``progress``.
+    public typealias Progress = @Sendable (ProgressStep) -> Void
 
     /// A harness with these settings that also replays in `children`.
     public init(settings: ReplaySettings = ReplaySettings(), children: [ReplayChildCommand] = []) {
@@ -426,10 +450,12 @@ public struct ReplayHarness<D: Domain>: Sendable {
                 startState: log.startState,
                 actions: log.actions,
                 authors: log.authors,
-                plans: local.map { plan(for: $0, interval: interval, checkpoints: expectedSeqs) }
+                plans: local.map { plan(for: $0, interval: interval, checkpoints: expectedSeqs) },
+                progress: progress
             )
             let referenceDigests = Dictionary(together.traces[0].digests.map { ($0.seq, $0.digest) }) { a, _ in a }
-            let children = try sides.dropFirst(local.count).map { side in
+            let children = try sides.dropFirst(local.count).enumerated().map { index, side in
+                progress?(.child(index: index, of: sides.count - local.count))
                 var childPlan = plan(for: side, interval: interval, checkpoints: expectedSeqs)
                 childPlan.captureAgainst = referenceDigests
                 return try trace(side, log, childPlan)

@@ -52,7 +52,9 @@ struct ReplayCommand: ParsableCommand {
     @Option(help: "Replicas in child processes.")
     var processes = 1
 
-    @Option(help: "Compare digests every N events (default: every event up to 10,000 events, else every 1,000).")
+    @Option(
+        help: "Compare digests every N events (default: about 128 times in the log, every event for fewer than 256)."
+    )
     var checkpointEvery: Int?
 
     @Flag(help: "Print one JSON object.")
@@ -112,6 +114,33 @@ struct ReplayCommand: ParsableCommand {
         for name in chosen { try replay(try Tool.requireDomain(name), journal: opened) }
     }
 
+    /// Progress on standard error, once a second after the first: a short replay says nothing.
+    static func showProgress<D: Domain>(of store: String) -> ReplayHarness<D>.Progress {
+        let started = ContinuousClock.now
+        let lastShown = LockedValue(started)
+        return { step in
+            let now = ContinuousClock.now
+            guard now - started >= .seconds(1) else { return }
+            // A child's start always shows (it replays the whole log, silently); the replicas here once a second.
+            let due = lastShown.withLockedValue { shown in
+                guard case .inProcess = step, now - shown < .seconds(1) else {
+                    shown = now
+                    return true
+                }
+                return false
+            }
+            guard due else { return }
+            switch step {
+            case let .inProcess(replayed, total):
+                printError(
+                    "\(Tool.commandName) replay: \(store): \(replayed) of \(total) actions through the replicas here"
+                )
+            case let .child(index, total):
+                printError("\(Tool.commandName) replay: \(store): child process \(index + 1) of \(total) replaying")
+            }
+        }
+    }
+
     private func replay<D: Domain>(_: D.Type, journal: SQLiteJournal?) throws {
         let log: ReplayLog<D>
         if let journal {
@@ -127,7 +156,8 @@ struct ReplayCommand: ParsableCommand {
         settings.checkpointInterval = checkpointEvery
         settings.roundTripSeed = seed
         let child = ReplayChildCommand(executable: currentExecutable().path, arguments: ["replay-child"])
-        let harness = ReplayHarness<D>(settings: settings, children: Array(repeating: child, count: processes))
+        var harness = ReplayHarness<D>(settings: settings, children: Array(repeating: child, count: processes))
+        harness.progress = Self.showProgress(of: D.name)
         do {
             let report = try harness.replay(log)
             if json {

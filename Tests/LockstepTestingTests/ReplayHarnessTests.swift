@@ -314,6 +314,26 @@ func expectDivergence<D: Domain>(
     }
 }
 
+@Suite struct ReplayCostTests {
+    /// A long log is checkpointed about 128 times, not at every event (each encodes the whole state: a growing state
+    /// made `replay --generate 10000` quadratic), and tells its progress; a short one is checked at every event.
+    @Test func aLongLogGetsAbout128CheckpointsAndTellsItsProgressAShortOneEveryEvent() throws {
+        let actions = DeterminismCheck<Counter>.generate(length: 3_000, seed: 1)
+        var harness = ReplayHarness<Counter>()
+        let told = LockedValue<[Int]>([])
+        harness.progress = { step in
+            if case let .inProcess(replayed, total) = step, total == actions.count {
+                told.withLockedValue { $0.append(replayed) }
+            }
+        }
+        let report = try harness.replay(try ReplayLog<Counter>(actions))
+        #expect((128...136).contains(report.checkpoints), "\(report.checkpoints) checkpoints")
+        #expect(told.withLockedValue { $0 } == Array(stride(from: 0, to: actions.count, by: 256)))
+        let short = try ReplayHarness<Counter>().replay(try ReplayLog<Counter>(Array(actions.prefix(200))))
+        #expect(short.checkpoints == 200)
+    }
+}
+
 @Suite struct DeterminismCheckTests {
     /// The package's own tool is the child in one line; a tool that is not built is named, with what to do.
     @Test func thePackagesOwnToolIsTheChildInOneLine() async throws {

@@ -94,6 +94,9 @@ final class SQLiteStorage: JournalStorage {
     let queue: DatabaseQueue
     /// Held while open read-write: one writer per data directory.
     let writerLock: WriterLock?
+    /// A read-only open's `-wal` and `-shm` files that it made itself (SQLite makes them to read a WAL database), which
+    /// its close removes again when no writer has come meanwhile: a stopped daemon's directory stays as it was.
+    private let madeByReading: [String]
     /// The format of the file as opened: ``SQLiteJournal/formatVersion`` once opened read-write.
     let formatVersion: Int
 
@@ -236,7 +239,9 @@ final class SQLiteStorage: JournalStorage {
                 throw fail(.notFound, "there is no journal file; check the data directory (\(directory))")
             }
             writerLock = nil
+            madeByReading = [path + "-wal", path + "-shm"].filter { !FileManager.default.fileExists(atPath: $0) }
         } else {
+            madeByReading = []
             try Self.makeDirectory(directory, path: path)
             writerLock = try WriterLock(directory: directory, journal: path)
             created = try Self.createFile(path)
@@ -1111,6 +1116,20 @@ final class SQLiteStorage: JournalStorage {
     func close() throws(JournalError) {
         try run("close") { try queue.close() }
         writerLock?.release()
+        removeWhatReadingMade()
+    }
+
+    /// Removes the `-wal` and `-shm` a read-only open made, under the writer's lock (a daemon that starts meanwhile
+    /// waits for it), and only while the `-wal` is empty: a writer that came and went since leaves them be.
+    private func removeWhatReadingMade() {
+        guard !madeByReading.isEmpty else { return }
+        let directory = URL(fileURLWithPath: location).deletingLastPathComponent().path
+        guard let lock = try? WriterLock(directory: directory, journal: location) else { return }
+        defer { lock.release() }
+        let wal = location + "-wal"
+        let walSize = (try? FileManager.default.attributesOfItem(atPath: wal)[.size] as? Int) ?? 0
+        guard walSize == 0 else { return }
+        for file in madeByReading { unlink(file) }
     }
 }
 

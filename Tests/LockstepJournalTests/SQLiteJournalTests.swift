@@ -33,6 +33,32 @@ import Glibc
         return stat(path, &info) == 0 ? info.st_mode & 0o777 : nil
     }
 
+    /// Reading a stopped daemon's journal leaves its directory as it was (SQLite makes a `-wal` and a `-shm` to read a
+    /// WAL database; the reader takes them away again), and a reader beside a writer leaves the writer's alone.
+    @Test func aReaderLeavesTheDirectoryAsItFoundIt() async throws {
+        let fixture = try await journal(withIncrements: 3)
+        let path = file(fixture)
+        let others = { ["-wal", "-shm"].filter { FileManager.default.fileExists(atPath: path + $0) } }
+        #expect(others() == [])
+        for _ in 0..<2 {
+            let reader = try SQLiteJournal(directory: fixture.dataDirectory, readOnly: true)
+            guard case let .events(read) = try reader.events(store: Counter.name, from: 1, to: 3, limit: 10) else {
+                Issue.record("the reader found the history compacted")
+                return
+            }
+            #expect(read.count == 3)
+            try reader.close()
+            #expect(others() == [], "a read left \(others()) beside the journal")
+        }
+        let writer = try fixture.open()
+        _ = try writer.recover(Counter.self)
+        let reader = try SQLiteJournal(directory: fixture.dataDirectory, readOnly: true)
+        _ = try reader.events(store: Counter.name, from: 1, to: 3, limit: 10)
+        try reader.close()
+        #expect(others() == ["-wal", "-shm"], "the writer's files went with the reader")
+        try writer.close()
+    }
+
     @Test func theFileIsPrivateInWALModeWithFullSync() async throws {
         let fixture = try await JournalFixture(.sqlite)
         let journal = try SQLiteJournal(directory: fixture.dataDirectory)

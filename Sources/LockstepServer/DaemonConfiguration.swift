@@ -405,10 +405,15 @@ public struct DaemonConfiguration: Hashable, Sendable {
         func finish() throws(ConfigurationError) {
             for (table, keys) in document.tables.sorted(by: { $0.key < $1.key }) {
                 for key in keys.keys.sorted() where !used.contains(name(table, key)) {
+                    let known = used.filter { table.isEmpty ? !$0.contains(".") : $0.hasPrefix(table + ".") }
+                        .map { String($0.split(separator: ".").last ?? "") }.sorted()
+                    let place = table.isEmpty ? "at the top level" : "in [\(table)]"
                     throw ConfigurationError(
                         file: file,
                         key: name(table, key),
-                        "unknown setting; see deploy/lockstepd.toml"
+                        known.isEmpty
+                            ? "unknown setting \(place)"
+                            : "unknown setting; the settings \(place) are \(known.joined(separator: ", "))"
                     )
                 }
                 if !table.isEmpty, keys.isEmpty {

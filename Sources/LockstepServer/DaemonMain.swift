@@ -70,7 +70,14 @@ public enum LockstepDaemonMain {
 /// The flags of `lockstepd` and of every daemon made with ``LockstepDaemonMain``.
 public struct DaemonFlags: ParsableArguments, Sendable {
     /// `--config FILE`: a TOML file whose settings go over the defaults.
-    @Option(help: "A TOML configuration file (see deploy/lockstepd.toml).")
+    @Option(
+        help: ArgumentHelp(
+            "A TOML configuration file.",
+            discussion: "Settings at the top level and in [lease], [intervals], [snapshots], [limits], [effects], "
+                + "[curve] and the access tables; one the daemon does not know is refused, naming the ones its table "
+                + "has. Lockstep's docs/operations.md lists every setting, and its deploy/lockstepd.toml is an example."
+        )
+    )
     public var config: String?
 
     /// `--data-dir DIR`.

@@ -35,7 +35,8 @@ import Testing
     }
 
     @Test(arguments: [
-        ("dat_dir = \"x\"", "dat_dir: unknown setting"),
+        ("dat_dir = \"x\"", "dat_dir: unknown setting; the settings at the top level are "),
+        ("[intervals]\nheartbeat = 5", "intervals.heartbeat: unknown setting; the settings in [intervals] are "),
         ("durability = \"sometimes\"", "durability: expected one of \"fsync\", \"relaxed\", got \"sometimes\""),
         ("[intervals]\nheartbeat_ms = 0", "intervals.heartbeat_ms: expected a whole number in 10...3600000, got 0"),
         ("domains = [\"counter\", 3]", "domains: expected strings only, got 3"),

@@ -43,6 +43,14 @@ public struct DaemonStatus: Codable, Hashable, Sendable {
         public var eventsPerSecond: Double
         /// Its effects and timers, when its domain declares effects.
         public var effects: Effects?
+        /// Its last DIGEST published (the state's SHA-256 at a seq), what replicas compare theirs with; `nil` before
+        /// the first, and from daemons before it was reported.
+        public var digest: Digest?
+        /// Its dispatches refused by the domain's validator since the daemon began serving, by rejection code.
+        public var rejected: [String: UInt64]?
+        /// Its dispatches answered ERROR since the daemon began serving, by error code (`undecodable_action`,
+        /// `domain_version_mismatch`, `forbidden`, …).
+        public var refused: [String: UInt64]?
 
         /// A store's line in the status.
         public init(
@@ -51,7 +59,10 @@ public struct DaemonStatus: Codable, Hashable, Sendable {
             epoch: String,
             domainVersion: UInt32,
             eventsPerSecond: Double,
-            effects: Effects? = nil
+            effects: Effects? = nil,
+            digest: Digest? = nil,
+            rejected: [String: UInt64]? = nil,
+            refused: [String: UInt64]? = nil
         ) {
             self.name = name
             self.seq = seq
@@ -59,6 +70,21 @@ public struct DaemonStatus: Codable, Hashable, Sendable {
             self.domainVersion = domainVersion
             self.eventsPerSecond = eventsPerSecond
             self.effects = effects
+            self.digest = digest
+            self.rejected = rejected
+            self.refused = refused
+        }
+    }
+
+    /// A store's state digest at a seq.
+    public struct Digest: Codable, Hashable, Sendable {
+        public var seq: UInt64
+        /// 64 lowercase hex digits.
+        public var digest: String
+
+        public init(seq: UInt64, digest: String) {
+            self.seq = seq
+            self.digest = digest
         }
     }
 

@@ -41,6 +41,10 @@ struct Serving {
     /// Each store's last seq published: durable, and what heartbeats announce.
     var publishedSeq: [StoreName: SequenceNumber] = [:]
     var committedEvents: [StoreName: UInt64] = [:]
+    /// Each store's last DIGEST published, for STATUS.
+    var lastDigests: [StoreName: Digest] = [:]
+    /// Each store's dispatches answered REJECTED (by rejection code) and ERROR (by error code), for STATUS.
+    var answered: [StoreName: (rejected: [String: UInt64], refused: [String: UInt64])] = [:]
     /// When and where each store's checkpoints are taken.
     var checkpoints: Checkpoints
     /// What the group being committed publishes after its events: the DIGESTs of checkpoints taken on the loop, the
@@ -258,6 +262,7 @@ struct Serving {
         case let .success(.dispatch(dispatch)):
             switch sequencer.dispatch(dispatch, by: author, allowedCases: grant.cases) {
             case let .reply(reply):
+                count(reply, of: dispatch.store)
                 work = .decided(reply)
             case let .commit(sequenced):
                 work = .decided(sequenced.reply)
@@ -288,6 +293,18 @@ struct Serving {
             (work, commit) = effects(requestID, command)
         }
         pipeline.sequenced(Waiting(envelope: envelope, work: work), commit: commit)
+    }
+
+    /// Counts a dispatch's rejection or refusal against its store (a store the daemon hosts: an unknown one is counted
+    /// by code only, as every ERROR is).
+    mutating func count(_ reply: Reply, of store: StoreName) {
+        guard sequencer.stores[store] != nil else { return }
+        switch reply {
+        case let .rejected(_, _, rejection):
+            answered[store, default: ([:], [:])].rejected[rejection.code, default: 0] += 1
+        case let .error(_, error): answered[store, default: ([:], [:])].refused[error.code.description, default: 0] += 1
+        default: break
+        }
     }
 
     /// What `commit` journals beside its events: its actions' effects to run (the outbox) and the timers they set and
@@ -763,6 +780,7 @@ struct Serving {
         laterDigests = later
         for digest in due {
             announce(Event.digest(store: digest.store, epoch: digest.epoch, seq: digest.seq, digest.digest), sockets)
+            lastDigests[digest.store] = digest
         }
     }
 
@@ -825,6 +843,7 @@ struct Serving {
         }
         for digest in committing?.digests ?? [] {
             announce(Event.digest(store: digest.store, epoch: digest.epoch, seq: digest.seq, digest.digest), sockets)
+            lastDigests[digest.store] = digest
         }
         for checkpoint in committing?.checkpoints ?? [] {
             announce(Event.checkpoint(store: checkpoint.store, epoch: checkpoint.epoch, seq: checkpoint.seq), sockets)
@@ -892,7 +911,10 @@ struct Serving {
                         pending: counts?.pending ?? 0,
                         dead: counts?.dead ?? 0,
                         timers: counts?.timers ?? 0
-                    ) : nil
+                    ) : nil,
+                digest: lastDigests[store.name].map { DaemonStatus.Digest(seq: $0.seq, digest: "\($0.digest)") },
+                rejected: answered[store.name]?.rejected ?? [:],
+                refused: answered[store.name]?.refused ?? [:]
             )
         }
         var status = loop.status(role: .leader, stores: stores, sockets: sockets, journal: journal)

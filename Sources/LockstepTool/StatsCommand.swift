@@ -7,7 +7,8 @@ import LockstepProtocol
 struct StatsCommand: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "stats",
-        abstract: "Print each daemon's status: its role; per store seq, epoch and events/s; journal size; uptime.",
+        abstract:
+            "Print each daemon's status: its role; per store seq, epoch, events/s, last digest, rejections and refusals; journal size; uptime.",
         discussion: """
             Every --command-endpoint is asked, leader and standbys alike, one after another; a daemon silent for \
             (--retries + 1) tries of --timeout-ms is marked silent. With --json, one object per daemon and line: \
@@ -72,6 +73,22 @@ struct StatsCommand: ParsableCommand {
                 String(store.domainVersion).padding(toLength: 8, withPad: " ", startingAt: 0),
                 String(format: "%.1f", store.eventsPerSecond).padding(toLength: 9, withPad: " ", startingAt: 0),
                 effects
+            )
+        }
+        print("")
+        print("store            last digest, and dispatches rejected and refused since the daemon began serving")
+        for store in status.stores {
+            func counts(_ counts: [String: UInt64]?) -> String {
+                let sorted = (counts ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }
+                return sorted.isEmpty ? "none" : sorted.joined(separator: ", ")
+            }
+            print(
+                store.name.padding(toLength: 16, withPad: " ", startingAt: 0),
+                store.digest.map { "\($0.digest) at seq \($0.seq)" } ?? "no digest yet"
+            )
+            print(
+                String(repeating: " ", count: 16),
+                "rejected \(counts(store.rejected)); refused \(counts(store.refused))"
             )
         }
     }

@@ -12,9 +12,9 @@ import ZeroMQ
 /// range (or by snapshot when the journal was compacted), and starts over on a new epoch, a digest mismatch
 /// or a silent daemon. Its state is never a mix: a batch is applied whole before anyone sees it.
 ///
-/// ``run()`` is the replica's life: a thread that owns its two sockets until the task is cancelled or the
-/// service group shuts down. ``dispatch(_:)`` may be called from any task, many at once; the requests
-/// pipeline on one DEALER socket.
+/// ``run()`` is the replica's life: its two sockets, driven by its hub's thread (``ReplicaHub``: its own, or one
+/// shared by the process's replicas), until the task is cancelled or the service group shuts down.
+/// ``dispatch(_:)`` may be called from any task, many at once; the requests pipeline on one DEALER socket.
 ///
 /// ```swift
 /// let replica = try Replica(Todos.self)
@@ -42,9 +42,9 @@ public final class Replica<D: Domain>: Service, Sendable {
     /// ``reads(bufferingPolicy:)`` observe.
     let published: Store<OptimisticRead<D>, Publication>
     let shared = LockedValue(Shared())
-    private let wakeup: Wakeup
-    /// Encodes and hashes the local state at the seqs the daemon digests, off the replica's thread.
-    private let digestThread = BackgroundThread(name: "replica digests")
+    let wakeup: Wakeup
+    /// The thread and ZeroMQ context it runs on: its own, or one it shares with other replicas of the process.
+    public let hub: ReplicaHub
 
     /// A read made under the ledger's lock, handed to the store of published reads.
     struct Publication: Encodable, Sendable {
@@ -64,12 +64,14 @@ public final class Replica<D: Domain>: Service, Sendable {
     }
 
     /// A replica of `domain`'s store, reaching the daemon as `configuration` says; not running until ``run()``.
+    /// Replicas given the same `hub` share its thread and ZeroMQ context; without one, it has its own.
     ///
     /// It logs through `logger` (by default the task-local `Logger.current`, so an application's `withLogger`
     /// scope and its metadata apply), with the store's name as `store` metadata.
     public init(
         _ domain: D.Type = D.self,
         configuration: ReplicaConfiguration = ReplicaConfiguration(),
+        hub: ReplicaHub? = nil,
         logger: Logger = .current
     ) throws {
         guard !configuration.daemons.isEmpty,
@@ -88,6 +90,7 @@ public final class Replica<D: Domain>: Service, Sendable {
         logger[metadataKey: "store"] = "\(D.name)"
         self.logger = logger
         wakeup = try Wakeup()
+        self.hub = try hub ?? ReplicaHub()
         let initial = Replicated(epoch: nil, seq: 0, state: D.initialState)
         local = Store(
             name: D.name,
@@ -486,7 +489,15 @@ public final class Replica<D: Domain>: Service, Sendable {
             return !shared.started
         }
         guard first else { throw ClientError(code: .stopped, "this replica of '\(store)' already ran; make a new one") }
-        try await runOnOwnThread(named: "replica \(D.name)", { try self.loop() }, stop: { self.stop() })
+        try await withTaskCancellationHandler {
+            try await withGracefulShutdownHandler {
+                try await hub.run { [self] context in try ReplicaDriver(self, context: context) }
+            } onGracefulShutdown: {
+                self.stop()
+            }
+        } onCancel: {
+            self.stop()
+        }
     }
 
     private func stop() {
@@ -494,65 +505,46 @@ public final class Replica<D: Domain>: Service, Sendable {
         wakeup.signal()
     }
 
-    // MARK: - The replica's thread
+    // MARK: - The replica's turns on the hub's thread
 
-    /// The loop: it alone touches the sockets and the sync machine.
-    private func loop() throws {
-        defer { finish() }
-        let context = try Context()
-        defer { context.shutdown() }
-        var link = try Link(context: context, configuration: configuration, topic: Event.runTopic(for: store))
-        defer { link.close() }
-        var engine = Engine(replica: self, sync: ReplicaSync(settings: configuration.sync, now: .now))
-        let start = engine.sync.start(now: .now)
-        try engine.perform(start, on: &link)
-        do {
-            try turns(&engine, &link)
-        } catch {
-            engine.failAll([], ClientError(code: .stopped, "the replica of '\(store)' stopped: \(error)"))
-            throw error
+    /// One turn after a poll: `ready` is what its events socket, its command socket and its wake-up descriptor got
+    /// (``ReplicaDriver/pollItems``). `false` once a stop was asked for: what is in flight is failed.
+    func turn(
+        _ engine: inout Engine<D>,
+        _ link: inout Link,
+        _ ready: ArraySlice<PollEvents>,
+        resumedAt: ContinuousClock.Instant?
+    ) throws -> Bool {
+        let (events, replies, woken) = (
+            ready[ready.startIndex], ready[ready.startIndex + 1], ready[ready.startIndex + 2]
+        )
+        if let resumedAt { engine.sync.resumed(now: resumedAt) }
+        if woken.contains(.readable) { wakeup.drain() }
+        let (outbox, stopRequested) = shared.withLockedValue { shared in
+            defer { shared.outbox.removeAll() }
+            return (shared.outbox, shared.stopRequested)
         }
+        if stopRequested {
+            engine.failAll(outbox, ClientError(code: .stopped, "the replica of '\(store)' stopped"))
+            return false
+        }
+        try engine.send(outbox, on: &link)
+        try engine.checkDigests(
+            shared.withLockedValue { shared in
+                defer { shared.digestsTaken.removeAll() }
+                return shared.digestsTaken
+            },
+            on: &link
+        )
+        if events.contains(.readable) { try engine.readEvents(from: &link) }
+        if replies.contains(.readable) { try engine.readReplies(from: &link) }
+        try engine.tick(on: &link)
+        publish(engine.status)
+        return true
     }
 
-    /// Turns until a stop is asked for; what is in flight is failed on the way out.
-    private func turns(_ engine: inout Engine<D>, _ link: inout Link) throws {
-        while true {
-            let now = ContinuousClock.now
-            let timeout = min(engine.nextDeadline(after: now), now + .milliseconds(100)) - now
-            let ready = try Poller([
-                .socket(link.events, .readable), .socket(link.commands, .readable),
-                .fileDescriptor(wakeup.descriptor, .readable),
-            ]).poll(timeout: max(.zero, timeout))
-            // Woken far later than asked: this process was stopped, and the silence meanwhile is not the daemon's.
-            let woke = ContinuousClock.now
-            if woke - now > max(.zero, timeout) + .seconds(1) { engine.sync.resumed(now: woke) }
-            if ready[2].contains(.readable) { wakeup.drain() }
-            let (outbox, stopRequested) = shared.withLockedValue { shared in
-                defer { shared.outbox.removeAll() }
-                return (shared.outbox, shared.stopRequested)
-            }
-            if stopRequested {
-                engine.failAll(outbox, ClientError(code: .stopped, "the replica of '\(store)' stopped"))
-                return
-            }
-            try engine.send(outbox, on: &link)
-            try engine.checkDigests(
-                shared.withLockedValue { shared in
-                    defer { shared.digestsTaken.removeAll() }
-                    return shared.digestsTaken
-                },
-                on: &link
-            )
-            if ready[0].contains(.readable) { try engine.readEvents(from: &link) }
-            if ready[1].contains(.readable) { try engine.readReplies(from: &link) }
-            try engine.tick(on: &link)
-            publish(engine.status)
-        }
-    }
-
-    /// After the loop: nothing more will be answered.
-    private func finish() {
-        digestThread.stop()
+    /// After its last turn: nothing more will be answered.
+    func finish() {
         let (outbox, waiters, listeners, rollbackListeners) = shared.withLockedValue { shared in
             shared.stopped = true
             shared.status.phase = .stopped
@@ -646,7 +638,7 @@ public final class Replica<D: Domain>: Service, Sendable {
         }
         guard let wanted else { return }
         let keepState = configuration.evidenceDirectory != nil
-        digestThread.submit { [self] in
+        hub.digests.submit { [self] in
             var taken = DigestTaken(seq: wanted.seq, generation: wanted.generation)
             if let bytes = try? Array(CanonicalEncoding.encode(state.state)) {
                 taken.digest = StateDigest(of: bytes)

@@ -1,4 +1,5 @@
 import Foundation
+import Lockstep
 import LockstepProtocol
 import ZeroMQ
 
@@ -54,5 +55,52 @@ struct Link {
     func close() {
         events.close()
         commands.close()
+    }
+}
+
+/// A replica on its hub's thread (``ReplicaHub``): its engine and its sockets, opened on the hub's context.
+final class ReplicaDriver<D: Domain>: HubDriver {
+    let replica: Replica<D>
+    private var engine: Engine<D>
+    private var link: Link
+
+    /// Opens the replica's sockets on `context` and asks the daemon for its snapshot.
+    init(_ replica: Replica<D>, context: Context) throws {
+        self.replica = replica
+        link = try Link(
+            context: context,
+            configuration: replica.configuration,
+            topic: Event.runTopic(for: replica.store)
+        )
+        engine = Engine(replica: replica, sync: ReplicaSync(settings: replica.configuration.sync, now: .now))
+        do {
+            try engine.perform(engine.sync.start(now: .now), on: &link)
+        } catch {
+            link.close()
+            throw error
+        }
+    }
+
+    var pollItems: [Poller.Item] {
+        [
+            .socket(link.events, .readable), .socket(link.commands, .readable),
+            .fileDescriptor(replica.wakeup.descriptor, .readable),
+        ]
+    }
+
+    func nextDeadline(after now: ContinuousClock.Instant) -> ContinuousClock.Instant {
+        engine.nextDeadline(after: now)
+    }
+
+    func turn(_ ready: ArraySlice<PollEvents>, resumedAt: ContinuousClock.Instant?) throws -> Bool {
+        try replica.turn(&engine, &link, ready, resumedAt: resumedAt)
+    }
+
+    func close(_ error: (any Error)?) {
+        if let error {
+            engine.failAll([], ClientError(code: .stopped, "the replica of '\(replica.store)' stopped: \(error)"))
+        }
+        link.close()
+        replica.finish()
     }
 }

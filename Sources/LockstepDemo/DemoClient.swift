@@ -8,7 +8,8 @@ import LockstepTool
 import Logging
 import ServiceLifecycle
 
-/// One client process of the demo: it holds a replica of each example store in `stores`, dispatches `actions`
+/// One client process of the demo: it holds a replica of each example store in `stores` (a store named twice gets
+/// two), all on one ``ReplicaHub``, dispatches `actions`
 /// generated actions through them (`concurrency` at a time), and prints a JSON report line every `reportMs`
 /// until SIGTERM (then one final line). With `conflictCommands`, once every dispatch is answered it plays its part
 /// of the demo's optimistic conflict on the commands its standard input brings (``ConflictPlayer``).
@@ -81,6 +82,8 @@ package struct DemoClient: Sendable {
         configuration.requestTimeout = .milliseconds(timeoutMs)
         configuration.retries = retries
         configuration.pendingTimeout = pendingTimeout
+        // Every replica of the process on one thread and one ZeroMQ context.
+        let hub = try ReplicaHub()
         var replicas: [any DemoReplica] = []
         var checks: [Cancellation] = []
         defer { for check in checks { check.cancel() } }
@@ -89,7 +92,7 @@ package struct DemoClient: Sendable {
                 let known = Examples.domains.map { $0.name }.joined(separator: ", ")
                 throw CommandFailure("--stores: no example store '\(name)'; the examples are \(known)")
             }
-            let replica = try makeReplica(domain, configuration: configuration, logger: logger)
+            let replica = try makeReplica(domain, configuration: configuration, hub: hub, logger: logger)
             if checkReads || breakReads { checks.append(replica.checkReads(breaking: breakReads)) }
             replicas.append(replica)
         }
@@ -124,9 +127,10 @@ package struct DemoClient: Sendable {
     private func makeReplica<D: ActionGenerating>(
         _ domain: D.Type,
         configuration: ReplicaConfiguration,
+        hub: ReplicaHub,
         logger: Logger
     ) throws -> any DemoReplica {
-        DemoReplicaOf<D>(replica: try Replica(D.self, configuration: configuration, logger: logger))
+        DemoReplicaOf<D>(replica: try Replica(D.self, configuration: configuration, hub: hub, logger: logger))
     }
 }
 

@@ -93,6 +93,47 @@ extension ReplicaClient {
         #expect(await daemon.stop() == 0)
     }
 
+    /// A process holding 16 replicas (`demo-client`, on one `ReplicaHub`) runs them on one thread and one ZeroMQ
+    /// context — counted from /proc — and every one ends on the daemon's digest, checking digests as it goes.
+    @Test func sixteenReplicasInOneProcessShareOneThreadAndOneContext() async throws {
+        let directory = try TestSupport.temporaryDirectory("replica-hub").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let daemon = try await startDaemon(directory, configuration: "[intervals]\ndigest_every_events = 50\n")
+        let stores = ["counter", "todos"]
+        let names = (0..<16).map { stores[$0 % 2] }
+        let watcher = try ReplicaClient(daemon, stores: names, actions: 0)
+        let joined = await watcher.wait(within: .seconds(30)) { $0.stores.count == 16 }
+        try #require(joined?.stores.count == 16, "\(String(describing: joined))")
+        let writer = try ReplicaClient(daemon, stores: stores, actions: 600, extra: ["--concurrency", "8"])
+        let written = await writer.wait(within: .seconds(60)) { $0.done }
+        try #require(written?.done == true, "the writer did not finish")
+        let digests = try await daemonDigests(daemon, stores: stores)
+        @Sendable func allConverged(_ report: ReplicaReport) -> Bool {
+            report.stores.count == 16
+                && report.stores.allSatisfy { store in
+                    digests[store.store].map { store.seq == $0.seq && store.digest == $0.digest } ?? false
+                }
+        }
+        let watched = await watcher.wait(within: .seconds(30), until: allConverged)
+        #expect(watched.map(allConverged) == true, "\(String(describing: watched))")
+        #expect(watched?.stores.allSatisfy { $0.divergences == 0 && $0.resyncs == 0 } == true)
+        // The threads of the process, by name: one replicas' thread, one ZeroMQ context (its I/O thread and reaper).
+        let pid = watcher.child.process.processIdentifier
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+        let threadNames = tasks.compactMap {
+            try? String(contentsOfFile: "/proc/\(pid)/task/\($0)/comm", encoding: .utf8)
+                .trimmingCharacters(in: .whitespacesAndNewlines)
+        }
+        let count = { (name: String) in threadNames.filter { $0 == name }.count }
+        #expect(count("replicas") == 1, "\(threadNames)")
+        #expect(count("ZMQbg/Reaper") == 1 && count("ZMQbg/IO/0") == 1, "\(threadNames)")
+        let memory = residentMemory(of: pid)
+        print("16 replicas in one process: \(threadNames.count) threads, \(memory.residentKiB) KiB resident")
+        #expect(try await watcher.stop().status == 0)
+        #expect(try await writer.stop().status == 0)
+        #expect(await daemon.stop() == 0)
+    }
+
     @Test func aStoppedReplicaWhoseEventsWereDroppedRepairsAndConverges() async throws {
         let directory = try TestSupport.temporaryDirectory("replica-gap").path
         defer { try? FileManager.default.removeItem(atPath: directory) }

@@ -491,7 +491,7 @@ public final class Replica<D: Domain>: Service, Sendable {
         guard first else { throw ClientError(code: .stopped, "this replica of '\(store)' already ran; make a new one") }
         try await withTaskCancellationHandler {
             try await withGracefulShutdownHandler {
-                try await hub.run { [self] context in try ReplicaDriver(self, context: context) }
+                try await hub.run { [self] sockets in try ReplicaDriver(self, hub: sockets) }
             } onGracefulShutdown: {
                 self.stop()
             }
@@ -507,17 +507,15 @@ public final class Replica<D: Domain>: Service, Sendable {
 
     // MARK: - The replica's turns on the hub's thread
 
-    /// One turn after a poll: `ready` is what its events socket, its command socket and its wake-up descriptor got
-    /// (``ReplicaDriver/pollItems``). `false` once a stop was asked for: what is in flight is failed.
+    /// One turn after a poll: `ready` is what its command socket and its wake-up descriptor got
+    /// (``ReplicaDriver/pollItems``); the hub has put its store's events in `link.events`. `false` once a stop was asked for: what is in flight is failed.
     func turn(
         _ engine: inout Engine<D>,
         _ link: inout Link,
         _ ready: ArraySlice<PollEvents>,
         resumedAt: ContinuousClock.Instant?
     ) throws -> Bool {
-        let (events, replies, woken) = (
-            ready[ready.startIndex], ready[ready.startIndex + 1], ready[ready.startIndex + 2]
-        )
+        let (replies, woken) = (ready[ready.startIndex], ready[ready.startIndex + 1])
         if let resumedAt { engine.sync.resumed(now: resumedAt) }
         if woken.contains(.readable) { wakeup.drain() }
         let (outbox, stopRequested) = shared.withLockedValue { shared in
@@ -536,7 +534,7 @@ public final class Replica<D: Domain>: Service, Sendable {
             },
             on: &link
         )
-        if events.contains(.readable) { try engine.readEvents(from: &link) }
+        if !link.events.isEmpty { try engine.readEvents(from: &link) }
         if replies.contains(.readable) { try engine.readReplies(from: &link) }
         try engine.tick(on: &link)
         publish(engine.status)

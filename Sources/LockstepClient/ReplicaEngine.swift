@@ -326,7 +326,7 @@ struct Engine<D: Domain> {
             handOver()
         }
         for _ in 0..<10_000 {
-            guard let frames = try link.events.receive(wait: false) else { return }
+            guard let frames = link.events.take() else { return }
             let now = ContinuousClock.now
             disconnected = false
             let event: Event

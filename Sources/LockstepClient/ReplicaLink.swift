@@ -3,30 +3,41 @@ import Lockstep
 import LockstepProtocol
 import ZeroMQ
 
-/// The replica's two sockets: SUB for events, connected to every daemon (only a leader publishes), and DEALER
-/// for requests, connected to the one ``search`` points at. Owned by the replica's thread.
+/// The replica's two ways to its daemons: the events of its store, from the hub's SUB for those daemons (shared with
+/// the hub's other replicas of them), and a DEALER of its own for requests, connected to the one ``search`` points
+/// at. Owned by the hub's thread.
 struct Link {
     let context: Context
     let configuration: ReplicaConfiguration
     var search: LeaderSearch
-    var events: Socket
+    /// Where the hub puts the events of the replica's topic.
+    let events: EventInbox
+    private let subscriber: SharedSubscriber
+    private let topic: [UInt8]
     var commands: Socket
 
-    init(context: Context, configuration: ReplicaConfiguration, topic: [UInt8]) throws {
-        self.context = context
+    init(hub: HubSockets, configuration: ReplicaConfiguration, topic: [UInt8]) throws {
+        context = hub.context
         self.configuration = configuration
+        self.topic = topic
         search = LeaderSearch(endpoints: configuration.daemons.map(\.command))
-        events = try Socket(context, type: .subscriber)
-        try events.set(.linger, 0)
-        try events.set(.receiveHighWaterMark, Int32(clamping: configuration.eventsQueue))
-        try configuration.curve?.configure(events)
-        try events.subscribe(topic)
-        for daemon in configuration.daemons { try events.connect(daemon.events) }
+        events = EventInbox()
+        subscriber = try hub.subscriber(
+            to: configuration.daemons.map(\.events),
+            curve: configuration.curve,
+            queue: configuration.eventsQueue
+        )
         commands = try Self.commandSocket(context, curve: configuration.curve, search.endpoint)
-        // Every other command endpoint is tried now: one libzmq cannot connect to (a typo) fails the start, not the
-        // first failover.
-        for endpoint in search.endpoints.dropFirst() {
-            try Self.commandSocket(context, curve: configuration.curve, endpoint).close()
+        do {
+            // Every other command endpoint is tried now: one libzmq cannot connect to (a typo) fails the start, not
+            // the first failover.
+            for endpoint in search.endpoints.dropFirst() {
+                try Self.commandSocket(context, curve: configuration.curve, endpoint).close()
+            }
+            try subscriber.join(topic, events)
+        } catch {
+            commands.close()
+            throw error
         }
     }
 
@@ -53,22 +64,23 @@ struct Link {
     }
 
     func close() {
-        events.close()
+        subscriber.leave(topic, events)
         commands.close()
     }
 }
 
-/// A replica on its hub's thread (``ReplicaHub``): its engine and its sockets, opened on the hub's context.
+/// A replica on its hub's thread (``ReplicaHub``): its engine, its DEALER on the hub's context, its topic on the
+/// hub's SUB.
 final class ReplicaDriver<D: Domain>: HubDriver {
     let replica: Replica<D>
     private var engine: Engine<D>
     private var link: Link
 
     /// Opens the replica's sockets on `context` and asks the daemon for its snapshot.
-    init(_ replica: Replica<D>, context: Context) throws {
+    init(_ replica: Replica<D>, hub: HubSockets) throws {
         self.replica = replica
         link = try Link(
-            context: context,
+            hub: hub,
             configuration: replica.configuration,
             topic: Event.runTopic(for: replica.store)
         )
@@ -83,14 +95,15 @@ final class ReplicaDriver<D: Domain>: HubDriver {
 
     var pollItems: [Poller.Item] {
         [
-            .socket(link.events, .readable), .socket(link.commands, .readable),
-            .fileDescriptor(replica.wakeup.descriptor, .readable),
+            .socket(link.commands, .readable), .fileDescriptor(replica.wakeup.descriptor, .readable),
         ]
     }
 
     func nextDeadline(after now: ContinuousClock.Instant) -> ContinuousClock.Instant {
         engine.nextDeadline(after: now)
     }
+
+    var hasEvents: Bool { !link.events.isEmpty }
 
     func turn(_ ready: ArraySlice<PollEvents>, resumedAt: ContinuousClock.Instant?) throws -> Bool {
         try replica.turn(&engine, &link, ready, resumedAt: resumedAt)
@@ -102,5 +115,74 @@ final class ReplicaDriver<D: Domain>: HubDriver {
         }
         link.close()
         replica.finish()
+    }
+}
+
+/// The events of one replica's topic, put there by the hub's thread from a shared SUB and taken by the replica's
+/// turn on the same thread.
+final class EventInbox {
+    private var messages: [[[UInt8]]] = []
+    private var head = 0
+
+    var isEmpty: Bool { head == messages.count }
+
+    func put(_ frames: [[UInt8]]) { messages.append(frames) }
+
+    /// The oldest message not taken yet.
+    func take() -> [[UInt8]]? {
+        guard head < messages.count else { return nil }
+        defer {
+            head += 1
+            if head == messages.count {
+                messages.removeAll(keepingCapacity: true)
+                head = 0
+            }
+        }
+        return messages[head]
+    }
+}
+
+/// One SUB socket to a set of daemons' events endpoints, shared by every replica of the hub that follows them: a
+/// topic is subscribed while one replica follows it, and each message goes to the inboxes of its topic (two
+/// replicas of one store each get it). Used on the hub's thread only.
+final class SharedSubscriber {
+    let socket: Socket
+    private var inboxes: [[UInt8]: [EventInbox]] = [:]
+
+    init(_ context: Context, endpoints: [String], curve: ClientCurve?, queue: Int) throws {
+        socket = try Socket(context, type: .subscriber)
+        do {
+            try socket.set(.linger, 0)
+            try socket.set(.receiveHighWaterMark, Int32(clamping: queue))
+            try curve?.configure(socket)
+            for endpoint in endpoints { try socket.connect(endpoint) }
+        } catch {
+            socket.close()
+            throw error
+        }
+    }
+
+    var isUnused: Bool { inboxes.isEmpty }
+
+    func join(_ topic: [UInt8], _ inbox: EventInbox) throws {
+        if inboxes[topic] == nil { try socket.subscribe(topic) }
+        inboxes[topic, default: []].append(inbox)
+    }
+
+    func leave(_ topic: [UInt8], _ inbox: EventInbox) {
+        inboxes[topic]?.removeAll { $0 === inbox }
+        guard inboxes[topic]?.isEmpty == true else { return }
+        inboxes[topic] = nil
+        try? socket.unsubscribe(topic)
+    }
+
+    /// Hands what the socket holds (at most `limit` messages) to the inboxes of their topics.
+    func deliver(limit: Int = 10_000) throws {
+        for _ in 0..<limit {
+            guard let frames = try socket.receive(wait: false) else { return }
+            // A message of a topic no one follows now (subscribed a moment ago) is dropped, as the SUB would.
+            guard let topic = frames.first, let followers = inboxes[topic] else { continue }
+            for inbox in followers { inbox.put(frames) }
+        }
     }
 }

@@ -287,6 +287,11 @@ public final class Socket {
         try set(.subscribe, prefix)
     }
 
+    /// Takes back one subscription of a SUB socket to `prefix`.
+    public func unsubscribe(_ prefix: [UInt8]) throws(ZeroMQError) {
+        try set(.unsubscribe, prefix)
+    }
+
     /// The address libzmq polls this socket by; used by ``Poller``.
     var pollHandle: UnsafeMutableRawPointer? { handle }
 }

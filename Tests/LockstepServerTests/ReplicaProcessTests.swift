@@ -93,8 +93,9 @@ extension ReplicaClient {
         #expect(await daemon.stop() == 0)
     }
 
-    /// A process holding 16 replicas (`demo-client`, on one `ReplicaHub`) runs them on one thread and one ZeroMQ
-    /// context — counted from /proc — and every one ends on the daemon's digest, checking digests as it goes.
+    /// A process holding 16 replicas (`demo-client`, on one `ReplicaHub`) runs them on one thread, one ZeroMQ context
+    /// — counted from /proc — and one subscription to the daemon — counted from `ss` — and every one ends on the
+    /// daemon's digest, checking digests as it goes.
     @Test func sixteenReplicasInOneProcessShareOneThreadAndOneContext() async throws {
         let directory = try TestSupport.temporaryDirectory("replica-hub").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
@@ -127,6 +128,10 @@ extension ReplicaClient {
         let count = { (name: String) in threadNames.filter { $0 == name }.count }
         #expect(count("replicas") == 1, "\(threadNames)")
         #expect(count("ZMQbg/Reaper") == 1 && count("ZMQbg/IO/0") == 1, "\(threadNames)")
+        // One subscription per daemon and process: the daemon accepted one events connection from the watcher's
+        // 16 replicas and one from the writer's two.
+        let subscribers = try await acceptedConnections(daemon, daemon.events)
+        #expect(subscribers.count == 2, "the daemon has \(subscribers.count) events connections")
         let memory = residentMemory(of: pid)
         print("16 replicas in one process: \(threadNames.count) threads, \(memory.residentKiB) KiB resident")
         #expect(try await watcher.stop().status == 0)

@@ -50,3 +50,23 @@ public func everyThreadStopped(_ pid: Int32) -> Bool {
     }
     return !states.isEmpty && states.count == threads.count && states.allSatisfy { $0 == "T" }
 }
+
+/// The connections `daemon` has accepted on its ipc socket of `endpoint`, each as the number of bytes in its
+/// receive queue, which the daemon has not read: from `ss -x -p`, whose Recv-Q of the daemon's end of a
+/// connection says so whether or not the daemon runs. That end is a socket of the daemon's process whose local
+/// address is the path the daemon bound (relative to its folder unless configured otherwise, so shared by the
+/// daemons of other folders: the process tells them apart).
+public func acceptedConnections(_ daemon: DaemonProcess, _ endpoint: String) async throws -> [Int] {
+    let path = String(endpoint.dropFirst("ipc://".count))
+    let process = "pid=\(daemon.processIdentifier),"
+    let output = try await ChildProcess(executable: URL(fileURLWithPath: "/usr/bin/ss"), ["-H", "-x", "-p"])
+        .finish(within: .seconds(10))
+    // `ss -H -x -p`: Netid State Recv-Q Send-Q Local Local-inode Peer Peer-inode users:((name,pid=…,fd=…)).
+    return output.standardOutput.split(separator: "\n").compactMap { line in
+        let fields = line.split(separator: " ", omittingEmptySubsequences: true)
+        guard fields.count >= 9, fields[1] == "ESTAB", fields[8].contains(process),
+            path == fields[4] || path.hasSuffix("/" + fields[4])
+        else { return nil }
+        return Int(fields[2])
+    }
+}

@@ -89,7 +89,8 @@ public struct ReplicaConfiguration: Sendable {
     /// Join, repair and silence settings.
     public var sync = ReplicaSync.Settings()
     /// Events queued on this side before the newest are dropped (the ZeroMQ high-water mark); a gap is
-    /// repaired by range, so this bounds memory, not correctness.
+    /// repaired by range, so this bounds memory, not correctness. Replicas of one ``ReplicaHub`` that follow the same
+    /// daemons share one subscription, made with the first one's queue.
     public var eventsQueue = 100_000
     /// The first half of every idempotency key the replica sends; `nil` gives each replica a random one.
     /// Two replicas must never share one: their request numbers would collide.

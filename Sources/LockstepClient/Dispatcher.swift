@@ -84,9 +84,7 @@ public final class Dispatcher<D: Domain>: Service, Sendable {
         store = try StoreName(D.name)
         self.configuration = configuration
         clientID = configuration.clientID ?? .random()
-        var logger = logger
-        logger[metadataKey: "store"] = "\(D.name)"
-        self.logger = logger
+        self.logger = logger.forStore(D.name)
         wakeup = try Wakeup()
     }
 

@@ -1,6 +1,7 @@
 import Foundation
 import Lockstep
 import LockstepProtocol
+import Logging
 import ServiceLifecycle
 import ZeroMQ
 
@@ -100,5 +101,14 @@ func runOnOwnThread(
         }
     } onCancel: {
         stop()
+    }
+}
+
+extension Logger {
+    /// This logger with the store's name as `store` metadata: what a client of one store logs through.
+    func forStore(_ name: String) -> Logger {
+        var logger = self
+        logger[metadataKey: "store"] = "\(name)"
+        return logger
     }
 }

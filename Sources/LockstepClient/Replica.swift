@@ -86,9 +86,7 @@ public final class Replica<D: Domain>: Service, Sendable {
         store = try StoreName(D.name)
         self.configuration = configuration
         clientID = configuration.clientID ?? .random()
-        var logger = logger
-        logger[metadataKey: "store"] = "\(D.name)"
-        self.logger = logger
+        self.logger = logger.forStore(D.name)
         wakeup = try Wakeup()
         self.hub = try hub ?? ReplicaHub()
         let initial = Replicated(epoch: nil, seq: 0, state: D.initialState)

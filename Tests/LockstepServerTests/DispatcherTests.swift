@@ -25,42 +25,12 @@ import Testing
         configuration.retries = 30
         let dispatcher = try Dispatcher(Counter.self, configuration: configuration)
         let (tasks, each) = (64, 10)
-        let answered = Tally()
-        let seqs = try await withThrowingTaskGroup(of: [SequenceNumber].self) { group in
-            group.addTask {
-                try await dispatcher.run()
-                return []
-            }
-            // Queued before run() may have started: they wait for it.
-            let dispatching = Task {
-                try await withThrowingTaskGroup(of: [SequenceNumber].self) { tasksGroup in
-                    for _ in 0..<tasks {
-                        tasksGroup.addTask {
-                            var seqs: [SequenceNumber] = []
-                            for _ in 0..<each {
-                                seqs.append(try await dispatcher.dispatch(.increment))
-                                answered.count.add(1, ordering: .relaxed)
-                            }
-                            return seqs
-                        }
-                    }
-                    return try await tasksGroup.reduce(into: []) { $0 += $1 }
-                }
-            }
-            let third = try await eventually(within: .seconds(60)) {
-                answered.count.load(ordering: .relaxed) >= tasks * each / 3
-            }
-            try #require(third, "only \(answered.count.load(ordering: .relaxed)) dispatches were answered in 60 s")
+        let (seqs, answeredAtTheKill) = try await incrementFromTasks(dispatcher, tasks: tasks, each: each) {
             daemon.kill()
             #expect(await daemon.waitForExit(within: .seconds(10)) != nil)
-            let answeredAtTheKill = answered.count.load(ordering: .relaxed)
             try daemon.start()
-            let seqs = try await dispatching.value
-            #expect(answeredAtTheKill < tasks * each, "the kill came after every dispatch was answered")
-            group.cancelAll()
-            while try await group.next() != nil {}
-            return seqs
         }
+        #expect(answeredAtTheKill < tasks * each, "the kill came after every dispatch was answered")
         // Every dispatch answered once, each at its own seq: no gaps, none twice.
         #expect(seqs.sorted() == Array(1...SequenceNumber(tasks * each)))
         #expect(await daemon.stop() == 0, "\(daemon.output)")
@@ -126,4 +96,47 @@ import Testing
 /// A count many tasks add to.
 final class Tally: Sendable {
     let count = Atomic<Int>(0)
+}
+
+/// `tasks` tasks × `each` increments through `dispatcher` (run meanwhile), with `fault` done once a third are
+/// answered: the seqs they got, and how many were answered when the fault began.
+func incrementFromTasks(
+    _ dispatcher: Dispatcher<Counter>,
+    tasks: Int,
+    each: Int,
+    whenAThirdIsAnswered fault: () async throws -> Void
+) async throws -> (seqs: [SequenceNumber], answeredAtTheFault: Int) {
+    let answered = Tally()
+    return try await withThrowingTaskGroup(of: [SequenceNumber].self) { group in
+        group.addTask {
+            try await dispatcher.run()
+            return []
+        }
+        // Queued before run() may have started: they wait for it.
+        let dispatching = Task {
+            try await withThrowingTaskGroup(of: [SequenceNumber].self) { tasksGroup in
+                for _ in 0..<tasks {
+                    tasksGroup.addTask {
+                        var seqs: [SequenceNumber] = []
+                        for _ in 0..<each {
+                            seqs.append(try await dispatcher.dispatch(.increment))
+                            answered.count.add(1, ordering: .relaxed)
+                        }
+                        return seqs
+                    }
+                }
+                return try await tasksGroup.reduce(into: []) { $0 += $1 }
+            }
+        }
+        let third = try await eventually(within: .seconds(60)) {
+            answered.count.load(ordering: .relaxed) >= tasks * each / 3
+        }
+        try #require(third, "only \(answered.count.load(ordering: .relaxed)) dispatches were answered in 60 s")
+        let answeredAtTheFault = answered.count.load(ordering: .relaxed)
+        try await fault()
+        let seqs = try await dispatching.value
+        group.cancelAll()
+        while try await group.next() != nil {}
+        return (seqs, answeredAtTheFault)
+    }
 }

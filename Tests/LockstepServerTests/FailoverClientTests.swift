@@ -118,41 +118,13 @@ extension FailoverProcessTests {
         configuration.retries = 20
         let dispatcher = try Dispatcher(Counter.self, configuration: configuration)
         let (tasks, each) = (64, 5)
-        let answered = Tally()
-        let seqs = try await withThrowingTaskGroup(of: [SequenceNumber].self) { group in
-            group.addTask {
-                try await dispatcher.run()
-                return []
-            }
-            let dispatching = Task {
-                try await withThrowingTaskGroup(of: [SequenceNumber].self) { tasksGroup in
-                    for _ in 0..<tasks {
-                        tasksGroup.addTask {
-                            var seqs: [SequenceNumber] = []
-                            for _ in 0..<each {
-                                seqs.append(try await dispatcher.dispatch(.increment))
-                                answered.count.add(1, ordering: .relaxed)
-                            }
-                            return seqs
-                        }
-                    }
-                    return try await tasksGroup.reduce(into: []) { $0 += $1 }
-                }
-            }
-            let third = try await eventually(within: .seconds(60)) {
-                answered.count.load(ordering: .relaxed) >= tasks * each / 3
-            }
-            try #require(third, "only \(answered.count.load(ordering: .relaxed)) dispatches were answered in 60 s")
-            let killed = ContinuousClock.now
+        let killed = Tally()
+        let (seqs, answeredAtTheKill) = try await incrementFromTasks(dispatcher, tasks: tasks, each: each) {
             a.kill()
-            let answeredAtTheKill = answered.count.load(ordering: .relaxed)
-            let seqs = try await dispatching.value
-            print("failover: 64 tasks' dispatches were all answered \(ContinuousClock.now - killed) after the kill")
-            #expect(answeredAtTheKill < tasks * each, "the kill came after every dispatch was answered")
-            group.cancelAll()
-            while try await group.next() != nil {}
-            return seqs
+            killed.count.store(1, ordering: .relaxed)
         }
+        #expect(killed.count.load(ordering: .relaxed) == 1)
+        #expect(answeredAtTheKill < tasks * each, "the kill came after every dispatch was answered")
         #expect(seqs.sorted() == Array(1...SequenceNumber(tasks * each)))
         let events = try await pair.journalEvents()
         #expect(events.map(\.seq) == Array(1...UInt64(tasks * each)))

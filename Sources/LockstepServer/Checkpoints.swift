@@ -12,9 +12,9 @@ import LockstepProtocol
 /// events instead, and the DIGEST once the work is done; the snapshot goes into a later commit. One store has at most
 /// one checkpoint off the loop at a time, and starts the next no sooner than ``paceFactor`` times the last one's cost
 /// after the last one started: however large the state, its checkpoints take at most a tenth of a core.
-struct Checkpoints {
+package struct Checkpoints {
     /// Where a checkpoint is taken.
-    enum Place: Hashable, Sendable {
+    package enum Place: Hashable, Sendable {
         /// Encoded on the loop now; the DIGEST goes out with the group's events.
         case loop
         /// Encoded and hashed on the checkpoint thread; a CHECKPOINT goes out with the events, the DIGEST later.
@@ -22,28 +22,51 @@ struct Checkpoints {
     }
 
     /// A checkpoint to take now, at the store's current seq.
-    struct Plan: Hashable, Sendable {
-        var store: StoreName
-        var place: Place
+    package struct Plan: Hashable, Sendable {
+        package var store: StoreName
+        package var place: Place
         /// Whether the journal keeps this one as a snapshot.
-        var snapshot: Bool
+        package var snapshot: Bool
     }
 
     /// What the checkpoint thread made of a store.
-    struct Taken: Sendable {
-        var store: StoreName
-        var epoch: Epoch
-        var seq: SequenceNumber
+    package struct Taken: Sendable {
+        package var store: StoreName
+        package var epoch: Epoch
+        package var seq: SequenceNumber
         /// The canonical state's digest; `nil` when the state did not encode (`failure` says why).
-        var digest: StateDigest? = nil
+        package var digest: StateDigest? = nil
         /// The canonical state, when the journal keeps it as a snapshot.
-        var state: Frame? = nil
-        var bytes: Int
-        var cost: Duration
-        var failure: String? = nil
+        package var state: Frame? = nil
+        package var bytes: Int
+        package var cost: Duration
+        package var failure: String? = nil
         /// The ``Checkpoints/generation`` it was started in: a result of an earlier one (or of an earlier leadership)
         /// is void.
-        var generation: UInt64
+        package var generation: UInt64
+
+        /// What the thread made of `store` at `seq` of `epoch`: `bytes` bytes in `cost`, started in `generation`.
+        package init(
+            store: StoreName,
+            epoch: Epoch,
+            seq: SequenceNumber,
+            digest: StateDigest? = nil,
+            state: Frame? = nil,
+            bytes: Int,
+            cost: Duration,
+            failure: String? = nil,
+            generation: UInt64
+        ) {
+            self.store = store
+            self.epoch = epoch
+            self.seq = seq
+            self.digest = digest
+            self.state = state
+            self.bytes = bytes
+            self.cost = cost
+            self.failure = failure
+            self.generation = generation
+        }
     }
 
     private struct Track {
@@ -58,7 +81,7 @@ struct Checkpoints {
     }
 
     /// A store's next checkpoint off the loop starts no sooner than this many times the last one's cost after it.
-    static var paceFactor: Int { 10 }
+    package static var paceFactor: Int { 10 }
 
     /// Events between checkpoints (`[intervals] digest_every_events`).
     let everyEvents: Int
@@ -66,11 +89,11 @@ struct Checkpoints {
     let offLoopBytes: Int
     /// Random at first (so a leadership never takes an earlier one's result), one more each time the stores were
     /// recovered anew: what was being taken before is void.
-    private(set) var generation = UInt64.random(in: 0...UInt64.max / 2)
+    package private(set) var generation = UInt64.random(in: 0...UInt64.max / 2)
     private var tracks: [StoreName: Track] = [:]
 
     /// The checkpoints of stores of about `bytes` bytes each, every `everyEvents` events.
-    init(everyEvents: Int, offLoopBytes: Int, stores bytes: [StoreName: Int]) {
+    package init(everyEvents: Int, offLoopBytes: Int, stores bytes: [StoreName: Int]) {
         self.everyEvents = everyEvents
         self.offLoopBytes = offLoopBytes
         tracks = bytes.mapValues { Track(bytes: $0) }
@@ -81,17 +104,29 @@ struct Checkpoints {
     func isLarge(_ store: StoreName) -> Bool { (tracks[store]?.bytes ?? 0) >= offLoopBytes }
 
     /// `events` more events of `store` were sequenced into the group being committed.
-    mutating func committed(_ store: StoreName, events: Int) {
+    package mutating func committed(_ store: StoreName, events: Int) {
         tracks[store, default: Track(bytes: 0)].sinceLast += events
     }
 
     /// The checkpoint `store` is due now, if any; `snapshotDue` says whether its journal is due a snapshot.
-    func due(_ store: StoreName, snapshotDue: Bool, now: ContinuousClock.Instant) -> Plan? {
+    package func due(_ store: StoreName, snapshotDue: Bool, now: ContinuousClock.Instant) -> Plan? {
         let track = tracks[store] ?? Track(bytes: 0)
         guard track.taking == nil, track.sinceLast >= everyEvents || snapshotDue else { return nil }
         guard track.bytes >= offLoopBytes else { return Plan(store: store, place: .loop, snapshot: snapshotDue) }
         if let started = track.startedAt, now - started < track.cost * Self.paceFactor { return nil }
         return Plan(store: store, place: .background, snapshot: snapshotDue)
+    }
+
+    /// When a checkpoint that the pace held back past a store's last commit may start: the loop wakes then and takes
+    /// it (``Serving/takeDeferredCheckpoints(_:)``), so a store that goes quiet still gets the digest of its last
+    /// events. `nil` when none waits on the pace.
+    package func nextDeferred() -> ContinuousClock.Instant? {
+        tracks.values.compactMap { track in
+            guard track.sinceLast >= everyEvents, track.taking == nil, track.bytes >= offLoopBytes,
+                let started = track.startedAt
+            else { return nil }
+            return started + track.cost * Self.paceFactor
+        }.min()
     }
 
     /// The checkpoint `plan` was taken on the loop: its state had `bytes` bytes.
@@ -101,14 +136,14 @@ struct Checkpoints {
     }
 
     /// The checkpoint `plan` was handed to the checkpoint thread at `seq`.
-    mutating func started(_ plan: Plan, seq: SequenceNumber, now: ContinuousClock.Instant) {
+    package mutating func started(_ plan: Plan, seq: SequenceNumber, now: ContinuousClock.Instant) {
         tracks[plan.store, default: Track(bytes: 0)].sinceLast = 0
         tracks[plan.store]?.taking = seq
         tracks[plan.store]?.startedAt = now
     }
 
     /// What the checkpoint thread made: `true` when it belongs to this generation (else it is void).
-    mutating func finished(_ taken: Taken) -> Bool {
+    package mutating func finished(_ taken: Taken) -> Bool {
         guard taken.generation == generation, tracks[taken.store]?.taking == taken.seq else { return false }
         tracks[taken.store]?.taking = nil
         tracks[taken.store]?.cost = taken.cost

@@ -391,6 +391,7 @@ struct LoopThread {
         if serving != nil {
             do {
                 serving!.takeCheckpoints(&sockets)
+                serving!.takeDeferredCheckpoints(sockets)
                 serving!.runEffects()
                 try serving!.advance(&sockets, writer)
                 serving!.publishHeartbeats(&sockets)

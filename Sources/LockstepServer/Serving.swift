@@ -212,6 +212,7 @@ struct Serving {
     func nextDeadline() -> ContinuousClock.Instant {
         var deadline = (lastPublished.values.min() ?? ContinuousClock.now) + configuration.heartbeatInterval
         if let pipelineDeadline = pipeline.nextDeadline { deadline = min(deadline, pipelineDeadline) }
+        if let deferred = checkpoints.nextDeferred() { deadline = min(deadline, deferred) }
         // While the lease is not surely ours, effects wait for the renewal, whose end wakes the loop.
         guard !ledger.isIdle, pipeline.surelyLeads(at: .now) else { return deadline }
         let (monotonic, wall) = ledger.nextDeadline(now: .now)
@@ -767,6 +768,23 @@ struct Serving {
             laterDigests.append((taken.store, taken.epoch, taken.seq, digest))
         }
         publishLaterDigests(sockets)
+    }
+
+    /// The checkpoints the pace (or one still being taken) held back past a store's last commit, once it allows:
+    /// without them a store that goes quiet would wait for its next commit for the digest of its last events. Only
+    /// for a store whose every event is published; a CHECKPOINT goes out now, the DIGEST when it is done.
+    mutating func takeDeferredCheckpoints(_ sockets: LoopSockets) {
+        let now = ContinuousClock.now
+        for (name, store) in sequencer.stores where (publishedSeq[name] ?? store.lastSeq) == store.lastSeq {
+            let snapshotDue = journal.snapshotDue(store: name.rawValue)
+            guard let plan = checkpoints.due(name, snapshotDue: false, now: now), plan.place == .background else {
+                continue
+            }
+            let deferred = Checkpoints.Plan(store: name, place: .background, snapshot: snapshotDue)
+            loop.takeCheckpoint(of: store, snapshot: deferred.snapshot, generation: checkpoints.generation)
+            checkpoints.started(deferred, seq: store.lastSeq, now: now)
+            announce(Event.checkpoint(store: name, epoch: store.epoch, seq: store.lastSeq), sockets)
+        }
     }
 
     /// The DIGESTs made off the loop whose seq is published.

@@ -776,11 +776,15 @@ struct Serving {
     mutating func takeDeferredCheckpoints(_ sockets: LoopSockets) {
         let now = ContinuousClock.now
         for (name, store) in sequencer.stores where (publishedSeq[name] ?? store.lastSeq) == store.lastSeq {
-            let snapshotDue = journal.snapshotDue(store: name.rawValue)
             guard let plan = checkpoints.due(name, snapshotDue: false, now: now), plan.place == .background else {
                 continue
             }
-            let deferred = Checkpoints.Plan(store: name, place: .background, snapshot: snapshotDue)
+            // Asked only now that one is due: the loop passes here every turn.
+            let deferred = Checkpoints.Plan(
+                store: name,
+                place: .background,
+                snapshot: journal.snapshotDue(store: name.rawValue)
+            )
             loop.takeCheckpoint(of: store, snapshot: deferred.snapshot, generation: checkpoints.generation)
             checkpoints.started(deferred, seq: store.lastSeq, now: now)
             announce(Event.checkpoint(store: name, epoch: store.epoch, seq: store.lastSeq), sockets)

@@ -30,6 +30,10 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-collections.git", from: "1.6.0"),
         .package(url: "https://github.com/groue/GRDB.swift.git", from: "7.10.0"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+        // Metrics (docs/operations.md, "Metrics"): the libraries record through swift-metrics, so a user's own
+        // MetricsSystem receives them; a daemon with an HTTP listener serves them as Prometheus text.
+        .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
         // `swift package generate-documentation` (`make docs`); the plugin adds nothing to the products.
         .package(url: "https://github.com/swiftlang/swift-docc-plugin", from: "1.5.0"),
     ],
@@ -45,7 +49,10 @@ let package = Package(
         // libpq, opened with dlopen when a PostgreSQL journal is; imported only by LockstepJournal.
         .target(name: "CLibPQ"),
         .target(name: "Lockstep", dependencies: [.product(name: "Crypto", package: "swift-crypto")]),
-        .target(name: "LockstepProtocol", dependencies: ["Lockstep"]),
+        .target(
+            name: "LockstepProtocol",
+            dependencies: ["Lockstep", .product(name: "CoreMetrics", package: "swift-metrics")]
+        ),
         // GRDBSQLite: the commit path binds and steps its statements through SQLite's C API.
         .target(
             name: "LockstepJournal",
@@ -62,6 +69,8 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
             ],
             swiftSettings: testBuildFailpoints
         ),
@@ -71,6 +80,7 @@ let package = Package(
                 "Lockstep", "LockstepProtocol", "ZeroMQ",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
             ]
         ),
         .target(
@@ -145,7 +155,7 @@ let package = Package(
             dependencies: ["LockstepClient", "LockstepProtocol", "LockstepExamples", "Lockstep"]
         ),
         // Runs this package's executables from tests, with bounded waits.
-        .target(name: "TestSupport", dependencies: ["LockstepTesting"], path: "Tests/TestSupport"),
+        .target(name: "TestSupport", dependencies: ["LockstepTesting", "ZeroMQ"], path: "Tests/TestSupport"),
         // Deliberately nondeterministic domains, and a child-replica executable that hosts them.
         .target(name: "ReplayFixtures", dependencies: ["Lockstep"], path: "Tests/ReplayFixtures"),
         .executableTarget(

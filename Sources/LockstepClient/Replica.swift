@@ -32,6 +32,8 @@ public final class Replica<D: Domain>: Service, Sendable {
     public let configuration: ReplicaConfiguration
     /// The first half of this replica's idempotency keys.
     public let clientID: ClientID
+    /// Its name in the daemon's STATUS and metrics: ``ReplicaConfiguration/name``, or `HOST:PID`.
+    public let name: String
     let logger: Logger
     /// The confirmed state: changed only by the replica's thread, through ``Change``.
     let local: Store<Replicated<D.State>, Change>
@@ -86,6 +88,19 @@ public final class Replica<D: Domain>: Service, Sendable {
         store = try StoreName(D.name)
         self.configuration = configuration
         clientID = configuration.clientID ?? .random()
+        name = configuration.name ?? "\(ProcessInfo.processInfo.hostName):\(getpid())"
+        guard (1...ReplicaProgress.maximumNameLength).contains(name.utf8.count) else {
+            throw ClientError(
+                code: .badRequest,
+                "ReplicaConfiguration.name is \(name.utf8.count) bytes; give 1 to \(ReplicaProgress.maximumNameLength)"
+            )
+        }
+        if let interval = configuration.reportInterval, interval < .milliseconds(1) || interval > .seconds(3_600) {
+            throw ClientError(
+                code: .badRequest,
+                "ReplicaConfiguration.reportInterval is \(interval); give 1 ms to 1 hour, or nil to report nothing"
+            )
+        }
         self.logger = logger.forStore(D.name)
         wakeup = try Wakeup()
         self.hub = try hub ?? ReplicaHub()

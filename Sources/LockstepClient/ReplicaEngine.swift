@@ -1,3 +1,4 @@
+import CoreMetrics
 import Foundation
 import Lockstep
 import LockstepProtocol
@@ -51,6 +52,10 @@ struct Engine<D: Domain> {
     /// The request id of the sync machine's newest snapshot or range request: an ERROR answers it only with this id
     /// (an ERROR to an earlier try, or to a dispatch sent twice, says nothing about the store now).
     var lastSyncRequest: UInt64 = 0
+    /// When the next REPORT goes to the daemon and the metrics are brought up to date.
+    var nextReport = ContinuousClock.now
+    /// The replica's metrics, through the process's `MetricsSystem`.
+    var metrics = MetricsMirror(factory: MetricsSystem.factory)
 
     init(replica: Replica<D>, sync: ReplicaSync) {
         self.replica = replica
@@ -91,6 +96,7 @@ struct Engine<D: Domain> {
     func nextDeadline(after now: ContinuousClock.Instant) -> ContinuousClock.Instant {
         var next = min(inFlight.nextDeadline ?? now + .seconds(1), syncResendAt ?? now + .seconds(1))
         if let pending = replica.ledger.withLockedValue({ $0.nextDeadline }) { next = min(next, pending) }
+        if configuration.reportInterval != nil { next = min(next, nextReport) }
         return retryLater.reduce(next) { min($0, $1.at) }
     }
 
@@ -467,6 +473,42 @@ struct Engine<D: Domain> {
         }
         try abandon(replica.carryOut(replica.withLedger { $0.tick(now: now) }), on: &link)
         try perform(sync.tick(now: now), on: &link)
+        if let interval = configuration.reportInterval, now >= nextReport {
+            nextReport = now + interval
+            report(interval, on: link)
+        }
+    }
+
+    /// Tells the daemon how far the local store has applied (it sends no reply), and brings the metrics up to date.
+    mutating func report(_ interval: Duration, on link: Link) {
+        let local = replica.local.state
+        let status = self.status
+        link.send(
+            .report(
+                requestID: 0,
+                ReplicaProgress(
+                    clientID: replica.clientID,
+                    store: store,
+                    name: replica.name,
+                    epoch: local.epoch,
+                    appliedSeq: local.seq,
+                    interval: interval,
+                    repairs: UInt64(status.repairs),
+                    resyncs: UInt64(status.resyncs),
+                    divergences: UInt64(status.divergences)
+                )
+            )
+        )
+        let dimensions = [("store", store.rawValue), ("client", String(replica.clientID.description.prefix(8)))]
+        metrics.gauge("lockstep_client_applied_seq", dimensions, Double(local.seq))
+        metrics.gauge(
+            "lockstep_client_lag_events",
+            dimensions,
+            Double(status.daemonSeq &- min(status.daemonSeq, local.seq))
+        )
+        metrics.count("lockstep_client_repairs_total", dimensions, total: UInt64(status.repairs))
+        metrics.count("lockstep_client_resyncs_total", dimensions, total: UInt64(status.resyncs))
+        metrics.count("lockstep_client_divergences_total", dimensions, total: UInt64(status.divergences))
     }
 
     // MARK: Outputs

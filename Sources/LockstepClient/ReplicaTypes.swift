@@ -106,6 +106,13 @@ public struct ReplicaConfiguration: Sendable {
     /// actions are incomplete and holds the states only.
     public var maximumEvidenceBytes = 16 << 20
 
+    /// The replica's name in its daemon's STATUS and metrics; `HOST:PID` when `nil`.
+    public var name: String?
+    /// How often the replica tells the daemon it follows how far it has applied (REPORT, docs/protocol.md), so the
+    /// daemon knows its replicas and their lag, and brings its own metrics (`lockstep_client_*`) up to date; `nil`
+    /// does neither. Every second by default.
+    public var reportInterval: Duration? = .seconds(1)
+
     /// The defaults: the daemon's default `ipc://` endpoints under `.lockstep/run`, no CURVE, 2 s per try and 3
     /// retries, a random client id.
     public init() {}

@@ -123,6 +123,53 @@ public struct DaemonStatus: Codable, Hashable, Sendable {
         }
     }
 
+    /// A replica the leader heard from lately (REPORT), and how far behind it is.
+    public struct Replica: Codable, Hashable, Sendable {
+        /// The store it follows.
+        public var store: String
+        /// Its name for people (`HOST:PID` unless it set one).
+        public var name: String
+        /// Its client id, 32 hex digits.
+        public var client: String
+        /// The last seq it reported applied.
+        public var seq: UInt64
+        /// Events the store has that it had not applied, at its report (now, when its report is overdue).
+        public var lagEvents: UInt64
+        /// How long ago the first of those was committed, in milliseconds; 0 when it has them all.
+        public var lagMs: Int64
+        /// Milliseconds since its last report.
+        public var heardMsAgo: Int64
+        /// What it counted since it started: gaps repaired by RANGE, resyncs, divergences.
+        public var repairs: UInt64
+        public var resyncs: UInt64
+        public var divergences: UInt64
+
+        /// A replica's line in the status.
+        public init(
+            store: String,
+            name: String,
+            client: String,
+            seq: UInt64,
+            lagEvents: UInt64,
+            lagMs: Int64,
+            heardMsAgo: Int64,
+            repairs: UInt64,
+            resyncs: UInt64,
+            divergences: UInt64
+        ) {
+            self.store = store
+            self.name = name
+            self.client = client
+            self.seq = seq
+            self.lagEvents = lagEvents
+            self.lagMs = lagMs
+            self.heardMsAgo = heardMsAgo
+            self.repairs = repairs
+            self.resyncs = resyncs
+            self.divergences = divergences
+        }
+    }
+
     /// Seconds since the daemon started.
     public var uptimeSeconds: Int64
     /// `leader` or `standby`; absent from daemons before this field (they lead).
@@ -149,6 +196,10 @@ public struct DaemonStatus: Codable, Hashable, Sendable {
     public var maximumBatch: Int?
     /// The most bytes one action (one message part) may have.
     public var maximumActionBytes: Int?
+    /// The replicas that reported to this leader lately, by store; absent from a standby and from daemons before it.
+    public var replicas: [Replica]?
+    /// Where the daemon serves HTTP (`/metrics`), as `HOST:PORT`; absent when it does not.
+    public var http: String?
 
     /// A status with every field given.
     public init(
@@ -163,7 +214,9 @@ public struct DaemonStatus: Codable, Hashable, Sendable {
         heartbeatMs: Int64? = nil,
         digestEveryEvents: Int? = nil,
         maximumBatch: Int? = nil,
-        maximumActionBytes: Int? = nil
+        maximumActionBytes: Int? = nil,
+        replicas: [Replica]? = nil,
+        http: String? = nil
     ) {
         self.uptimeSeconds = uptimeSeconds
         self.role = role
@@ -177,6 +230,8 @@ public struct DaemonStatus: Codable, Hashable, Sendable {
         self.digestEveryEvents = digestEveryEvents
         self.maximumBatch = maximumBatch
         self.maximumActionBytes = maximumActionBytes
+        self.replicas = replicas
+        self.http = http
     }
 
     /// Whether this daemon leads (a daemon from before roles always does).

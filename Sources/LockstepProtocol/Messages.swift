@@ -39,6 +39,7 @@ enum MessageType: UInt8, Sendable {
     case rangeRequest = 0x03
     case statusRequest = 0x04
     case effectsRequest = 0x05
+    case report = 0x06
 
     case accepted = 0x81
     case rejected = 0x82
@@ -70,7 +71,7 @@ enum MessageType: UInt8, Sendable {
         /// The types a decoder of this family accepts, for error reasons.
         var expected: String {
             switch self {
-            case .request: "0x01 DISPATCH, 0x02 SNAPSHOT, 0x03 RANGE, 0x04 STATUS or 0x05 EFFECTS"
+            case .request: "0x01 DISPATCH, 0x02 SNAPSHOT, 0x03 RANGE, 0x04 STATUS, 0x05 EFFECTS or 0x06 REPORT"
             case .reply:
                 "0x81 ACCEPTED, 0x82 REJECTED, 0x83 SNAPSHOT, 0x84 RANGE, 0x85 COMPACTED, 0x86 STATUS, 0x87 EFFECTS, "
                     + "0x88 RANGE_BY or 0x8f ERROR"
@@ -82,7 +83,7 @@ enum MessageType: UInt8, Sendable {
 
     var family: Family {
         switch self {
-        case .dispatch, .snapshotRequest, .rangeRequest, .statusRequest, .effectsRequest: .request
+        case .dispatch, .snapshotRequest, .rangeRequest, .statusRequest, .effectsRequest, .report: .request
         case .accepted, .rejected, .snapshotReply, .rangeReply, .compacted, .statusReply, .effectsReply, .rangeReplyBy,
             .error:
             .reply
@@ -98,6 +99,7 @@ enum MessageType: UInt8, Sendable {
         case .rangeRequest, .rangeReply: "RANGE"
         case .statusRequest, .statusReply: "STATUS"
         case .effectsRequest, .effectsReply: "EFFECTS"
+        case .report: "REPORT"
         case .accepted: "ACCEPTED"
         case .rejected: "REJECTED"
         case .compacted: "COMPACTED"
@@ -126,6 +128,7 @@ enum MessageType: UInt8, Sendable {
         case .rangeRequest, .rangeReply, .compacted, .rangeReplyBy: 28
         case .dispatch, .accepted: 32
         case .digest: 52
+        case .report: 72
         case .snapshotReply: 60
         }
     }

@@ -12,13 +12,15 @@ public enum Request: Hashable, Sendable {
     case status(requestID: UInt64)
     /// List the effects and timers, or send a dead letter back to run, or drop an effect (docs/effects.md).
     case effects(requestID: UInt64, EffectsCommand)
+    /// A replica's word on how far it has applied its store; the daemon sends no reply.
+    case report(requestID: UInt64, ReplicaProgress)
 
     /// The id the reply echoes, so a client with several requests in flight can match replies.
     public var requestID: UInt64 {
         switch self {
         case let .dispatch(request): request.requestID
         case let .snapshot(requestID, _), let .range(requestID, _, _, _), let .status(requestID),
-            let .effects(requestID, _):
+            let .effects(requestID, _), let .report(requestID, _):
             requestID
         }
     }
@@ -54,6 +56,22 @@ public enum Request: Hashable, Sendable {
             case let .retry(id): return [header.bytes, Array("retry".utf8), Array(id.utf8)]
             case let .drop(id): return [header.bytes, Array("drop".utf8), Array(id.utf8)]
             }
+        case let .report(requestID, report):
+            var header = ByteWriter(.report)
+            header.write(requestID)
+            header.write(bytes: report.clientID.bytes)
+            header.write(report.epoch?.rawValue ?? 0)
+            header.write(report.appliedSeq)
+            header.write(
+                UInt32(
+                    clamping: report.interval.components.seconds * 1_000 + report.interval.components.attoseconds
+                        / 1_000_000_000_000_000
+                )
+            )
+            header.write(report.repairs)
+            header.write(report.resyncs)
+            header.write(report.divergences)
+            return [header.bytes, Array(report.store.rawValue.utf8), Array(report.name.utf8)]
         }
     }
 
@@ -148,6 +166,42 @@ public enum Request: Hashable, Sendable {
             return .status(requestID: requestID)
         case .effectsRequest:
             return .effects(requestID: requestID, try EffectsCommand(body))
+        case .report:
+            let clientBytes = try header.readBytes(ClientID.byteCount, field: "client id")
+            let epoch = try header.read(UInt64.self, field: "epoch")
+            let applied = try header.read(UInt64.self, field: "applied seq")
+            let interval = try header.read(UInt32.self, field: "report interval")
+            let repairs = try header.read(UInt64.self, field: "repairs")
+            let resyncs = try header.read(UInt64.self, field: "resyncs")
+            let divergences = try header.read(UInt64.self, field: "divergences")
+            try Wire.requireFrames(body, exactly: 3, type: type, layout: "header, store name, replica name")
+            let store = try Wire.storeName(body[1], field: "store name (frame 1)")
+            guard (1...ReplicaProgress.maximumNameLength).contains(body[2].count),
+                let name = String(validating: body[2], as: UTF8.self)
+            else {
+                throw ProtocolError(
+                    code: .malformed,
+                    "replica name (frame 2) of REPORT request is \(body[2].count) bytes; expected 1 to "
+                        + "\(ReplicaProgress.maximumNameLength) bytes of UTF-8"
+                )
+            }
+            guard interval > 0 else {
+                throw ProtocolError(code: .malformed, "report interval of REPORT request is 0 ms; expected 1 or more")
+            }
+            return .report(
+                requestID: requestID,
+                ReplicaProgress(
+                    clientID: ClientID(bytes: clientBytes)!,
+                    store: store,
+                    name: name,
+                    epoch: epoch == 0 ? nil : Epoch(rawValue: epoch),
+                    appliedSeq: applied,
+                    interval: .milliseconds(interval),
+                    repairs: repairs,
+                    resyncs: resyncs,
+                    divergences: divergences
+                )
+            )
         default:
             // `messageType` returned a request type; the others cannot reach here.
             throw ProtocolError(code: .unknownMessageType, "\(type.fullName) is not a request")
@@ -233,5 +287,53 @@ public struct DispatchRequest: Hashable, Sendable {
         self.clientID = clientID
         self.store = store
         self.actions = actions
+    }
+}
+
+/// What a replica tells the daemon it follows, about once per ``interval`` (REPORT, docs/protocol.md): who it is, how
+/// far it has applied its store, and how often it repaired, resynced and diverged. The daemon keeps the replicas it
+/// hears from, and their lag, for STATUS and its metrics.
+public struct ReplicaProgress: Hashable, Sendable {
+    /// The longest replica name, in bytes of UTF-8.
+    public static let maximumNameLength = 200
+
+    /// The replica's client id: two replicas of one name stay apart.
+    public var clientID: ClientID
+    /// The store it follows.
+    public var store: StoreName
+    /// Its name for people, e.g. `HOST:PID`.
+    public var name: String
+    /// The epoch of its state; `nil` before it has one.
+    public var epoch: Epoch?
+    /// The last seq it has applied to its local store.
+    public var appliedSeq: SequenceNumber
+    /// How often it reports: the daemon counts a report later than twice this as overdue.
+    public var interval: Duration
+    /// Gaps it repaired by RANGE, resyncs, and divergences found, since it started.
+    public var repairs: UInt64
+    public var resyncs: UInt64
+    public var divergences: UInt64
+
+    /// A report; every count since the replica started.
+    public init(
+        clientID: ClientID,
+        store: StoreName,
+        name: String,
+        epoch: Epoch?,
+        appliedSeq: SequenceNumber,
+        interval: Duration,
+        repairs: UInt64 = 0,
+        resyncs: UInt64 = 0,
+        divergences: UInt64 = 0
+    ) {
+        self.clientID = clientID
+        self.store = store
+        self.name = name
+        self.epoch = epoch
+        self.appliedSeq = appliedSeq
+        self.interval = interval
+        self.repairs = repairs
+        self.resyncs = resyncs
+        self.divergences = divergences
     }
 }

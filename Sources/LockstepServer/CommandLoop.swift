@@ -1,3 +1,4 @@
+import CoreMetrics
 import Foundation
 import Lockstep
 import LockstepJournal
@@ -32,6 +33,12 @@ final class CommandLoop: Sendable {
     /// Checkpoints of large states, one at a time, and what they came to, waiting for the loop.
     private let checkpointThread = BackgroundThread(name: "lockstepd checkp")
     private let checkpoints = LockedValue<[Checkpoints.Taken]>([])
+    /// Where the metrics go (docs/operations.md, "Metrics").
+    let metricsFactory: any MetricsFactory
+    /// The commit and fsync timings, recorded on the thread that commits.
+    let journalTimings: DaemonMetrics.JournalTimings
+    /// Where the HTTP listener listens, once it does: for STATUS.
+    let httpAddress = LockedValue<String?>(nil)
 
     init(
         configuration: DaemonConfiguration,
@@ -39,6 +46,7 @@ final class CommandLoop: Sendable {
         notifier: SystemdNotifier,
         failpoint: Failpoint? = nil,
         effectHandlers: [EffectHandler] = [],
+        metrics: any MetricsFactory = MetricsSystem.factory,
         logger: Logger
     ) throws(ServerError) {
         self.configuration = configuration
@@ -46,6 +54,8 @@ final class CommandLoop: Sendable {
         self.notifier = notifier
         self.failpoint = failpoint
         self.logger = logger
+        metricsFactory = metrics
+        journalTimings = DaemonMetrics.timings(factory: metrics, journalKind: configuration.journal.rawValue)
         do {
             wakeup = try Wakeup()
         } catch {
@@ -201,7 +211,8 @@ final class CommandLoop: Sendable {
             heartbeatMs: Int64(configuration.heartbeatInterval / .milliseconds(1)),
             digestEveryEvents: configuration.digestEveryEvents,
             maximumBatch: configuration.maximumBatch,
-            maximumActionBytes: configuration.maximumMessageBytes
+            maximumActionBytes: configuration.maximumMessageBytes,
+            http: httpAddress.withLockedValue { $0 }
         )
     }
 
@@ -269,6 +280,11 @@ struct LoopThread {
     var recovered: (recovered: CommandLoop.Recovered, fencedAt: ContinuousClock.Instant)?
     var lastWatchdog = ContinuousClock.now
     let limits: Limits
+    /// The metrics, brought up to date with the loop's tallies once a second (``recordMetrics()``).
+    var metrics: MetricsMirror
+    var nextMetrics = ContinuousClock.now
+    /// Leaderships begun by taking the PostgreSQL journal's lease (each a new term).
+    var takeovers: UInt64 = 0
 
     var logger: Logger { loop.logger }
     var configuration: DaemonConfiguration { loop.configuration }
@@ -282,6 +298,7 @@ struct LoopThread {
         self.journal = journal
         self.writer = writer
         sockets = try LoopSockets(loop: loop)
+        metrics = MetricsMirror(factory: loop.metricsFactory)
         leadership = .unleased
         limits = Limits(
             maximumBatch: loop.configuration.maximumBatch,
@@ -335,6 +352,7 @@ struct LoopThread {
         lease: Serving.Pipeline.Lease?,
         takeover: Leadership.Takeover?
     ) {
+        if takeover != nil { takeovers += 1 }
         serving = Serving(
             loop: loop,
             journal: journal,
@@ -382,6 +400,11 @@ struct LoopThread {
                     continue
                 }
             }
+            if case let .success(.report(_, report)) = request {
+                // No reply (docs/protocol.md); a standby has no stores to measure a replica against.
+                if let refusal = serving?.heard(report, now: .now) { sockets.send(refusal, to: envelope) }
+                continue
+            }
             if serving != nil {
                 serving!.sequence(request, envelope: envelope, author: author, grant: grant)
             } else {
@@ -407,6 +430,22 @@ struct LoopThread {
             loop.notifier.notify("WATCHDOG=1")
             lastWatchdog = ContinuousClock.now
         }
+        if ContinuousClock.now >= nextMetrics { recordMetrics() }
+    }
+
+    /// Brings the metrics up to date with what the loop tallied (answers, errors, commits, replicas' reports) and
+    /// what it stands at now.
+    mutating func recordMetrics() {
+        let now = ContinuousClock.now
+        nextMetrics = now + DaemonMetrics.interval
+        for (code, count) in sockets.refusals { metrics.count("lockstep_errors_total", [("code", code)], total: count) }
+        metrics.gauge("lockstep_subscriptions", Double(sockets.subscriptions.values.reduce(0, +)))
+        metrics.gauge("lockstep_leader", serving == nil ? 0 : 1)
+        metrics.count("lockstep_takeovers_total", total: takeovers)
+        if configuration.journal == .sqlite {
+            metrics.gauge("lockstep_journal_bytes", Double(CommandLoop.fileBytes(journal.location)))
+        }
+        serving?.record(&metrics, now: now)
     }
 
     func nextDeadline() -> ContinuousClock.Instant {
@@ -416,7 +455,7 @@ struct LoopThread {
             ?? leadership.nextDeadline
             ?? now + .seconds(1)
         if let interval = loop.notifier.watchdogInterval { deadline = min(deadline, lastWatchdog + interval) }
-        return max(deadline, now)
+        return max(min(deadline, nextMetrics), now)
     }
 
     /// The writer finished work for the leader's pipeline or for the leadership.
@@ -456,6 +495,8 @@ struct LoopThread {
                 metadata: ["reason": "\(ended.reason)", "name": "\(holder)"]
             )
         }
+        // What this leadership tallied, before its tallies go.
+        recordMetrics()
         serving = nil
         // A daemon that leads no more starts nothing, and what it runs is cancelled: the next leader runs it again.
         loop.effects.cancelAll()

@@ -78,6 +78,9 @@ public struct DaemonConfiguration: Hashable, Sendable {
     public var access: AccessPolicy.Settings?
     /// The file these settings came from (`--config`), read again on SIGHUP for the policy.
     public var file: String?
+    /// Where the daemon serves HTTP — `/metrics` in Prometheus text — as `HOST:PORT` (`[http] listen`,
+    /// `--http-listen`; port 0 takes a free one, which STATUS shows); `nil`, the default, for no listener.
+    public var httpListen: String?
 
     /// How effects are run: how many at once, how many tries, how long a run may take, how long to wait between
     /// tries.
@@ -199,6 +202,7 @@ public struct DaemonConfiguration: Hashable, Sendable {
         try reader.integer("effects", "tries", 1...1_000) { effects.tries = Int($0) }
         try reader.integer("effects", "timeout_ms", 1...86_400_000) { effects.timeout = .milliseconds($0) }
         try reader.integer("effects", "backoff_ms", 1...3_600_000) { effects.backoff = .milliseconds($0) }
+        try reader.string("http", "listen") { httpListen = $0 }
         var secret: String?
         var clients: String?
         try reader.string("curve", "server_key_file") { secret = $0 }
@@ -311,6 +315,13 @@ public struct DaemonConfiguration: Hashable, Sendable {
                 )
             }
             _ = try AccessPolicy(access, stores: stores, file: file)
+        }
+        if let httpListen {
+            do {
+                _ = try HTTPListener.split(httpListen)
+            } catch {
+                throw ConfigurationError(file: nil, key: "http.listen", error.reason)
+            }
         }
         guard commandEndpoint != eventsEndpoint else {
             throw ConfigurationError(

@@ -74,7 +74,7 @@ public struct DaemonFlags: ParsableArguments, Sendable {
         help: ArgumentHelp(
             "A TOML configuration file.",
             discussion: "Settings at the top level and in [lease], [intervals], [snapshots], [limits], [effects], "
-                + "[curve] and the access tables; one the daemon does not know is refused, naming the ones its table "
+                + "[curve], [http] and the access tables; one the daemon does not know is refused, naming the ones its table "
                 + "has. Lockstep's docs/operations.md lists every setting, and its deploy/lockstepd.toml is an example."
         )
     )
@@ -115,6 +115,10 @@ public struct DaemonFlags: ParsableArguments, Sendable {
     /// `--name NAME`: this daemon's name in the `postgres` journal's lease.
     @Option(help: "This daemon's name in the postgres journal's lease (default HOSTNAME:PID).")
     public var name: String?
+
+    /// `--http-listen HOST:PORT`: serve `/metrics` over HTTP there.
+    @Option(help: "Serve /metrics (Prometheus text) over HTTP on HOST:PORT, e.g. 127.0.0.1:9464; default: no listener.")
+    public var httpListen: String?
 
     /// `--log-level LEVEL`, one of swift-log's levels.
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
@@ -162,6 +166,7 @@ public struct DaemonFlags: ParsableArguments, Sendable {
             settings.leaseDuration = .milliseconds(leaseMs)
         }
         if let name { settings.leaseHolder = name }
+        if let httpListen { settings.httpListen = httpListen }
         try settings.validate(knownDomains: known)
         return settings
     }

@@ -1,21 +1,29 @@
+import CoreMetrics
 import Foundation
 import Logging
+import Prometheus
 import ServiceLifecycle
 import ZeroMQ
 
 /// The daemon as a swift-service-lifecycle `Service`: recovery, binding and the command loop run on a thread
 /// of their own; graceful shutdown (SIGTERM, SIGINT through a `ServiceGroup`) lets the loop finish the batch
 /// in flight, publish it, close the journal and return.
+///
+/// Its metrics go to `metrics` — the process's `MetricsSystem` unless another factory is given — and, with
+/// ``DaemonConfiguration/httpListen``, to `/metrics` as well.
 public final class LockstepDaemon: Service, Sendable {
     private let loop: CommandLoop
+    /// What `/metrics` serves, when the daemon has an HTTP listener.
+    private let registry: PrometheusCollectorRegistry?
 
     /// A daemon serving `domains` as `configuration` says, running their effects with `effects` (one handler per
-    /// domain that declares effects); `environment` is read for systemd's variables.
+    /// domain that declares effects); `environment` is read for systemd's variables; its metrics go to `metrics`.
     public init(
         configuration: DaemonConfiguration,
         domains: [HostedDomain],
         effects: [EffectHandler] = [],
         environment: [String: String],
+        metrics: (any MetricsFactory)? = nil,
         logger: Logger
     ) throws {
         let known = domains.map(\.name)
@@ -28,12 +36,21 @@ public final class LockstepDaemon: Service, Sendable {
                 metadata: ["LOCKSTEP_FAILPOINT": "\(value)"]
             )
         }
+        var factory = metrics ?? MetricsSystem.factory
+        if configuration.httpListen != nil {
+            let registry = PrometheusCollectorRegistry()
+            factory = MultiplexMetricsHandler(factories: [DaemonMetrics.prometheus(registry), factory])
+            self.registry = registry
+        } else {
+            registry = nil
+        }
         loop = try CommandLoop(
             configuration: configuration,
             domains: hosted,
             notifier: SystemdNotifier(environment: environment),
             failpoint: try Failpoint(environment: environment),
             effectHandlers: effects,
+            metrics: factory,
             logger: logger
         )
     }
@@ -43,6 +60,16 @@ public final class LockstepDaemon: Service, Sendable {
     public func run() async throws {
         // SIGHUP reloads the list of CURVE clients.
         loop.installHangupHandler()
+        let http = try loop.configuration.httpListen.map { listen in
+            try HTTPListener(listen: listen, logger: loop.logger) { [registry] request in
+                DaemonMetrics.page(request, registry)
+            }
+        }
+        defer { http?.stop() }
+        if let http {
+            loop.httpAddress.withLockedValue { $0 = http.address }
+            loop.logger.info("serving /metrics over HTTP", metadata: ["address": "\(http.address)"])
+        }
         try await withTaskCancellationHandler {
             try await withGracefulShutdownHandler {
                 try await withCheckedThrowingContinuation { (continuation: CheckedContinuation<Void, any Error>) in

@@ -112,6 +112,9 @@ struct LoopSockets {
         case let .snapshot(_, store), let .range(_, store, _, _):
             guard identity?.mayRead(store) == true else { return refuse("read store '\(store)'") }
             return .admitted(author, .every)
+        case let .report(_, report):
+            guard identity?.mayRead(report.store) == true else { return refuse("report on store '\(report.store)'") }
+            return .admitted(author, .every)
         case let .dispatch(dispatch):
             guard let grant = identity?.dispatch[dispatch.store] else {
                 return refuse("dispatch to store '\(dispatch.store)'")

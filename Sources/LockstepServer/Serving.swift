@@ -50,6 +50,13 @@ struct Serving {
     /// What the group being committed publishes after its events: the DIGESTs of checkpoints taken on the loop, the
     /// CHECKPOINTs of those handed to the checkpoint thread.
     var committing: (digests: [Digest], checkpoints: [Checkpoint])?
+    /// The stores whose snapshot the commit in flight holds, and how many snapshots each store committed since the
+    /// daemon began serving (for the metrics).
+    var committingSnapshots: [StoreName] = []
+    var snapshotsCommitted: [StoreName: UInt64] = [:]
+    /// The replicas that report to this leader, and what their reports added up to, by store.
+    var roster = ReplicaRoster()
+    var reported: [StoreName: ReplicaRoster.Counts] = [:]
     /// Snapshots the checkpoint thread made, for the next commit to journal.
     var readySnapshots: [JournalSnapshot] = []
     /// DIGESTs the checkpoint thread made of a seq not yet published: they go out after its event.
@@ -292,6 +299,8 @@ struct Serving {
             work = .status(requestID: requestID)
         case let .success(.effects(requestID, command)):
             (work, commit) = effects(requestID, command)
+        case .success(.report):
+            return  // taken by the loop as it reads it (LoopThread.turn): no reply
         }
         pipeline.sequenced(Waiting(envelope: envelope, work: work), commit: commit)
     }
@@ -535,14 +544,17 @@ struct Serving {
                     continue
                 }
                 failpoint?.pass(.beforeCommit)
-                let journal = self.journal
+                let (journal, timings) = (self.journal, loop.journalTimings)
+                timings.batch.record(batch.events.count)
                 queue += run(at: place, writer) { () throws(JournalError) in
-                    try journal.commit(batch)
-                    if sync { try journal.sync() }
+                    try timings.commit { () throws(JournalError) in try journal.commit(batch) }
+                    if sync { try timings.sync { () throws(JournalError) in try journal.sync() } }
                 }
             case let .sync(place):
-                let journal = self.journal
-                queue += run(at: place, writer) { () throws(JournalError) in try journal.sync() }
+                let (journal, timings) = (self.journal, loop.journalTimings)
+                queue += run(at: place, writer) { () throws(JournalError) in
+                    try timings.sync { () throws(JournalError) in try journal.sync() }
+                }
             case .renewLease:
                 guard let leased = journal as? PostgresJournal else { continue }
                 _ = run(at: .writer, writer) { () throws(JournalError) in try leased.renewLease() }
@@ -564,7 +576,7 @@ struct Serving {
                     let recovered = try loop.recoverStores(journal)
                     sequencer = recovered.sequencer
                     checkpoints.restart(stores: sequencer.stores.mapValues(\.stateBytesHint))
-                    (committing, readySnapshots, laterDigests) = (nil, [], [])
+                    (committing, committingSnapshots, readySnapshots, laterDigests) = (nil, [], [], [])
                     // What was sequenced on the failed commit is gone: the outbox is the journal's again.
                     loop.effects.cancelAll()
                     ledger = EffectLedger(outbox: recovered.outbox, policy: ledger.policy, now: .now)
@@ -744,6 +756,7 @@ struct Serving {
             }
         }
         committing = published
+        committingSnapshots = batch.snapshots.compactMap { try? StoreName($0.store) }
         return batch
     }
 
@@ -850,6 +863,7 @@ struct Serving {
             }
             lastPublished[commit.store] = now
             publishedSeq[commit.store] = commit.events.last?.seq ?? publishedSeq[commit.store]
+            if let last = commit.events.last { roster.committed(commit.store, through: last.seq, now: now) }
             committedEvents[commit.store, default: 0] += UInt64(commit.events.count)
         }
         for run in runs {
@@ -871,6 +885,8 @@ struct Serving {
             announce(Event.checkpoint(store: checkpoint.store, epoch: checkpoint.epoch, seq: checkpoint.seq), sockets)
         }
         committing = nil
+        for store in committingSnapshots { snapshotsCommitted[store, default: 0] += 1 }
+        committingSnapshots = []
         publishLaterDigests(sockets)
     }
 
@@ -940,11 +956,93 @@ struct Serving {
             )
         }
         var status = loop.status(role: .leader, stores: stores, sockets: sockets, journal: journal)
+        let now = ContinuousClock.now
+        status.replicas = roster.lags(stores: storePositions, now: now).map { key, entry, lag in
+            DaemonStatus.Replica(
+                store: key.store.rawValue,
+                name: entry.report.name,
+                client: "\(key.client)",
+                seq: entry.report.appliedSeq,
+                lagEvents: lag.events,
+                lagMs: Int64(lag.time / .milliseconds(1)),
+                heardMsAgo: Int64((now - entry.heardAt) / .milliseconds(1)),
+                repairs: entry.report.repairs,
+                resyncs: entry.report.resyncs,
+                divergences: entry.report.divergences
+            )
+        }
         if let leased = journal as? PostgresJournal, let lease = pipeline.lease {
             status.name = leased.lease.holder
             status.leader = DaemonStatus.Leader(name: leased.lease.holder, term: lease.term)
         }
         return status
+    }
+
+    /// Each store's epoch and last seq published, against which a replica's lag is measured.
+    var storePositions: [StoreName: (epoch: Epoch, seq: SequenceNumber)] {
+        sequencer.stores.mapValues { ($0.epoch, publishedSeq[$0.name] ?? $0.lastSeq) }
+    }
+
+    /// A replica's REPORT: kept in the roster, its counts added to its store's. Answered only when it names a store
+    /// this daemon does not host.
+    mutating func heard(_ report: ReplicaProgress, now: ContinuousClock.Instant) -> Reply? {
+        guard let store = sequencer.stores[report.store] else { return unknownStore(0, report.store) }
+        let added = roster.heard(
+            report,
+            epoch: store.epoch,
+            seq: publishedSeq[report.store] ?? store.lastSeq,
+            now: now
+        )
+        reported[report.store, default: .init()].repairs += added.repairs
+        reported[report.store, default: .init()].resyncs += added.resyncs
+        reported[report.store, default: .init()].divergences += added.divergences
+        return nil
+    }
+
+    /// Brings `metrics` up to date with this leadership's tallies, its stores, and its replicas (those silent too
+    /// long leave the roster, and their gauges go).
+    mutating func record(_ metrics: inout MetricsMirror, now: ContinuousClock.Instant) {
+        roster.expire(now: now)
+        let effects = ledger.counts()
+        let declaring = Set(loop.domains.filter(\.hasEffects).map(\.name))
+        if let lease = pipeline.lease { metrics.gauge("lockstep_lease_term", Double(lease.term)) }
+        for (name, store) in sequencer.stores {
+            let dimensions = [("store", name.rawValue)]
+            metrics.count("lockstep_actions_accepted_total", dimensions, total: committedEvents[name] ?? 0)
+            for (code, count) in answered[name]?.rejected ?? [:] {
+                metrics.count("lockstep_actions_rejected_total", dimensions + [("code", code)], total: count)
+            }
+            for (code, count) in answered[name]?.refused ?? [:] {
+                metrics.count("lockstep_dispatches_refused_total", dimensions + [("code", code)], total: count)
+            }
+            metrics.count("lockstep_snapshots_total", dimensions, total: snapshotsCommitted[name] ?? 0)
+            metrics.gauge("lockstep_store_seq", dimensions, Double(publishedSeq[name] ?? store.lastSeq))
+            if let counts = effects[name.rawValue] ?? (declaring.contains(name.rawValue) ? (0, 0, 0) : nil) {
+                metrics.gauge("lockstep_effects_pending", dimensions, Double(counts.pending))
+                metrics.gauge("lockstep_effects_dead", dimensions, Double(counts.dead))
+            }
+            let counts = reported[name] ?? .init()
+            metrics.count("lockstep_replica_repairs_total", dimensions, total: counts.repairs)
+            metrics.count("lockstep_replica_resyncs_total", dimensions, total: counts.resyncs)
+            metrics.count("lockstep_replica_divergences_total", dimensions, total: counts.divergences)
+            metrics.gauge(
+                "lockstep_replicas",
+                dimensions,
+                Double(roster.replicas.keys.filter { $0.store == name }.count)
+            )
+        }
+        var present: Set<[String]> = []
+        for (key, entry, lag) in roster.lags(stores: storePositions, now: now) {
+            let dimensions = [
+                ("store", key.store.rawValue), ("replica", entry.report.name),
+                ("client", String(key.client.description.prefix(8))),
+            ]
+            present.insert(MetricsMirror.dimensionKey(dimensions))
+            metrics.gauge("lockstep_replica_lag_events", dimensions, Double(lag.events))
+            metrics.gauge("lockstep_replica_lag_seconds", dimensions, Double(lag.time / .milliseconds(1)) / 1_000)
+        }
+        metrics.dropGauges("lockstep_replica_lag_events", keeping: present)
+        metrics.dropGauges("lockstep_replica_lag_seconds", keeping: present)
     }
 
     func unknownStore(_ requestID: UInt64, _ name: StoreName) -> Reply {

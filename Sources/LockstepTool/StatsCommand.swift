@@ -62,6 +62,7 @@ struct StatsCommand: ParsableCommand {
         print("journal  \(status.journal)\(status.journalBytes.map { " (\($0) bytes)" } ?? "")")
         let refused = (status.refused ?? [:]).sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }
         print("refused  \(refused.isEmpty ? "none" : refused.joined(separator: ", "))")
+        if let http = status.http { print("http     http://\(http)/metrics") }
         print("")
         print("store            seq         epoch               version  events/s  effects")
         for store in status.stores {
@@ -91,5 +92,20 @@ struct StatsCommand: ParsableCommand {
                 "rejected \(counts(store.rejected)); refused \(counts(store.refused))"
             )
         }
+        guard let replicas = status.replicas else { return }
+        print("")
+        print("store            replica                    seq         lag events  lag ms    heard ms ago  counts")
+        for replica in replicas {
+            print(
+                replica.store.padding(toLength: 16, withPad: " ", startingAt: 0),
+                "\(replica.name) \(replica.client.prefix(8))".padding(toLength: 26, withPad: " ", startingAt: 0),
+                String(replica.seq).padding(toLength: 11, withPad: " ", startingAt: 0),
+                String(replica.lagEvents).padding(toLength: 11, withPad: " ", startingAt: 0),
+                String(replica.lagMs).padding(toLength: 9, withPad: " ", startingAt: 0),
+                String(replica.heardMsAgo).padding(toLength: 13, withPad: " ", startingAt: 0),
+                "\(replica.repairs) repairs, \(replica.resyncs) resyncs, \(replica.divergences) divergences"
+            )
+        }
+        if replicas.isEmpty { print("(no replica reported lately)") }
     }
 }

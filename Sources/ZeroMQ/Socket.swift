@@ -22,6 +22,9 @@ public struct SocketType: Hashable, Sendable, CustomStringConvertible {
     public static let dealer = SocketType(rawValue: ZMQ_DEALER)
     /// ROUTER: the daemon's command socket, which tells its peers apart by an identity frame.
     public static let router = SocketType(rawValue: ZMQ_ROUTER)
+    /// STREAM: raw TCP, each message `[routing id, bytes]`; a connection's arrival and departure each come as its
+    /// id with no bytes, and sending its id with no bytes closes it. The daemon's HTTP listener.
+    public static let stream = SocketType(rawValue: ZMQ_STREAM)
 
     /// The type's name as ZeroMQ writes it: `PUB`, `ROUTER`, ….
     public var description: String {
@@ -34,6 +37,7 @@ public struct SocketType: Hashable, Sendable, CustomStringConvertible {
         case ZMQ_REP: "REP"
         case ZMQ_DEALER: "DEALER"
         case ZMQ_ROUTER: "ROUTER"
+        case ZMQ_STREAM: "STREAM"
         default: "type \(rawValue)"
         }
     }

@@ -60,6 +60,17 @@ private let rangeRequest = Request.range(requestID: 3, store: CodecSamples.count
 private let statusRequest = Request.status(requestID: 4).encode()
 private let effectsRetry = Request.effects(requestID: 5, .retry("reminders/1/0")).encode()
 private let epoch = CodecSamples.epoch
+private let report = Request.report(
+    requestID: 0,
+    ReplicaProgress(
+        clientID: CodecSamples.clientID,
+        store: CodecSamples.counter,
+        name: "host:1",
+        epoch: epoch,
+        appliedSeq: 7,
+        interval: .seconds(1)
+    )
+).encode()
 
 /// A RANGE request header asking for `from...to`.
 private func rangeHeader(from: UInt64, to: UInt64) -> Frame {
@@ -78,7 +89,7 @@ private let requestMalformations: [Malformation] = [
     ),
     Malformation("version 0", setting(dispatch, frame: 0, byte: 2, to: 0), .unsupportedVersion, "version 0"),
     Malformation("type 0x00", setting(dispatch, frame: 0, byte: 3, to: 0x00), .unknownMessageType, "0x00"),
-    Malformation("type 0x06", setting(dispatch, frame: 0, byte: 3, to: 0x06), .unknownMessageType, "0x06"),
+    Malformation("type 0x07", setting(dispatch, frame: 0, byte: 3, to: 0x07), .unknownMessageType, "0x07"),
     Malformation("reply type", setting(dispatch, frame: 0, byte: 3, to: 0x81), .unknownMessageType, "ACCEPTED"),
     Malformation("event type", setting(dispatch, frame: 0, byte: 3, to: 0x41), .unknownMessageType, "EVENT"),
     Malformation(
@@ -207,6 +218,30 @@ private let requestMalformations: [Malformation] = [
         .malformed,
         "UTF-8"
     ),
+    Malformation("REPORT without name", Array(report.prefix(2)), .malformed, "2 frames", "exactly 3"),
+    Malformation(
+        "REPORT header short",
+        [Array(report[0].prefix(71))] + report.dropFirst(),
+        .malformed,
+        "71 bytes",
+        "72"
+    ),
+    Malformation("REPORT empty name", replacing(report, frame: 2, with: []), .malformed, "0 bytes", "1 to 200"),
+    Malformation(
+        "REPORT name too long",
+        replacing(report, frame: 2, with: Array(repeating: 0x61, count: 201)),
+        .malformed,
+        "201 bytes"
+    ),
+    Malformation("REPORT name not UTF-8", replacing(report, frame: 2, with: [0xC3]), .malformed, "UTF-8"),
+    Malformation(
+        "REPORT interval 0",
+        [Array(report[0].prefix(44)) + [0, 0, 0, 0] + Array(report[0].dropFirst(48))] + report.dropFirst(),
+        .malformed,
+        "report interval",
+        "0 ms"
+    ),
+    Malformation("REPORT bad store", replacing(report, frame: 1, with: Array("x y".utf8)), .malformed, "0x20"),
 ]
 
 private let accepted = GoldenVectors.accepted

@@ -43,7 +43,7 @@ import Testing
         let requestKinds = Set(CodecSamples.requests.map { $0.message.encode()[0][3] })
         let replyKinds = Set(CodecSamples.replies.map { $0.message.encode()[0][3] })
         let eventKinds = Set(CodecSamples.events.map { $0.message.encode()[1][3] })
-        #expect(requestKinds == [0x01, 0x02, 0x03, 0x04, 0x05])
+        #expect(requestKinds == [0x01, 0x02, 0x03, 0x04, 0x05, 0x06])
         #expect(replyKinds == [0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87, 0x88, 0x8F])
         #expect(eventKinds == [0x41, 0x42, 0x43, 0x44, 0x45, 0x46, 0x47])
     }

@@ -87,6 +87,37 @@ enum CodecSamples {
         Sample("EFFECTS list", .effects(requestID: 9, .list)),
         Sample("EFFECTS retry", .effects(requestID: 10, .retry("reminders/12/1"))),
         Sample("EFFECTS drop longest id", .effects(requestID: .max, .drop(String(repeating: "é", count: 100)))),
+        Sample(
+            "REPORT joined",
+            .report(
+                requestID: 0,
+                ReplicaProgress(
+                    clientID: clientID,
+                    store: counter,
+                    name: "host:42",
+                    epoch: epoch,
+                    appliedSeq: 1_234,
+                    interval: .seconds(1),
+                    repairs: 2,
+                    resyncs: 1,
+                    divergences: .max
+                )
+            )
+        ),
+        Sample(
+            "REPORT before joining, longest name",
+            .report(
+                requestID: .max,
+                ReplicaProgress(
+                    clientID: clientID,
+                    store: counter,
+                    name: String(repeating: "é", count: 100),
+                    epoch: nil,
+                    appliedSeq: 0,
+                    interval: .milliseconds(1)
+                )
+            )
+        ),
     ]
 
     static let replies: [Sample<Reply>] = [
@@ -248,7 +279,7 @@ enum CodecSamples {
 
     static func randomRequest(limits: Limits, using random: inout SplitMix64) -> Request {
         let requestID = randomUInt64(using: &random)
-        switch random.next() % 4 {
+        switch random.next() % 6 {
         case 0:
             return .dispatch(
                 DispatchRequest(
@@ -267,6 +298,27 @@ enum CodecSamples {
             return .range(requestID: requestID, store: randomStore(using: &random), from: from, to: to)
         case 3:
             return .status(requestID: requestID)
+        case 4:
+            let epoch = randomUInt64(using: &random)
+            return .report(
+                requestID: requestID,
+                ReplicaProgress(
+                    clientID: client(randomBytes(16, using: &random)),
+                    store: randomStore(using: &random),
+                    name: String(
+                        decoding: randomBytes(Int.random(in: 1...200, using: &random), using: &random).map {
+                            0x21 + $0 % 90
+                        },
+                        as: UTF8.self
+                    ),
+                    epoch: epoch == 0 ? nil : Epoch(rawValue: epoch),
+                    appliedSeq: randomUInt64(using: &random),
+                    interval: .milliseconds(Int64(UInt32.random(in: 1...UInt32.max, using: &random))),
+                    repairs: randomUInt64(using: &random),
+                    resyncs: randomUInt64(using: &random),
+                    divergences: randomUInt64(using: &random)
+                )
+            )
         default:
             let id = String(
                 decoding: randomBytes(Int.random(in: 1...40, using: &random), using: &random).map { 0x61 + $0 % 26 },

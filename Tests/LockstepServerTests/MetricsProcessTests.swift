@@ -1,0 +1,186 @@
+import Foundation
+import Lockstep
+import LockstepClient
+import LockstepExamples
+import LockstepProtocol
+import LockstepTesting
+import TestSupport
+import Testing
+import ZeroMQ
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `/metrics` on a real daemon: what it counts is what the clients were told, and a replica's lag is seen rising
+/// while it is stopped and falling once it goes on (docs/operations.md, "Metrics").
+@Suite struct MetricsProcessTests {
+    /// The daemon's metrics, scraped over HTTP.
+    func scrape(_ address: String) async throws -> String {
+        let answer = try await offPool("scrape") { try httpGet(address, "/metrics") }
+        #expect(answer.status == 200, "\(answer.head)")
+        #expect(answer.head.contains("Content-Type: text/plain; version=0.0.4"), "\(answer.head)")
+        return answer.body
+    }
+
+    @Test func metricsCountWhatClientsWereToldAndAStoppedReplicasLagRisesAndFalls() async throws {
+        let directory = try TestSupport.temporaryDirectory("metrics").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let daemon = try DaemonProcess(
+            directory: directory,
+            arguments: ["--domain", "todos", "--http-listen", "127.0.0.1:0"]
+        )
+        let address = try #require(try await daemon.waitUntilServing().http)
+        // A replica in another process, which reports to the daemon every second (the default).
+        let watcher = try ReplicaClient(daemon, stores: ["todos"], actions: 0)
+
+        // Load: 8 tasks dispatching adds (each acknowledged is counted) and toggles of ids that do not exist (each
+        // rejected), while the metrics are scraped.
+        var configuration = DispatcherConfiguration(commandEndpoints: [daemon.command])
+        configuration.requestTimeout = .seconds(2)
+        configuration.retries = 10
+        let dispatcher = try Dispatcher(Todos.self, configuration: configuration)
+        let (accepted, rejected, scrapedDuringLoad) = try await withThrowingTaskGroup(of: Void.self) { group in
+            group.addTask { try await dispatcher.run() }
+            let tally = AnswerTally()
+            async let scraped = { () async throws -> Int in
+                var scrapes = 0
+                while await tally.total < 8 * 60 {
+                    let text = try await scrape(address)
+                    if prometheusSample(text, "lockstep_actions_accepted_total", ["store": "todos"]) != nil {
+                        scrapes += 1
+                    }
+                }
+                return scrapes
+            }()
+            try await withThrowingTaskGroup(of: Void.self) { tasks in
+                for task in 0..<8 {
+                    tasks.addTask {
+                        for index in 0..<60 {
+                            if index % 4 == 3 {
+                                do {
+                                    try await dispatcher.dispatch(.toggle(id: 1_000_000 + task * 100 + index))
+                                    Issue.record("toggling an unknown id was accepted")
+                                } catch is Rejection {
+                                    await tally.rejected()
+                                }
+                            } else {
+                                try await dispatcher.dispatch(.add(text: "task \(task) item \(index)"))
+                                await tally.accepted()
+                            }
+                        }
+                    }
+                }
+                try await tasks.waitForAll()
+            }
+            let counts = (await tally.acceptedCount, await tally.rejectedCount, try await scraped)
+            group.cancelAll()
+            while try await group.next() != nil {}
+            return counts
+        }
+        #expect(accepted == 8 * 45 && rejected == 8 * 15)
+        #expect(scrapedDuringLoad >= 1)
+        // One action no case of the domain has: an ERROR, counted by its code.
+        let wrong = try await runProduct(
+            "lockstep",
+            ["dispatch", "todos", #"{"restock":{}}"#, "--command-endpoint", daemon.command]
+        )
+        #expect(wrong.status != 0)
+
+        // The metrics catch up within their second.
+        var text = ""
+        let counted = try await eventually(within: .seconds(10), every: .milliseconds(200)) {
+            text = try await scrape(address)
+            return prometheusSample(text, "lockstep_actions_accepted_total", ["store": "todos"]) == Double(accepted)
+                && prometheusSample(text, "lockstep_actions_rejected_total", ["store": "todos", "code": "unknown_id"])
+                    == Double(rejected)
+                && prometheusSample(text, "lockstep_errors_total", ["code": "undecodable_action"]) == 1
+        }
+        #expect(counted, "the metrics never matched what the clients were told:\n\(text)")
+        #expect(prometheusSample(text, "lockstep_store_seq", ["store": "todos"]) == Double(accepted))
+        #expect(prometheusSample(text, "lockstep_leader") == 1)
+        // Every commit's batch recorded: as many actions in the histogram as were journaled.
+        #expect(prometheusSample(text, "lockstep_commit_batch_actions_sum") == Double(accepted))
+        #expect((prometheusSample(text, "lockstep_journal_commit_seconds_count", ["journal": "sqlite"]) ?? 0) >= 1)
+
+        // The watcher, caught up, reported itself.
+        func watcherLag(_ text: String) -> (events: Double, seconds: Double)? {
+            let line = text.split(separator: "\n").first {
+                $0.hasPrefix("lockstep_replica_lag_events{") && $0.contains(#"store="todos""#)
+            }
+            let seconds = text.split(separator: "\n").first {
+                $0.hasPrefix("lockstep_replica_lag_seconds{") && $0.contains(#"store="todos""#)
+            }
+            guard let line, let seconds, let events = Double(line.split(separator: " ").last ?? ""),
+                let time = Double(seconds.split(separator: " ").last ?? "")
+            else { return nil }
+            return (events, time)
+        }
+        let caughtUp = try await eventually(within: .seconds(30), every: .milliseconds(200)) {
+            text = try await scrape(address)
+            return watcherLag(text)?.events == 0 && prometheusSample(text, "lockstep_replicas", ["store": "todos"]) == 1
+        }
+        #expect(caughtUp, "the watcher never reported itself caught up:\n\(text)")
+        let replica = try #require(await daemon.status()?.replicas?.first { $0.store == "todos" })
+        #expect(replica.seq == UInt64(accepted) && replica.lagEvents == 0 && replica.divergences == 0)
+
+        // Stopped, it reports nothing: once its report is overdue, its lag is the events committed since.
+        watcher.child.signal(SIGSTOP)
+        let more = try await runProduct(
+            "lockstep",
+            [
+                "dispatch", "todos", #"{"add":{"text":"while it sleeps"}}"#, "--repeat", "200", "--command-endpoint",
+                daemon.command,
+            ]
+        )
+        #expect(more.status == 0, "\(more.standardError)")
+        let behind = try await eventually(within: .seconds(20), every: .milliseconds(200)) {
+            text = try await scrape(address)
+            guard let lag = watcherLag(text) else { return false }
+            return lag.events == 200 && lag.seconds >= 1
+        }
+        #expect(behind, "the stopped replica's lag never rose to 200 events and 1 s:\n\(text)")
+        let stats = try await runProduct("lockstep", ["stats", "--command-endpoint", daemon.command])
+        let row = stats.standardOutput.split(separator: "\n").first { $0.hasPrefix("todos") && $0.contains("repairs") }
+        #expect(row?.split(separator: " ").prefix(5).contains("200") == true, "\(stats.standardOutput)")
+
+        // Going on, it applies them and says so: the lag falls to nothing.
+        watcher.child.signal(SIGCONT)
+        let recovered = try await eventually(within: .seconds(30), every: .milliseconds(200)) {
+            text = try await scrape(address)
+            return watcherLag(text)?.events == 0
+        }
+        #expect(recovered, "the replica's lag never fell back after SIGCONT:\n\(text)")
+        #expect(prometheusSample(text, "lockstep_replica_divergences_total", ["store": "todos"]) == 0)
+        #expect(try await watcher.stop().status == 0)
+        #expect(await daemon.stop() == 0)
+    }
+
+    @Test func aListenAddressThatCannotBeBoundStopsTheDaemonNamingIt() async throws {
+        let directory = try TestSupport.temporaryDirectory("metrics-bind").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let first = try DaemonProcess(directory: directory + "/a", arguments: ["--http-listen", "127.0.0.1:0"])
+        let address = try #require(try await first.waitUntilServing().http)
+        // The same port again: taken.
+        let second = try DaemonProcess(directory: directory + "/b", arguments: ["--http-listen", address])
+        let status = await second.waitForExit(within: .seconds(30))
+        #expect(status == 1)
+        #expect(second.output.contains("cannot listen for HTTP on '\(address)'"), "\(second.output)")
+        // A malformed address never gets that far.
+        let usage = try await runProduct("lockstepd", ["--http-listen", "localhost"])
+        #expect(usage.status == 78)
+        #expect(usage.standardError.contains("http.listen: HTTP listen address 'localhost' is not HOST:PORT"))
+        let page = try await offPool("get") { try httpGet(address, "/nothing") }
+        #expect(page.status == 404 && page.body.contains("this daemon serves /metrics"))
+        #expect(await first.stop() == 0)
+    }
+}
+
+/// What the dispatching tasks were told.
+private actor AnswerTally {
+    private(set) var acceptedCount = 0
+    private(set) var rejectedCount = 0
+    var total: Int { acceptedCount + rejectedCount }
+    func accepted() { acceptedCount += 1 }
+    func rejected() { rejectedCount += 1 }
+}

@@ -41,6 +41,7 @@ import Testing
         ("[intervals]\nheartbeat_ms = 0", "intervals.heartbeat_ms: expected a whole number in 10...3600000, got 0"),
         ("domains = [\"counter\", 3]", "domains: expected strings only, got 3"),
         ("[curve]\nserver_key_file = \"k\"", "curve: [curve] needs both"),
+        ("[http]\nlisten = 9464", "http.listen: expected a string, got 9464"),
     ])
     func badSettingsAreNamed(text: String, message: String) throws {
         var configuration = DaemonConfiguration(environment: [:], domains: examples)

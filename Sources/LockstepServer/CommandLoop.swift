@@ -400,9 +400,11 @@ struct LoopThread {
                     continue
                 }
             }
-            if case let .success(.report(_, report)) = request {
+            if case let .success(.report(requestID, report)) = request {
                 // No reply (docs/protocol.md); a standby has no stores to measure a replica against.
-                if let refusal = serving?.heard(report, now: .now) { sockets.send(refusal, to: envelope) }
+                if let refusal = serving?.heard(report, requestID: requestID, now: .now) {
+                    sockets.send(refusal, to: envelope)
+                }
                 continue
             }
             if serving != nil {

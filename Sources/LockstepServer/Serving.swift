@@ -985,8 +985,8 @@ struct Serving {
 
     /// A replica's REPORT: kept in the roster, its counts added to its store's. Answered only when it names a store
     /// this daemon does not host.
-    mutating func heard(_ report: ReplicaProgress, now: ContinuousClock.Instant) -> Reply? {
-        guard let store = sequencer.stores[report.store] else { return unknownStore(0, report.store) }
+    mutating func heard(_ report: ReplicaProgress, requestID: UInt64, now: ContinuousClock.Instant) -> Reply? {
+        guard let store = sequencer.stores[report.store] else { return unknownStore(requestID, report.store) }
         let added = roster.heard(
             report,
             epoch: store.epoch,

@@ -27,6 +27,7 @@ SNAPSHOT_REQUEST = 0x02
 RANGE_REQUEST = 0x03
 STATUS_REQUEST = 0x04
 EFFECTS_REQUEST = 0x05
+REPORT = 0x06  # a replica's progress (applied seq, counts); the daemon never answers it
 ACCEPTED = 0x81
 REJECTED = 0x82
 SNAPSHOT_REPLY = 0x83
@@ -44,7 +45,7 @@ EVENTS_BY = 0x46  # an EVENTS with each action's author: topic, header, actions�
 CHECKPOINT = 0x47  # the daemon digests `seq` off its loop: a DIGEST of it follows later (docs/protocol.md)
 RANGE_REPLY_BY = 0x88  # a RANGE reply with each action's author: header, store, actions…, authors…
 
-REQUEST_TYPES = {DISPATCH, SNAPSHOT_REQUEST, RANGE_REQUEST, STATUS_REQUEST, EFFECTS_REQUEST}
+REQUEST_TYPES = {DISPATCH, SNAPSHOT_REQUEST, RANGE_REQUEST, STATUS_REQUEST, EFFECTS_REQUEST, REPORT}
 REPLY_TYPES = {
     ACCEPTED, REJECTED, SNAPSHOT_REPLY, RANGE_REPLY, COMPACTED, STATUS_REPLY, EFFECTS_REPLY, RANGE_REPLY_BY, ERROR,
 }
@@ -56,6 +57,7 @@ HEADER_SIZE = {
     SNAPSHOT_REQUEST: 12,
     RANGE_REQUEST: 28,
     STATUS_REQUEST: 12,
+    REPORT: 72,
     EFFECTS_REQUEST: 12,
     ACCEPTED: 32,
     REJECTED: 16,
@@ -116,6 +118,7 @@ MAXIMUM_STORE_NAME_BYTES = 64
 MAXIMUM_REJECTION_CODE_BYTES = 64
 CLIENT_ID_BYTES = 16
 MAXIMUM_EFFECT_ID_BYTES = 200
+MAXIMUM_REPLICA_NAME_BYTES = 200
 EFFECTS_COMMANDS = ("list", "retry", "drop")
 MAX_SEQ = 2**64 - 1  # the largest seq a RANGE may ask for (a daemon stops at its own last)
 DIGEST_BYTES = 32
@@ -287,6 +290,21 @@ class EffectsRequest:
 
 
 @dataclass(frozen=True)
+class Report:
+    """A replica's progress (docs/protocol.md "REPORT"): sent now and then, never answered."""
+    request_id: int
+    client_id: bytes
+    store: str
+    name: str
+    epoch: int  # 0 before the replica has a state
+    applied_seq: int
+    interval_ms: int
+    repairs: int = 0
+    resyncs: int = 0
+    divergences: int = 0
+
+
+@dataclass(frozen=True)
 class Accepted:
     request_id: int
     epoch: int
@@ -409,7 +427,7 @@ class Checkpoint:
     seq: int
 
 
-Request = Union[Dispatch, SnapshotRequest, RangeRequest, StatusRequest, EffectsRequest]
+Request = Union[Dispatch, SnapshotRequest, RangeRequest, StatusRequest, EffectsRequest, Report]
 Reply = Union[Accepted, Rejected, Snapshot, Range, Compacted, Status, Effects, Error]
 Published = Union[Event, Events, Heartbeat, Digest, Checkpoint]
 
@@ -435,6 +453,11 @@ def encode_request(request: Request) -> List[bytes]:
     if isinstance(request, EffectsRequest):
         body = [_header(EFFECTS_REQUEST) + _u64(request.request_id), request.command.encode("utf-8")]
         return body + ([request.effect_id.encode("utf-8")] if request.effect_id is not None else [])
+    if isinstance(request, Report):
+        head = (_header(REPORT) + _u64(request.request_id) + _client_id(request.client_id) + _u64(request.epoch)
+                + _u64(request.applied_seq) + struct.pack(">I", request.interval_ms) + _u64(request.repairs)
+                + _u64(request.resyncs) + _u64(request.divergences))
+        return [head, store_bytes(request.store), request.name.encode("utf-8")]
     raise TypeError(f"not a request: {request!r}")
 
 
@@ -493,6 +516,7 @@ _NAMES = {
     RANGE_REQUEST: "RANGE request",
     STATUS_REQUEST: "STATUS request",
     EFFECTS_REQUEST: "EFFECTS request",
+    REPORT: "REPORT request",
     ACCEPTED: "ACCEPTED",
     REJECTED: "REJECTED",
     SNAPSHOT_REPLY: "SNAPSHOT reply",
@@ -607,6 +631,22 @@ def decode_request(body: Sequence[bytes], limits: Limits = DEFAULT_LIMITS) -> Re
             raise WireError(MALFORMED, f"effect id (frame 2) of EFFECTS request is {len(raw)} bytes; expected 1 to "
                                        f"{MAXIMUM_EFFECT_ID_BYTES} bytes of UTF-8")
         return EffectsRequest(request_id, command, effect_id)
+    if kind == REPORT:
+        client_id = head[12:28]
+        epoch, applied, interval, repairs, resyncs, divergences = struct.unpack(">QQIQQQ", head[28:72])
+        _frames(body, 3, kind)
+        store = check_store_name(bytes(body[1]), "store name (frame 1)")
+        raw = bytes(body[2])
+        try:
+            name = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            name = None
+        if name is None or not 1 <= len(raw) <= MAXIMUM_REPLICA_NAME_BYTES:
+            raise WireError(MALFORMED, f"replica name (frame 2) of REPORT request is {len(raw)} bytes; expected 1 to "
+                                       f"{MAXIMUM_REPLICA_NAME_BYTES} bytes of UTF-8")
+        if interval == 0:
+            raise WireError(MALFORMED, "report interval of REPORT request is 0 ms; expected 1 or more")
+        return Report(request_id, client_id, store, name, epoch, applied, interval, repairs, resyncs, divergences)
     _frames(body, 1, kind)
     return StatusRequest(request_id)
 

@@ -1190,6 +1190,42 @@ class BadInputTest(DaemonTest):
             self.assertEqual((type(reply), reply.code), (wire.Error, wire.INVALID_RANGE))
             self.assertEqual(client.status()["refused"], {"invalid_range": 1})
 
+    def test_a_report_is_never_answered_and_lists_the_replica_with_its_lag(self):
+        """docs/protocol.md "REPORT": a replica's progress, sent on a DEALER, gets no reply; the leader's STATUS lists
+        the replica with its lag (docs/operations.md "Replicas and their lag"); a REPORT it cannot take is answered
+        ERROR like any request."""
+        with self.dispatcher() as client:
+            for _ in range(3):
+                client.dispatch("counter", [INCREMENT])
+        counter = self.daemon.store_status("counter")
+        epoch = int(counter["epoch"], 16)
+        sock = self.context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.daemon.command)
+        client_id = bytes(range(16))
+        try:
+            report = wire.Report(0, client_id, "counter", "python-replica", epoch, 1, 1000, repairs=2)
+            self.assertEqual(wire.decode_request(wire.encode_request(report)), report)
+            sock.send_multipart([b""] + wire.encode_request(report))
+            self.assertFalse(sock.poll(500), "a REPORT was answered")
+            replicas = [r for r in self.daemon.status()["replicas"] if r["name"] == "python-replica"]
+            self.assertEqual(len(replicas), 1, self.daemon.status())
+            self.assertEqual(replicas[0]["client"], client_id.hex())
+            self.assertEqual((replicas[0]["store"], replicas[0]["seq"], replicas[0]["lagEvents"]), ("counter", 1, 2))
+            self.assertEqual(replicas[0]["repairs"], 2)
+            # Bad ones: the spec's error, and the roster unchanged.
+            empty_name = wire.encode_request(report)[:2] + [b""]
+            reply = self.send(sock, empty_name)
+            self.assertEqual((type(reply), reply.code), (wire.Error, wire.MALFORMED))
+            self.assertIn("replica name (frame 2) of REPORT request is 0 bytes", reply.reason)
+            elsewhere = wire.encode_request(wire.Report(7, client_id, "nowhere", "python-replica", epoch, 1, 1000))
+            reply = self.send(sock, elsewhere)
+            self.assertEqual((type(reply), reply.code, reply.request_id), (wire.Error, wire.UNKNOWN_STORE, 7))
+        finally:
+            sock.close(linger=0)
+        replicas = [r for r in self.daemon.status()["replicas"] if r["name"] == "python-replica"]
+        self.assertEqual([r["store"] for r in replicas], ["counter"])
+
     def test_part_over_four_times_the_limit_drops_the_connection(self):
         """A part larger than 4 x maximumActionBytes is never read: no reply; the socket reconnects."""
         sock = self.context.socket(zmq.DEALER)

@@ -25,6 +25,8 @@ package final class Bench {
     private let lockstepd: URL
     /// Whether P1 and P2 run against a daemon with a policy (`--policy`).
     private let policy: Bool
+    /// Whether P1 and P2 run against a daemon that serves /metrics (`--metrics`).
+    private let metrics: Bool
     /// With tcp: the daemon's (and the raw servers') key pair and the one client pair every client uses.
     private let curve: (server: CurveKeyPair, client: CurveKeyPair)?
     private var workers = 0
@@ -39,12 +41,14 @@ package final class Bench {
         seconds: Double,
         keep: Bool,
         policy: Bool = false,
+        metrics: Bool = false,
         progressToStandardError: Bool
     ) throws {
         self.transport = transport
         self.seconds = seconds
         self.keep = keep
         self.policy = policy
+        self.metrics = metrics
         self.progressToStandardError = progressToStandardError
         self.lockstep = lockstep
         self.lockstepd = lockstepd
@@ -62,6 +66,7 @@ package final class Bench {
             secondsPerMeasurement: seconds
         )
         results.policy = policy
+        results.metrics = metrics
     }
 
     deinit {
@@ -201,7 +206,9 @@ package final class Bench {
 
     /// P1 and P2, then optimistic dispatch, against one lockstepd with an SQLite journal.
     private func measureDispatch(_ parts: Set<String>) throws {
-        let daemon = try startDaemon("dispatch", domains: [Counter.name], extra: policy ? policyTables : "")
+        // With --metrics: the Prometheus registry records every commit, and the loop mirrors its tallies each second.
+        let tables = (policy ? policyTables : "") + (metrics ? "[http]\nlisten = \"127.0.0.1:0\"\n" : "")
+        let daemon = try startDaemon("dispatch", domains: [Counter.name], extra: tables)
         if !parts.isDisjoint(with: ["p1", "p2"]) { (results.p1, results.p2) = try dispatchRows(daemon, journal: "") }
         if parts.contains("optimistic") { try measureOptimistic(daemon) }
         results.p6.daemonPeakBytes = max(results.p6.daemonPeakBytes, daemon.memory().peakKiB * 1_024)

@@ -7,6 +7,8 @@ package struct BenchResults: Codable {
     var secondsPerMeasurement: Double
     /// Whether P1 and P2 ran against a daemon with a policy (`--policy`, docs/security.md).
     var policy = false
+    /// Whether P1 and P2 ran against a daemon serving /metrics (`--metrics`, docs/operations.md "Metrics").
+    var metrics = false
     var baselines = Baselines()
     var p1 = P1()
     var p2: [P2] = []

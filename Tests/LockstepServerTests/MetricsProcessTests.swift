@@ -28,7 +28,7 @@ import Glibc
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let daemon = try DaemonProcess(
             directory: directory,
-            arguments: ["--domain", "todos", "--http-listen", "127.0.0.1:0"]
+            arguments: ["--domain", "todos", "--domain", "reminders", "--http-listen", "127.0.0.1:0"]
         )
         let address = try #require(try await daemon.waitUntilServing().http)
         // A replica in another process, which reports to the daemon every second (the default).
@@ -121,6 +121,27 @@ import Glibc
             return watcherLag(text)?.events == 0 && prometheusSample(text, "lockstep_replicas", ["store": "todos"]) == 1
         }
         #expect(caughtUp, "the watcher never reported itself caught up:\n\(text)")
+        // The dashboard and the alerts in deploy/ name only metrics a daemon serves (`lease_term` on a PostgreSQL
+        // journal only; `lockstep_client_*` are a replica process's own).
+        let served = Set(
+            text.split(separator: "\n").filter { !$0.hasPrefix("#") }.map {
+                String($0.prefix { $0 != "{" && $0 != " " })
+            }
+        )
+        let repository = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent()
+            .deletingLastPathComponent()
+        for (file, least) in [
+            ("deploy/grafana/lockstep-dashboard.json", 20), ("deploy/prometheus/lockstep-alerts.yml", 4),
+        ] {
+            let content = try String(contentsOf: repository.appendingPathComponent(file), encoding: .utf8)
+            let names = Set(content.matches(of: try Regex("lockstep_[a-z_]+")).map { String(content[$0.range]) })
+            #expect(names.count >= least, "\(file) names \(names.count) metrics")
+            for name in names.sorted() where !name.hasPrefix("lockstep_client_") && name != "lockstep_lease_term" {
+                // A histogram by its own name, as its description may call it.
+                let known = served.contains(name) || served.contains(name + "_count")
+                #expect(known, "\(file) names \(name), which the daemon does not serve")
+            }
+        }
         let replica = try #require(await daemon.status()?.replicas?.first { $0.store == "todos" })
         #expect(replica.seq == UInt64(accepted) && replica.lagEvents == 0 && replica.divergences == 0)
 

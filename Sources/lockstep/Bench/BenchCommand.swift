@@ -59,6 +59,14 @@ struct BenchCommand: ParsableCommand {
     )
     var policy = false
 
+    @Flag(
+        help: """
+            Run P1 and P2 against a daemon that serves /metrics over HTTP (docs/operations.md, "Metrics"): every \
+            commit recorded in its Prometheus registry.
+            """
+    )
+    var metrics = false
+
     func validate() throws {
         guard (0.2...60).contains(seconds) else { throw ValidationError("--seconds must be 0.2...60, got \(seconds)") }
         _ = try historyLengths()
@@ -107,6 +115,7 @@ struct BenchCommand: ParsableCommand {
             seconds: seconds,
             keep: keep,
             policy: policy,
+            metrics: metrics,
             progressToStandardError: json
         )
         let results: BenchResults

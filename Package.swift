@@ -34,6 +34,9 @@ let package = Package(
         // MetricsSystem receives them; a daemon with an HTTP listener serves them as Prometheus text.
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
+        // Traces (docs/operations.md, "Traces"): a dispatch's span at the client, continued by the daemon's through the
+        // trace context the DISPATCH carries; users plug in their tracer (swift-otel or another).
+        .package(url: "https://github.com/apple/swift-distributed-tracing.git", from: "1.7.3"),
         // `swift package generate-documentation` (`make docs`); the plugin adds nothing to the products.
         .package(url: "https://github.com/swiftlang/swift-docc-plugin", from: "1.5.0"),
     ],
@@ -51,7 +54,10 @@ let package = Package(
         .target(name: "Lockstep", dependencies: [.product(name: "Crypto", package: "swift-crypto")]),
         .target(
             name: "LockstepProtocol",
-            dependencies: ["Lockstep", .product(name: "CoreMetrics", package: "swift-metrics")]
+            dependencies: [
+                "Lockstep", .product(name: "CoreMetrics", package: "swift-metrics"),
+                .product(name: "Instrumentation", package: "swift-distributed-tracing"),
+            ]
         ),
         // GRDBSQLite: the commit path binds and steps its statements through SQLite's C API.
         .target(
@@ -71,6 +77,7 @@ let package = Package(
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
             ],
             swiftSettings: testBuildFailpoints
         ),
@@ -81,6 +88,7 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "CoreMetrics", package: "swift-metrics"),
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
             ]
         ),
         .target(
@@ -176,6 +184,17 @@ let package = Package(
             ],
             path: "Tests/Faults"
         ),
+        // A traced daemon or dispatching client (an in-memory tracer whose finished spans go to a file), for the
+        // tracing test.
+        .executableTarget(
+            name: "trace-fixture",
+            dependencies: [
+                "Lockstep", "LockstepServer", "LockstepClient", "LockstepExamples",
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
+                .product(name: "InMemoryTracing", package: "swift-distributed-tracing"),
+            ],
+            path: "Tests/TraceFixture"
+        ),
         // A daemon of one version of the fixtures' `shelf` domain, for the upgrade tests.
         .executableTarget(
             name: "shelf-daemon",
@@ -187,6 +206,7 @@ let package = Package(
             dependencies: [
                 "LockstepServer", "LockstepProtocol", "LockstepJournal", "LockstepExamples", "ZeroMQ", "lockstepd",
                 "LockstepCLI", "LockstepClient", "LockstepTesting", "TestSupport", "ReplayFixtures", "shelf-daemon",
+                "trace-fixture",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ]

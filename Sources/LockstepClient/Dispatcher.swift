@@ -104,16 +104,20 @@ public final class Dispatcher<D: Domain>: Service, Sendable {
     @discardableResult
     public func dispatch(batch actions: [D.Action]) async throws -> ClosedRange<SequenceNumber> {
         let frames = try canonicalFrames(actions, for: "dispatch(batch:)")
-        let outcome = DispatchOutcome()
-        let queued = shared.withLockedValue { shared in
-            guard !shared.stopped, !shared.stopRequested else { return false }
-            shared.lastRequestID += 1
-            shared.outbox.append(Outgoing(number: shared.lastRequestID, actions: frames, outcome: outcome))
-            return true
+        return try await traced(dispatchOf: frames.count, to: store) { trace in
+            let outcome = DispatchOutcome()
+            let queued = shared.withLockedValue { shared in
+                guard !shared.stopped, !shared.stopRequested else { return false }
+                shared.lastRequestID += 1
+                shared.outbox.append(
+                    Outgoing(number: shared.lastRequestID, actions: frames, outcome: outcome, trace: trace)
+                )
+                return true
+            }
+            guard queued else { throw ClientError(code: .stopped, "the dispatcher to '\(store)' has stopped") }
+            wakeup.signal()
+            return try await outcome.value
         }
-        guard queued else { throw ClientError(code: .stopped, "the dispatcher to '\(store)' has stopped") }
-        wakeup.signal()
-        return try await outcome.value
     }
 
     /// Runs the dispatcher until the task is cancelled or a graceful shutdown begins; then fails what is still
@@ -192,7 +196,8 @@ public final class Dispatcher<D: Domain>: Service, Sendable {
                         domainVersion: D.version,
                         clientID: clientID,
                         store: store,
-                        actions: outgoing.actions
+                        actions: outgoing.actions,
+                        trace: outgoing.trace
                     )
                 )
                 let flight = Channel.Flight(count: outgoing.actions.count, outcome: outgoing.outcome)

@@ -3,6 +3,7 @@ import Lockstep
 import LockstepProtocol
 import Logging
 import ServiceLifecycle
+import Tracing
 import ZeroMQ
 
 // What the two dispatching clients — `Replica` and `Dispatcher` — share: the request a caller queues, the actions'
@@ -17,6 +18,25 @@ struct Outgoing: Sendable {
     var optimistic = false
     /// A ``Replica/sync(timeout:)``: no actions, but a STATUS, and the seq it names waited for until then.
     var barrier: ContinuousClock.Instant? = nil
+    /// The trace context of the dispatch's span, carried by the DISPATCH; empty when nothing traces.
+    var trace: [String: String] = [:]
+}
+
+/// Runs `body` — a dispatch of `count` actions to `store`, sent and answered — inside a client span
+/// `lockstep.dispatch` of the task's trace (swift-distributed-tracing), handing it the span's trace context for the
+/// DISPATCH to carry (docs/operations.md, "Traces"). Without a tracer the span is a no-op and the context empty.
+func traced<T>(
+    dispatchOf count: Int,
+    to store: StoreName,
+    _ body: (_ trace: [String: String]) async throws -> T
+) async throws -> T {
+    try await withSpan("lockstep.dispatch", ofKind: .client) { span in
+        span.attributes["lockstep.store"] = store.rawValue
+        span.attributes["lockstep.actions"] = count
+        var trace: [String: String] = [:]
+        InstrumentationSystem.instrument.inject(span.context, into: &trace, using: TraceFields())
+        return try await body(trace)
+    }
 }
 
 /// `actions` in canonical JSON, or a `badRequest` naming the one that cannot be encoded; `function` names the call in

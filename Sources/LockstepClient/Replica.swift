@@ -413,16 +413,20 @@ public final class Replica<D: Domain>: Service, Sendable {
     @discardableResult
     public func dispatch(batch actions: [D.Action]) async throws -> ClosedRange<SequenceNumber> {
         let frames = try canonicalFrames(actions, for: "dispatch(batch:)")
-        let outcome = DispatchOutcome()
-        let queued = shared.withLockedValue { shared in
-            guard !shared.stopped else { return false }
-            shared.lastRequestID += 1
-            shared.outbox.append(Outgoing(number: shared.lastRequestID, actions: frames, outcome: outcome))
-            return true
+        return try await traced(dispatchOf: frames.count, to: store) { trace in
+            let outcome = DispatchOutcome()
+            let queued = shared.withLockedValue { shared in
+                guard !shared.stopped else { return false }
+                shared.lastRequestID += 1
+                shared.outbox.append(
+                    Outgoing(number: shared.lastRequestID, actions: frames, outcome: outcome, trace: trace)
+                )
+                return true
+            }
+            guard queued else { throw ClientError(code: .stopped, "the replica of '\(store)' has stopped") }
+            wakeup.signal()
+            return try await outcome.value
         }
-        guard queued else { throw ClientError(code: .stopped, "the replica of '\(store)' has stopped") }
-        wakeup.signal()
-        return try await outcome.value
     }
 
     /// Applies `action` to the optimistic state at once and sends it to the daemon; returns at once with a handle

@@ -117,7 +117,8 @@ struct Engine<D: Domain> {
                     domainVersion: D.version,
                     clientID: replica.clientID,
                     store: store,
-                    actions: outgoing.actions
+                    actions: outgoing.actions,
+                    trace: outgoing.trace
                 )
             )
             let dispatch = Dispatch(

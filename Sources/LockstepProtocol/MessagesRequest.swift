@@ -1,3 +1,4 @@
+import Instrumentation
 import Lockstep
 
 /// A request a client sends on the command socket, as the body frames after any envelope.
@@ -33,6 +34,7 @@ public enum Request: Hashable, Sendable {
             header.write(request.requestID)
             header.write(request.domainVersion)
             header.write(bytes: request.clientID.bytes)
+            if !request.trace.isEmpty { header.write(bytes: TraceContext.encode(request.trace)) }
             return [header.bytes, Array(request.store.rawValue.utf8)] + request.actions
         case let .snapshot(requestID, store):
             var header = ByteWriter(.snapshotRequest)
@@ -101,7 +103,13 @@ public enum Request: Hashable, Sendable {
                     + "\(limits.maximumBatch + 2) (header, store name, \(limits.maximumBatch) actions)"
             )
         }
-        var header = try Wire.headerReader(first, type: type, frameIndex: 0)
+        // A DISPATCH's header may go on past its 32 bytes with a trace context.
+        let traced = type == .dispatch && first.count > type.headerSize
+        var header = try Wire.headerReader(
+            traced ? Array(first.prefix(type.headerSize)) : first,
+            type: type,
+            frameIndex: 0
+        )
         _ = try header.read(UInt64.self, field: "request id")
         switch type {
         case .dispatch:
@@ -139,7 +147,8 @@ public enum Request: Hashable, Sendable {
                     domainVersion: domainVersion,
                     clientID: clientID,
                     store: store,
-                    actions: actions
+                    actions: actions,
+                    trace: traced ? try TraceContext.decode(first[type.headerSize...]) : [:]
                 )
             )
         case .snapshotRequest:
@@ -279,14 +288,25 @@ public struct DispatchRequest: Hashable, Sendable {
     public var store: StoreName
     /// Each action's JSON as the domain's `Codable` conformance writes it; sequenced in this order.
     public var actions: [Frame]
+    /// The trace context of the client's span, as its tracer injected it (W3C's `traceparent` and `tracestate` with
+    /// swift-otel); empty when it traces nothing, and then nothing of it goes on the wire.
+    public var trace: [String: String]
 
     /// A batch as it goes on the wire.
-    public init(requestID: UInt64, domainVersion: UInt32, clientID: ClientID, store: StoreName, actions: [Frame]) {
+    public init(
+        requestID: UInt64,
+        domainVersion: UInt32,
+        clientID: ClientID,
+        store: StoreName,
+        actions: [Frame],
+        trace: [String: String] = [:]
+    ) {
         self.requestID = requestID
         self.domainVersion = domainVersion
         self.clientID = clientID
         self.store = store
         self.actions = actions
+        self.trace = trace
     }
 }
 
@@ -336,4 +356,49 @@ public struct ReplicaProgress: Hashable, Sendable {
         self.resyncs = resyncs
         self.divergences = divergences
     }
+}
+
+/// A trace context on the wire (docs/protocol.md, "DISPATCH"): the fields a tracer injects — `traceparent` and
+/// `tracestate` for W3C Trace Context — as `key=value` lines, sorted by key, joined by `\n`.
+public enum TraceContext {
+    /// The most bytes a trace context may take.
+    public static let maximumBytes = 1_024
+
+    /// `fields` as they go on the wire.
+    public static func encode(_ fields: [String: String]) -> [UInt8] {
+        Array(fields.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: "\n").utf8)
+    }
+
+    /// The fields of a trace context read off the wire, or `malformed` naming what is wrong.
+    public static func decode(_ bytes: ArraySlice<UInt8>) throws(ProtocolError) -> [String: String] {
+        guard bytes.count <= maximumBytes, let text = String(validating: bytes, as: UTF8.self) else {
+            throw ProtocolError(
+                code: .malformed,
+                "trace context (frame 0 past byte 32) of DISPATCH request is \(bytes.count) bytes; expected 1 to "
+                    + "\(maximumBytes) bytes of UTF-8"
+            )
+        }
+        var fields: [String: String] = [:]
+        for line in text.split(separator: "\n", omittingEmptySubsequences: false) {
+            guard let equals = line.firstIndex(of: "="), equals != line.startIndex else {
+                throw ProtocolError(
+                    code: .malformed,
+                    "trace context of DISPATCH request has the line '\(line.prefix(64))'; expected key=value"
+                )
+            }
+            fields[String(line[..<equals])] = String(line[line.index(after: equals)...])
+        }
+        return fields
+    }
+}
+
+/// A trace context as the fields of a dictionary: what a tracer injects into a DISPATCH, and extracts from one.
+package struct TraceFields: Injector, Extractor {
+    package init() {}
+
+    package func inject(_ value: String, forKey key: String, into carrier: inout [String: String]) {
+        carrier[key] = value
+    }
+
+    package func extract(key: String, from carrier: [String: String]) -> String? { carrier[key] }
 }

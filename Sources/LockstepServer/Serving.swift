@@ -3,6 +3,7 @@ import Lockstep
 import LockstepJournal
 import LockstepProtocol
 import Logging
+import Tracing
 import ZeroMQ
 
 /// A request read by the leader, waiting for its group to be answered.
@@ -24,6 +25,9 @@ struct Serving {
         var effects: [JournalEffect] = []
         var effectUpdates: [JournalEffectUpdate] = []
         var timerChanges: [JournalTimerChange] = []
+        /// The daemon's span of a traced dispatch (one whose DISPATCH carried a trace context), ended once its
+        /// actions are published or refused.
+        var span: (any Span)? = nil
     }
 
     let loop: CommandLoop
@@ -268,13 +272,22 @@ struct Serving {
         case let .failure(refusal):
             work = .reply(refusal.reply)
         case let .success(.dispatch(dispatch)):
+            let span = dispatch.trace.isEmpty ? nil : Self.span(continuing: dispatch)
             switch sequencer.dispatch(dispatch, by: author, allowedCases: grant.cases) {
             case let .reply(reply):
                 count(reply, of: dispatch.store)
+                span?.attributes["lockstep.outcome"] = Self.outcome(of: reply)
+                span?.end()
                 work = .decided(reply)
             case let .commit(sequenced):
                 work = .decided(sequenced.reply)
                 commit = outboxChanges(of: sequenced)
+                if let span, let first = sequenced.events.first, let last = sequenced.events.last {
+                    span.attributes["lockstep.seq.first"] = Int(clamping: first.seq)
+                    span.attributes["lockstep.seq.last"] = Int(clamping: last.seq)
+                    span.addEvent("sequenced")
+                    commit?.span = span
+                }
             }
         case let .success(.snapshot(requestID, name)):
             if let store = sequencer.stores[name] {
@@ -560,15 +573,27 @@ struct Serving {
                 _ = run(at: .writer, writer) { () throws(JournalError) in try leased.renewLease() }
             case let .answer(group, committed, publishing):
                 if publishing { failpoint?.pass(.afterCommit) }
+                if committed { Self.spans(of: group) { $0.addEvent("committed") } }
                 release(group, committed: committed, &sockets)
                 if publishing {
                     failpoint?.pass(.afterReply)
                     publish(group, &sockets)
                     // Durable: the effects these actions set going may run now.
                     ledger.committed(group.commits.flatMap { $0.effects.map(\.id) }, now: .now)
+                    Self.spans(of: group) { $0.addEvent("published") }
+                }
+                Self.spans(of: group) { span in
+                    span.attributes["lockstep.outcome"] = committed ? "accepted" : "unavailable"
+                    if !committed { span.setStatus(SpanStatus(code: .error, message: "not committed")) }
+                    span.end()
                 }
             case let .refuse(group, reason):
                 release(group, refusing: reason, &sockets)
+                Self.spans(of: group) { span in
+                    span.attributes["lockstep.outcome"] = "not_leader"
+                    span.setStatus(SpanStatus(code: .error, message: reason))
+                    span.end()
+                }
             case let .stepDown(reason, stillHeld):
                 throw SteppedDown(reason: reason, stillHeld: stillHeld)
             case .recoverStores:
@@ -592,6 +617,31 @@ struct Serving {
                 logger.error("commit failed; nothing of this batch was applied", metadata: ["error": "\(reason)"])
             }
         }
+    }
+
+    /// The daemon's span of a traced dispatch, a child of the client's span whose context the DISPATCH carried
+    /// (docs/operations.md, "Traces"): from reading it through validation and the commit to publishing its events.
+    static func span(continuing dispatch: DispatchRequest) -> any Span {
+        var context = ServiceContext.topLevel
+        InstrumentationSystem.instrument.extract(dispatch.trace, into: &context, using: TraceFields())
+        let span = InstrumentationSystem.tracer.startSpan("lockstep.sequence", context: context, ofKind: .server)
+        span.attributes["lockstep.store"] = dispatch.store.rawValue
+        span.attributes["lockstep.actions"] = dispatch.actions.count
+        return span
+    }
+
+    /// What a dispatch answered at once came to, for its span: `rejected CODE`, or the ERROR's code.
+    static func outcome(of reply: Reply) -> String {
+        switch reply {
+        case let .rejected(_, _, rejection): "rejected \(rejection.code)"
+        case let .error(_, error): "\(error.code)"
+        default: "answered"
+        }
+    }
+
+    /// Calls `body` with the span of each traced dispatch of `group`.
+    static func spans(of group: Pipeline.Group, _ body: (any Span) -> Void) {
+        for commit in group.commits { if let span = commit.span { body(span) } }
     }
 
     /// Runs `work` here at once — returning what its outcome comes to — or hands it to the writer, whose result a

@@ -16,7 +16,7 @@ import math
 import struct
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 MAGIC = b"LS"
 VERSION = 1
@@ -119,6 +119,7 @@ MAXIMUM_REJECTION_CODE_BYTES = 64
 CLIENT_ID_BYTES = 16
 MAXIMUM_EFFECT_ID_BYTES = 200
 MAXIMUM_REPLICA_NAME_BYTES = 200
+MAXIMUM_TRACE_CONTEXT_BYTES = 1024
 EFFECTS_COMMANDS = ("list", "retry", "drop")
 MAX_SEQ = 2**64 - 1  # the largest seq a RANGE may ask for (a daemon stops at its own last)
 DIGEST_BYTES = 32
@@ -261,6 +262,8 @@ class Dispatch:
     client_id: bytes
     store: str
     actions: List[bytes]
+    # The client span's trace context (W3C: traceparent, tracestate), after the header's 32 bytes; None for none.
+    trace: Optional[Dict[str, str]] = None
 
 
 @dataclass(frozen=True)
@@ -442,7 +445,10 @@ def encode_request(request: Request) -> List[bytes]:
         if not 1 <= len(request.actions):
             raise ValueError("a DISPATCH carries at least one action")
         head = _header(DISPATCH) + _u64(request.request_id) + struct.pack(">I", request.domain_version)
-        return [head + _client_id(request.client_id), store_bytes(request.store)] + [bytes(a) for a in request.actions]
+        head += _client_id(request.client_id)
+        if request.trace:
+            head += "\n".join(f"{k}={v}" for k, v in sorted(request.trace.items())).encode("utf-8")
+        return [head, store_bytes(request.store)] + [bytes(a) for a in request.actions]
     if isinstance(request, SnapshotRequest):
         return [_header(SNAPSHOT_REQUEST) + _u64(request.request_id), store_bytes(request.store)]
     if isinstance(request, RangeRequest):
@@ -581,6 +587,25 @@ def request_id_of(body: Sequence[bytes]) -> int:
     return 0
 
 
+def _trace_context(raw: bytes) -> Dict[str, str]:
+    """A DISPATCH's trace context: key=value lines joined by \\n, 1 to 1024 bytes of UTF-8."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is None or len(raw) > MAXIMUM_TRACE_CONTEXT_BYTES:
+        raise WireError(MALFORMED, f"trace context (frame 0 past byte 32) of DISPATCH request is {len(raw)} bytes; "
+                                   f"expected 1 to {MAXIMUM_TRACE_CONTEXT_BYTES} bytes of UTF-8")
+    fields = {}
+    for line in text.split("\n"):
+        key, equals, value = line.partition("=")
+        if not equals or not key:
+            raise WireError(MALFORMED, f"trace context of DISPATCH request has the line '{line[:64]}'; "
+                                       f"expected key=value")
+        fields[key] = value
+    return fields
+
+
 def decode_request(body: Sequence[bytes], limits: Limits = DEFAULT_LIMITS) -> Request:
     """Reads a request body as the daemon must, raising WireError with the spec's code."""
     if len(body) < 1:
@@ -592,6 +617,10 @@ def decode_request(body: Sequence[bytes], limits: Limits = DEFAULT_LIMITS) -> Re
     request_id = struct.unpack(">Q", head[4:12])[0]
     if len(body) > limits.maximum_batch + 2:
         raise WireError(TOO_LARGE, f"{_NAMES[kind]} has {len(body)} frames; at most {limits.maximum_batch + 2}")
+    trace = None
+    if kind == DISPATCH and len(head) > HEADER_SIZE[DISPATCH]:
+        trace = _trace_context(head[HEADER_SIZE[DISPATCH]:])
+        head = head[:HEADER_SIZE[DISPATCH]]
     _exact_header(head, kind, 0)
     if kind == DISPATCH:
         domain_version = struct.unpack(">I", head[12:16])[0]
@@ -600,7 +629,7 @@ def decode_request(body: Sequence[bytes], limits: Limits = DEFAULT_LIMITS) -> Re
             raise WireError(MALFORMED, f"DISPATCH request has {len(body)} frames; expected 3 or more")
         store = check_store_name(bytes(body[1]), "store name (frame 1)")
         actions = [check_action(bytes(a), f"action {i}", limits) for i, a in enumerate(body[2:])]
-        return Dispatch(request_id, domain_version, client_id, store, actions)
+        return Dispatch(request_id, domain_version, client_id, store, actions, trace)
     if kind == SNAPSHOT_REQUEST:
         _frames(body, 2, kind)
         return SnapshotRequest(request_id, check_store_name(bytes(body[1]), "store name (frame 1)"))

@@ -1190,6 +1190,29 @@ class BadInputTest(DaemonTest):
             self.assertEqual((type(reply), reply.code), (wire.Error, wire.INVALID_RANGE))
             self.assertEqual(client.status()["refused"], {"invalid_range": 1})
 
+    def test_a_traced_dispatch_is_taken_with_its_trace_context(self):
+        """docs/protocol.md "DISPATCH": a trace context after the header's 32 bytes is taken (a daemon without a
+        tracer ignores it); one that is not key=value lines is malformed, and nothing is applied."""
+        trace = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "rojo=1"}
+        traced = wire.Dispatch(51, 1, self.CLIENT, "counter", [INCREMENT], trace)
+        body = wire.encode_request(traced)
+        self.assertEqual(len(body[0]), 32 + len(b"traceparent=00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+                                                b"\ntracestate=rojo=1"))
+        self.assertEqual(wire.decode_request(body), traced)
+        sock = self.context.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.daemon.command)
+        try:
+            reply = self.send(sock, body)
+            self.assertEqual((type(reply), reply.request_id, reply.count), (wire.Accepted, 51, 1))
+            bad = [body[0][:32] + b"traceparent"] + body[1:]
+            reply = self.send(sock, [bad[0][:4] + wire._u64(52) + bad[0][12:]] + bad[1:])
+            self.assertEqual((type(reply), reply.code, reply.request_id), (wire.Error, wire.MALFORMED, 52))
+            self.assertIn("expected key=value", reply.reason)
+        finally:
+            sock.close(linger=0)
+        self.assertEqual(self.daemon.store_status("counter")["seq"], 1)
+
     def test_a_report_is_never_answered_and_lists_the_replica_with_its_lag(self):
         """docs/protocol.md "REPORT": a replica's progress, sent on a DEALER, gets no reply; the leader's STATUS lists
         the replica with its lag (docs/operations.md "Replicas and their lag"); a REPORT it cannot take is answered

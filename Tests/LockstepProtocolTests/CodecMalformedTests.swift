@@ -100,11 +100,25 @@ private let requestMalformations: [Malformation] = [
         "32"
     ),
     Malformation(
-        "DISPATCH header long",
-        replacing(dispatch, frame: 0, with: dispatch[0] + [0]),
+        "DISPATCH trace context not key=value",
+        replacing(dispatch, frame: 0, with: dispatch[0] + Array("traceparent".utf8)),
         .malformed,
-        "33 bytes",
-        "32"
+        "trace context",
+        "'traceparent'",
+        "key=value"
+    ),
+    Malformation(
+        "DISPATCH trace context too long",
+        replacing(dispatch, frame: 0, with: dispatch[0] + Array(repeating: UInt8(ascii: "a"), count: 1_025)),
+        .malformed,
+        "1025 bytes",
+        "1 to 1024"
+    ),
+    Malformation(
+        "DISPATCH trace context not UTF-8",
+        replacing(dispatch, frame: 0, with: dispatch[0] + [0xC3]),
+        .malformed,
+        "UTF-8"
     ),
     Malformation("DISPATCH without actions", Array(dispatch.prefix(2)), .malformed, "2 frames", "3 to 1002"),
     Malformation("DISPATCH header only", Array(dispatch.prefix(1)), .malformed, "1 frame"),

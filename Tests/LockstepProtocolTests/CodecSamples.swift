@@ -42,6 +42,22 @@ enum CodecSamples {
 
     static let requests: [Sample<Request>] = [
         Sample(
+            "DISPATCH traced",
+            .dispatch(
+                DispatchRequest(
+                    requestID: 7,
+                    domainVersion: 1,
+                    clientID: clientID,
+                    store: counter,
+                    actions: [increment],
+                    trace: [
+                        "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                        "tracestate": "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7",
+                    ]
+                )
+            )
+        ),
+        Sample(
             "DISPATCH one action",
             .dispatch(
                 DispatchRequest(

@@ -3,6 +3,7 @@ import Foundation
 import Lockstep
 import LockstepProtocol
 import Logging
+import Tracing
 import ZeroMQ
 
 /// What a dispatch in flight waits with: how many actions it sent, who to answer, and whether it is optimistic
@@ -52,6 +53,9 @@ struct Engine<D: Domain> {
     /// The request id of the sync machine's newest snapshot or range request: an ERROR answers it only with this id
     /// (an ERROR to an earlier try, or to a dispatch sent twice, says nothing about the store now).
     var lastSyncRequest: UInt64 = 0
+    /// The daemon's trace contexts of dispatches whose events are not handed over yet (TRACE, when the process
+    /// traces): each applied in a span that continues the daemon's.
+    var traces: [(epoch: Epoch, seqs: ClosedRange<SequenceNumber>, context: [String: String])] = []
     /// When the next REPORT goes to the daemon and the metrics are brought up to date.
     var nextReport = ContinuousClock.now
     /// The replica's metrics, through the process's `MetricsSystem`.
@@ -362,6 +366,10 @@ struct Engine<D: Domain> {
                 try perform(sync.digest(epoch: epoch, seq: seq, digest: digest, now: now), on: &link)
             case let .checkpoint(_, epoch, seq):
                 try perform(sync.checkpoint(epoch: epoch, seq: seq, now: now), on: &link)
+            case let .trace(_, epoch, firstSeq, lastSeq, context):
+                // Bounded: contexts of events that never come (a resync) go, oldest first.
+                if traces.count >= 1_000 { traces.removeFirst(traces.count - 999) }
+                traces.append((epoch, firstSeq...lastSeq, context))
             }
         }
     }
@@ -698,12 +706,31 @@ struct Engine<D: Domain> {
         guard let pending = unapplied else { return }
         unapplied = nil
         handed += 1
+        let spans = applySpans(pending.epoch, pending.firstSeq...pending.lastSeq)
         replica.apply(
             .apply(firstSeq: pending.firstSeq, pending.actions, authors: pending.authors),
             number: handed,
             epoch: pending.epoch,
             seq: pending.lastSeq
         )
+        for span in spans { span.end() }
+    }
+
+    /// A span `lockstep.apply` for each traced dispatch among `seqs`, continuing the daemon's span (whose context its
+    /// TRACE carried); the contexts of seqs handed over go.
+    mutating func applySpans(_ epoch: Epoch, _ seqs: ClosedRange<SequenceNumber>) -> [any Span] {
+        guard !traces.isEmpty else { return [] }
+        let spans = traces.filter { $0.epoch == epoch && $0.seqs.overlaps(seqs) }.map { trace -> any Span in
+            var context = ServiceContext.topLevel
+            InstrumentationSystem.instrument.extract(trace.context, into: &context, using: TraceFields())
+            let span = InstrumentationSystem.tracer.startSpan("lockstep.apply", context: context, ofKind: .consumer)
+            span.attributes["lockstep.store"] = store.rawValue
+            span.attributes["lockstep.seq.first"] = Int(clamping: trace.seqs.lowerBound)
+            span.attributes["lockstep.seq.last"] = Int(clamping: trace.seqs.upperBound)
+            return span
+        }
+        traces.removeAll { $0.epoch != epoch || $0.seqs.upperBound <= seqs.upperBound }
+        return spans
     }
 
     private mutating func mismatch(_ seq: SequenceNumber, _ detail: String, on link: inout Link) throws {

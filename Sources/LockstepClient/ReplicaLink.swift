@@ -1,6 +1,7 @@
 import Foundation
 import Lockstep
 import LockstepProtocol
+import Tracing
 import ZeroMQ
 
 /// The replica's two ways to its daemons: the events of its store, from the hub's SUB for those daemons (shared with
@@ -14,12 +15,15 @@ struct Link {
     let events: EventInbox
     private let subscriber: SharedSubscriber
     private let topic: [UInt8]
+    /// The store's trace topic, followed when the process traces (a tracer is bootstrapped).
+    private let traceTopic: [UInt8]?
     var commands: Socket
 
-    init(hub: HubSockets, configuration: ReplicaConfiguration, topic: [UInt8]) throws {
+    init(hub: HubSockets, configuration: ReplicaConfiguration, topic: [UInt8], traceTopic: [UInt8]? = nil) throws {
         context = hub.context
         self.configuration = configuration
         self.topic = topic
+        self.traceTopic = traceTopic
         search = LeaderSearch(endpoints: configuration.daemons.map(\.command))
         events = EventInbox()
         subscriber = try hub.subscriber(
@@ -34,6 +38,9 @@ struct Link {
             for endpoint in search.endpoints.dropFirst() {
                 try Self.commandSocket(context, curve: configuration.curve, endpoint).close()
             }
+            // The trace topic first: an event heard on the store's topic then shows that both subscriptions reached
+            // the daemon (they go in order).
+            if let traceTopic { try subscriber.join(traceTopic, events) }
             try subscriber.join(topic, events)
         } catch {
             commands.close()
@@ -65,6 +72,7 @@ struct Link {
 
     func close() {
         subscriber.leave(topic, events)
+        if let traceTopic { subscriber.leave(traceTopic, events) }
         commands.close()
     }
 }
@@ -82,7 +90,8 @@ final class ReplicaDriver<D: Domain>: HubDriver {
         link = try Link(
             hub: hub,
             configuration: replica.configuration,
-            topic: Event.runTopic(for: replica.store)
+            topic: Event.runTopic(for: replica.store),
+            traceTopic: InstrumentationSystem.tracer is NoOpTracer ? nil : Event.traceTopic(for: replica.store)
         )
         engine = Engine(replica: replica, sync: ReplicaSync(settings: replica.configuration.sync, now: .now))
         do {

@@ -58,6 +58,7 @@ enum MessageType: UInt8, Sendable {
     case eventBy = 0x45
     case eventsBy = 0x46
     case checkpoint = 0x47
+    case trace = 0x48
 
     /// Which decoder reads a type: requests and replies share the command socket but never a direction.
     enum Family: String, Sendable {
@@ -76,7 +77,8 @@ enum MessageType: UInt8, Sendable {
                 "0x81 ACCEPTED, 0x82 REJECTED, 0x83 SNAPSHOT, 0x84 RANGE, 0x85 COMPACTED, 0x86 STATUS, 0x87 EFFECTS, "
                     + "0x88 RANGE_BY or 0x8f ERROR"
             case .event:
-                "0x41 EVENT, 0x42 HEARTBEAT, 0x43 DIGEST, 0x44 EVENTS, 0x45 EVENT_BY, 0x46 EVENTS_BY or 0x47 CHECKPOINT"
+                "0x41 EVENT, 0x42 HEARTBEAT, 0x43 DIGEST, 0x44 EVENTS, 0x45 EVENT_BY, 0x46 EVENTS_BY, 0x47 CHECKPOINT or "
+                    + "0x48 TRACE"
             }
         }
     }
@@ -87,7 +89,7 @@ enum MessageType: UInt8, Sendable {
         case .accepted, .rejected, .snapshotReply, .rangeReply, .compacted, .statusReply, .effectsReply, .rangeReplyBy,
             .error:
             .reply
-        case .event, .heartbeat, .digest, .events, .eventBy, .eventsBy, .checkpoint: .event
+        case .event, .heartbeat, .digest, .events, .eventBy, .eventsBy, .checkpoint, .trace: .event
         }
     }
 
@@ -111,6 +113,7 @@ enum MessageType: UInt8, Sendable {
         case .eventBy: "EVENT_BY"
         case .eventsBy: "EVENTS_BY"
         case .checkpoint: "CHECKPOINT"
+        case .trace: "TRACE"
         case .rangeReplyBy: "RANGE_BY"
         }
     }
@@ -125,7 +128,7 @@ enum MessageType: UInt8, Sendable {
         case .error: 14
         case .rejected: 16
         case .event, .heartbeat, .events, .eventBy, .eventsBy, .checkpoint: 20
-        case .rangeRequest, .rangeReply, .compacted, .rangeReplyBy: 28
+        case .rangeRequest, .rangeReply, .compacted, .rangeReplyBy, .trace: 28
         case .dispatch, .accepted: 32
         case .digest: 52
         case .report: 72

@@ -21,12 +21,16 @@ public enum Event: Hashable, Sendable {
     /// The daemon is taking the digest of its state at `seq` off its loop: a DIGEST for `seq` follows, later. It comes
     /// right after the event of `seq`, so a replica can keep its own state at `seq` to compare with it.
     case checkpoint(store: StoreName, epoch: Epoch, seq: SequenceNumber)
+    /// The trace context of the daemon's span of the dispatch that got seqs `firstSeq...lastSeq` (a TRACE, on the
+    /// store's trace topic, ``traceTopic(for:)``, just before those events): a replica that traces continues it
+    /// with its span of applying them.
+    case trace(store: StoreName, epoch: Epoch, firstSeq: SequenceNumber, lastSeq: SequenceNumber, [String: String])
 
     /// The store the message is about.
     public var store: StoreName {
         switch self {
         case let .event(store, _, _, _, _), let .heartbeat(store, _, _), let .digest(store, _, _, _),
-            let .events(store, _, _, _, _), let .checkpoint(store, _, _):
+            let .events(store, _, _, _, _), let .checkpoint(store, _, _), let .trace(store, _, _, _, _):
             store
         }
     }
@@ -46,6 +50,11 @@ public enum Event: Hashable, Sendable {
     /// of a store is a prefix of the other's, nor of another store's.
     public static func runTopic(for store: StoreName) -> Frame {
         Array(store.rawValue.utf8) + [1]
+    }
+
+    /// The topic of `store`'s TRACEs: the name, then one 0x02. Only a replica that traces subscribes to it.
+    public static func traceTopic(for store: StoreName) -> Frame {
+        Array(store.rawValue.utf8) + [2]
     }
 
     /// The frames of this message with `store`'s topic of the stream in runs instead of the one-by-one stream's
@@ -88,6 +97,12 @@ public enum Event: Hashable, Sendable {
             header.write(epoch.rawValue)
             header.write(seq)
             return [Self.topic(for: store), header.bytes]
+        case let .trace(store, epoch, firstSeq, lastSeq, context):
+            var header = ByteWriter(.trace)
+            header.write(epoch.rawValue)
+            header.write(firstSeq)
+            header.write(lastSeq)
+            return [Self.traceTopic(for: store), header.bytes, TraceContext.encode(context)]
         }
     }
 
@@ -103,11 +118,19 @@ public enum Event: Hashable, Sendable {
         // The header first: a message of another version must fail as such, whatever its topic looks like.
         let type = try Wire.messageType(of: frames[1], frameIndex: 1, family: .event)
         var header = try Wire.headerReader(frames[1], type: type, frameIndex: 1)
-        let (store, inRuns) = try topicStore(frames[0])
+        let (store, stream) = try topicStore(frames[0])
+        let inRuns = stream == 1
+        guard (type == .trace) == (stream == 2) else {
+            throw ProtocolError(
+                code: .malformed,
+                "\(type.name) on a topic ending with \(Wire.hex(stream)) (frame 0); expected "
+                    + (type == .trace ? "0x02, the trace topic" : "0x00 or 0x01")
+            )
+        }
         let epoch = Epoch(rawValue: try header.read(UInt64.self, field: "epoch"))
         let seq = try header.read(
             UInt64.self,
-            field: type == .heartbeat ? "last seq" : type == .events ? "first seq" : "seq"
+            field: type == .heartbeat ? "last seq" : type == .events || type == .trace ? "first seq" : "seq"
         )
         let isRun = type == .events || type == .eventsBy
         if type == .event || type == .eventBy || isRun, inRuns != isRun {
@@ -173,22 +196,34 @@ public enum Event: Hashable, Sendable {
             try Wire.requireFrames(frames, exactly: 2, type: type, layout: "topic, header")
             try Wire.positiveSeq(seq, field: "seq", type: type)
             return .checkpoint(store: store, epoch: epoch, seq: seq)
+        case .trace:
+            let lastSeq = try header.read(UInt64.self, field: "last seq")
+            try Wire.requireFrames(frames, exactly: 3, type: type, layout: "topic, header, trace context")
+            try Wire.positiveSeq(seq, field: "first seq", type: type)
+            guard seq <= lastSeq else {
+                throw ProtocolError(
+                    code: .malformed,
+                    "TRACE names seqs \(seq) to \(lastSeq); expected first seq <= last seq"
+                )
+            }
+            let context = try TraceContext.decode(frames[2][...], field: "trace context (frame 2) of TRACE")
+            return .trace(store: store, epoch: epoch, firstSeq: seq, lastSeq: lastSeq, context)
         default:
             // `messageType` returned an event type; the others cannot reach here.
             throw ProtocolError(code: .unknownMessageType, "\(type.fullName) is not an event")
         }
     }
 
-    /// The store a topic frame names — a valid name followed by exactly one 0x00 (one by one) or 0x01 (in
-    /// runs) — and whether it is the stream in runs.
-    private static func topicStore(_ topic: Frame) throws(ProtocolError) -> (StoreName, inRuns: Bool) {
-        guard let last = topic.last, last <= 1 else {
+    /// The store a topic frame names — a valid name followed by exactly one 0x00 (one by one), 0x01 (in runs) or
+    /// 0x02 (traces) — and that last byte.
+    private static func topicStore(_ topic: Frame) throws(ProtocolError) -> (StoreName, stream: UInt8) {
+        guard let last = topic.last, last <= 2 else {
             let last = topic.last.map { "ends with \(Wire.hex($0))" } ?? "is empty"
             throw ProtocolError(
                 code: .malformed,
-                "topic (frame 0) \(last); expected the store name followed by one 0x00 or 0x01 byte"
+                "topic (frame 0) \(last); expected the store name followed by one 0x00, 0x01 or 0x02 byte"
             )
         }
-        return (try Wire.storeName(Array(topic.dropLast()), field: "store name in topic (frame 0)"), last == 1)
+        return (try Wire.storeName(Array(topic.dropLast()), field: "store name in topic (frame 0)"), last)
     }
 }

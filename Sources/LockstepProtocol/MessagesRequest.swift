@@ -369,13 +369,15 @@ public enum TraceContext {
         Array(fields.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: "\n").utf8)
     }
 
-    /// The fields of a trace context read off the wire, or `malformed` naming what is wrong.
-    public static func decode(_ bytes: ArraySlice<UInt8>) throws(ProtocolError) -> [String: String] {
-        guard bytes.count <= maximumBytes, let text = String(validating: bytes, as: UTF8.self) else {
+    /// The fields of a trace context read off the wire, or `malformed` naming what is wrong, and where (`field`).
+    public static func decode(
+        _ bytes: ArraySlice<UInt8>,
+        field: String = "trace context (frame 0 past byte 32) of DISPATCH request"
+    ) throws(ProtocolError) -> [String: String] {
+        guard (1...maximumBytes).contains(bytes.count), let text = String(validating: bytes, as: UTF8.self) else {
             throw ProtocolError(
                 code: .malformed,
-                "trace context (frame 0 past byte 32) of DISPATCH request is \(bytes.count) bytes; expected 1 to "
-                    + "\(maximumBytes) bytes of UTF-8"
+                "\(field) is \(bytes.count) bytes; expected 1 to \(maximumBytes) bytes of UTF-8"
             )
         }
         var fields: [String: String] = [:]
@@ -383,7 +385,7 @@ public enum TraceContext {
             guard let equals = line.firstIndex(of: "="), equals != line.startIndex else {
                 throw ProtocolError(
                     code: .malformed,
-                    "trace context of DISPATCH request has the line '\(line.prefix(64))'; expected key=value"
+                    "\(field) has the line '\(line.prefix(64))'; expected key=value"
                 )
             }
             fields[String(line[..<equals])] = String(line[line.index(after: equals)...])

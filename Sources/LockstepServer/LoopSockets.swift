@@ -165,7 +165,8 @@ struct LoopSockets {
         let identity = access?.identity(userID)
         var refused: [String] = []
         for store in configuration.stores {
-            for stream in [Event.topic(for: store), Event.runTopic(for: store)] where stream.starts(with: topic) {
+            for stream in [Event.topic(for: store), Event.runTopic(for: store), Event.traceTopic(for: store)]
+            where stream.starts(with: topic) {
                 guard identity?.mayRead(store) == true else {
                     if subscribe, !refused.contains(store.rawValue) { refused.append(store.rawValue) }
                     continue

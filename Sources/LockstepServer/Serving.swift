@@ -42,6 +42,8 @@ struct Serving {
     var lastPublished: [StoreName: ContinuousClock.Instant] = [:]
     /// Which of each store's streams (one by one, in runs) someone follows, as ``LoopSockets/subscriptions`` say.
     var streams: [StoreName: (oneByOne: Bool, runs: Bool)] = [:]
+    /// The stores whose trace topic someone follows: a replica that traces.
+    var traced: Set<StoreName> = []
     /// Each store's last seq published: durable, and what heartbeats announce.
     var publishedSeq: [StoreName: SequenceNumber] = [:]
     var committedEvents: [StoreName: UInt64] = [:]
@@ -875,6 +877,18 @@ struct Serving {
         readSubscriptions(&sockets)
         let now = ContinuousClock.now
         var runs: [(store: StoreName, epoch: Epoch, firstSeq: SequenceNumber, actions: [Frame], authors: [Author])] = []
+        // Each traced dispatch's context, before its events: a replica that traces continues it as it applies them.
+        for change in group.commits where change.span != nil && !traced.isEmpty {
+            guard let span = change.span, let commit = change.commit, traced.contains(commit.store),
+                let first = commit.events.first?.seq, let last = commit.events.last?.seq
+            else { continue }
+            var context: [String: String] = [:]
+            InstrumentationSystem.instrument.inject(span.context, into: &context, using: TraceFields())
+            guard !context.isEmpty else { continue }
+            sockets.publish(
+                Event.trace(store: commit.store, epoch: commit.epoch, firstSeq: first, lastSeq: last, context).encode()
+            )
+        }
         for commit in group.commits.compactMap(\.commit) {
             let streams = streams[commit.store] ?? (false, false)
             if streams.oneByOne {
@@ -952,6 +966,7 @@ struct Serving {
         func followed(_ topic: Frame) -> Bool { subscriptions.keys.contains { topic.starts(with: $0) } }
         for name in sequencer.stores.keys {
             streams[name] = (followed(Event.topic(for: name)), followed(Event.runTopic(for: name)))
+            if followed(Event.traceTopic(for: name)) { traced.insert(name) } else { traced.remove(name) }
         }
     }
 

@@ -43,13 +43,14 @@ EVENTS = 0x44
 EVENT_BY = 0x45  # an EVENT with its author (docs/security.md): topic, header, action, author
 EVENTS_BY = 0x46  # an EVENTS with each action's author: topic, header, actions…, authors…
 CHECKPOINT = 0x47  # the daemon digests `seq` off its loop: a DIGEST of it follows later (docs/protocol.md)
+TRACE = 0x48  # the trace context of the daemon's span of seqs first..last, on the trace topic (name + 0x02)
 RANGE_REPLY_BY = 0x88  # a RANGE reply with each action's author: header, store, actions…, authors…
 
 REQUEST_TYPES = {DISPATCH, SNAPSHOT_REQUEST, RANGE_REQUEST, STATUS_REQUEST, EFFECTS_REQUEST, REPORT}
 REPLY_TYPES = {
     ACCEPTED, REJECTED, SNAPSHOT_REPLY, RANGE_REPLY, COMPACTED, STATUS_REPLY, EFFECTS_REPLY, RANGE_REPLY_BY, ERROR,
 }
-EVENT_TYPES = {EVENT, HEARTBEAT, DIGEST, EVENTS, EVENT_BY, EVENTS_BY, CHECKPOINT}
+EVENT_TYPES = {EVENT, HEARTBEAT, DIGEST, EVENTS, EVENT_BY, EVENTS_BY, CHECKPOINT, TRACE}
 
 # The exact header frame length of each type.
 HEADER_SIZE = {
@@ -74,6 +75,7 @@ HEADER_SIZE = {
     EVENT_BY: 20,
     EVENTS_BY: 20,
     CHECKPOINT: 20,
+    TRACE: 28,
     RANGE_REPLY_BY: 28,
 }
 
@@ -430,9 +432,18 @@ class Checkpoint:
     seq: int
 
 
+@dataclass(frozen=True)
+class Trace:
+    store: str
+    epoch: int
+    first_seq: int
+    last_seq: int
+    context: Dict[str, str]
+
+
 Request = Union[Dispatch, SnapshotRequest, RangeRequest, StatusRequest, EffectsRequest, Report]
 Reply = Union[Accepted, Rejected, Snapshot, Range, Compacted, Status, Effects, Error]
-Published = Union[Event, Events, Heartbeat, Digest, Checkpoint]
+Published = Union[Event, Events, Heartbeat, Digest, Checkpoint, Trace]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -538,6 +549,7 @@ _NAMES = {
     EVENT_BY: "EVENT_BY",
     EVENTS_BY: "EVENTS_BY",
     CHECKPOINT: "CHECKPOINT",
+    TRACE: "TRACE",
     RANGE_REPLY_BY: "RANGE_BY reply",
 }
 
@@ -771,9 +783,18 @@ def decode_event(frames: Sequence[bytes], limits: Limits = DEFAULT_LIMITS) -> Pu
         raise WireError(TOO_LARGE, f"{_NAMES[kind]} has {len(frames)} frames; at most {most}")
     _exact_header(head, kind, 1)
     raw_topic = bytes(frames[0])
-    if not raw_topic or raw_topic[-1] > 1:
-        raise WireError(MALFORMED, "topic (frame 0) does not end in 0x00 or 0x01")
+    if not raw_topic or raw_topic[-1] > 2:
+        raise WireError(MALFORMED, "topic (frame 0) does not end in 0x00, 0x01 or 0x02")
     store = check_store_name(raw_topic[:-1], "store name in topic (frame 0)")
+    if (kind == TRACE) != (raw_topic[-1] == 2):
+        raise WireError(MALFORMED, f"{_NAMES[kind]} on a topic ending with {raw_topic[-1]:#04x}")
+    if kind == TRACE:
+        epoch, first_seq, last_seq = struct.unpack(">QQQ", head[4:28])
+        _frames(frames, 3, kind)
+        _positive(first_seq, "first seq", kind)
+        if first_seq > last_seq:
+            raise WireError(MALFORMED, f"TRACE names seqs {first_seq} to {last_seq}")
+        return Trace(store, epoch, first_seq, last_seq, _trace_context(bytes(frames[2])))
     in_runs = raw_topic[-1] == 1
     if kind in (EVENT, EVENTS, EVENT_BY, EVENTS_BY) and in_runs != (kind in (EVENTS, EVENTS_BY)):
         raise WireError(MALFORMED, f"{_NAMES[kind]} on the topic of the other stream")

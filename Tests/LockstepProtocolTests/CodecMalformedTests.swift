@@ -404,6 +404,13 @@ private let events = Event.events(
     actions: [GoldenVectors.event[2], GoldenVectors.event[2]]
 ).encode()
 private let heartbeat = Event.heartbeat(store: CodecSamples.counter, epoch: epoch, lastSeq: 42).encode()
+private let trace = Event.trace(
+    store: CodecSamples.counter,
+    epoch: epoch,
+    firstSeq: 1,
+    lastSeq: 2,
+    ["traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"]
+).encode()
 private let digest = Event.digest(store: CodecSamples.counter, epoch: epoch, seq: 9, StateDigest(of: [0x39])).encode()
 
 private let eventBy = Event.event(
@@ -485,7 +492,35 @@ private let eventMalformations: [Malformation] = [
         replacing(setting(event, frame: 1, byte: 2, to: 2), frame: 0, with: []),
         .unsupportedVersion
     ),
-    Malformation("type 0x48", setting(event, frame: 1, byte: 3, to: 0x48), .unknownMessageType, "0x48"),
+    Malformation("type 0x49", setting(event, frame: 1, byte: 3, to: 0x49), .unknownMessageType, "0x49"),
+    Malformation(
+        "TRACE on the stream in runs",
+        replacing(trace, frame: 0, with: Event.runTopic(for: CodecSamples.counter)),
+        .malformed,
+        "TRACE on a topic ending with 0x01",
+        "0x02"
+    ),
+    Malformation(
+        "HEARTBEAT on the trace topic",
+        replacing(heartbeat, frame: 0, with: Event.traceTopic(for: CodecSamples.counter)),
+        .malformed,
+        "0x02",
+        "expected 0x00 or 0x01"
+    ),
+    Malformation(
+        "TRACE first after last",
+        Event.trace(store: CodecSamples.counter, epoch: epoch, firstSeq: 5, lastSeq: 4, ["k": "v"]).encode(),
+        .malformed,
+        "seqs 5 to 4"
+    ),
+    Malformation("TRACE without context", Array(trace.prefix(2)), .malformed, "2 frames", "exactly 3"),
+    Malformation(
+        "TRACE context not key=value",
+        replacing(trace, frame: 2, with: Array("x".utf8)),
+        .malformed,
+        "key=value"
+    ),
+    Malformation("TRACE context empty", replacing(trace, frame: 2, with: []), .malformed, "0 bytes", "1 to 1024"),
     Malformation(
         "EVENTS on the one-by-one topic",
         setting(event, frame: 1, byte: 3, to: 0x44),

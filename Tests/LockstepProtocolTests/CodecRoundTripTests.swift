@@ -23,17 +23,18 @@ import Testing
     @Test(arguments: CodecSamples.events)
     func eventRoundTrips(_ sample: Sample<Event>) throws {
         let frames = sample.message.encode()
-        if case .events = sample.message {
-            #expect(frames[0] == Event.runTopic(for: sample.message.store))
-        } else {
-            #expect(frames[0] == Event.topic(for: sample.message.store))
+        switch sample.message {
+        case .events: #expect(frames[0] == Event.runTopic(for: sample.message.store))
+        case .trace: #expect(frames[0] == Event.traceTopic(for: sample.message.store))
+        default: #expect(frames[0] == Event.topic(for: sample.message.store))
         }
         try expectCommonHeader(frames[1])
         #expect(try Event.decode(frames) == sample.message)
-        // Every message reads the same on the stream in runs (an EVENT is refused there).
-        if case .event = sample.message {
+        // Every message reads the same on the stream in runs (an EVENT is refused there, and a TRACE has its own).
+        switch sample.message {
+        case .event, .trace:
             #expect(throws: ProtocolError.self) { try Event.decode(sample.message.encodeForRuns()) }
-        } else {
+        default:
             #expect(try Event.decode(sample.message.encodeForRuns()) == sample.message)
         }
     }
@@ -45,7 +46,7 @@ import Testing
         let eventKinds = Set(CodecSamples.events.map { $0.message.encode()[1][3] })
         #expect(requestKinds == [0x01, 0x02, 0x03, 0x04, 0x05, 0x06])
         #expect(replyKinds == [0x81, 0x82, 0x83, 0x84, 0x85, 0x86, 0x87, 0x88, 0x8F])
-        #expect(eventKinds == [0x41, 0x42, 0x43, 0x44, 0x45, 0x46, 0x47])
+        #expect(eventKinds == [0x41, 0x42, 0x43, 0x44, 0x45, 0x46, 0x47, 0x48])
     }
 
     @Test func largerLimitsAdmitLargerBatches() throws {

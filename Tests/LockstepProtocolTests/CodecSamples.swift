@@ -222,6 +222,16 @@ enum CodecSamples {
         Sample("EVENT", .event(store: counter, epoch: epoch, seq: 42, action: increment)),
         Sample("EVENT last seq", .event(store: store("x"), epoch: Epoch(rawValue: 0), seq: .max, action: json("1"))),
         Sample("HEARTBEAT", .heartbeat(store: counter, epoch: epoch, lastSeq: 42)),
+        Sample(
+            "TRACE",
+            .trace(
+                store: counter,
+                epoch: epoch,
+                firstSeq: 7,
+                lastSeq: 9,
+                ["traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "tracestate": "a=b=c"]
+            )
+        ),
         Sample("HEARTBEAT empty store", .heartbeat(store: counter, epoch: epoch, lastSeq: 0)),
         Sample("DIGEST", .digest(store: counter, epoch: epoch, seq: 1000, StateDigest(of: json(#"{"count":7}"#)))),
         Sample("CHECKPOINT", .checkpoint(store: counter, epoch: epoch, seq: 1000)),

@@ -3,9 +3,10 @@ import LockstepTesting
 import TestSupport
 import Testing
 
-/// A dispatch's trace across processes (docs/operations.md, "Traces"): the client's span, carried by the DISPATCH's
-/// trace context, is continued by the daemon's span of validation, commit and publication. Each process is a
-/// `trace-fixture` with an in-memory tracer that writes its finished spans to a file as it exits.
+/// A dispatch's trace across three processes (docs/operations.md, "Traces"): the client's span, carried by the
+/// DISPATCH's trace context, is continued by the daemon's span of validation, commit and publication, and that one,
+/// carried by a TRACE, by a replica's span of applying the events. Each process is a `trace-fixture` with an in-memory
+/// tracer that writes its finished spans to a file as it exits.
 @Suite struct TracingProcessTests {
     struct SpanLine: Decodable {
         var name: String
@@ -23,10 +24,11 @@ import Testing
         }
     }
 
-    @Test func aDispatchsSpanIsContinuedByTheDaemonsInAnotherProcess() async throws {
+    @Test func aDispatchsSpanIsContinuedByTheDaemonsAndByAReplicasInOtherProcesses() async throws {
         let directory = try TestSupport.temporaryDirectory("tracing").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
         let (daemonFile, clientFile) = ("\(directory)/daemon-spans.jsonl", "\(directory)/client-spans.jsonl")
+        let replicaFile = "\(directory)/replica-spans.jsonl"
         let daemon = try DaemonProcess(
             directory: directory,
             environment: ["TRACE_FIXTURE_ROLE": "daemon", "TRACE_FIXTURE_SPANS": daemonFile],
@@ -34,6 +36,18 @@ import Testing
         )
         try await daemon.waitUntilServing()
         let endpoint = daemon.command
+        // The replica first, live before anything is dispatched; it stops once it has applied seq 3.
+        let replica = try ChildProcess(
+            executable: productURL("trace-fixture"),
+            [daemon.command, daemon.events, "3"],
+            environment: ["TRACE_FIXTURE_ROLE": "replica", "TRACE_FIXTURE_SPANS": replicaFile]
+        )
+        var live = false
+        for _ in 0..<300 where !live {
+            await replica.read(for: .milliseconds(100))
+            live = replica.takeLines().contains("live")
+        }
+        try #require(live, "the traced replica never went live: \(replica.errors())")
         let client = try await offPool("traced client") {
             try ChildProcess(
                 executable: productURL("trace-fixture"),
@@ -48,6 +62,7 @@ import Testing
             ["dispatch", "todos", #"{"add":{"text":"untraced"}}"#, "--command-endpoint", daemon.command]
         )
         #expect(untraced.status == 0, "\(untraced.standardError)")
+        #expect(await replica.waitForExit(within: .seconds(60)) == 0, "\(replica.errors())")
         #expect(await daemon.stop() == 0)
 
         let clientSpans = try spans(clientFile)
@@ -72,5 +87,14 @@ import Testing
         #expect(dispatches.first { $0.span == batch.parent }?.attributes["lockstep.actions"] == "2")
         let toggle = try #require(sequenced.first { $0.attributes["lockstep.actions"] == "1" })
         #expect(toggle.attributes["lockstep.outcome"] == "rejected unknown_id")
+        // The replica applied seqs 1 and 2 in a span continuing the daemon's; seq 3 came untraced, and has none.
+        let applied = try spans(replicaFile).filter { $0.name == "lockstep.apply" }
+        #expect(applied.count == 1, "the replica's spans: \(applied)")
+        #expect(applied.first?.parent == batch.span && applied.first?.trace == root.trace)
+        #expect(applied.first?.kind == "consumer")
+        #expect(
+            applied.first?.attributes["lockstep.seq.first"] == "1"
+                && applied.first?.attributes["lockstep.seq.last"] == "2"
+        )
     }
 }

@@ -213,6 +213,7 @@ import ZeroMQ
                 #expect(action == Array(increment.utf8))
             case .heartbeat, .digest, .checkpoint: continue
             case .events: Issue.record("EVENTS on the one-by-one stream")
+            case .trace: Issue.record("TRACE on the one-by-one stream")
             }
         }
         #expect(oneByOne == [1, 2, 3])
@@ -223,6 +224,7 @@ import ZeroMQ
             case let .events(_, _, firstSeq, actions, _): run = (firstSeq, actions)
             case .heartbeat, .digest, .checkpoint: continue
             case .event: Issue.record("EVENT on the stream in runs")
+            case .trace: Issue.record("TRACE on the stream in runs")
             }
         }
         #expect(run?.0 == 1)

@@ -4,7 +4,9 @@
 //
 // - `daemon`: a Lockstep daemon hosting `todos`, taking lockstepd's flags;
 // - `dispatch ENDPOINT`: inside a span `test.request`, dispatches two adds as one batch, then a toggle the domain
-//   rejects, through a `Dispatcher` to the daemon at ENDPOINT; exits 0 when both were answered as expected.
+//   rejects, through a `Dispatcher` to the daemon at ENDPOINT; exits 0 when both were answered as expected;
+// - `replica COMMAND EVENTS SEQ`: a `Replica` of `todos` at the daemon of those endpoints; prints `live` once it is,
+//   and exits 0 once it has applied SEQ.
 
 import Foundation
 import InMemoryTracing
@@ -71,7 +73,22 @@ case "dispatch":
         while let _ = try? await group.next() {}
     }
     exit(0)
+case "replica":
+    let arguments = CommandLine.arguments
+    let replica = try Replica(
+        Todos.self,
+        configuration: ReplicaConfiguration(commandEndpoint: arguments[1], eventsEndpoint: arguments[2])
+    )
+    try await withThrowingTaskGroup(of: Void.self) { group in
+        group.addTask { try await replica.run() }
+        try await replica.waitUntilLive(timeout: .seconds(30))
+        FileHandle.standardOutput.write(Data("live\n".utf8))
+        _ = try await replica.wait(for: UInt64(arguments[3])!, timeout: .seconds(60))
+        group.cancelAll()
+        while let _ = try? await group.next() {}
+    }
+    exit(0)
 default:
-    FileHandle.standardError.write(Data("TRACE_FIXTURE_ROLE must be daemon or dispatch\n".utf8))
+    FileHandle.standardError.write(Data("TRACE_FIXTURE_ROLE must be daemon, dispatch or replica\n".utf8))
     exit(64)
 }

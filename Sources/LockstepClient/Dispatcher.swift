@@ -59,12 +59,13 @@ public final class Dispatcher<D: Domain>: Service, Sendable {
     private let shared = LockedValue(Shared())
     private let wakeup: Wakeup
 
-    private struct Shared: Sendable {
+    private struct Shared: QueuesDispatches {
         var started = false
         var stopRequested = false
         var stopped = false
         var lastRequestID: UInt64 = 0
         var outbox: [Outgoing] = []
+        var takesDispatches: Bool { !stopped && !stopRequested }
     }
 
     /// A dispatcher to `domain`'s store at the daemons `configuration` names; not running until ``run()``. It logs
@@ -104,20 +105,13 @@ public final class Dispatcher<D: Domain>: Service, Sendable {
     @discardableResult
     public func dispatch(batch actions: [D.Action]) async throws -> ClosedRange<SequenceNumber> {
         let frames = try canonicalFrames(actions, for: "dispatch(batch:)")
-        return try await traced(dispatchOf: frames.count, to: store) { trace in
-            let outcome = DispatchOutcome()
-            let queued = shared.withLockedValue { shared in
-                guard !shared.stopped, !shared.stopRequested else { return false }
-                shared.lastRequestID += 1
-                shared.outbox.append(
-                    Outgoing(number: shared.lastRequestID, actions: frames, outcome: outcome, trace: trace)
-                )
-                return true
-            }
-            guard queued else { throw ClientError(code: .stopped, "the dispatcher to '\(store)' has stopped") }
-            wakeup.signal()
-            return try await outcome.value
-        }
+        return try await queueAndAwait(
+            frames,
+            to: store,
+            in: shared,
+            waking: wakeup,
+            stopped: "the dispatcher to '\(store)' has stopped"
+        )
     }
 
     /// Runs the dispatcher until the task is cancelled or a graceful shutdown begins; then fails what is still

@@ -22,6 +22,40 @@ struct Outgoing: Sendable {
     var trace: [String: String] = [:]
 }
 
+/// What both dispatching clients' shared state keeps for their callers' dispatches.
+protocol QueuesDispatches: Sendable {
+    /// Whether a dispatch may be queued now (the client has not stopped).
+    var takesDispatches: Bool { get }
+    var lastRequestID: UInt64 { get set }
+    var outbox: [Outgoing] { get set }
+}
+
+/// A batch of `frames` to `store` as both dispatching clients send it: queued in `shared`'s outbox — unless the client
+/// stopped, which throws `stopped` — inside a client span whose trace context it carries, the client's thread woken,
+/// and its answer awaited.
+func queueAndAwait<Shared: QueuesDispatches>(
+    _ frames: [Frame],
+    to store: StoreName,
+    in shared: LockedValue<Shared>,
+    waking wakeup: Wakeup,
+    stopped: String
+) async throws -> ClosedRange<SequenceNumber> {
+    try await traced(dispatchOf: frames.count, to: store) { trace in
+        let outcome = DispatchOutcome()
+        let queued = shared.withLockedValue { shared in
+            guard shared.takesDispatches else { return false }
+            shared.lastRequestID += 1
+            shared.outbox.append(
+                Outgoing(number: shared.lastRequestID, actions: frames, outcome: outcome, trace: trace)
+            )
+            return true
+        }
+        guard queued else { throw ClientError(code: .stopped, stopped) }
+        wakeup.signal()
+        return try await outcome.value
+    }
+}
+
 /// Runs `body` — a dispatch of `count` actions to `store`, sent and answered — inside a client span
 /// `lockstep.dispatch` of the task's trace (swift-distributed-tracing), handing it the span's trace context for the
 /// DISPATCH to carry (docs/operations.md, "Traces"). Without a tracer the span is a no-op and the context empty.

@@ -413,20 +413,13 @@ public final class Replica<D: Domain>: Service, Sendable {
     @discardableResult
     public func dispatch(batch actions: [D.Action]) async throws -> ClosedRange<SequenceNumber> {
         let frames = try canonicalFrames(actions, for: "dispatch(batch:)")
-        return try await traced(dispatchOf: frames.count, to: store) { trace in
-            let outcome = DispatchOutcome()
-            let queued = shared.withLockedValue { shared in
-                guard !shared.stopped else { return false }
-                shared.lastRequestID += 1
-                shared.outbox.append(
-                    Outgoing(number: shared.lastRequestID, actions: frames, outcome: outcome, trace: trace)
-                )
-                return true
-            }
-            guard queued else { throw ClientError(code: .stopped, "the replica of '\(store)' has stopped") }
-            wakeup.signal()
-            return try await outcome.value
-        }
+        return try await queueAndAwait(
+            frames,
+            to: store,
+            in: shared,
+            waking: wakeup,
+            stopped: "the replica of '\(store)' has stopped"
+        )
     }
 
     /// Applies `action` to the optimistic state at once and sends it to the daemon; returns at once with a handle
@@ -730,12 +723,13 @@ public final class Replica<D: Domain>: Service, Sendable {
 
     // MARK: - Shared between the loop and callers
 
-    struct Shared: Sendable {
+    struct Shared: QueuesDispatches {
         var started = false
         var stopRequested = false
         var stopped = false
         var lastRequestID: UInt64 = 0
         var outbox: [Outgoing] = []
+        var takesDispatches: Bool { !stopped }
         var waiters: [Waiter] = []
         var status = ReplicaStatus()
         var nextListener: UInt64 = 0

@@ -62,6 +62,10 @@ public protocol Journal: AnyObject, Sendable {
     /// The store's last committed seq (0 before its first event), or `nil` for a store not recovered.
     func lastSeq(store: String) -> UInt64?
 
+    /// The seq through which the store's events were compacted away — its oldest snapshot kept, 0 before any — or
+    /// `nil` for a store not recovered (and from journals that do not say).
+    func compactedThrough(store: String) -> UInt64?
+
     /// Events `from...to` of `store`, at most `limit` of them, in seq order — or, when `from` is below the
     /// first seq the journal still keeps, ``JournalRange/compacted(firstAvailable:)``.
     ///
@@ -319,6 +323,11 @@ public struct JournalBatch: Hashable, Sendable {
     public func lastSeq(of store: String) -> UInt64? {
         events.last { $0.store == store }?.seq
     }
+}
+
+extension Journal {
+    /// `nil`: a journal that does not say how far it compacted.
+    public func compactedThrough(store: String) -> UInt64? { nil }
 }
 
 /// A store as recovery left it.

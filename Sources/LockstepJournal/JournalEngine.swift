@@ -151,6 +151,12 @@ extension EngineJournal {
         engine.lastSeq(store: store)
     }
 
+    /// The seq of the store's oldest snapshot kept, through which its events are compacted away (0 before any); see
+    /// ``Journal/compactedThrough(store:)``.
+    public func compactedThrough(store: String) -> UInt64? {
+        engine.compactedThrough(store: store)
+    }
+
     /// Events `from...to` of `store`, checksums checked, or where they start when compacted; see
     /// ``Journal/events(store:from:to:limit:)``.
     public func events(
@@ -703,6 +709,10 @@ final class JournalEngine<Storage: JournalStorage>: Sendable {
 
     func lastSeq(store: String) -> UInt64? {
         tracking.withLockedValue { $0[store]?.lastSeq }
+    }
+
+    func compactedThrough(store: String) -> UInt64? {
+        tracking.withLockedValue { $0[store].map { $0.snapshotSeqs.first ?? 0 } }
     }
 
     // MARK: Reads

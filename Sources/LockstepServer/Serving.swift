@@ -1081,6 +1081,9 @@ struct Serving {
                 metrics.count("lockstep_dispatches_refused_total", dimensions + [("code", code)], total: count)
             }
             metrics.count("lockstep_snapshots_total", dimensions, total: snapshotsCommitted[name] ?? 0)
+            if let through = journal.compactedThrough(store: name.rawValue) {
+                metrics.gauge("lockstep_journal_compacted_through", dimensions, Double(through))
+            }
             metrics.gauge("lockstep_store_seq", dimensions, Double(publishedSeq[name] ?? store.lastSeq))
             if let counts = effects[name.rawValue] ?? (declaring.contains(name.rawValue) ? (0, 0, 0) : nil) {
                 metrics.gauge("lockstep_effects_pending", dimensions, Double(counts.pending))

@@ -26,9 +26,14 @@ import Glibc
     @Test func metricsCountWhatClientsWereToldAndAStoppedReplicasLagRisesAndFalls() async throws {
         let directory = try TestSupport.temporaryDirectory("metrics").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
+        // A snapshot every 100 events, so the journal compacts during the run.
+        let file = "\(directory)/lockstepd.toml"
+        try "[snapshots]\nevery_events = 100\n".write(toFile: file, atomically: true, encoding: .utf8)
         let daemon = try DaemonProcess(
             directory: directory,
-            arguments: ["--domain", "todos", "--domain", "reminders", "--http-listen", "127.0.0.1:0"]
+            arguments: [
+                "--config", file, "--domain", "todos", "--domain", "reminders", "--http-listen", "127.0.0.1:0",
+            ]
         )
         let address = try #require(try await daemon.waitUntilServing().http)
         // A replica in another process, which reports to the daemon every second (the default).
@@ -102,6 +107,11 @@ import Glibc
         // Every commit's batch recorded: as many actions in the histogram as were journaled.
         #expect(prometheusSample(text, "lockstep_commit_batch_actions_sum") == Double(accepted))
         #expect((prometheusSample(text, "lockstep_journal_commit_seconds_count", ["journal": "sqlite"]) ?? 0) >= 1)
+        // 360 events, a snapshot once 100 more are in (at a commit's end): three; two are kept, so the events are
+        // compacted away through the second, at 200 or a little past it.
+        #expect(prometheusSample(text, "lockstep_snapshots_total", ["store": "todos"]) == 3)
+        let compacted = prometheusSample(text, "lockstep_journal_compacted_through", ["store": "todos"]) ?? 0
+        #expect((200..<Double(accepted)).contains(compacted), "compacted through \(compacted)")
 
         // The watcher, caught up, reported itself.
         func watcherLag(_ text: String) -> (events: Double, seconds: Double)? {

@@ -207,6 +207,19 @@ enum Wire {
         }
     }
 
+    /// The text in `frame`: 1 to `maximum` bytes of UTF-8, or `malformed` naming `field`, its size, and (`holding`)
+    /// what it should hold.
+    static func text(_ frame: Frame, field: String, maximum: Int, holding: String = "") throws(ProtocolError) -> String
+    {
+        guard (1...maximum).contains(frame.count), let text = String(validating: frame, as: UTF8.self) else {
+            throw ProtocolError(
+                code: .malformed,
+                "\(field) is \(frame.count) bytes; expected 1 to \(maximum) bytes of UTF-8\(holding)"
+            )
+        }
+        return text
+    }
+
     /// "1 frame", "2 frames".
     static func frames(_ count: Int) -> String { count == 1 ? "1 frame" : "\(count) frames" }
 

@@ -185,15 +185,11 @@ public enum Request: Hashable, Sendable {
             let divergences = try header.read(UInt64.self, field: "divergences")
             try Wire.requireFrames(body, exactly: 3, type: type, layout: "header, store name, replica name")
             let store = try Wire.storeName(body[1], field: "store name (frame 1)")
-            guard (1...ReplicaProgress.maximumNameLength).contains(body[2].count),
-                let name = String(validating: body[2], as: UTF8.self)
-            else {
-                throw ProtocolError(
-                    code: .malformed,
-                    "replica name (frame 2) of REPORT request is \(body[2].count) bytes; expected 1 to "
-                        + "\(ReplicaProgress.maximumNameLength) bytes of UTF-8"
-                )
-            }
+            let name = try Wire.text(
+                body[2],
+                field: "replica name (frame 2) of REPORT request",
+                maximum: ReplicaProgress.maximumNameLength
+            )
             guard interval > 0 else {
                 throw ProtocolError(code: .malformed, "report interval of REPORT request is 0 ms; expected 1 or more")
             }
@@ -257,15 +253,12 @@ public enum EffectsCommand: Hashable, Sendable {
             self = .list
         case "retry", "drop":
             try Wire.requireFrames(body, exactly: 3, type: .effectsRequest, layout: "header, \(verb), effect id")
-            guard (1...Self.maximumIDLength).contains(body[2].count),
-                let id = String(validating: body[2], as: UTF8.self)
-            else {
-                throw ProtocolError(
-                    code: .malformed,
-                    "effect id (frame 2) of EFFECTS request is \(body[2].count) bytes; expected 1 to "
-                        + "\(Self.maximumIDLength) bytes of UTF-8, store/seq/index"
-                )
-            }
+            let id = try Wire.text(
+                body[2],
+                field: "effect id (frame 2) of EFFECTS request",
+                maximum: Self.maximumIDLength,
+                holding: ", store/seq/index"
+            )
             self = verb == "retry" ? .retry(id) : .drop(id)
         default:
             throw ProtocolError(
@@ -374,12 +367,7 @@ public enum TraceContext {
         _ bytes: ArraySlice<UInt8>,
         field: String = "trace context (frame 0 past byte 32) of DISPATCH request"
     ) throws(ProtocolError) -> [String: String] {
-        guard (1...maximumBytes).contains(bytes.count), let text = String(validating: bytes, as: UTF8.self) else {
-            throw ProtocolError(
-                code: .malformed,
-                "\(field) is \(bytes.count) bytes; expected 1 to \(maximumBytes) bytes of UTF-8"
-            )
-        }
+        let text = try Wire.text(Array(bytes), field: field, maximum: maximumBytes)
         var fields: [String: String] = [:]
         for line in text.split(separator: "\n", omittingEmptySubsequences: false) {
             guard let equals = line.firstIndex(of: "="), equals != line.startIndex else {

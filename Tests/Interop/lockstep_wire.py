@@ -599,15 +599,20 @@ def request_id_of(body: Sequence[bytes]) -> int:
     return 0
 
 
-def _trace_context(raw: bytes) -> Dict[str, str]:
-    """A DISPATCH's trace context: key=value lines joined by \\n, 1 to 1024 bytes of UTF-8."""
+def _text(raw: bytes, field_name: str, maximum: int) -> str:
+    """1 to `maximum` bytes of UTF-8, or MALFORMED naming the field and its size."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         text = None
-    if text is None or len(raw) > MAXIMUM_TRACE_CONTEXT_BYTES:
-        raise WireError(MALFORMED, f"trace context (frame 0 past byte 32) of DISPATCH request is {len(raw)} bytes; "
-                                   f"expected 1 to {MAXIMUM_TRACE_CONTEXT_BYTES} bytes of UTF-8")
+    if text is None or not 1 <= len(raw) <= maximum:
+        raise WireError(MALFORMED, f"{field_name} is {len(raw)} bytes; expected 1 to {maximum} bytes of UTF-8")
+    return text
+
+
+def _trace_context(raw: bytes) -> Dict[str, str]:
+    """A DISPATCH's trace context: key=value lines joined by \\n, 1 to 1024 bytes of UTF-8."""
+    text = _text(raw, "trace context of DISPATCH request or TRACE", MAXIMUM_TRACE_CONTEXT_BYTES)
     fields = {}
     for line in text.split("\n"):
         key, equals, value = line.partition("=")
@@ -663,28 +668,14 @@ def decode_request(body: Sequence[bytes], limits: Limits = DEFAULT_LIMITS) -> Re
             _frames(body, 2, kind)
             return EffectsRequest(request_id, command)
         _frames(body, 3, kind)
-        raw = bytes(body[2])
-        try:
-            effect_id = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            effect_id = None
-        if effect_id is None or not 1 <= len(raw) <= MAXIMUM_EFFECT_ID_BYTES:
-            raise WireError(MALFORMED, f"effect id (frame 2) of EFFECTS request is {len(raw)} bytes; expected 1 to "
-                                       f"{MAXIMUM_EFFECT_ID_BYTES} bytes of UTF-8")
+        effect_id = _text(bytes(body[2]), "effect id (frame 2) of EFFECTS request", MAXIMUM_EFFECT_ID_BYTES)
         return EffectsRequest(request_id, command, effect_id)
     if kind == REPORT:
         client_id = head[12:28]
         epoch, applied, interval, repairs, resyncs, divergences = struct.unpack(">QQIQQQ", head[28:72])
         _frames(body, 3, kind)
         store = check_store_name(bytes(body[1]), "store name (frame 1)")
-        raw = bytes(body[2])
-        try:
-            name = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            name = None
-        if name is None or not 1 <= len(raw) <= MAXIMUM_REPLICA_NAME_BYTES:
-            raise WireError(MALFORMED, f"replica name (frame 2) of REPORT request is {len(raw)} bytes; expected 1 to "
-                                       f"{MAXIMUM_REPLICA_NAME_BYTES} bytes of UTF-8")
+        name = _text(bytes(body[2]), "replica name (frame 2) of REPORT request", MAXIMUM_REPLICA_NAME_BYTES)
         if interval == 0:
             raise WireError(MALFORMED, "report interval of REPORT request is 0 ms; expected 1 or more")
         return Report(request_id, client_id, store, name, epoch, applied, interval, repairs, resyncs, divergences)

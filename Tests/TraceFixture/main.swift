@@ -5,6 +5,8 @@
 // - `daemon`: a Lockstep daemon hosting `todos`, taking lockstepd's flags;
 // - `dispatch ENDPOINT`: inside a span `test.request`, dispatches two adds as one batch, then a toggle the domain
 //   rejects, through a `Dispatcher` to the daemon at ENDPOINT; exits 0 when both were answered as expected;
+// - `load ENDPOINT COUNT`: COUNT traced increments of `counter`, one at a time, each in a span of its own (what
+//   docs/performance.md's cost of tracing is measured with; the daemon must host `counter`);
 // - `replica COMMAND EVENTS SEQ`: a `Replica` of `todos` at the daemon of those endpoints; prints `live` once it is,
 //   and exits 0 once it has applied SEQ.
 
@@ -16,12 +18,19 @@ import LockstepExamples
 import LockstepServer
 import Tracing
 
-func randomHex(_ bytes: Int) -> String {
-    (0..<bytes).map { _ in String(format: "%02x", UInt8.random(in: 0...255)) }.joined()
+/// `words` random 64-bit words in hex: 16 digits each.
+func randomHex(words: Int) -> String {
+    (0..<words).map { _ in
+        let hex = String(UInt64.random(in: .min ... .max), radix: 16)
+        return String(repeating: "0", count: 16 - hex.count) + hex
+    }.joined()
 }
 
-let tracer = InMemoryTracer(idGenerator: .init(nextTraceID: { randomHex(16) }, nextSpanID: { randomHex(8) }))
-InstrumentationSystem.bootstrap(tracer)
+let tracer = InMemoryTracer(
+    idGenerator: .init(nextTraceID: { randomHex(words: 2) }, nextSpanID: { randomHex(words: 1) })
+)
+// TRACE_FIXTURE_UNTRACED=1: no tracer (the `load` role's comparison without tracing).
+if ProcessInfo.processInfo.environment["TRACE_FIXTURE_UNTRACED"] == nil { InstrumentationSystem.bootstrap(tracer) }
 
 /// Every finished span, one JSON object a line: name, trace, span, parent, kind, and the `lockstep.*` attributes.
 func writeSpans() {
@@ -52,7 +61,7 @@ atexit { writeSpans() }
 
 switch ProcessInfo.processInfo.environment["TRACE_FIXTURE_ROLE"] {
 case "daemon":
-    await LockstepDaemonMain.run(domains: [Todos.self])
+    await LockstepDaemonMain.run(domains: [Todos.self, Counter.self])
 case "dispatch":
     let endpoint = CommandLine.arguments[1]
     var configuration = DispatcherConfiguration(commandEndpoints: [endpoint])
@@ -68,6 +77,23 @@ case "dispatch":
                 FileHandle.standardError.write(Data("toggling todo 999 was accepted\n".utf8))
                 exit(1)
             } catch is Rejection {}
+        }
+        group.cancelAll()
+        while let _ = try? await group.next() {}
+    }
+    exit(0)
+case "load":
+    let arguments = CommandLine.arguments
+    let dispatcher = try Dispatcher(
+        Counter.self,
+        configuration: DispatcherConfiguration(commandEndpoints: [arguments[1]])
+    )
+    try await withThrowingTaskGroup(of: Void.self) { group in
+        group.addTask { try await dispatcher.run() }
+        for _ in 0..<Int(arguments[2])! {
+            try await withSpan("load.request") { _ in try await dispatcher.dispatch(.increment) }
+            // Spans of the load are not kept: only the daemon's cost is measured.
+            tracer.clearAll()
         }
         group.cancelAll()
         while let _ = try? await group.next() {}

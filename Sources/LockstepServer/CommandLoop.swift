@@ -435,21 +435,6 @@ struct LoopThread {
         if ContinuousClock.now >= nextMetrics { recordMetrics() }
     }
 
-    /// Brings the metrics up to date with what the loop tallied (answers, errors, commits, replicas' reports) and
-    /// what it stands at now.
-    mutating func recordMetrics() {
-        let now = ContinuousClock.now
-        nextMetrics = now + DaemonMetrics.interval
-        for (code, count) in sockets.refusals { metrics.count("lockstep_errors_total", [("code", code)], total: count) }
-        metrics.gauge("lockstep_subscriptions", Double(sockets.subscriptions.values.reduce(0, +)))
-        metrics.gauge("lockstep_leader", serving == nil ? 0 : 1)
-        metrics.count("lockstep_takeovers_total", total: takeovers)
-        if configuration.journal == .sqlite {
-            metrics.gauge("lockstep_journal_bytes", Double(CommandLoop.fileBytes(journal.location)))
-        }
-        serving?.record(&metrics, now: now)
-    }
-
     func nextDeadline() -> ContinuousClock.Instant {
         let now = ContinuousClock.now
         var deadline =

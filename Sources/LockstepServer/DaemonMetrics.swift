@@ -82,3 +82,73 @@ enum DaemonMetrics {
         )
     }
 }
+
+// What the loop hands the metrics once a second: its own tallies and where it stands (the loop only calls these).
+
+extension LoopThread {
+    /// Brings the metrics up to date with what the loop tallied (answers, errors, commits, replicas' reports) and
+    /// what it stands at now.
+    mutating func recordMetrics() {
+        let now = ContinuousClock.now
+        nextMetrics = now + DaemonMetrics.interval
+        for (code, count) in sockets.refusals { metrics.count("lockstep_errors_total", [("code", code)], total: count) }
+        metrics.gauge("lockstep_subscriptions", Double(sockets.subscriptions.values.reduce(0, +)))
+        metrics.gauge("lockstep_leader", serving == nil ? 0 : 1)
+        metrics.count("lockstep_takeovers_total", total: takeovers)
+        if configuration.journal == .sqlite {
+            metrics.gauge("lockstep_journal_bytes", Double(CommandLoop.fileBytes(journal.location)))
+        }
+        serving?.record(&metrics, now: now)
+    }
+}
+
+extension Serving {
+    /// Brings `metrics` up to date with this leadership's tallies, its stores, and its replicas (those silent too
+    /// long leave the roster, and their gauges go).
+    mutating func record(_ metrics: inout MetricsMirror, now: ContinuousClock.Instant) {
+        roster.expire(now: now)
+        let effects = ledger.counts()
+        let declaring = Set(loop.domains.filter(\.hasEffects).map(\.name))
+        if let lease = pipeline.lease { metrics.gauge("lockstep_lease_term", Double(lease.term)) }
+        for (name, store) in sequencer.stores {
+            let dimensions = [("store", name.rawValue)]
+            metrics.count("lockstep_actions_accepted_total", dimensions, total: committedEvents[name] ?? 0)
+            for (code, count) in answered[name]?.rejected ?? [:] {
+                metrics.count("lockstep_actions_rejected_total", dimensions + [("code", code)], total: count)
+            }
+            for (code, count) in answered[name]?.refused ?? [:] {
+                metrics.count("lockstep_dispatches_refused_total", dimensions + [("code", code)], total: count)
+            }
+            metrics.count("lockstep_snapshots_total", dimensions, total: snapshotsCommitted[name] ?? 0)
+            if let through = journal.compactedThrough(store: name.rawValue) {
+                metrics.gauge("lockstep_journal_compacted_through", dimensions, Double(through))
+            }
+            metrics.gauge("lockstep_store_seq", dimensions, Double(publishedSeq[name] ?? store.lastSeq))
+            if let counts = effects[name.rawValue] ?? (declaring.contains(name.rawValue) ? (0, 0, 0) : nil) {
+                metrics.gauge("lockstep_effects_pending", dimensions, Double(counts.pending))
+                metrics.gauge("lockstep_effects_dead", dimensions, Double(counts.dead))
+            }
+            let counts = reported[name] ?? .init()
+            metrics.count("lockstep_replica_repairs_total", dimensions, total: counts.repairs)
+            metrics.count("lockstep_replica_resyncs_total", dimensions, total: counts.resyncs)
+            metrics.count("lockstep_replica_divergences_total", dimensions, total: counts.divergences)
+            metrics.gauge(
+                "lockstep_replicas",
+                dimensions,
+                Double(roster.replicas.keys.filter { $0.store == name }.count)
+            )
+        }
+        var present: Set<[String]> = []
+        for (key, entry, lag) in roster.lags(stores: storePositions, now: now) {
+            let dimensions = [
+                ("store", key.store.rawValue), ("replica", entry.report.name),
+                ("client", String(key.client.description.prefix(8))),
+            ]
+            present.insert(MetricsMirror.dimensionKey(dimensions))
+            metrics.gauge("lockstep_replica_lag_events", dimensions, Double(lag.events))
+            metrics.gauge("lockstep_replica_lag_seconds", dimensions, Double(lag.time / .milliseconds(1)) / 1_000)
+        }
+        metrics.dropGauges("lockstep_replica_lag_events", keeping: present)
+        metrics.dropGauges("lockstep_replica_lag_seconds", keeping: present)
+    }
+}

@@ -50,7 +50,9 @@ import Glibc
             let tally = AnswerTally()
             async let scraped = { () async throws -> Int in
                 var scrapes = 0
-                while await tally.total < 8 * 60 {
+                // Until the dispatches are answered; bounded, and cut short when they fail (the task is cancelled).
+                for _ in 0..<5_000 where !Task.isCancelled {
+                    guard await tally.total < 8 * 60 else { break }
                     let text = try await scrape(address)
                     if prometheusSample(text, "lockstep_actions_accepted_total", ["store": "todos"]) != nil {
                         scrapes += 1

@@ -59,6 +59,16 @@ func writeSpans() {
 
 atexit { writeSpans() }
 
+/// Runs `service` (a dispatcher or a replica) while `body` does, and stops it once `body` is done.
+func running(_ service: @escaping @Sendable () async throws -> Void, _ body: () async throws -> Void) async throws {
+    try await withThrowingTaskGroup(of: Void.self) { group in
+        group.addTask { try await service() }
+        try await body()
+        group.cancelAll()
+        while let _ = try? await group.next() {}
+    }
+}
+
 switch ProcessInfo.processInfo.environment["TRACE_FIXTURE_ROLE"] {
 case "daemon":
     await LockstepDaemonMain.run(domains: [Todos.self, Counter.self])
@@ -68,8 +78,7 @@ case "dispatch":
     configuration.requestTimeout = .seconds(2)
     configuration.retries = 10
     let dispatcher = try Dispatcher(Todos.self, configuration: configuration)
-    try await withThrowingTaskGroup(of: Void.self) { group in
-        group.addTask { try await dispatcher.run() }
+    try await running(dispatcher.run) {
         try await withSpan("test.request") { _ in
             try await dispatcher.dispatch(batch: [.add(text: "traced one"), .add(text: "traced two")])
             do {
@@ -78,8 +87,6 @@ case "dispatch":
                 exit(1)
             } catch is Rejection {}
         }
-        group.cancelAll()
-        while let _ = try? await group.next() {}
     }
     exit(0)
 case "load":
@@ -88,15 +95,12 @@ case "load":
         Counter.self,
         configuration: DispatcherConfiguration(commandEndpoints: [arguments[1]])
     )
-    try await withThrowingTaskGroup(of: Void.self) { group in
-        group.addTask { try await dispatcher.run() }
+    try await running(dispatcher.run) {
         for _ in 0..<Int(arguments[2])! {
             try await withSpan("load.request") { _ in try await dispatcher.dispatch(.increment) }
             // Spans of the load are not kept: only the daemon's cost is measured.
             tracer.clearAll()
         }
-        group.cancelAll()
-        while let _ = try? await group.next() {}
     }
     exit(0)
 case "replica":
@@ -105,13 +109,10 @@ case "replica":
         Todos.self,
         configuration: ReplicaConfiguration(commandEndpoint: arguments[1], eventsEndpoint: arguments[2])
     )
-    try await withThrowingTaskGroup(of: Void.self) { group in
-        group.addTask { try await replica.run() }
+    try await running(replica.run) {
         try await replica.waitUntilLive(timeout: .seconds(30))
         FileHandle.standardOutput.write(Data("live\n".utf8))
         _ = try await replica.wait(for: UInt64(arguments[3])!, timeout: .seconds(60))
-        group.cancelAll()
-        while let _ = try? await group.next() {}
     }
     exit(0)
 default:

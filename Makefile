@@ -1,7 +1,7 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
 SWIFT ?= swift
 
-.PHONY: deps build demo test interop template systemd faults bench docs monitoring clean
+.PHONY: deps build demo test interop inspector template systemd faults bench docs monitoring clean
 
 # Installs what Lockstep needs when it is missing: libzmq 4.3.3 or newer (ZeroMQ), SQLite (the journal,
 # through GRDB), PostgreSQL's server and its libpq5 (the PostgreSQL journal opens libpq when used; its tests
@@ -39,6 +39,7 @@ test: deps
 	LOCKSTEP_RELEASE_LOCKSTEPD="$$($(SWIFT) build -c release --scratch-path .build-release-check --show-bin-path)/lockstepd" \
 		SWT_EXPERIMENTAL_MAXIMUM_PARALLELIZATION_WIDTH=16 $(SWIFT) test --skip-build
 	$(MAKE) interop
+	$(MAKE) inspector
 	Tests/PowerCut/run.sh
 	$$($(SWIFT) build --show-bin-path)/lockstep-faults
 	bash deploy/systemd-test.sh
@@ -59,6 +60,18 @@ monitoring:
 # The second implementation of the wire protocol, in Python (Tests/Interop), against a real lockstepd.
 interop: deps
 	Tests/Interop/run.sh "$$($(SWIFT) build --show-bin-path)"
+
+# The inspector's page (docs/operations.md, "The inspector") in a real browser: Debian's chromium, headless, driven
+# by Selenium through chromium-driver, against a real lockstepd and replica (Tests/Inspector). Installs the three
+# when missing (~25 s; nothing downloads a browser of its own). INSPECTOR_SCREENSHOT=docs/images/inspector.png
+# saves the page as the test leaves it.
+inspector: deps
+	@{ [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ] && /usr/bin/python3 -c 'import selenium' 2>/dev/null; } \
+		|| { echo "make: installing chromium chromium-driver python3-selenium"; \
+		SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends chromium chromium-driver \
+			python3-selenium; }
+	Tests/Inspector/run.sh "$$($(SWIFT) build --show-bin-path)"
 
 # The tutorial's template package (docs/tutorial): its build, its tests, its daemon and clients end to end, and
 # boardd's unit under a real systemd (the same checks as lockstepd's, on the board store).

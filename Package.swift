@@ -79,6 +79,8 @@ let package = Package(
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "Tracing", package: "swift-distributed-tracing"),
             ],
+            // The inspector's page (docs/operations.md, "The inspector"), built into the binary as bytes.
+            resources: [.embedInCode("Inspector/inspector.html")],
             swiftSettings: testBuildFailpoints
         ),
         .target(

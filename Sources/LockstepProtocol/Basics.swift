@@ -1,3 +1,4 @@
+import Foundation
 import Lockstep
 
 /// One ZeroMQ message part, as bytes.
@@ -175,4 +176,11 @@ public struct ProtocolError: Error, Hashable, Sendable, CustomStringConvertible 
 
     /// The reason followed by the code in brackets, as logs show it.
     public var description: String { "\(reason) [\(code)]" }
+}
+
+/// A JSON string literal for `text`, as `JSONEncoder` writes one (slashes unescaped).
+package func jsonString(_ text: String) -> String {
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.withoutEscapingSlashes]
+    return (try? String(decoding: encoder.encode(text), as: UTF8.self)) ?? "\"\""
 }

@@ -248,10 +248,14 @@ public struct DaemonStatus: Codable, Hashable, Sendable {
     /// daemon has no value for (`journalBytes` of a PostgreSQL journal, `leader` of a standby that could not read
     /// the lease), as docs/operations.md lists them.
     public func reply(to requestID: UInt64) -> Reply {
+        .status(requestID: requestID, json: json)
+    }
+
+    /// The status as a STATUS reply's JSON.
+    public var json: [UInt8] {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        let body = (try? encoder.encode(Encoded(self))) ?? Data("{}".utf8)
-        return .status(requestID: requestID, json: Array(body))
+        return Array((try? encoder.encode(Encoded(self))) ?? Data("{}".utf8))
     }
 
     /// The status as the daemon writes it: the optional fields clients expect as `null` are written so.

@@ -39,6 +39,10 @@ final class CommandLoop: Sendable {
     let journalTimings: DaemonMetrics.JournalTimings
     /// Where the HTTP listener listens, once it does: for STATUS.
     let httpAddress = LockedValue<String?>(nil)
+    /// What the loop tells the inspector, when it is served (``DaemonConfiguration/servesInspector``).
+    let inspectorFeed: InspectorFeed?
+    /// The in-memory journal, for the inspector to read (it has no file to open a reader on).
+    private let memoryJournal = LockedValue<(any Journal)?>(nil)
 
     init(
         configuration: DaemonConfiguration,
@@ -55,6 +59,7 @@ final class CommandLoop: Sendable {
         self.failpoint = failpoint
         self.logger = logger
         metricsFactory = metrics
+        inspectorFeed = configuration.servesInspector ? InspectorFeed() : nil
         journalTimings = DaemonMetrics.timings(factory: metrics, journalKind: configuration.journal.rawValue)
         do {
             wakeup = try Wakeup()
@@ -165,6 +170,7 @@ final class CommandLoop: Sendable {
     func run() throws {
         let journal = try openJournal()
         defer { try? journal.close() }
+        if configuration.journal == .memory { memoryJournal.withLockedValue { $0 = journal } }
         let writer = JournalWriter(wakeup: wakeup)
         defer { writer.stop() }
         var thread = try LoopThread(loop: self, journal: journal, writer: writer)
@@ -221,6 +227,27 @@ final class CommandLoop: Sendable {
         [path, path + "-wal"].reduce(0) { total, file in
             let size = (try? FileManager.default.attributesOfItem(atPath: file)[.size] as? NSNumber)?.int64Value
             return total + (size ?? 0)
+        }
+    }
+
+    /// A journal to read beside the loop's (the inspector's): the same file or database opened read-only, so its
+    /// reads never wait for the loop's commits.
+    func openReader() throws -> any Journal {
+        switch configuration.journal {
+        case .memory:
+            guard let journal = memoryJournal.withLockedValue({ $0 }) else {
+                throw ServerError(code: .journal, "the in-memory journal is not open yet")
+            }
+            return journal
+        case .postgres:
+            return try PostgresJournal(
+                connection: configuration.postgresConnection ?? "",
+                readOnly: true,
+                lease: PostgresLease(holder: "inspector", duration: configuration.leaseDuration),
+                takeLease: false
+            )
+        case .sqlite:
+            return try SQLiteJournal(directory: configuration.dataDirectory, readOnly: true)
         }
     }
 
@@ -564,19 +591,27 @@ struct LoopThread {
         loop.notifier.notify("READY=1\nSTATUS=standby, \(who)")
     }
 
+    /// The daemon's STATUS as it stands: the leader's, or a standby's.
+    var status: DaemonStatus { serving?.status(sockets) ?? standbyStatus }
+
+    /// A standby's STATUS: its name and the leader's, no stores.
+    var standbyStatus: DaemonStatus {
+        var status = loop.status(role: .standby, stores: [], sockets: sockets, journal: journal)
+        status.name = holder
+        status.journalBytes = nil
+        status.leader = leadership.leader.map {
+            DaemonStatus.Leader(name: $0.holder, term: $0.term, expiresAt: $0.expiresAt)
+        }
+        return status
+    }
+
     /// A standby's answer to one request: STATUS, or `not_leader`, or the error that reading it found.
     func answerStandingBy(_ request: Result<Request, RefusedRequest>) -> Reply {
         switch request {
         case let .failure(refusal):
             return refusal.reply
         case let .success(.status(requestID)):
-            var status = loop.status(role: .standby, stores: [], sockets: sockets, journal: journal)
-            status.name = holder
-            status.journalBytes = nil
-            status.leader = leadership.leader.map {
-                DaemonStatus.Leader(name: $0.holder, term: $0.term, expiresAt: $0.expiresAt)
-            }
-            return status.reply(to: requestID)
+            return standbyStatus.reply(to: requestID)
         case let .success(request):
             return Replies.standingBy(request.requestID, leadership.refusal(holder: holder))
         }

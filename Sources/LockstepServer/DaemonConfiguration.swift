@@ -81,6 +81,16 @@ public struct DaemonConfiguration: Hashable, Sendable {
     /// Where the daemon serves HTTP — `/metrics` in Prometheus text — as `HOST:PORT` (`[http] listen`,
     /// `--http-listen`; port 0 takes a free one, which STATUS shows); `nil`, the default, for no listener.
     public var httpListen: String?
+    /// Whether the HTTP listener serves the inspector's page and its reads (`[http] inspector`; docs/operations.md,
+    /// "The inspector"). `nil`, the default, serves it only on a loopback address (`127.0.0.0/8`, `::1`,
+    /// `localhost`): the page is read-only but shows every action, to anyone who can reach the port.
+    public var inspector: Bool?
+
+    /// Whether the inspector is served: with a listener, on loopback unless ``inspector`` says otherwise.
+    public var servesInspector: Bool {
+        guard let httpListen, let host = try? HTTPListener.split(httpListen).host else { return false }
+        return inspector ?? (host == "localhost" || host == "::1" || host.hasPrefix("127."))
+    }
 
     /// How effects are run: how many at once, how many tries, how long a run may take, how long to wait between
     /// tries.
@@ -203,6 +213,7 @@ public struct DaemonConfiguration: Hashable, Sendable {
         try reader.integer("effects", "timeout_ms", 1...86_400_000) { effects.timeout = .milliseconds($0) }
         try reader.integer("effects", "backoff_ms", 1...3_600_000) { effects.backoff = .milliseconds($0) }
         try reader.string("http", "listen") { httpListen = $0 }
+        try reader.boolean("http", "inspector") { inspector = $0 }
         var secret: String?
         var clients: String?
         try reader.string("curve", "server_key_file") { secret = $0 }
@@ -351,6 +362,14 @@ public struct DaemonConfiguration: Hashable, Sendable {
                 throw ConfigurationError(file: file, key: name(table, key), "expected a string, got \(value)")
             }
             set(text)
+        }
+
+        mutating func boolean(_ table: String, _ key: String, _ set: (Bool) -> Void) throws(ConfigurationError) {
+            guard let value = value(table, key) else { return }
+            guard case let .boolean(flag) = value else {
+                throw ConfigurationError(file: file, key: name(table, key), "expected true or false, got \(value)")
+            }
+            set(flag)
         }
 
         mutating func strings(_ table: String, _ key: String, _ set: ([String]) -> Void) throws(ConfigurationError) {

@@ -120,6 +120,13 @@ public struct DaemonFlags: ParsableArguments, Sendable {
     @Option(help: "Serve /metrics (Prometheus text) over HTTP on HOST:PORT, e.g. 127.0.0.1:9464; default: no listener.")
     public var httpListen: String?
 
+    /// `--http-inspector` / `--no-http-inspector`: serve the inspector's page at `/` of the HTTP listener, or not.
+    @Flag(
+        inversion: .prefixedNo,
+        help: "Serve the inspector's page at / of the HTTP listener (default: only on a loopback address)."
+    )
+    public var httpInspector: Bool?
+
     /// `--log-level LEVEL`, one of swift-log's levels.
     @Option(help: "Log level: trace, debug, info, notice, warning, error, critical.")
     public var logLevel: String = "info"
@@ -167,6 +174,7 @@ public struct DaemonFlags: ParsableArguments, Sendable {
         }
         if let name { settings.leaseHolder = name }
         if let httpListen { settings.httpListen = httpListen }
+        if let httpInspector { settings.inspector = httpInspector }
         try settings.validate(knownDomains: known)
         return settings
     }

@@ -4,22 +4,52 @@ import Logging
 import Synchronization
 import ZeroMQ
 
-/// A request the HTTP listener read: its method and path (the query string cut off).
+/// A request the HTTP listener read: its method, its path and its query's parameters (percent-decoded).
 package struct HTTPRequest: Hashable, Sendable {
     package var method: String
     package var path: String
+    package var query: [String: String] = [:]
+
+    /// The parameters of a query string `a=1&b=two%20words` (`+` is a space; a name without `=` has "").
+    static func parameters(_ query: Substring) -> [String: String] {
+        var parameters: [String: String] = [:]
+        for pair in query.split(separator: "&") {
+            let parts = pair.split(separator: "=", maxSplits: 1, omittingEmptySubsequences: false)
+            func decoded(_ text: Substring) -> String {
+                let spaced = text.replacingOccurrences(of: "+", with: " ")
+                return spaced.removingPercentEncoding ?? spaced
+            }
+            parameters[decoded(parts[0])] = parts.count == 2 ? decoded(parts[1]) : ""
+        }
+        return parameters
+    }
 }
 
-/// What the listener sends back; every response closes its connection.
+/// What the listener sends back. A response closes its connection once sent, unless it ``streams``: then the
+/// connection stays open for what the site sends on it later (server-sent events), until either side closes it.
 package struct HTTPResponse: Hashable, Sendable {
     package var status: Int
     package var contentType: String
     package var body: [UInt8]
+    /// Whether the body goes on after these bytes (no Content-Length; the end of the connection ends it).
+    package var streams = false
 
     package init(status: Int, contentType: String = "text/plain; charset=utf-8", body: [UInt8]) {
         self.status = status
         self.contentType = contentType
         self.body = body
+    }
+
+    /// A JSON response.
+    package static func json(_ status: Int, _ body: [UInt8]) -> HTTPResponse {
+        HTTPResponse(status: status, contentType: "application/json", body: body)
+    }
+
+    /// The head of a stream of server-sent events, with its first events.
+    package static func events(_ body: [UInt8]) -> HTTPResponse {
+        var response = HTTPResponse(status: 200, contentType: "text/event-stream", body: body)
+        response.streams = true
+        return response
     }
 
     /// A plain-text response.
@@ -28,7 +58,7 @@ package struct HTTPResponse: Hashable, Sendable {
     }
 
     static let reasons = [
-        200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+        200: "OK", 400: "Bad Request", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
         431: "Request Header Fields Too Large", 503: "Service Unavailable",
     ]
 
@@ -36,7 +66,8 @@ package struct HTTPResponse: Hashable, Sendable {
     package func encoded(head: Bool = false) -> [UInt8] {
         let header =
             "HTTP/1.1 \(status) \(Self.reasons[status] ?? "Status")\r\nContent-Type: \(contentType)\r\n"
-            + "Content-Length: \(body.count)\r\nConnection: close\r\nCache-Control: no-store\r\n\r\n"
+            + (streams ? "" : "Content-Length: \(body.count)\r\n")
+            + "Connection: close\r\nCache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n\r\n"
         return Array(header.utf8) + (head ? [] : body)
     }
 }
@@ -104,11 +135,14 @@ package struct HTTPConnections {
             ]
         }
         let method = String(parts[0])
-        let path = String(parts[1].prefix { $0 != "?" && $0 != "#" })
+        let target = parts[1].prefix { $0 != "#" }
+        let path = String(target.prefix { $0 != "?" })
+        let query = target.drop { $0 != "?" }.dropFirst()
         guard method == "GET" || method == "HEAD" else {
             return [.respond(id: id, .text(405, "\(method.prefix(20)) is not served here; use GET"), head: false)]
         }
-        return [.respond(id: id, route(HTTPRequest(method: method, path: path)), head: method == "HEAD")]
+        let request = HTTPRequest(method: method, path: path, query: HTTPRequest.parameters(query))
+        return [.respond(id: id, route(request), head: method == "HEAD")]
     }
 
     /// Closes the connections that sent no whole request within ``idleTimeout``.
@@ -129,25 +163,51 @@ package struct HTTPConnections {
     }
 }
 
+/// What an HTTP listener serves: made on the listener's thread and used only there, so it may own what is not
+/// `Sendable` (a read-only journal, say).
+package protocol HTTPSite {
+    /// The answer to `request`, which came on connection `id`. An answer that ``HTTPResponse/streams`` keeps the
+    /// connection open: the site names it in ``streamed(now:)`` from then on.
+    mutating func answer(_ request: HTTPRequest, connection id: [UInt8]) -> HTTPResponse
+    /// What to send on each open stream now. A stream whose queue is full (its peer reads too slowly) is closed.
+    mutating func streamed(now: ContinuousClock.Instant) -> [(id: [UInt8], bytes: [UInt8])]
+    /// Stream `id` is closed: its peer went away, or a send to it would have blocked.
+    mutating func closed(_ id: [UInt8])
+    /// Whether any stream is open (the listener then calls ``streamed(now:)`` ten times a second).
+    var isStreaming: Bool { get }
+}
+
+extension HTTPSite {
+    package mutating func streamed(now: ContinuousClock.Instant) -> [(id: [UInt8], bytes: [UInt8])] { [] }
+    package mutating func closed(_ id: [UInt8]) {}
+    package var isStreaming: Bool { false }
+}
+
 /// The daemon's HTTP listener (`[http] listen`, `--http-listen`): one thread that owns a ZeroMQ STREAM socket on
-/// `HOST:PORT` and answers GET requests with what `route` makes of them — `/metrics` in Prometheus text.
+/// `HOST:PORT` and answers GET requests with what its ``HTTPSite`` makes of them — `/metrics` in Prometheus text,
+/// and the inspector's page and its live stream.
 ///
-/// Built on libzmq's raw-TCP socket rather than an HTTP server library: the daemon serves a handful of small GET
+/// Built on libzmq's raw-TCP socket rather than an HTTP server library: the daemon serves a handful of GET
 /// responses, and SwiftNIO with an HTTP framework would add minutes to every build of every package that links the
 /// daemon (docs/operations.md, "Metrics").
 final class HTTPListener: Sendable {
+    /// How often open streams are sent what is new.
+    static let streamInterval = Duration.milliseconds(100)
+    /// The most messages queued for one connection; a stream's next send past it closes the stream.
+    static let queuedMessages: Int32 = 100
+
     /// The address it listens on, as `HOST:PORT` (the port chosen when 0 was asked).
     let address: String
     private let wakeup: Wakeup
     private let stopping = LockedValue(false)
     private let finished = DispatchSemaphore(value: 0)
 
-    /// Binds `listen` (`HOST:PORT`, port 0 for any free one) on a thread of its own and serves until ``stop()``;
-    /// throws, naming the address, when it cannot bind.
+    /// Binds `listen` (`HOST:PORT`, port 0 for any free one) on a thread of its own, makes the site there with
+    /// `site`, and serves until ``stop()``; throws, naming the address, when it cannot bind.
     init(
         listen: String,
         logger: Logger,
-        route: @escaping @Sendable (HTTPRequest) -> HTTPResponse
+        site makeSite: @escaping @Sendable () -> any HTTPSite
     ) throws(ServerError) {
         let (host, port) = try Self.split(listen)
         let endpoint = "tcp://\(host.contains(":") ? "[\(host)]" : host):\(port == 0 ? "*" : "\(port)")"
@@ -168,6 +228,9 @@ final class HTTPListener: Sendable {
                 context = try Context(ioThreads: 1)
                 socket = try Socket(context, type: .stream)
                 try socket.set(.linger, 0)
+                // A page's stream gets a message every 100 ms at most: 100 queued is 10 s it did not read, and
+                // the next send closes it.
+                try socket.set(.sendHighWaterMark, Self.queuedMessages)
                 try socket.bind(endpoint)
                 let last = try socket.lastEndpoint
                 let address = last.hasPrefix("tcp://") ? String(last.dropFirst(6)) : last
@@ -190,26 +253,51 @@ final class HTTPListener: Sendable {
                 socket.close()
                 context.shutdown()
             }
+            var site = makeSite()
             var connections = HTTPConnections()
+            var streams: Set<[UInt8]> = []
+            /// Sends `frames`; `false` when the peer is gone or its queue is full.
+            func send(_ frames: [[UInt8]]) -> Bool { (try? socket.send(frames, wait: false)) ?? false }
+            func close(_ id: [UInt8]) {
+                _ = send([id, []])
+                if streams.remove(id) != nil { site.closed(id) }
+            }
             while !stopping.withLockedValue({ $0 }) {
                 do {
                     let items: [Poller.Item] = [
                         .socket(socket, .readable), .fileDescriptor(wakeup.descriptor, .readable),
                     ]
-                    let ready = try Poller(items).poll(timeout: .seconds(1))
+                    let timeout = site.isStreaming ? Self.streamInterval : .seconds(1)
+                    let ready = try Poller(items).poll(timeout: timeout)
                     if ready[1].contains(.readable) { wakeup.drain() }
                     var outputs = connections.expire(now: .now)
                     while let frames = try socket.receive(wait: false), frames.count == 2 {
-                        outputs += connections.received(id: frames[0], frames[1], now: .now, route: route)
+                        let id = frames[0]
+                        if streams.contains(id) {
+                            // A stream's peer sends nothing more: bytes are ignored, an empty frame is its end.
+                            if frames[1].isEmpty, streams.remove(id) != nil { site.closed(id) }
+                            continue
+                        }
+                        outputs += connections.received(id: id, frames[1], now: .now) { request in
+                            site.answer(request, connection: id)
+                        }
                     }
                     for output in outputs {
                         switch output {
                         case let .respond(id, response, head):
-                            _ = try socket.send([id, response.encoded(head: head)], wait: false)
-                            _ = try socket.send([id, []], wait: false)
+                            guard send([id, response.encoded(head: head)]), response.streams, !head else {
+                                if response.streams, !head { site.closed(id) }
+                                close(id)
+                                continue
+                            }
+                            streams.insert(id)
                         case let .close(id):
-                            _ = try socket.send([id, []], wait: false)
+                            close(id)
                         }
+                    }
+                    guard site.isStreaming else { continue }
+                    for (id, bytes) in site.streamed(now: .now) where streams.contains(id) && !send([id, bytes]) {
+                        close(id)
                     }
                 } catch {
                     logger.error("the HTTP listener stopped", metadata: ["error": "\(error)"])

@@ -12,12 +12,16 @@ public struct HostedDomain: Sendable {
     let recover: @Sendable (any Journal) throws -> (store: any SequencedStore, upgradedFrom: UInt32?)
     /// Throws what `recover` would for the store's domain version, writing nothing.
     let checkTakeOver: @Sendable (any Journal) throws -> Void
+    /// The canonical JSON of the store's state after its events `1...seq`, as `journal` proves it (the inspector's
+    /// time travel).
+    let state: @Sendable (any Journal, UInt64) throws -> [UInt8]
 
     /// Hosts domain `D`.
     public init<D: Domain>(_ domain: D.Type) {
         name = D.name
         hasEffects = D.hasEffects
         checkTakeOver = { journal in try journal.checkTakeOver(domain) }
+        state = { journal, seq in Array(try CanonicalEncoding.encode(try journal.state(of: domain, at: seq))) }
         recover = { journal in
             let recovered = try journal.recover(domain)
             let store = try DomainStore(

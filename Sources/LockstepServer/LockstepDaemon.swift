@@ -61,14 +61,28 @@ public final class LockstepDaemon: Service, Sendable {
         // SIGHUP reloads the list of CURVE clients.
         loop.installHangupHandler()
         let http = try loop.configuration.httpListen.map { listen in
-            try HTTPListener(listen: listen, logger: loop.logger) { [registry] request in
-                DaemonMetrics.page(request, registry)
+            try HTTPListener(listen: listen, logger: loop.logger) { [registry, loop] in
+                DaemonSite(
+                    registry: registry,
+                    inspector: loop.inspectorFeed.map { feed in
+                        Inspector(
+                            feed: feed,
+                            domains: loop.domains,
+                            restricted: loop.configuration.access != nil,
+                            logger: loop.logger
+                        ) { try loop.openReader() }
+                    }
+                )
             }
         }
         defer { http?.stop() }
         if let http {
             loop.httpAddress.withLockedValue { $0 = http.address }
-            loop.logger.info("serving /metrics over HTTP", metadata: ["address": "\(http.address)"])
+            loop.logger.info(
+                loop.inspectorFeed == nil
+                    ? "serving /metrics over HTTP" : "serving /metrics and the inspector over HTTP",
+                metadata: ["address": "\(http.address)"]
+            )
         }
         try await withTaskCancellationHandler {
             try await withGracefulShutdownHandler {

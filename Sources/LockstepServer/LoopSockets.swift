@@ -62,6 +62,7 @@ struct LoopSockets {
         if case let .error(_, error) = reply {
             refusals[error.code.description, default: 0] += 1
             if error.code == .forbidden { logForbidden(error.reason) }
+            loop.inspectorFeed?.notice(.error(code: error.code.description, reason: error.reason))
         }
         _ = try? router.send(envelope + reply.encode(), wait: false)
     }

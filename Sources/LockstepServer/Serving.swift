@@ -278,6 +278,17 @@ struct Serving {
             switch sequencer.dispatch(dispatch, by: author, allowedCases: grant.cases) {
             case let .reply(reply):
                 count(reply, of: dispatch.store)
+                if case let .rejected(_, _, rejection) = reply, let feed = loop.inspectorFeed {
+                    feed.notice(
+                        .rejected(
+                            store: dispatch.store.rawValue,
+                            author: author.name,
+                            code: rejection.code,
+                            reason: rejection.reason,
+                            actions: dispatch.actions
+                        )
+                    )
+                }
                 span?.attributes["lockstep.outcome"] = Self.outcome(of: reply)
                 span?.end()
                 work = .decided(reply)
@@ -930,6 +941,7 @@ struct Serving {
             if let last = commit.events.last { roster.committed(commit.store, through: last.seq, now: now) }
             committedEvents[commit.store, default: 0] += UInt64(commit.events.count)
         }
+        loop.inspectorFeed?.published(publishedSeq)
         for run in runs {
             sockets.publish(
                 Event.events(

@@ -2,6 +2,7 @@ import ArgumentParser
 import Foundation
 import Lockstep
 import LockstepJournal
+import LockstepProtocol
 
 /// `lockstep journal …`: look into a data directory's journal without the daemon's help.
 package struct JournalCommand: ParsableCommand {
@@ -66,13 +67,6 @@ struct JournalLocation: ParsableArguments {
     func open(command: String) throws -> any Journal {
         try openJournal(directory ?? "", postgres: postgres, command: command, readOnly: true)
     }
-}
-
-/// A JSON string literal for `text`.
-func jsonString(_ text: String) -> String {
-    let encoder = JSONEncoder()
-    encoder.outputFormatting = [.withoutEscapingSlashes]
-    return (try? String(decoding: encoder.encode(text), as: UTF8.self)) ?? "\"\""
 }
 
 /// Writes to standard output in large unbuffered chunks.

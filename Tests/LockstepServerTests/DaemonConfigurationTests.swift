@@ -42,6 +42,7 @@ import Testing
         ("domains = [\"counter\", 3]", "domains: expected strings only, got 3"),
         ("[curve]\nserver_key_file = \"k\"", "curve: [curve] needs both"),
         ("[http]\nlisten = 9464", "http.listen: expected a string, got 9464"),
+        ("[http]\ninspector = \"yes\"", "http.inspector: expected true or false, got \"yes\""),
     ])
     func badSettingsAreNamed(text: String, message: String) throws {
         var configuration = DaemonConfiguration(environment: [:], domains: examples)
@@ -49,6 +50,23 @@ import Testing
             try configuration.apply(try TOMLDocument.parse(text), file: "lockstepd.toml")
         }
         #expect(error?.description.hasPrefix("lockstepd.toml: \(message)") == true, "\(String(describing: error))")
+    }
+
+    @Test func theInspectorIsServedOnLoopbackUnlessConfigured() throws {
+        var configuration = DaemonConfiguration(environment: [:], domains: examples)
+        #expect(!configuration.servesInspector)
+        for (listen, served) in [
+            ("127.0.0.1:0", true), ("[::1]:9464", true), ("localhost:9464", true), ("0.0.0.0:9464", false),
+            ("192.168.1.5:9464", false),
+        ] {
+            configuration.httpListen = listen
+            #expect(configuration.servesInspector == served, "\(listen)")
+        }
+        try configuration.apply(try TOMLDocument.parse("[http]\ninspector = true"), file: "lockstepd.toml")
+        #expect(configuration.servesInspector)
+        configuration.httpListen = "127.0.0.1:0"
+        configuration.inspector = false
+        #expect(!configuration.servesInspector)
     }
 
     @Test func validationRefusesWhatCannotBeServed() {

@@ -192,7 +192,10 @@ import Glibc
     @Test func aListenAddressThatCannotBeBoundStopsTheDaemonNamingIt() async throws {
         let directory = try TestSupport.temporaryDirectory("metrics-bind").path
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let first = try DaemonProcess(directory: directory + "/a", arguments: ["--http-listen", "127.0.0.1:0"])
+        let first = try DaemonProcess(
+            directory: directory + "/a",
+            arguments: ["--http-listen", "127.0.0.1:0", "--no-http-inspector"]
+        )
         let address = try #require(try await first.waitUntilServing().http)
         // The same port again: taken.
         let second = try DaemonProcess(directory: directory + "/b", arguments: ["--http-listen", address])
@@ -203,8 +206,9 @@ import Glibc
         let usage = try await runProduct("lockstepd", ["--http-listen", "localhost"])
         #expect(usage.status == 78)
         #expect(usage.standardError.contains("http.listen: HTTP listen address 'localhost' is not HOST:PORT"))
-        let page = try await offPool("get") { try httpGet(address, "/nothing") }
-        #expect(page.status == 404 && page.body.contains("this daemon serves /metrics"))
+        // Its inspector switched off (--no-http-inspector): no page, and a word on how to have one.
+        let page = try await offPool("get") { try httpGet(address, "/") }
+        #expect(page.status == 404 && page.body.contains("its inspector is off"), "\(page.body)")
         #expect(await first.stop() == 0)
     }
 }

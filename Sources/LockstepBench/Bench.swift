@@ -27,6 +27,8 @@ package final class Bench {
     private let policy: Bool
     /// Whether P1 and P2 run against a daemon that serves /metrics (`--metrics`).
     private let metrics: Bool
+    /// Whether P1 and P2 run with an inspector page open on the daemon (`--inspector`).
+    private let inspector: Bool
     /// With tcp: the daemon's (and the raw servers') key pair and the one client pair every client uses.
     private let curve: (server: CurveKeyPair, client: CurveKeyPair)?
     private var workers = 0
@@ -42,6 +44,7 @@ package final class Bench {
         keep: Bool,
         policy: Bool = false,
         metrics: Bool = false,
+        inspector: Bool = false,
         progressToStandardError: Bool
     ) throws {
         self.transport = transport
@@ -49,6 +52,7 @@ package final class Bench {
         self.keep = keep
         self.policy = policy
         self.metrics = metrics
+        self.inspector = inspector
         self.progressToStandardError = progressToStandardError
         self.lockstep = lockstep
         self.lockstepd = lockstepd
@@ -67,6 +71,7 @@ package final class Bench {
         )
         results.policy = policy
         results.metrics = metrics
+        results.inspector = inspector
     }
 
     deinit {
@@ -207,9 +212,12 @@ package final class Bench {
     /// P1 and P2, then optimistic dispatch, against one lockstepd with an SQLite journal.
     private func measureDispatch(_ parts: Set<String>) throws {
         // With --metrics: the Prometheus registry records every commit, and the loop mirrors its tallies each second.
-        let tables = (policy ? policyTables : "") + (metrics ? "[http]\nlisten = \"127.0.0.1:0\"\n" : "")
-        let daemon = try startDaemon("dispatch", domains: [Counter.name], extra: tables)
+        // With --inspector: a page open on the daemon's inspector all along, sent every action it can be.
+        let http = metrics || inspector ? "[http]\nlisten = \"127.0.0.1:0\"\n" : ""
+        let daemon = try startDaemon("dispatch", domains: [Counter.name], extra: (policy ? policyTables : "") + http)
+        let page = try inspector ? daemon.status()?.http.map { try InspectorWatcher(address: $0) } : nil
         if !parts.isDisjoint(with: ["p1", "p2"]) { (results.p1, results.p2) = try dispatchRows(daemon, journal: "") }
+        results.inspectorActionsSent = page?.stop()
         if parts.contains("optimistic") { try measureOptimistic(daemon) }
         results.p6.daemonPeakBytes = max(results.p6.daemonPeakBytes, daemon.memory().peakKiB * 1_024)
     }

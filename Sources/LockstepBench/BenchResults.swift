@@ -9,6 +9,10 @@ package struct BenchResults: Codable {
     var policy = false
     /// Whether P1 and P2 ran against a daemon serving /metrics (`--metrics`, docs/operations.md "Metrics").
     var metrics = false
+    /// Whether P1 and P2 ran with an inspector page open on the daemon (`--inspector`, docs/operations.md "The
+    /// inspector"), and how many actions its stream carried; `null` without.
+    var inspector = false
+    var inspectorActionsSent: Int?
     var baselines = Baselines()
     var p1 = P1()
     var p2: [P2] = []

@@ -99,7 +99,7 @@ extension LoopThread {
             metrics.gauge("lockstep_journal_bytes", Double(CommandLoop.fileBytes(journal.location)))
         }
         serving?.record(&metrics, now: now)
-        loop.inspectorFeed?.status(status)
+        loop.inspectorFeed?.status(status, published: serving?.publishedSeq ?? [:])
     }
 }
 

@@ -297,6 +297,11 @@ final class HTTPListener: Sendable {
                     }
                     guard site.isStreaming else { continue }
                     for (id, bytes) in site.streamed(now: .now) where streams.contains(id) && !send([id, bytes]) {
+                        // Its queue is full: nothing more is sent to it, and it ends once it reads what is queued.
+                        logger.notice(
+                            "dropped an HTTP stream whose reader fell behind",
+                            metadata: ["queued": "\(Self.queuedMessages) messages"]
+                        )
                         close(id)
                     }
                 } catch {

@@ -104,7 +104,10 @@ import Testing
 
     @Test func theStreamCarriesStatusActionsRejectionsAndErrorsAsTheyCome() throws {
         var (inspector, feed) = try inspector()
-        feed.status(DaemonStatus(uptimeSeconds: 1, role: .leader, journal: "memory", stores: []))
+        feed.status(
+            DaemonStatus(uptimeSeconds: 1, role: .leader, journal: "memory", stores: []),
+            published: [try StoreName("todos"): 3]
+        )
         let opened = inspector.answer(HTTPRequest(method: "GET", path: "/api/live"), connection: id)
         #expect(opened.streams && inspector.isStreaming)
         let first = String(decoding: opened.body, as: UTF8.self)
@@ -134,6 +137,13 @@ import Testing
 
         inspector.closed(id)
         #expect(!inspector.isStreaming)
+        // At most so many pages at once: each may hold a queue of its own at the listener.
+        for page in 0..<Inspector.maximumPages {
+            #expect(inspector.answer(HTTPRequest(method: "GET", path: "/api/live"), connection: [UInt8(page)]).streams)
+        }
+        let refused = inspector.answer(HTTPRequest(method: "GET", path: "/api/live"), connection: [99])
+        #expect(!refused.streams && refused.status == 503)
+        #expect(String(decoding: refused.body, as: UTF8.self).contains("pages are open on this daemon already"))
     }
 
     @Test func aBusyStoreIsSentItsNewestActionsAndTheRestCountedAsSkipped() throws {

@@ -189,6 +189,36 @@ import Glibc
         #expect(await daemon.stop() == 0)
     }
 
+    @Test func theInspectorReadsTheJournalOfARestartedDaemon() async throws {
+        let directory = try TestSupport.temporaryDirectory("inspector-restart").path
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let daemon = try DaemonProcess(directory: directory, arguments: ["--http-listen", "127.0.0.1:0"])
+        _ = try await daemon.waitUntilServing()
+        let added = try await runProduct(
+            "lockstep",
+            [
+                "dispatch", "todos", #"{"add":{"text":"before the restart"}}"#, "--repeat", "3", "--command-endpoint",
+                daemon.command,
+            ]
+        )
+        #expect(added.status == 0, "\(added.standardError)")
+        #expect(await daemon.stop() == 0)
+        // Started again, with nothing dispatched since: the inspector reads what the journal holds.
+        try daemon.start(arguments: ["--http-listen", "127.0.0.1:0"])
+        let address = try #require(try await daemon.waitUntilServing().http)
+        var page: HTTPAnswer?
+        let read = try await eventually(within: .seconds(10), every: .milliseconds(100)) {
+            page = try await offPool("get") { try httpGet(address, "/api/state?store=todos") }
+            return page?.status == 200
+        }
+        #expect(read, "\(String(describing: page?.body))")
+        let body = page?.body ?? ""
+        #expect(body.hasPrefix(#"{"store":"todos","seq":3,"#) && body.contains("before the restart"), "\(body)")
+        let actions = try await offPool("get") { try httpGet(address, "/api/actions?store=todos&from=1&to=3") }
+        #expect(actions.status == 200 && actions.body.components(separatedBy: #""add""#).count == 4, "\(actions.body)")
+        #expect(await daemon.stop() == 0)
+    }
+
     @Test func aListenAddressThatCannotBeBoundStopsTheDaemonNamingIt() async throws {
         let directory = try TestSupport.temporaryDirectory("metrics-bind").path
         defer { try? FileManager.default.removeItem(atPath: directory) }

@@ -48,6 +48,8 @@ struct Inspector {
     static let backlog: UInt64 = 100
     /// The most actions `/api/actions` returns at once.
     static let actionsPerRequest = 500
+    /// The most pages open at once: each may hold ``HTTPListener/queuedMessages`` messages queued.
+    static let maximumPages = 16
     /// A comment this often on a quiet stream, so that a page that went away is found out.
     static let keepalive = Duration.seconds(15)
 
@@ -100,6 +102,9 @@ struct Inspector {
             }
             return .json(200, status.json)
         case "/api/live":
+            guard streams.count < Self.maximumPages else {
+                return Self.problem(503, "\(Self.maximumPages) pages are open on this daemon already; close one")
+            }
             if streams.isEmpty {
                 refresh(now: .now)
                 sent = timeline.count

@@ -3,7 +3,8 @@ import LockstepProtocol
 import Synchronization
 
 /// What the command loop tells the inspector (docs/operations.md, "The inspector"), without waiting for it: the
-/// seq each store has published, the daemon's STATUS once a second, and the answers that change no state —
+/// seq each store has published (after each group it publishes, and once a second), the daemon's STATUS once a
+/// second, and the answers that change no state —
 /// rejections and ERRORs — as they are sent. The inspector's thread reads it; a page that falls behind loses the
 /// oldest notices, never holds the loop. Actions themselves the inspector reads from the journal.
 final class InspectorFeed: Sendable {
@@ -31,9 +32,12 @@ final class InspectorFeed: Sendable {
         state.withLock { $0.published = seqs }
     }
 
-    /// The daemon's status now.
-    func status(_ status: DaemonStatus) {
-        state.withLock { $0.status = status }
+    /// The daemon's status now, and the seq each store has published (none while it stands by).
+    func status(_ status: DaemonStatus, published: [StoreName: UInt64]) {
+        state.withLock {
+            $0.status = status
+            $0.published = published
+        }
     }
 
     /// `notice` was sent.

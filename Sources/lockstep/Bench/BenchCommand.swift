@@ -67,6 +67,14 @@ struct BenchCommand: ParsableCommand {
     )
     var metrics = false
 
+    @Flag(
+        help: """
+            Run P1 and P2 with a page open on the daemon's inspector (docs/operations.md, "The inspector"): its live \
+            stream read all along, as a browser's would be.
+            """
+    )
+    var inspector = false
+
     func validate() throws {
         guard (0.2...60).contains(seconds) else { throw ValidationError("--seconds must be 0.2...60, got \(seconds)") }
         _ = try historyLengths()
@@ -116,6 +124,7 @@ struct BenchCommand: ParsableCommand {
             keep: keep,
             policy: policy,
             metrics: metrics,
+            inspector: inspector,
             progressToStandardError: json
         )
         let results: BenchResults

@@ -285,12 +285,13 @@ final class HTTPListener: Sendable {
                     for output in outputs {
                         switch output {
                         case let .respond(id, response, head):
-                            guard send([id, response.encoded(head: head)]), response.streams, !head else {
-                                if response.streams, !head { site.closed(id) }
-                                close(id)
+                            if send([id, response.encoded(head: head)]), response.streams, !head {
+                                streams.insert(id)
                                 continue
                             }
-                            streams.insert(id)
+                            // Answered and closed — a stream too, when its head could not be sent or was all asked.
+                            if response.streams { site.closed(id) }
+                            close(id)
                         case let .close(id):
                             close(id)
                         }

@@ -97,9 +97,17 @@ import Testing
             #expect(got == status && body.contains(message), "\(query): \(got) \(body)")
         }
         #expect(get(&inspector, "/nothing").0 == 404)
-        var (restricted, _) = try self.inspector(restricted: true)
+        var (restricted, feed) = try self.inspector(restricted: true)
         let (forbidden, why) = get(&restricted, "/api/state", ["store": "todos"])
         #expect(forbidden == 403 && why.contains("access policy"))
+        // Its stream: no actions, rejections by store and code, ERRORs by code.
+        let opened = String(decoding: restricted.answer(HTTPRequest(method: "GET", path: "/api/live"), connection: id).body, as: UTF8.self)
+        #expect(!opened.contains("event: action"))
+        feed.notice(.rejected(store: "todos", author: "bob", code: "unknown_id", reason: "no id 9", actions: [[1]]))
+        feed.notice(.error(code: "forbidden", reason: "identity 'observer' may not read store 'todos'"))
+        let told = String(decoding: restricted.streamed(now: .now).first?.bytes ?? [], as: UTF8.self)
+        #expect(told.contains(#"data: {"store":"todos","code":"unknown_id"}"#) && !told.contains("bob"))
+        #expect(told.contains(#"data: {"code":"forbidden"}"#) && !told.contains("observer"))
     }
 
     @Test func theStreamCarriesStatusActionsRejectionsAndErrorsAsTheyCome() throws {

@@ -115,10 +115,13 @@ struct Inspector {
             // The backlog's actions and happenings: of the statuses, only the newest.
             for event in timeline[..<sent] where !event.isStatus { body += event.bytes }
             return .events(body)
-        case "/api/state":
-            return state(request.query)
-        case "/api/actions":
-            return actions(request.query)
+        case "/api/state", "/api/actions":
+            do throws(Refusal) {
+                let store = try readable(request.query)
+                return request.path == "/api/state" ? state(of: store, request.query) : actions(of: store, request.query)
+            } catch {
+                return error.response
+            }
         default:
             return .text(404, "nothing at \(request.path.prefix(200)); the inspector's page is at /")
         }
@@ -184,7 +187,9 @@ struct Inspector {
             }
             append("rejected", json + Array("]}".utf8))
         case let .error(code, reason):
-            append("refused", Array(#"{"code":\#(jsonString(code)),"reason":\#(jsonString(reason))}"#.utf8))
+            // Under a policy a reason may name an identity or a store: the anonymous page gets the code.
+            let told = restricted ? "" : #","reason":\#(jsonString(reason))"#
+            append("refused", Array(#"{"code":\#(jsonString(code))\#(told)}"#.utf8))
         }
     }
 
@@ -257,13 +262,7 @@ struct Inspector {
 
     /// `/api/state?store=NAME&seq=N`: the store's state after its event `seq` (the newest without one), with its
     /// digest.
-    private mutating func state(_ query: [String: String]) -> HTTPResponse {
-        let store: (name: StoreName, domain: HostedDomain, published: UInt64)
-        do throws(Refusal) {
-            store = try readable(query)
-        } catch {
-            return error.response
-        }
+    private mutating func state(of store: Readable, _ query: [String: String]) -> HTTPResponse {
         guard let seq = query["seq"].map({ UInt64($0) }) ?? store.published, seq <= store.published else {
             return Self.problem(
                 400,
@@ -281,13 +280,7 @@ struct Inspector {
     }
 
     /// `/api/actions?store=NAME&from=A&to=B`: the store's actions `A...B` (at most ``actionsPerRequest``).
-    private mutating func actions(_ query: [String: String]) -> HTTPResponse {
-        let store: (name: StoreName, domain: HostedDomain, published: UInt64)
-        do throws(Refusal) {
-            store = try readable(query)
-        } catch {
-            return error.response
-        }
+    private mutating func actions(of store: Readable, _ query: [String: String]) -> HTTPResponse {
         guard let from = query["from"].flatMap({ UInt64($0) }), let to = query["to"].flatMap({ UInt64($0) }),
             from >= 1, from <= to
         else {
@@ -320,10 +313,11 @@ struct Inspector {
         }
     }
 
-    /// The store a query names, if the page may read it, with its domain and the seq it has published.
-    private func readable(
-        _ query: [String: String]
-    ) throws(Refusal) -> (name: StoreName, domain: HostedDomain, published: UInt64) {
+    /// A store the page may read: its name, its domain and the seq it has published.
+    typealias Readable = (name: StoreName, domain: HostedDomain, published: UInt64)
+
+    /// The store a query names, if the page may read it.
+    private func readable(_ query: [String: String]) throws(Refusal) -> Readable {
         guard !restricted else {
             throw Refusal(
                 response: Self.problem(

@@ -46,6 +46,8 @@ struct FaultSuite: ParsableCommand {
             ("kill -9, a 10 MB store", faults.killUnderLoadOnALargeStore),
             ("SIGSTOP of a replica, 10 MB", faults.stopReplicaOfALargeStore),
             ("failover", faults.failover),
+            ("partition: leader-database", faults.leaderCutOffFromDatabase),
+            ("partition: lossy links", faults.lossyDatabaseLinks),
             ("tool through takeovers", faults.toolThroughTakeovers),
             ("effects", faults.effects),
             ("journal surgery", faults.journalSurgery),

@@ -32,7 +32,7 @@ final class Faults {
     }
 
     /// Waits until `load` has more acknowledgements than `count`; false after `timeout`.
-    private func progresses(_ load: Load, beyond count: Int, within timeout: Duration = .seconds(10)) -> Bool {
+    func progresses(_ load: Load, beyond count: Int, within timeout: Duration = .seconds(10)) -> Bool {
         let deadline = ContinuousClock.now + timeout
         while load.acks.count <= count {
             guard ContinuousClock.now < deadline else { return false }
@@ -43,7 +43,7 @@ final class Faults {
 
     /// Waits until every watcher is at `daemon`'s todos (seq, digest), with the load paused or stopped; what went
     /// wrong, if anything.
-    private func converge(_ watchers: [ReplicaClient], on daemon: Daemon) throws -> String? {
+    func converge(_ watchers: [ReplicaClient], on daemon: Daemon) throws -> String? {
         let expected = try daemon.digests(["todos"])
         var failure: String?
         for (index, watcher) in watchers.enumerated() {
@@ -73,7 +73,7 @@ final class Faults {
 
     /// The same for a leader and its standbys: they are stopped, standbys first, and `journal` is read once they
     /// are; none of `absent` (texts of refused dispatches) may be in it.
-    private func settle(
+    func settle(
         _ load: Load,
         leader: Daemon,
         standbys: [Daemon] = [],

@@ -31,11 +31,23 @@ final class Daemon {
     /// The journal's directory.
     let data: String
 
-    init(folder: URL, configuration: String = "", environment: [String: String] = [:], data: String? = nil) throws {
+    /// A daemon in `folder`; with `host`, run on that test host (its ipc endpoints, in `folder`, reach it from any
+    /// namespace: only its tcp connections, PostgreSQL's, go through the host's network).
+    init(
+        folder: URL,
+        configuration: String = "",
+        environment: [String: String] = [:],
+        data: String? = nil,
+        host: (hosts: TestHosts, name: String)? = nil
+    ) throws {
+        let arguments = ["--config", "lockstepd.toml", "--log-level", "notice"]
+        let (executable, wrapped) =
+            host.map { $0.hosts.command(on: $0.name, Binaries.lockstepd, arguments) }
+            ?? (Binaries.lockstepd, arguments)
         process = try DaemonProcess(
-            executable: Binaries.lockstepd,
+            executable: executable,
             folder: folder,
-            arguments: ["--config", "lockstepd.toml", "--log-level", "notice"],
+            arguments: wrapped,
             environment: environment
         )
         self.data = data ?? "\(folder.path)/.lockstep/data"

@@ -1,0 +1,200 @@
+import Foundation
+import Lockstep
+import LockstepJournal
+import LockstepTesting
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Partitions, not crashes (docs/operations.md, "Partitions"): the network between the daemons and PostgreSQL cut by
+/// the kernel (nftables rules on network-namespace hosts, ``TestHosts``) while every process runs on.
+extension Faults {
+    /// How the leader is cut off from the database in one cycle of ``leaderCutOffFromDatabase()``.
+    enum DatabaseCut: String, CaseIterable {
+        /// Nothing passes either way.
+        case bothWays = "both ways"
+        /// What the leader sends is dropped; the database's packets reach it.
+        case leaderToDatabase = "leader to database only"
+        /// What the database sends is dropped: the leader's statements arrive, and run, but it never hears back.
+        case databaseToLeader = "database to leader only"
+    }
+
+    /// A failover pair on PostgreSQL, each daemon on a host of its own and the database on a third, clients and
+    /// replicas reaching both daemons (over ipc, which no network cut touches): whichever leads is cut off from the
+    /// database — both ways, or one way only, in turn — while its clients still reach it. The standby must lead; the
+    /// cut-off leader must acknowledge nothing it cannot commit — every acknowledged action in the journal once, at
+    /// its seq, a dispatch whose commit ran unheard answered once from the idempotency record — and, the network
+    /// whole again, stand by under the new term.
+    func leaderCutOffFromDatabase() throws -> FaultResult {
+        try onDatabaseHosts("partition-db") { hosts, daemons, load, watchers, result in
+            var takeovers: [DatabaseCut: [Duration]] = [:]
+            var healing: [Duration] = []
+            for cycle in 1...(long ? 50 * DatabaseCut.allCases.count : DatabaseCut.allCases.count) {
+                let cut = DatabaseCut.allCases[(cycle - 1) % DatabaseCut.allCases.count]
+                guard let (leading, term) = leader(of: daemons) else {
+                    result.failure = result.failure ?? "no daemon said it leads within 10 s before cycle \(cycle)"
+                    return
+                }
+                let host = leading === daemons[0] ? "a" : "b"
+                let successor = daemons.first { $0 !== leading }!
+                guard progresses(load, beyond: load.acks.count) else {
+                    result.failure = "no dispatch was acknowledged before cycle \(cycle)"
+                    return
+                }
+                pause(20...300)
+                let acked = load.acks.count
+                switch cut {
+                case .bothWays: try hosts.cut(host, "db")
+                case .leaderToDatabase: try hosts.drop(from: host, to: "db")
+                case .databaseToLeader: try hosts.drop(from: "db", to: host)
+                }
+                let injected = ContinuousClock.now
+                result.injected += 1
+                var problems: [String] = []
+                let led = successor.waitForStatus(within: .seconds(30)) {
+                    $0.role == "leader" && ($0.leader?.term ?? 0) > term
+                }
+                takeovers[cut, default: []].append(ContinuousClock.now - injected)
+                guard let led, let newLeader = led.leader else {
+                    try hosts.heal()
+                    result.failure =
+                        result.failure ?? "cycle \(cycle) (\(cut.rawValue)): the standby did not lead within 30 s; see "
+                        + "\(successor.log.path) and \(leading.log.path)"
+                    return
+                }
+                if !progresses(load, beyond: acked, within: .seconds(20)) {
+                    problems.append("no dispatch was acknowledged while the old leader was cut off")
+                }
+                try hosts.heal()
+                let healed = ContinuousClock.now
+                let standing = leading.waitForStatus(within: .seconds(60)) {
+                    $0.role == "standby" && $0.leader?.name == newLeader.name && $0.leader?.term == newLeader.term
+                }
+                healing.append(ContinuousClock.now - healed)
+                if standing == nil {
+                    problems.append(
+                        "healed, the old leader did not stand by under \(newLeader.name), term \(newLeader.term), "
+                            + "within 60 s; see \(leading.log.path)"
+                    )
+                }
+                if !load.pause() { problems.append("a dispatch was still in flight after all its tries") }
+                if let failure = try converge(watchers, on: successor) { problems.append(failure) }
+                load.resume()
+                result.record("cycle \(cycle) (\(cut.rawValue))", problems)
+            }
+            for cut in DatabaseCut.allCases {
+                result.notes.append(
+                    "takeover, \(cut.rawValue), cut to the standby's STATUS saying leader: "
+                        + figures(takeovers[cut] ?? [])
+                )
+            }
+            result.notes.append("healed, to the old leader standing by under the new term: \(figures(healing))")
+        }
+    }
+
+    /// The same pair under lossy links: `percent` % of the packets between each daemon and the database dropped at
+    /// random, both ways, for 5 s at a time under load. Nothing has to take over; dispatches must go on being
+    /// acknowledged, and every acknowledged one be in the journal once.
+    func lossyDatabaseLinks() throws -> FaultResult {
+        try onDatabaseHosts("partition-loss") { hosts, daemons, load, watchers, result in
+            var rates: [Double] = []
+            for round in 1...(long ? 50 : 2) {
+                let percent = [10, 30][(round - 1) % 2]
+                guard let (leading, _) = leader(of: daemons) else {
+                    result.failure = result.failure ?? "no daemon said it leads within 10 s before round \(round)"
+                    return
+                }
+                let acked = load.acks.count
+                for host in ["a", "b"] {
+                    try hosts.drop(from: host, to: "db", percent: percent)
+                    try hosts.drop(from: "db", to: host, percent: percent)
+                }
+                result.injected += 1
+                let started = ContinuousClock.now
+                Thread.sleep(forTimeInterval: 5)
+                let during = load.acks.count - acked
+                rates.append(Double(during) / ((ContinuousClock.now - started) / .seconds(1)))
+                try hosts.heal()
+                var problems: [String] = []
+                if during == 0 { problems.append("no dispatch was acknowledged in 5 s at \(percent) % loss") }
+                if !load.pause() { problems.append("a dispatch was still in flight after all its tries") }
+                if let failure = try converge(watchers, on: leader(of: daemons)?.daemon ?? leading) {
+                    problems.append(failure)
+                }
+                load.resume()
+                result.record("round \(round) (\(percent) % loss)", problems)
+            }
+            let sorted = rates.sorted()
+            result.notes.append(
+                "acknowledged a second under loss: median \(Int(sorted[sorted.count / 2])), least "
+                    + "\(Int(sorted.first ?? 0)) over \(rates.count) rounds of 5 s"
+            )
+        }
+    }
+
+    /// PostgreSQL on host `db`, daemons `a` and `b` on hosts of their own serving todos on it over tcp (a leads),
+    /// a load and two replicas reaching both over ipc: `body` injects the faults, then every acknowledged action
+    /// must be in the journal once at its seq (read through the database's Unix socket, which no cut touches).
+    private func onDatabaseHosts(
+        _ label: String,
+        _ body: (TestHosts, [Daemon], Load, [ReplicaClient], inout FaultResult) throws -> Void
+    ) throws -> FaultResult {
+        let hosts = try TestHosts(["db", "a", "b"])
+        defer { hosts.tearDown() }
+        let server = try PostgresServer.start(
+            on: hosts,
+            host: "db",
+            tcp: .init(address: hosts["db"].address, clients: hosts.subnet, authentication: .trust)
+        )
+        defer { server.stop() }
+        try server.createRole("lockstep", password: "unused")
+        let local = try server.createDatabase(named: "partition", owner: "lockstep")
+        let remote = server.tcpConnection(database: "partition", user: "lockstep")
+        let daemons = try ["a", "b"].map { name in
+            try Daemon(
+                folder: folder.appendingPathComponent("\(label)-\(name)"),
+                configuration: "journal = \"postgres\"\npostgres = \"\(remote)\"\ndomains = [\"todos\"]\n"
+                    + "[lease]\nname = \"\(name)\"\n" + Self.keepHistory,
+                host: (hosts, name)
+            )
+        }
+        defer { for daemon in daemons { daemon.kill() } }
+        try daemons[0].start()
+        try daemons[1].start()
+        let watchers = try (0..<2).map { _ in try ReplicaClient(watching: daemons, stores: ["todos"]) }
+        let load = Load(endpoints: daemons.map(\.command), label: label)
+        load.start()
+        defer { load.stop() }
+        var result = FaultResult(injected: 0, survived: 0, lost: 0)
+        defer { try? hosts.heal() }
+        try body(hosts, daemons, load, watchers, &result)
+        let stores = watchers.compactMap { $0.store("todos") }
+        result.notes.append(
+            "replicas: \(stores.map(\.divergences).reduce(0, +)) divergences, \(stores.map(\.resyncs).reduce(0, +)) "
+                + "resyncs, \(stores.map(\.repairs).reduce(0, +)) gaps repaired by range"
+        )
+        let leader = leader(of: daemons)?.daemon ?? daemons[0]
+        try settle(load, leader: leader, standbys: daemons.filter { $0 !== leader }, watchers: watchers, into: &result)
+        {
+            try PostgresJournal(connection: local, readOnly: true)
+        }
+        return result
+    }
+
+    func figures(_ durations: [Duration]) -> String {
+        "median \(seconds(median(durations))), worst \(seconds(durations.max())) over \(durations.count)"
+    }
+}
+
+extension FaultResult {
+    /// One cycle's problems: none, and it survived; else the first is the class's failure, the others notes.
+    mutating func record(_ cycle: String, _ problems: [String]) {
+        guard !problems.isEmpty else {
+            survived += 1
+            return
+        }
+        let failure = "\(cycle): " + problems.joined(separator: "; ")
+        if self.failure == nil { self.failure = failure } else { notes.append(failure) }
+    }
+}

@@ -14,6 +14,12 @@ public struct PostgresLease: Hashable, Sendable {
     /// How long a lease lasts from its last renewal; a standby takes it once it has expired. At least 100 ms.
     public var duration: Duration
 
+    #if LOCKSTEP_FAILPOINTS
+    /// The failpoint `unfenced`, in test (debug) builds only: the fence checks nothing, so a commit or a renewal
+    /// goes through whoever holds the lease row. Only for the fault suite's proof that it catches two leaders.
+    package var unfencedForTesting = false
+    #endif
+
     /// Three seconds: a standby that tries every second takes over within about four after a leader dies.
     public static let defaultDuration = Duration.seconds(3)
 
@@ -166,7 +172,10 @@ extension PostgresStorage {
 
     /// The fence (``LeaseStatement/fence``) for the lease of `term`, to send first in a commit's pipeline.
     func fenceStatement(term: Int64) -> PostgresStatement {
-        .prepared(LeaseStatement.fence.0, [.int64(term), .text(lease.holder), .int64(lease.milliseconds)])
+        #if LOCKSTEP_FAILPOINTS
+        if lease.unfencedForTesting { return .sql("SELECT $1::bigint", [.int64(term)]) }
+        #endif
+        return .prepared(LeaseStatement.fence.0, [.int64(term), .text(lease.holder), .int64(lease.milliseconds)])
     }
 
     /// Whether `failure` is the fence's refusal: the lease row no longer has this journal's term and holder.
@@ -178,6 +187,12 @@ extension PostgresStorage {
     /// naming the term that superseded this journal's; the journal then leads no more.
     func fence(_ session: PostgresConnection, operation: String) throws {
         let term = try heldTerm(operation)
+        #if LOCKSTEP_FAILPOINTS
+        if lease.unfencedForTesting {
+            _ = try session.execute("SELECT 1")
+            return
+        }
+        #endif
         do {
             try session.execute(prepared: LeaseStatement.fence.0, fenceStatement(term: term).parameters)
         } catch let failure where Self.isFenceRefusal(failure) {

@@ -256,14 +256,23 @@ final class CommandLoop: Sendable {
         case .memory:
             return InMemoryJournal(policy: configuration.snapshots)
         case .postgres:
+            var lease = PostgresLease(
+                holder: configuration.leaseHolder ?? PostgresLease.defaultHolder(),
+                duration: configuration.leaseDuration
+            )
+            #if LOCKSTEP_FAILPOINTS
+            if failpoint?.point == .unfenced {
+                logger.critical(
+                    "LOCKSTEP_FAILPOINT=unfenced: commits and renewals check no lease; two daemons may lead"
+                )
+                lease.unfencedForTesting = true
+            }
+            #endif
             do {
                 return try PostgresJournal(
                     connection: configuration.postgresConnection ?? "",
                     policy: configuration.snapshots,
-                    lease: PostgresLease(
-                        holder: configuration.leaseHolder ?? PostgresLease.defaultHolder(),
-                        duration: configuration.leaseDuration
-                    ),
+                    lease: lease,
                     takeLease: false
                 )
             } catch {

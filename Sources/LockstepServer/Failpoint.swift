@@ -24,6 +24,10 @@ struct Failpoint: Sendable {
         /// Not a crash: the journal never fsyncs (SQLite `synchronous = OFF`), so acknowledged actions are lost
         /// on a power cut. Only for proving that the fault suite's power-cut class can fail.
         case noSync = "no-sync"
+        /// Not a crash: on a PostgreSQL journal the fence checks nothing — a commit or a renewal goes through
+        /// whoever holds the lease row — so a leader cut off and healed leads on beside its successor. Only for
+        /// proving that the fault suite's partition classes catch two leaders.
+        case unfenced
     }
 
     /// Whether this build has failpoints: a debug (test) build.

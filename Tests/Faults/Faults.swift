@@ -723,7 +723,7 @@ final class Faults {
                 load.stop()
                 result.survived += 1
                 result.lost = load.acks.count
-                result.expectsLoss = true
+                result.control = .loss
                 result.notes.append(
                     "with SQLite never fsyncing, cut \(cycle + 1) left the journal damaged and lockstepd refused to "
                         + "start on it: all \(load.acks.count) acknowledged dispatches lost, as they must be"
@@ -743,7 +743,7 @@ final class Faults {
                 "with SQLite never fsyncing: \(result.lost) acknowledged dispatches lost, as they must be",
                 at: 0
             )
-            result.expectsLoss = true
+            result.control = .loss
         } else {
             result.notes.insert("\(cycles) cuts (all, prefix and torn in turn) of what was not fsynced", at: 0)
         }

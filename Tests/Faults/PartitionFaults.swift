@@ -27,7 +27,7 @@ extension Faults {
     /// its seq, a dispatch whose commit ran unheard answered once from the idempotency record — and, the network
     /// whole again, stand by under the new term.
     func leaderCutOffFromDatabase() throws -> FaultResult {
-        try onDatabaseHosts("partition-db") { hosts, daemons, load, watchers, result in
+        try onDatabaseHosts("partition-db") { hosts, daemons, load, watchers, _, result in
             var takeovers: [DatabaseCut: [Duration]] = [:]
             var healing: [Duration] = []
             for cycle in 1...(long ? 50 * DatabaseCut.allCases.count : DatabaseCut.allCases.count) {
@@ -97,7 +97,7 @@ extension Faults {
     /// random, both ways, under load until 200 more dispatches are acknowledged through it or for 20 s (quick mode: 50, 10 s). Nothing
     /// has to take over; dispatches must go on being acknowledged, and every acknowledged one be in the journal once.
     func lossyDatabaseLinks() throws -> FaultResult {
-        try onDatabaseHosts("partition-loss") { hosts, daemons, load, watchers, result in
+        try onDatabaseHosts("partition-loss") { hosts, daemons, load, watchers, _, result in
             var through: (dispatches: Int, time: Duration) = (0, .zero)
             for round in 1...(long ? 50 : 2) {
                 let percent = [10, 30][(round - 1) % 2]
@@ -138,12 +138,62 @@ extension Faults {
         }
     }
 
+    /// The control (`partition, no fence`): the leader cut off from the database both ways, with the fence switched
+    /// off (the failpoint `unfenced`, in test builds only). Healed, the old leader's commit or renewal goes through
+    /// unchecked and it leads on beside its successor. The class passes only if the ``ReadProbe`` sees it — two
+    /// daemons saying they lead, or a read older than an acknowledged action — which proves that the partition
+    /// classes would catch a split brain.
+    func unfencedLeaderCutOff() throws -> FaultResult {
+        var result = try onDatabaseHosts(
+            "partition-unfenced",
+            environment: ["LOCKSTEP_FAILPOINT": "unfenced"],
+            replicas: 0
+        ) { hosts, daemons, load, _, probe, result in
+            for cycle in 1...3 {
+                guard let (leading, term) = leader(of: daemons) else {
+                    result.failure = result.failure ?? "no daemon said it leads within 10 s before cycle \(cycle)"
+                    return
+                }
+                let successor = daemons.first { $0 !== leading }!
+                _ = progresses(load, beyond: load.acks.count)
+                try hosts.cut(leading === daemons[0] ? "a" : "b", "db")
+                result.injected += 1
+                let led = successor.waitForStatus(within: .seconds(30)) {
+                    $0.role == "leader" && ($0.leader?.term ?? 0) > term
+                }
+                try hosts.heal()
+                guard led != nil else {
+                    result.failure = "cycle \(cycle): the standby did not lead within 30 s"
+                    return
+                }
+                let healed = ContinuousClock.now
+                let caught = {
+                    let counts = probe.counts
+                    return counts.stale + counts.twoLeaders > 0
+                }
+                while !caught(), ContinuousClock.now - healed < .seconds(20) { Thread.sleep(forTimeInterval: 0.05) }
+                if caught() {
+                    result.survived += 1
+                    result.notes.append(
+                        "cycle \(cycle): caught \(seconds(ContinuousClock.now - healed)) after the heal"
+                    )
+                    return
+                }
+            }
+        }
+        result.control = .splitBrain
+        return result
+    }
+
     /// PostgreSQL on host `db`, daemons `a` and `b` on hosts of their own serving todos on it over tcp (a leads),
-    /// a load and two replicas reaching both over ipc: `body` injects the faults, then every acknowledged action
-    /// must be in the journal once at its seq (read through the database's Unix socket, which no cut touches).
+    /// a load and `replicas` replicas reaching both over ipc, a ``ReadProbe`` reading both: `body` injects the faults, then
+    /// every acknowledged action must be in the journal once at its seq (read through the database's Unix socket,
+    /// which no cut touches), and no read stale.
     private func onDatabaseHosts(
         _ label: String,
-        _ body: (TestHosts, [Daemon], Load, [ReplicaClient], inout FaultResult) throws -> Void
+        environment: [String: String] = [:],
+        replicas: Int = 2,
+        _ body: (TestHosts, [Daemon], Load, [ReplicaClient], ReadProbe, inout FaultResult) throws -> Void
     ) throws -> FaultResult {
         let hosts = try TestHosts(["db", "a", "b"])
         defer { hosts.tearDown() }
@@ -161,19 +211,24 @@ extension Faults {
                 folder: folder.appendingPathComponent("\(label)-\(name)"),
                 configuration: "journal = \"postgres\"\npostgres = \"\(remote)\"\ndomains = [\"todos\"]\n"
                     + "[lease]\nname = \"\(name)\"\n" + Self.keepHistory,
+                environment: environment,
                 host: (hosts, name)
             )
         }
         defer { for daemon in daemons { daemon.kill() } }
         try daemons[0].start()
         try daemons[1].start()
-        let watchers = try (0..<2).map { _ in try ReplicaClient(watching: daemons, stores: ["todos"]) }
+        let watchers = try (0..<replicas).map { _ in try ReplicaClient(watching: daemons, stores: ["todos"]) }
         let load = Load(endpoints: daemons.map(\.command), label: label)
         load.start()
         defer { load.stop() }
+        let probe = ReadProbe([("a", daemons[0].command), ("b", daemons[1].command)], load: load)
+        probe.start()
+        defer { probe.stop() }
         var result = FaultResult(injected: 0, survived: 0, lost: 0)
         defer { try? hosts.heal() }
-        try body(hosts, daemons, load, watchers, &result)
+        try body(hosts, daemons, load, watchers, probe, &result)
+        probe.record(into: &result)
         let stores = watchers.compactMap { $0.store("todos") }
         result.notes.append(
             "replicas: \(stores.map(\.divergences).reduce(0, +)) divergences, \(stores.map(\.resyncs).reduce(0, +)) "

@@ -168,6 +168,8 @@ final class Load: @unchecked Sendable {
     private struct Shared {
         var phase = Phase.running
         var acks: [Ack] = []
+        /// The highest seq acknowledged so far.
+        var highest: SequenceNumber = 0
         var unanswered = 0
         var refused: [String] = []
         /// Threads not finished.
@@ -198,6 +200,8 @@ final class Load: @unchecked Sendable {
     }
 
     var acks: [Ack] { shared.withLockedValue { $0.acks } }
+    /// The highest seq acknowledged so far: every read a client makes after it must see at least it.
+    var highestAcknowledged: SequenceNumber { shared.withLockedValue { $0.highest } }
     var unanswered: Int { shared.withLockedValue { $0.unanswered } }
     var refused: [String] { shared.withLockedValue { $0.refused } }
 
@@ -237,7 +241,9 @@ final class Load: @unchecked Sendable {
                     shared.withLockedValue { shared in
                         shared.busy -= 1
                         switch reply {
-                        case let .accepted(_, _, seq, _)?: shared.acks.append(Ack(text: text, seq: seq))
+                        case let .accepted(_, _, seq, _)?:
+                            shared.acks.append(Ack(text: text, seq: seq))
+                            shared.highest = max(shared.highest, seq)
                         case let .error(_, error)?: shared.refused.append("\(error)")
                         case let reply?: shared.refused.append("\(reply)")
                         case nil: shared.unanswered += 1

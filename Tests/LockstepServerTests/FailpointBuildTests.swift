@@ -53,7 +53,7 @@ import ZeroMQ
         #expect(debug.acknowledged == 1 && !debug.running, "\(debug)")
     }
 
-    @Test(arguments: ["after-commit:2", "before-commit:1", "no-sync"])
+    @Test(arguments: ["after-commit:2", "before-commit:1", "no-sync", "unfenced"])
     func aReleaseDaemonIgnoresTheFailpoint(failpoint: String) async throws {
         try #require(
             FileManager.default.isExecutableFile(atPath: releaseDaemon.path),

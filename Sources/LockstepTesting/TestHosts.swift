@@ -156,6 +156,48 @@ public final class TestHosts {
         (ipPath, ["netns", "exec", self[name].namespace, executable.path] + arguments)
     }
 
+    /// Runs `body` on the calling thread as if on host `name`: the thread enters the host's network namespace
+    /// (`setns`) for the call and returns to its own after it. Sockets made meanwhile are the host's for good, and
+    /// so are threads started meanwhile — ZeroMQ's I/O threads, which a context starts with its first socket,
+    /// included — while the process's other threads stay where they were.
+    ///
+    /// - Throws: ``TestHostsError`` when the namespace cannot be entered; whatever `body` throws.
+    public func within<Result>(_ name: String, _ body: () throws -> Result) throws -> Result {
+        let own = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC)
+        let host = open("/run/netns/\(self[name].namespace)", O_RDONLY | O_CLOEXEC)
+        defer {
+            if own >= 0 { close(own) }
+            if host >= 0 { close(host) }
+        }
+        guard own >= 0, host >= 0, Self.enterNetworkNamespace(host) == 0 else {
+            throw TestHostsError(
+                command: "setns(/run/netns/\(self[name].namespace), CLONE_NEWNET)",
+                status: nil,
+                standardError: String(cString: strerror(errno))
+            )
+        }
+        defer {
+            // A thread left on the host would make every later socket of it there: nothing sound goes on after.
+            precondition(
+                Self.enterNetworkNamespace(own) == 0,
+                "cannot return to this thread's own network namespace: \(String(cString: strerror(errno)))"
+            )
+        }
+        return try body()
+    }
+
+    /// glibc's `setns(fd, CLONE_NEWNET)` for the calling thread, found at run time: Swift's Glibc module leaves out
+    /// what `_GNU_SOURCE` declares, `setns` and `CLONE_NEWNET` among it. 0, or -1 with `errno` set.
+    private static func enterNetworkNamespace(_ descriptor: Int32) -> Int32 {
+        typealias SetNS = @convention(c) (Int32, Int32) -> Int32
+        let cloneNewNet: Int32 = 0x4000_0000
+        guard let symbol = dlsym(UnsafeMutableRawPointer(bitPattern: 0), "setns") else {
+            errno = ENOSYS
+            return -1
+        }
+        return unsafeBitCast(symbol, to: SetNS.self)(descriptor, cloneNewNet)
+    }
+
     /// Starts `executable` on host `name` as a ``ChildProcess`` (killed by its id when released, or by
     /// `tearDown()`), with the other parameters as ``ChildProcess`` takes them.
     public func run(

@@ -49,6 +49,8 @@ struct FaultSuite: ParsableCommand {
             ("partition: leader-database", faults.leaderCutOffFromDatabase),
             ("partition: lossy links", faults.lossyDatabaseLinks),
             ("partition, no fence", faults.unfencedLeaderCutOff),
+            ("partition: leader-clients", faults.leaderCutOffFromClients),
+            ("partition: client host", faults.clientHostCutOff),
             ("tool through takeovers", faults.toolThroughTakeovers),
             ("effects", faults.effects),
             ("journal surgery", faults.journalSurgery),

@@ -964,27 +964,17 @@ final class Faults {
     func curve() throws -> FaultResult {
         let base = folder.appendingPathComponent("curve")
         try FileManager.default.createDirectory(at: base, withIntermediateDirectories: true)
-        let server = try CurveKeyPair.generate()
-        let listed = try CurveKeyPair.generate()
+        let keys = try SuiteCurve(in: base)
+        let (server, listed) = (keys.server, keys.client)
         let unlisted = try CurveKeyPair.generate()
-        let keyFile = base.appendingPathComponent("server.key").path
-        _ = FileManager.default.createFile(
-            atPath: keyFile,
-            contents: Data((Z85.encode(server.secretKey) + "\n").utf8),
-            attributes: [.posixPermissions: 0o600]
-        )
-        let clientsFile = base.appendingPathComponent("clients").path
-        try "\(Z85.encode(listed.publicKey))\n".write(toFile: clientsFile, atomically: true, encoding: .utf8)
         let port = Int.random(in: 30_000..<60_000, using: &random)
         let daemon = try Daemon(
             folder: base,
             configuration: """
                 command_endpoint = "tcp://127.0.0.1:\(port)"
                 events_endpoint = "tcp://127.0.0.1:\(port + 1)"
-                [curve]
-                server_key_file = "\(keyFile)"
-                allowed_clients_file = "\(clientsFile)"
-                """
+
+                """ + keys.configuration
         )
         try daemon.start(waitForReady: false)
         let endpoint = "tcp://127.0.0.1:\(port)"

@@ -138,6 +138,201 @@ extension Faults {
         }
     }
 
+    /// How the leader is cut off from its clients in one cycle of ``leaderCutOffFromClients()``.
+    enum ClientCut: String, CaseIterable {
+        /// Nothing passes either way.
+        case bothWays = "both ways"
+        /// The clients' requests reach the leader; its answers and events do not reach them.
+        case leaderToClients = "leader to clients only"
+        /// The leader's answers would reach the clients; their requests do not reach it.
+        case clientsToLeader = "clients to leader only"
+    }
+
+    /// The leader cut off from every client host — both ways, or one way only, in turn — for a lease and a third
+    /// (4 s), while it still reaches the database: it keeps its lease, so the standby must not lead, and nothing can
+    /// be acknowledged meanwhile (the clients ask the standby, which refuses, and wait). Healed, the leader serves
+    /// again: the time to the next acknowledgement is the healing time; the replicas converge without a resync.
+    func leaderCutOffFromClients() throws -> FaultResult {
+        try onClientHosts("partition-clients") { hosts, daemons, load, watchers, result in
+            var healing: [ClientCut: [Duration]] = [:]
+            for cycle in 1...(long ? 50 * ClientCut.allCases.count : ClientCut.allCases.count) {
+                let cut = ClientCut.allCases[(cycle - 1) % ClientCut.allCases.count]
+                guard let (leading, term) = leader(of: daemons) else {
+                    result.failure = result.failure ?? "no daemon said it leads within 10 s before cycle \(cycle)"
+                    return
+                }
+                let host = leading === daemons[0] ? "a" : "b"
+                let standby = daemons.first { $0 !== leading }!
+                guard progresses(load, beyond: load.acks.count) else {
+                    result.failure = "no dispatch was acknowledged before cycle \(cycle)"
+                    return
+                }
+                pause(20...300)
+                for client in ["c", "d"] {
+                    switch cut {
+                    case .bothWays: try hosts.cut(host, client)
+                    case .leaderToClients: try hosts.drop(from: host, to: client)
+                    case .clientsToLeader: try hosts.drop(from: client, to: host)
+                    }
+                }
+                let injected = ContinuousClock.now
+                result.injected += 1
+                var problems: [String] = []
+                // Answers already on their way when the cut fell are read within a moment; none come after.
+                Thread.sleep(forTimeInterval: 0.3)
+                let acked = load.acks.count
+                while ContinuousClock.now - injected < .seconds(4) {
+                    if let status = standby.status(timeout: .milliseconds(200)), status.role == "leader" {
+                        problems.append(
+                            "the standby led (term \(status.leader?.term ?? 0)) while the leader still held its lease"
+                        )
+                        break
+                    }
+                    Thread.sleep(forTimeInterval: 0.1)
+                }
+                if load.acks.count != acked {
+                    problems.append(
+                        "\(load.acks.count - acked) dispatches were acknowledged while the leader was cut off from "
+                            + "every client"
+                    )
+                }
+                try hosts.heal()
+                let healed = ContinuousClock.now
+                if progresses(load, beyond: load.acks.count, within: .seconds(30)) {
+                    healing[cut, default: []].append(ContinuousClock.now - healed)
+                } else {
+                    problems.append("healed, no dispatch was acknowledged within 30 s")
+                }
+                if let (now, nowTerm) = leader(of: daemons), now !== leading || nowTerm != term {
+                    problems.append("the lead moved (term \(term) to \(nowTerm)) though the leader kept its lease")
+                }
+                if !load.pause() { problems.append("a dispatch was still in flight after all its tries") }
+                if let failure = try converge(watchers, on: leading) { problems.append(failure) }
+                load.resume()
+                result.record("cycle \(cycle) (\(cut.rawValue))", problems)
+            }
+            for cut in ClientCut.allCases {
+                result.notes.append(
+                    "healed (\(cut.rawValue)), to the next acknowledgement: " + figures(healing[cut] ?? [])
+                )
+            }
+        }
+    }
+
+    /// The replicas' host cut off from both daemons for 1 to 4 s while the load goes on from another host, then
+    /// healed: each replica must catch up by itself — the events it missed repaired by range, never a resync (the
+    /// history is there) — and end on the leader's digest without a divergence. The time from the heal to both
+    /// replicas at the leader's seq is the healing time.
+    func clientHostCutOff() throws -> FaultResult {
+        try onClientHosts("partition-replicas") { hosts, daemons, load, watchers, result in
+            var healing: [Duration] = []
+            for cycle in 1...(long ? 50 : 2) {
+                guard let (leading, _) = leader(of: daemons) else {
+                    result.failure = result.failure ?? "no daemon said it leads within 10 s before cycle \(cycle)"
+                    return
+                }
+                try hosts.cut("c", "a")
+                try hosts.cut("c", "b")
+                result.injected += 1
+                let acked = load.acks.count
+                pause(1_000...4_000)
+                var problems: [String] = []
+                if load.acks.count == acked {
+                    problems.append("no dispatch was acknowledged while the replicas were cut off")
+                }
+                try hosts.heal()
+                let healed = ContinuousClock.now
+                if !load.pause() { problems.append("a dispatch was still in flight after all its tries") }
+                if let failure = try converge(watchers, on: leading) { problems.append(failure) }
+                healing.append(ContinuousClock.now - healed)
+                let resyncs = watchers.compactMap { $0.store("todos")?.resyncs }.reduce(0, +)
+                if resyncs > 0 { problems.append("the replicas resynced \(resyncs) times; the history was there") }
+                load.resume()
+                result.record("cycle \(cycle)", problems)
+            }
+            result.notes.append(
+                "healed, to both replicas at the leader's digest (the load paused): \(figures(healing))"
+            )
+        }
+    }
+
+    /// PostgreSQL on host `db`, daemons `a` and `b` on hosts of their own serving todos on it, every socket tcp (a
+    /// leads; `events_queue = 100`, so a replica cut off for long misses events and must repair them); two replicas
+    /// on host `c`; the load, a ``ReadProbe`` and the suite's own questions on host `d` (this thread enters it,
+    /// ``TestHosts/within(_:_:)``). `body` injects the faults; then, as in ``onDatabaseHosts``, every acknowledged
+    /// action must be in the journal once at its seq, and no read stale.
+    private func onClientHosts(
+        _ label: String,
+        _ body: (TestHosts, [Daemon], Load, [ReplicaClient], inout FaultResult) throws -> Void
+    ) throws -> FaultResult {
+        let hosts = try TestHosts(["db", "a", "b", "c", "d"])
+        defer { hosts.tearDown() }
+        let server = try PostgresServer.start(
+            on: hosts,
+            host: "db",
+            tcp: .init(address: hosts["db"].address, clients: hosts.subnet, authentication: .trust)
+        )
+        defer { server.stop() }
+        try server.createRole("lockstep", password: "unused")
+        let local = try server.createDatabase(named: "partition", owner: "lockstep")
+        let remote = server.tcpConnection(database: "partition", user: "lockstep")
+        let keys = try SuiteCurve(in: folder.appendingPathComponent("\(label)-keys"))
+        return try hosts.within("d") {
+            let daemons = try ["a", "b"].map { name in
+                let endpoints = (
+                    command: "tcp://\(hosts[name].address):7400", events: "tcp://\(hosts[name].address):7401"
+                )
+                return try Daemon(
+                    folder: folder.appendingPathComponent("\(label)-\(name)"),
+                    configuration: "journal = \"postgres\"\npostgres = \"\(remote)\"\ndomains = [\"todos\"]\n"
+                        + "command_endpoint = \"\(endpoints.command)\"\nevents_endpoint = \"\(endpoints.events)\"\n"
+                        + "[lease]\nname = \"\(name)\"\n" + Self.keepHistory + "[limits]\nevents_queue = 100\n"
+                        + keys.configuration,
+                    host: (hosts, name),
+                    endpoints: endpoints,
+                    curve: keys.clientCurve
+                )
+            }
+            defer { for daemon in daemons { daemon.kill() } }
+            try daemons[0].start()
+            try daemons[1].start()
+            let watchers = try (0..<2).map { _ in
+                try ReplicaClient(watching: daemons, stores: ["todos"], on: (hosts, "c"), curve: keys)
+            }
+            let load = Load(endpoints: daemons.map(\.command), label: label, curve: keys.clientCurve)
+            load.start()
+            defer { load.stop() }
+            let probe = ReadProbe(
+                [("a", daemons[0].command), ("b", daemons[1].command)],
+                load: load,
+                curve: keys.clientCurve
+            )
+            probe.start()
+            defer { probe.stop() }
+            var result = FaultResult(injected: 0, survived: 0, lost: 0)
+            defer { try? hosts.heal() }
+            try body(hosts, daemons, load, watchers, &result)
+            probe.record(into: &result)
+            let stores = watchers.compactMap { $0.store("todos") }
+            result.notes.append(
+                "replicas: \(stores.map(\.divergences).reduce(0, +)) divergences, "
+                    + "\(stores.map(\.resyncs).reduce(0, +)) resyncs, \(stores.map(\.repairs).reduce(0, +)) gaps "
+                    + "repaired by range"
+            )
+            let leader = leader(of: daemons)?.daemon ?? daemons[0]
+            try settle(
+                load,
+                leader: leader,
+                standbys: daemons.filter { $0 !== leader },
+                watchers: watchers,
+                into: &result
+            ) {
+                try PostgresJournal(connection: local, readOnly: true)
+            }
+            return result
+        }
+    }
+
     /// The control (`partition, no fence`): the leader cut off from the database both ways, with the fence switched
     /// off (the failpoint `unfenced`, in test builds only). Healed, the old leader's commit or renewal goes through
     /// unchecked and it leads on beside its successor. The class passes only if the ``ReadProbe`` sees it — two

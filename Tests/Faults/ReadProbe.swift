@@ -54,11 +54,13 @@ final class ReadProbe: @unchecked Sendable {
 
     private let daemons: [(name: String, command: String)]
     private let load: Load
+    private let curve: ClientCurve?
     private let shared = LockedValue(Shared())
 
-    init(_ daemons: [(name: String, command: String)], load: Load) {
+    init(_ daemons: [(name: String, command: String)], load: Load, curve: ClientCurve? = nil) {
         self.daemons = daemons
         self.load = load
+        self.curve = curve
     }
 
     var counts: Counts { shared.withLockedValue { $0.counts } }
@@ -75,7 +77,13 @@ final class ReadProbe: @unchecked Sendable {
 
     private func probe(_ name: String, _ command: String) {
         guard let context = try? Context() else { return }
-        let client = CommandClient(context: context, endpoint: command, timeout: .milliseconds(300), retries: 0)
+        let client = CommandClient(
+            context: context,
+            endpoint: command,
+            timeout: .milliseconds(300),
+            retries: 0,
+            curve: curve
+        )
         let store = try! StoreName("todos")
         var requestID: UInt64 = 0
         while !shared.withLockedValue({ $0.stopping }) {

@@ -32,13 +32,16 @@ final class Daemon {
     let data: String
 
     /// A daemon in `folder`; with `host`, run on that test host (its ipc endpoints, in `folder`, reach it from any
-    /// namespace: only its tcp connections, PostgreSQL's, go through the host's network).
+    /// namespace: only its tcp connections, PostgreSQL's, go through the host's network). `endpoints`: where
+    /// `configuration` binds its command and events sockets, when not at the defaults in `folder`.
     init(
         folder: URL,
         configuration: String = "",
         environment: [String: String] = [:],
         data: String? = nil,
-        host: (hosts: TestHosts, name: String)? = nil
+        host: (hosts: TestHosts, name: String)? = nil,
+        endpoints: (command: String, events: String)? = nil,
+        curve: ClientCurve? = nil
     ) throws {
         let arguments = ["--config", "lockstepd.toml", "--log-level", "notice"]
         let (executable, wrapped) =
@@ -48,7 +51,10 @@ final class Daemon {
             executable: executable,
             folder: folder,
             arguments: wrapped,
-            environment: environment
+            environment: environment,
+            command: endpoints?.command,
+            events: endpoints?.events,
+            curve: curve
         )
         self.data = data ?? "\(folder.path)/.lockstep/data"
         self.configuration = configuration
@@ -109,6 +115,48 @@ final class Daemon {
     /// Each store's (seq, digest) from its snapshot.
     func digests(_ stores: [String]) throws -> [String: Digest] {
         try process.digests(of: stores).mapValues { Digest(seq: $0.seq, digest: $0.digest.hex) }
+    }
+}
+
+/// CURVE for a class whose daemons serve tcp: the daemons' key pair and one client's, in files as lockstepd and the
+/// tool read them (mode 0600 for the secret keys), the client listed in the daemons' allowed clients file.
+struct SuiteCurve {
+    let server: CurveKeyPair
+    let client: CurveKeyPair
+    let serverKeyFile: String
+    let clientKeyFile: String
+    let clientsFile: String
+
+    init(in folder: URL) throws {
+        try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
+        server = try CurveKeyPair.generate()
+        client = try CurveKeyPair.generate()
+        serverKeyFile = folder.appendingPathComponent("server.key").path
+        clientKeyFile = folder.appendingPathComponent("client.key").path
+        clientsFile = folder.appendingPathComponent("clients").path
+        for (path, keys) in [(serverKeyFile, server), (clientKeyFile, client)] {
+            guard
+                FileManager.default.createFile(
+                    atPath: path,
+                    contents: Data((Z85.encode(keys.secretKey) + "\n").utf8),
+                    attributes: [.posixPermissions: 0o600]
+                )
+            else { throw SuiteError("cannot write \(path)") }
+        }
+        try "\(Z85.encode(client.publicKey))\n".write(toFile: clientsFile, atomically: true, encoding: .utf8)
+    }
+
+    /// The daemons' `[curve]` section.
+    var configuration: String {
+        "[curve]\nserver_key_file = \"\(serverKeyFile)\"\nallowed_clients_file = \"\(clientsFile)\"\n"
+    }
+
+    /// What the suite's own clients use.
+    var clientCurve: ClientCurve { ClientCurve(keys: client, serverPublicKey: server.publicKey) }
+
+    /// What a `lockstep` process is given.
+    var toolArguments: [String] {
+        ["--curve-server-key", Z85.encode(server.publicKey), "--curve-key-file", clientKeyFile]
     }
 }
 
@@ -184,15 +232,18 @@ final class Load: @unchecked Sendable {
     private let retries: Int
     private let shared = LockedValue(Shared())
     private let label: String
+    private let curve: ClientCurve?
 
     init(
         endpoints: [String],
         label: String,
         threads: Int = 4,
         timeout: Duration = .milliseconds(300),
-        retries: Int = 40
+        retries: Int = 40,
+        curve: ClientCurve? = nil
     ) {
         self.endpoints = endpoints
+        self.curve = curve
         self.label = label
         self.threads = threads
         self.timeout = timeout
@@ -211,7 +262,13 @@ final class Load: @unchecked Sendable {
             let worker = Thread { [self] in
                 defer { shared.withLockedValue { $0.running -= 1 } }
                 guard let context = try? Context() else { return }
-                let client = CommandClient(context: context, endpoints: endpoints, timeout: timeout, retries: retries)
+                let client = CommandClient(
+                    context: context,
+                    endpoints: endpoints,
+                    timeout: timeout,
+                    retries: retries,
+                    curve: curve
+                )
                 let clientID = ClientID.random()
                 var number: UInt64 = 0
                 while true {
@@ -358,13 +415,21 @@ func checkJournal(
 
 extension ReplicaClient {
     /// A demo client that only watches: of one daemon, or of a leader and its standbys, following whichever leads.
-    convenience init(watching daemons: [Daemon], stores: [String], eventsQueue: Int = 100_000) throws {
+    convenience init(
+        watching daemons: [Daemon],
+        stores: [String],
+        eventsQueue: Int = 100_000,
+        on host: (hosts: TestHosts, name: String)? = nil,
+        curve: SuiteCurve? = nil
+    ) throws {
         try self.init(
             lockstep: Binaries.lockstep,
             daemons: daemons.map { ($0.command, $0.events) },
             stores: stores,
             actions: 0,
-            extra: ["--events-queue", "\(eventsQueue)"]
+            extra: ["--events-queue", "\(eventsQueue)"] + (curve?.toolArguments ?? []),
+            on: host?.hosts,
+            host: host?.name
         )
     }
 

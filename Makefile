@@ -7,18 +7,18 @@ SWIFT ?= swift
 # through GRDB), PostgreSQL's server and its libpq5 (the PostgreSQL journal opens libpq when used; its tests
 # start a throwaway server),
 # libfaketime (the fault suite's clock jumps), pyzmq for Debian's python3 (the Python client), and FUSE with
-# fusepy (the power-cut filesystem, Tests/PowerCut), iproute2 (`ip netns`, `ss`: the tests' hosts) and nftables
-# (`nft`: the partitions between those hosts).
+# fusepy (the power-cut filesystem, Tests/PowerCut), iproute2 (`ip netns`, `ss`: the tests' hosts), nftables
+# (`nft`: the partitions between those hosts) and iptables (its NFQUEUE rule: the slow links between them).
 deps:
 	@pkg-config --atleast-version=4.3.3 libzmq 2>/dev/null && pkg-config --exists sqlite3 2>/dev/null \
 		&& ls /usr/lib/*/libpq.so.5 /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 \
 		&& ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 && /usr/bin/python3 -c 'import zmq, fusepy' 2>/dev/null \
 		&& command -v fusermount3 >/dev/null && command -v ip >/dev/null && command -v ss >/dev/null \
-		&& { command -v nft >/dev/null || [ -x /usr/sbin/nft ]; } || { \
-		echo "make: installing libzmq3-dev libsqlite3-dev postgresql faketime python3-zmq fuse3 python3-fusepy iproute2 nftables"; \
+		&& { command -v nft >/dev/null || [ -x /usr/sbin/nft ]; } && { command -v iptables >/dev/null || [ -x /usr/sbin/iptables ]; } \
+		|| { echo "make: installing libzmq3-dev libsqlite3-dev postgresql faketime python3-zmq fuse3 python3-fusepy iproute2 nftables iptables"; \
 		SUDO=$$( [ "$$(id -u)" -eq 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq libzmq3-dev libsqlite3-dev libpq5 postgresql \
-			pkg-config faketime python3 python3-zmq fuse3 python3-fusepy iproute2 nftables; \
+			pkg-config faketime python3 python3-zmq fuse3 python3-fusepy iproute2 nftables iptables; \
 	}
 
 build: deps

@@ -4,8 +4,7 @@ import Foundation
 /// sends. A cut host's packets are dropped silently, as a firewall or a dead switch port drops them — nothing tells
 /// either end, and TCP finds out only by its own timers.
 ///
-/// Delay, jitter and reordering need the kernel's netem queueing discipline; a kernel built without it
-/// (`CONFIG_NET_SCH_NETEM` unset, as on this project's CI machine) cannot make them, and nothing here pretends to.
+/// Delay, jitter and reordering: ``PacketDelay`` (a netfilter queue, since not every kernel has netem).
 extension TestHosts {
     /// The nftables table each host's faults live in.
     static let faultTable = "lockstep_faults"

@@ -51,6 +51,7 @@ struct FaultSuite: ParsableCommand {
             ("partition, no fence", faults.unfencedLeaderCutOff),
             ("partition: leader-clients", faults.leaderCutOffFromClients),
             ("partition: client host", faults.clientHostCutOff),
+            ("partition: slow links", faults.slowLinks),
             ("tool through takeovers", faults.toolThroughTakeovers),
             ("effects", faults.effects),
             ("journal surgery", faults.journalSurgery),

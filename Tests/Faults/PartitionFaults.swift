@@ -256,6 +256,68 @@ extension Faults {
         }
     }
 
+    /// Every link slow at once, under load: each host's packets to the others held 50 ± 40 ms (uniform, so packets
+    /// sent close together overtake each other), and in every other round 10 % of them dropped as well
+    /// (``PacketDelay``: the kernel's netfilter queue, since this kernel has no netem), until 200 more dispatches are
+    /// acknowledged through it or for 20 s (quick mode: 50 or 10 s). Nothing has to hold but everything that
+    /// always holds: dispatches go on, nothing acknowledged is lost or doubled, no read is stale, and the replicas
+    /// end on the leader's digest. A takeover may happen (a renewal late past the lease) and is counted.
+    func slowLinks() throws -> FaultResult {
+        // A try's answer takes four one-way trips of up to 90 ms, and a fresh connection's CURVE handshake more: the
+        // clients wait 2 s a try, not the 300 ms that suits a LAN.
+        try onClientHosts("partition-slow", timeout: .seconds(2)) { hosts, daemons, load, watchers, result in
+            var through: (dispatches: Int, time: Duration) = (0, .zero)
+            var packets: (held: Int, dropped: Int) = (0, 0)
+            var takeovers = 0
+            for round in 1...(long ? 50 : 2) {
+                let loss = round % 2 == 0 ? 10 : 0
+                guard let (_, term) = leader(of: daemons) else {
+                    result.failure = result.failure ?? "no daemon said it leads within 10 s before round \(round)"
+                    return
+                }
+                let acked = load.acks.count
+                let delay = try PacketDelay(
+                    hosts,
+                    on: hosts.hosts.map(\.name),
+                    delay: .milliseconds(50),
+                    jitter: .milliseconds(40),
+                    lossPercent: loss,
+                    seed: random.next()
+                )
+                result.injected += 1
+                let started = ContinuousClock.now
+                _ = progresses(load, beyond: acked + (long ? 200 : 50) - 1, within: .seconds(long ? 20 : 10))
+                let during = load.acks.count - acked
+                through = (through.dispatches + during, through.time + (ContinuousClock.now - started))
+                let stopped = delay.stop()
+                packets = (packets.held + stopped.held, packets.dropped + stopped.dropped)
+                var problems: [String] = []
+                if let failure = stopped.failure { problems.append("the packet delay failed: \(failure)") }
+                if stopped.held == 0 { problems.append("no packet went through the delay") }
+                if during == 0 {
+                    problems.append(
+                        "no dispatch was acknowledged in \(seconds(ContinuousClock.now - started)) at 50 ± 40 ms"
+                            + (loss > 0 ? " and \(loss) % loss" : "")
+                    )
+                }
+                if !load.pause() { problems.append("a dispatch was still in flight after all its tries") }
+                if let (leading, now) = leader(of: daemons) {
+                    if now != term { takeovers += 1 }
+                    if let failure = try converge(watchers, on: leading) { problems.append(failure) }
+                } else {
+                    problems.append("no daemon said it leads within 10 s after round \(round)")
+                }
+                load.resume()
+                result.record("round \(round) (50 ± 40 ms\(loss > 0 ? ", \(loss) % loss" : ""))", problems)
+            }
+            result.notes.append(
+                "through the delay: \(through.dispatches) dispatches acknowledged in \(seconds(through.time)), "
+                    + "\(Int(Double(through.dispatches) / max(through.time / .seconds(1), 0.001))) a second; "
+                    + "\(packets.held) packets held, \(packets.dropped) dropped; \(takeovers) takeovers"
+            )
+        }
+    }
+
     /// PostgreSQL on host `db`, daemons `a` and `b` on hosts of their own serving todos on it, every socket tcp (a
     /// leads; `events_queue = 100`, so a replica cut off for long misses events and must repair them); two replicas
     /// on host `c`; the load, a ``ReadProbe`` and the suite's own questions on host `d` (this thread enters it,
@@ -263,6 +325,7 @@ extension Faults {
     /// action must be in the journal once at its seq, and no read stale.
     private func onClientHosts(
         _ label: String,
+        timeout: Duration = .milliseconds(300),
         _ body: (TestHosts, [Daemon], Load, [ReplicaClient], inout FaultResult) throws -> Void
     ) throws -> FaultResult {
         let hosts = try TestHosts(["db", "a", "b", "c", "d"])
@@ -299,7 +362,13 @@ extension Faults {
             let watchers = try (0..<2).map { _ in
                 try ReplicaClient(watching: daemons, stores: ["todos"], on: (hosts, "c"), curve: keys)
             }
-            let load = Load(endpoints: daemons.map(\.command), label: label, curve: keys.clientCurve)
+            let load = Load(
+                endpoints: daemons.map(\.command),
+                label: label,
+                timeout: timeout,
+                retries: Int(.seconds(12) / timeout),
+                curve: keys.clientCurve
+            )
             load.start()
             defer { load.stop() }
             let probe = ReadProbe(

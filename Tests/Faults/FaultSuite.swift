@@ -52,6 +52,8 @@ struct FaultSuite: ParsableCommand {
             ("partition: leader-clients", faults.leaderCutOffFromClients),
             ("partition: client host", faults.clientHostCutOff),
             ("partition: slow links", faults.slowLinks),
+            ("partition: clock skew", faults.skewedClocks),
+            ("partition, clock half speed", faults.halfSpeedClock),
             ("tool through takeovers", faults.toolThroughTakeovers),
             ("effects", faults.effects),
             ("journal surgery", faults.journalSurgery),

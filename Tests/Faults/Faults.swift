@@ -1053,7 +1053,8 @@ final class Faults {
 
     // MARK: - Clock jump
 
-    func clockJump() throws -> FaultResult {
+    /// libfaketime's path (Debian's faketime), which fakes the clocks of a process it is preloaded into.
+    static func libfaketime() throws -> String {
         let candidates = [
             "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1",
             "/usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1",
@@ -1062,6 +1063,11 @@ final class Faults {
         guard let library = candidates.first(where: { FileManager.default.fileExists(atPath: $0) }) else {
             throw SuiteError("libfaketime is not installed (apt-get install faketime)")
         }
+        return library
+    }
+
+    func clockJump() throws -> FaultResult {
+        let library = try Self.libfaketime()
         let base = folder.appendingPathComponent("clock")
         try FileManager.default.createDirectory(at: base, withIntermediateDirectories: true)
         let clock = base.appendingPathComponent("faketime")

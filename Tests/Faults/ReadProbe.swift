@@ -53,14 +53,25 @@ final class ReadProbe: @unchecked Sendable {
     }
 
     private let daemons: [(name: String, command: String)]
-    private let load: Load
     private let curve: ClientCurve?
     private let shared = LockedValue(Shared())
+    /// The loads whose acknowledgements a read must not fall behind.
+    private let loads: LockedValue<[Load]>
 
     init(_ daemons: [(name: String, command: String)], load: Load, curve: ClientCurve? = nil) {
         self.daemons = daemons
-        self.load = load
         self.curve = curve
+        loads = LockedValue([load])
+    }
+
+    /// Reads must not fall behind what `load` is acknowledged either.
+    func observe(_ load: Load) {
+        loads.withLockedValue { $0.append(load) }
+    }
+
+    /// The highest seq any load has been acknowledged.
+    private var seen: SequenceNumber {
+        loads.withLockedValue { $0 }.map(\.highestAcknowledged).max() ?? 0
     }
 
     var counts: Counts { shared.withLockedValue { $0.counts } }
@@ -87,7 +98,7 @@ final class ReadProbe: @unchecked Sendable {
         let store = try! StoreName("todos")
         var requestID: UInt64 = 0
         while !shared.withLockedValue({ $0.stopping }) {
-            let seen = load.highestAcknowledged
+            let seen = self.seen
             requestID += 1
             let sent = ContinuousClock.now
             if let status = (try? client.call(.status(requestID: requestID))).flatMap(DaemonStatus.init),

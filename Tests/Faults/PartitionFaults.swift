@@ -32,16 +32,8 @@ extension Faults {
             var healing: [Duration] = []
             for cycle in 1...(long ? 50 * DatabaseCut.allCases.count : DatabaseCut.allCases.count) {
                 let cut = DatabaseCut.allCases[(cycle - 1) % DatabaseCut.allCases.count]
-                guard let (leading, term) = leader(of: daemons) else {
-                    result.failure = result.failure ?? "no daemon said it leads within 10 s before cycle \(cycle)"
-                    return
-                }
-                let host = leading === daemons[0] ? "a" : "b"
-                let successor = daemons.first { $0 !== leading }!
-                guard progresses(load, beyond: load.acks.count) else {
-                    result.failure = "no dispatch was acknowledged before cycle \(cycle)"
-                    return
-                }
+                guard let (leading, host, term, successor) = leadsAndServes(daemons, load, cycle, &result)
+                else { return }
                 pause(20...300)
                 let acked = load.acks.count
                 switch cut {
@@ -157,16 +149,8 @@ extension Faults {
             var healing: [ClientCut: [Duration]] = [:]
             for cycle in 1...(long ? 50 * ClientCut.allCases.count : ClientCut.allCases.count) {
                 let cut = ClientCut.allCases[(cycle - 1) % ClientCut.allCases.count]
-                guard let (leading, term) = leader(of: daemons) else {
-                    result.failure = result.failure ?? "no daemon said it leads within 10 s before cycle \(cycle)"
-                    return
-                }
-                let host = leading === daemons[0] ? "a" : "b"
-                let standby = daemons.first { $0 !== leading }!
-                guard progresses(load, beyond: load.acks.count) else {
-                    result.failure = "no dispatch was acknowledged before cycle \(cycle)"
-                    return
-                }
+                guard let (leading, host, term, standby) = leadsAndServes(daemons, load, cycle, &result)
+                else { return }
                 pause(20...300)
                 for client in ["c", "d"] {
                     switch cut {
@@ -475,16 +459,8 @@ extension Faults {
         ) { hosts, daemons, load, watchers, _, result in
             var takeovers: [Duration] = []
             for cycle in 1...cycles {
-                guard let (leading, term) = leader(of: daemons) else {
-                    result.failure = result.failure ?? "no daemon said it leads within 10 s before cycle \(cycle)"
-                    return
-                }
-                let name = leading === daemons[0] ? "a" : "b"
-                let successor = daemons.first { $0 !== leading }!
-                guard progresses(load, beyond: load.acks.count) else {
-                    result.failure = "no dispatch was acknowledged before cycle \(cycle)"
-                    return
-                }
+                guard let (leading, name, term, successor) = leadsAndServes(daemons, load, cycle, &result)
+                else { return }
                 let paused = cycle % 2 == 1
                 let started = ContinuousClock.now
                 if paused {
@@ -545,13 +521,8 @@ extension Faults {
             replicas: 0
         ) { hosts, daemons, load, _, probe, result in
             for cycle in 1...3 {
-                guard let (leading, term) = leader(of: daemons) else {
-                    result.failure = result.failure ?? "no daemon said it leads within 10 s before cycle \(cycle)"
-                    return
-                }
-                let successor = daemons.first { $0 !== leading }!
-                _ = progresses(load, beyond: load.acks.count)
-                try hosts.cut(leading === daemons[0] ? "a" : "b", "db")
+                guard let (_, host, term, successor) = leadsAndServes(daemons, load, cycle, &result) else { return }
+                try hosts.cut(host, "db")
                 result.injected += 1
                 let led = successor.waitForStatus(within: .seconds(30)) {
                     $0.role == "leader" && ($0.leader?.term ?? 0) > term
@@ -635,6 +606,26 @@ extension Faults {
             try PostgresJournal(connection: local, readOnly: true)
         }
         return result
+    }
+
+    /// Before cycle `cycle`: the daemon that leads, its host (`a` or `b`), its term and the other daemon, once a
+    /// dispatch has been acknowledged; `nil`, with the failure in `result`, when no daemon leads within 10 s or
+    /// nothing is acknowledged.
+    func leadsAndServes(
+        _ daemons: [Daemon],
+        _ load: Load,
+        _ cycle: Int,
+        _ result: inout FaultResult
+    ) -> (leading: Daemon, host: String, term: UInt64, other: Daemon)? {
+        guard let (leading, term) = leader(of: daemons) else {
+            result.failure = result.failure ?? "no daemon said it leads within 10 s before cycle \(cycle)"
+            return nil
+        }
+        guard progresses(load, beyond: load.acks.count) else {
+            result.failure = "no dispatch was acknowledged before cycle \(cycle)"
+            return nil
+        }
+        return (leading, leading === daemons[0] ? "a" : "b", term, daemons.first { $0 !== leading }!)
     }
 
     func figures(_ durations: [Duration]) -> String {

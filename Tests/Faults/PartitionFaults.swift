@@ -312,77 +312,52 @@ extension Faults {
         timeout: Duration = .milliseconds(300),
         _ body: (TestHosts, [Daemon], Load, [ReplicaClient], inout FaultResult) throws -> Void
     ) throws -> FaultResult {
-        let hosts = try TestHosts(["db", "a", "b", "c", "d"])
-        defer { hosts.tearDown() }
-        let server = try PostgresServer.start(
-            on: hosts,
-            host: "db",
-            tcp: .init(address: hosts["db"].address, clients: hosts.subnet, authentication: .trust)
-        )
-        defer { server.stop() }
-        try server.createRole("lockstep", password: "unused")
-        let local = try server.createDatabase(named: "partition", owner: "lockstep")
-        let remote = server.tcpConnection(database: "partition", user: "lockstep")
         let keys = try SuiteCurve(in: folder.appendingPathComponent("\(label)-keys"))
-        return try hosts.within("d") {
-            let daemons = try ["a", "b"].map { name in
-                let endpoints = (
-                    command: "tcp://\(hosts[name].address):7400", events: "tcp://\(hosts[name].address):7401"
-                )
-                return try Daemon(
-                    folder: folder.appendingPathComponent("\(label)-\(name)"),
-                    configuration: "journal = \"postgres\"\npostgres = \"\(remote)\"\ndomains = [\"todos\"]\n"
-                        + "command_endpoint = \"\(endpoints.command)\"\nevents_endpoint = \"\(endpoints.events)\"\n"
-                        + "[lease]\nname = \"\(name)\"\n" + Self.keepHistory + "[limits]\nevents_queue = 100\n"
-                        + keys.configuration,
-                    host: (hosts, name),
-                    endpoints: endpoints,
+        return try onDatabase(["db", "a", "b", "c", "d"]) { hosts, remote, local in
+            try hosts.within("d") {
+                let daemons = try ["a", "b"].map { name in
+                    let endpoints = (
+                        command: "tcp://\(hosts[name].address):7400", events: "tcp://\(hosts[name].address):7401"
+                    )
+                    return try Daemon(
+                        folder: folder.appendingPathComponent("\(label)-\(name)"),
+                        configuration: "journal = \"postgres\"\npostgres = \"\(remote)\"\ndomains = [\"todos\"]\n"
+                            + "command_endpoint = \"\(endpoints.command)\"\nevents_endpoint = \"\(endpoints.events)\"\n"
+                            + "[lease]\nname = \"\(name)\"\n" + Self.keepHistory + "[limits]\nevents_queue = 100\n"
+                            + keys.configuration,
+                        host: (hosts, name),
+                        endpoints: endpoints,
+                        curve: keys.clientCurve
+                    )
+                }
+                defer { for daemon in daemons { daemon.kill() } }
+                try daemons[0].start()
+                try daemons[1].start()
+                let watchers = try (0..<2).map { _ in
+                    try ReplicaClient(watching: daemons, stores: ["todos"], on: (hosts, "c"), curve: keys)
+                }
+                let load = Load(
+                    endpoints: daemons.map(\.command),
+                    label: label,
+                    timeout: timeout,
+                    retries: Int(.seconds(12) / timeout),
                     curve: keys.clientCurve
                 )
+                load.start()
+                defer { load.stop() }
+                let probe = ReadProbe(
+                    [("a", daemons[0].command), ("b", daemons[1].command)],
+                    load: load,
+                    curve: keys.clientCurve
+                )
+                probe.start()
+                defer { probe.stop() }
+                var result = FaultResult(injected: 0, survived: 0, lost: 0)
+                defer { try? hosts.heal() }
+                try body(hosts, daemons, load, watchers, &result)
+                try finish(daemons, load, watchers, probe, journal: local, into: &result)
+                return result
             }
-            defer { for daemon in daemons { daemon.kill() } }
-            try daemons[0].start()
-            try daemons[1].start()
-            let watchers = try (0..<2).map { _ in
-                try ReplicaClient(watching: daemons, stores: ["todos"], on: (hosts, "c"), curve: keys)
-            }
-            let load = Load(
-                endpoints: daemons.map(\.command),
-                label: label,
-                timeout: timeout,
-                retries: Int(.seconds(12) / timeout),
-                curve: keys.clientCurve
-            )
-            load.start()
-            defer { load.stop() }
-            let probe = ReadProbe(
-                [("a", daemons[0].command), ("b", daemons[1].command)],
-                load: load,
-                curve: keys.clientCurve
-            )
-            probe.start()
-            defer { probe.stop() }
-            var result = FaultResult(injected: 0, survived: 0, lost: 0)
-            defer { try? hosts.heal() }
-            try body(hosts, daemons, load, watchers, &result)
-            probe.record(into: &result)
-            let stores = watchers.compactMap { $0.store("todos") }
-            result.notes.append(
-                "replicas: \(stores.map(\.divergences).reduce(0, +)) divergences, "
-                    + "\(stores.map(\.resyncs).reduce(0, +)) resyncs, \(stores.map(\.repairs).reduce(0, +)) gaps "
-                    + "repaired by range"
-            )
-            let leader = leader(of: daemons)?.daemon ?? daemons[0]
-            try settle(
-                load,
-                leader: leader,
-                standbys: daemons.filter { $0 !== leader },
-                watchers: watchers,
-                into: &result
-            ) {
-                try PostgresJournal(connection: local, readOnly: true)
-            }
-            return result
         }
     }
 
@@ -561,39 +536,64 @@ extension Faults {
         replicas: Int = 2,
         _ body: (TestHosts, [Daemon], Load, [ReplicaClient], ReadProbe, inout FaultResult) throws -> Void
     ) throws -> FaultResult {
-        let hosts = try TestHosts(["db", "a", "b"])
+        try onDatabase(["db", "a", "b"]) { hosts, remote, local in
+            let daemons = try ["a", "b"].map { name in
+                try Daemon(
+                    folder: folder.appendingPathComponent("\(label)-\(name)"),
+                    configuration: "journal = \"postgres\"\npostgres = \"\(remote)\"\ndomains = [\"todos\"]\n"
+                        + "[lease]\nname = \"\(name)\"\n" + Self.keepHistory,
+                    environment: environment(name),
+                    host: (hosts, name)
+                )
+            }
+            defer { for daemon in daemons { daemon.kill() } }
+            try daemons[0].start()
+            try daemons[1].start()
+            let watchers = try (0..<replicas).map { _ in try ReplicaClient(watching: daemons, stores: ["todos"]) }
+            let load = Load(endpoints: daemons.map(\.command), label: label)
+            load.start()
+            defer { load.stop() }
+            let probe = ReadProbe([("a", daemons[0].command), ("b", daemons[1].command)], load: load)
+            probe.start()
+            defer { probe.stop() }
+            var result = FaultResult(injected: 0, survived: 0, lost: 0)
+            defer { try? hosts.heal() }
+            try body(hosts, daemons, load, watchers, probe, &result)
+            try finish(daemons, load, watchers, probe, journal: local, into: &result)
+            return result
+        }
+    }
+
+    /// Hosts `names`, the first (`db`) running PostgreSQL over tcp for the others (trust) with the database
+    /// `partition` of role `lockstep`: `body` is given the hosts, the daemons' conninfo over tcp and the suite's own
+    /// through the Unix socket, which no cut touches. Everything is stopped and removed after it.
+    private func onDatabase(
+        _ names: [String],
+        _ body: (TestHosts, _ remote: String, _ local: String) throws -> FaultResult
+    ) throws -> FaultResult {
+        let hosts = try TestHosts(names)
         defer { hosts.tearDown() }
         let server = try PostgresServer.start(
             on: hosts,
-            host: "db",
-            tcp: .init(address: hosts["db"].address, clients: hosts.subnet, authentication: .trust)
+            host: names[0],
+            tcp: .init(address: hosts[names[0]].address, clients: hosts.subnet, authentication: .trust)
         )
         defer { server.stop() }
         try server.createRole("lockstep", password: "unused")
         let local = try server.createDatabase(named: "partition", owner: "lockstep")
-        let remote = server.tcpConnection(database: "partition", user: "lockstep")
-        let daemons = try ["a", "b"].map { name in
-            try Daemon(
-                folder: folder.appendingPathComponent("\(label)-\(name)"),
-                configuration: "journal = \"postgres\"\npostgres = \"\(remote)\"\ndomains = [\"todos\"]\n"
-                    + "[lease]\nname = \"\(name)\"\n" + Self.keepHistory,
-                environment: environment(name),
-                host: (hosts, name)
-            )
-        }
-        defer { for daemon in daemons { daemon.kill() } }
-        try daemons[0].start()
-        try daemons[1].start()
-        let watchers = try (0..<replicas).map { _ in try ReplicaClient(watching: daemons, stores: ["todos"]) }
-        let load = Load(endpoints: daemons.map(\.command), label: label)
-        load.start()
-        defer { load.stop() }
-        let probe = ReadProbe([("a", daemons[0].command), ("b", daemons[1].command)], load: load)
-        probe.start()
-        defer { probe.stop() }
-        var result = FaultResult(injected: 0, survived: 0, lost: 0)
-        defer { try? hosts.heal() }
-        try body(hosts, daemons, load, watchers, probe, &result)
+        return try body(hosts, server.tcpConnection(database: "partition", user: "lockstep"), local)
+    }
+
+    /// How a pair's class ends: the probe's findings, the replicas' counts, and `settle` against the journal at
+    /// `journal` (a conninfo).
+    private func finish(
+        _ daemons: [Daemon],
+        _ load: Load,
+        _ watchers: [ReplicaClient],
+        _ probe: ReadProbe,
+        journal: String,
+        into result: inout FaultResult
+    ) throws {
         probe.record(into: &result)
         let stores = watchers.compactMap { $0.store("todos") }
         result.notes.append(
@@ -603,9 +603,8 @@ extension Faults {
         let leader = leader(of: daemons)?.daemon ?? daemons[0]
         try settle(load, leader: leader, standbys: daemons.filter { $0 !== leader }, watchers: watchers, into: &result)
         {
-            try PostgresJournal(connection: local, readOnly: true)
+            try PostgresJournal(connection: journal, readOnly: true)
         }
-        return result
     }
 
     /// Before cycle `cycle`: the daemon that leads, its host (`a` or `b`), its term and the other daemon, once a

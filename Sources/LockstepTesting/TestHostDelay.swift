@@ -24,8 +24,10 @@ import Glibc
 /// only, a verdict per packet. While a queue has no reader, the kernel drops what reaches it, so the rule is added
 /// only once the thread reads, and removed before it stops.
 // Shared between its threads and the caller without the compiler's check, and why that is sound: every stored
-// property is a `let`, and the one that changes, `shared`, is a `LockedValue`, read and written only inside
-// `withLockedValue`.
+// property is a `let`; the one that changes, `shared`, is a `LockedValue`, read and written only inside
+// `withLockedValue`; the queue threads read only the immutable settings and their own socket (handed to each
+// thread, never shared); `hosts`, a class the compiler cannot check, is used only by the caller's calls (`init`,
+// `stop`, `deinit`), never by a queue thread.
 public final class PacketDelay: @unchecked Sendable {
     /// What the threads and the caller share.
     private struct Shared {

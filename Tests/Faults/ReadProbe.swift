@@ -18,8 +18,8 @@ import ZeroMQ
 ///
 /// A daemon that does not answer within 300 ms, or answers `not_leader`, serves nothing and breaks nothing.
 // Shared between the probe's threads and the suite without the compiler's check, and why that is sound: every stored
-// property is a `let`, and the one that changes, `shared`, is a `LockedValue`, read and written only inside
-// `withLockedValue`.
+// property is a `let`; the two that change, `shared` and `loads`, are `LockedValue`s, read and written only inside
+// `withLockedValue`; the `Load`s they hold are themselves shared that way.
 final class ReadProbe: @unchecked Sendable {
     struct Counts {
         /// Reads answered with a state (RANGE events, a leader's STATUS).

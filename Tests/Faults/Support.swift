@@ -227,7 +227,8 @@ final class Load: @unchecked Sendable {
     }
 
     private let endpoints: [String]
-    private let threads: Int
+    /// How many client threads dispatch, each with at most one dispatch in flight.
+    let threads: Int
     private let timeout: Duration
     private let retries: Int
     private let shared = LockedValue(Shared())

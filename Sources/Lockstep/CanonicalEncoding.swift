@@ -19,6 +19,14 @@ public enum CanonicalEncoding {
         return try foundationEncoder().encode(value)
     }
 
+    /// The canonical bytes of `value`, as an array: without the copy into `Data` (a whole state's size) that
+    /// `Array(encode(value))` makes.
+    public static func bytes<Value: Encodable>(of value: Value) throws -> [UInt8] {
+        if let bytes = CanonicalWriting.encode(value) { return bytes }
+        Fallbacks.current?.recordEncoding()
+        return Array(try foundationEncoder().encode(value))
+    }
+
     /// Foundation's encoder set up for the canonical form: what the fast path falls back to, and what it matches.
     static func foundationEncoder() -> JSONEncoder {
         let encoder = JSONEncoder()
@@ -174,16 +182,19 @@ public enum CanonicalEncoding {
     package final class Fallbacks: Sendable {
         @TaskLocal package static var current: Fallbacks?
 
-        private let counts = LockedValue((encodes: 0, decodes: 0))
+        private let counts = LockedValue((encodes: 0, decodes: 0, treeEncodes: 0))
 
         package init() {}
 
         /// Encodings and decodings redone with Foundation's coders.
         package var encodes: Int { counts.withLockedValue { $0.encodes } }
         package var decodes: Int { counts.withLockedValue { $0.decodes } }
+        /// Encodings the one-pass writer (`CanonicalStream`) left to the tree.
+        package var treeEncodes: Int { counts.withLockedValue { $0.treeEncodes } }
 
         func recordEncoding() { counts.withLockedValue { $0.encodes += 1 } }
         func recordDecoding() { counts.withLockedValue { $0.decodes += 1 } }
+        func recordTreeEncoding() { counts.withLockedValue { $0.treeEncodes += 1 } }
     }
 
     /// Why bytes were refused by ``normalize(_:_:with:)``: a sentence a person can act on.

@@ -1,7 +1,9 @@
 import Foundation
 
-/// The fast encoder of ``CanonicalEncoding``: an `Encoder` that builds the value as a tree of nodes in flat arrays,
-/// its scalars already in their final bytes, then writes the tree out with each object's members sorted.
+/// The fast encoder of ``CanonicalEncoding``: ``CanonicalStream`` writes the value in one pass; what it leaves (containers
+/// used out of nesting order, coding paths read, `superEncoder()`) goes to an `Encoder` that builds the value as a
+/// tree of nodes in flat arrays, its scalars already in their final bytes, then writes the tree out with each
+/// object's members sorted.
 ///
 /// It writes only what it is certain to write byte for byte as `JSONEncoder` with
 /// `[.sortedKeys, .withoutEscapingSlashes]` does. Anything else — `Date`, `Data`, `URL`, `Decimal`, a member
@@ -26,6 +28,8 @@ enum CanonicalWriting {
     /// would (including when `JSONEncoder` would throw).
     static func encode<Value: Encodable>(_ value: Value) -> [UInt8]? {
         guard !CanonicalDecoding.isSpecialCased(Value.self) else { return nil }
+        if let bytes = CanonicalStream.encode(value) { return bytes }
+        CanonicalEncoding.Fallbacks.current?.recordTreeEncoding()
         let tree = CanonicalTree()
         do {
             try value.encode(to: CanonicalEncoder(tree: tree, slot: 0, path: -1))
@@ -171,18 +175,7 @@ final class CanonicalTree: CanonicalCodingState {
     /// An integer's `description`, without making the String.
     func setInteger<T: FixedWidthInteger>(_ slot: Int32, _ value: T) throws(OffTheFastPath) {
         let start = scratch.count
-        if T.bitWidth > 64 {
-            scratch.append(contentsOf: value.description.utf8)
-        } else {
-            if value < 0 { scratch.append(UInt8(ascii: "-")) }
-            var magnitude = UInt64(value.magnitude)
-            let digits = scratch.count
-            repeat {
-                scratch.append(UInt8(ascii: "0") + UInt8(magnitude % 10))
-                magnitude /= 10
-            } while magnitude > 0
-            scratch[digits...].reverse()
-        }
+        Self.appendInteger(value, to: &scratch)
         try setScalar(slot, from: start)
     }
 
@@ -191,12 +184,38 @@ final class CanonicalTree: CanonicalCodingState {
         _ slot: Int32,
         _ value: T
     ) throws(OffTheFastPath) {
-        guard value.isFinite else { throw leaveFastPath() }
         let start = scratch.count
+        guard Self.appendFloatingPoint(value, to: &scratch) else { throw leaveFastPath() }
+        try setScalar(slot, from: start)
+    }
+
+    /// An integer's `description` at the end of `out`, without making the String.
+    static func appendInteger<T: FixedWidthInteger>(_ value: T, to out: inout [UInt8]) {
+        if T.bitWidth > 64 {
+            out.append(contentsOf: value.description.utf8)
+            return
+        }
+        if value < 0 { out.append(UInt8(ascii: "-")) }
+        var magnitude = UInt64(value.magnitude)
+        let digits = out.count
+        repeat {
+            out.append(UInt8(ascii: "0") + UInt8(magnitude % 10))
+            magnitude /= 10
+        } while magnitude > 0
+        out[digits...].reverse()
+    }
+
+    /// A `Double` or `Float` as JSONEncoder spells it — `description` less a trailing `.0` — at the end of `out`;
+    /// `false` (and nothing written) for NaN and the infinities, which make it throw.
+    static func appendFloatingPoint<T: BinaryFloatingPoint & CustomStringConvertible>(
+        _ value: T,
+        to out: inout [UInt8]
+    ) -> Bool {
+        guard value.isFinite else { return false }
         var text = value.description
         if text.hasSuffix(".0") { text.removeLast(2) }
-        scratch.append(contentsOf: text.utf8)
-        try setScalar(slot, from: start)
+        out.append(contentsOf: text.utf8)
+        return true
     }
 
     /// `value` through its own `encode(to:)` into `slot`; `{}` when it encodes nothing, as Foundation writes.

@@ -524,7 +524,7 @@ package final class Bench {
     // MARK: - P4
 
     private func measureLateJoin(histories: [Int]) throws {
-        let increment = Array(try CanonicalEncoding.encode(Counter.Action.increment))
+        let increment = try CanonicalEncoding.bytes(of: Counter.Action.increment)
         for events in histories {
             say("P4: a late join against \(events) counter events")
             try lateJoin(Counter.self, events: events) { _ in (.increment, increment) }

@@ -15,7 +15,7 @@ package func counterBatch(
     count: Int,
     clientID: [UInt8]
 ) throws -> JournalBatch {
-    let increment = Array(try CanonicalEncoding.encode(Counter.Action.increment))
+    let increment = try CanonicalEncoding.bytes(of: Counter.Action.increment)
     return try journalBatch(
         Counter.self,
         journal: journal,
@@ -158,7 +158,7 @@ package struct RecoveryBenchmark {
     package static func run(directory: String, policy: JournalPolicy, events: Int, batchSize: Int) throws -> Self {
         let journal = try openJournal(directory, command: "bench-recovery", readOnly: false, policy: policy)
         let fillStart = ContinuousClock.now
-        let increment = Array(try CanonicalEncoding.encode(Counter.Action.increment))
+        let increment = try CanonicalEncoding.bytes(of: Counter.Action.increment)
         let state = try LockstepBench.fill(journal, Counter.self, events: events, batchSize: batchSize) { _ in
             (.increment, increment)
         }

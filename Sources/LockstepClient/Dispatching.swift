@@ -83,7 +83,7 @@ func canonicalFrames<Action: Encodable>(_ actions: [Action], for function: Strin
     frames.reserveCapacity(actions.count)
     for (index, action) in actions.enumerated() {
         do {
-            frames.append(Array(try CanonicalEncoding.encode(action)))
+            frames.append(try CanonicalEncoding.bytes(of: action))
         } catch {
             throw ClientError(
                 code: .badRequest,

@@ -648,7 +648,7 @@ public final class Replica<D: Domain>: Service, Sendable {
         let keepState = configuration.evidenceDirectory != nil
         hub.digests.submit { [self] in
             var taken = DigestTaken(seq: wanted.seq, generation: wanted.generation)
-            if let bytes = try? Array(CanonicalEncoding.encode(state.state)) {
+            if let bytes = try? CanonicalEncoding.bytes(of: state.state) {
                 taken.digest = StateDigest(of: bytes)
                 if keepState { taken.state = bytes }
             }

@@ -598,7 +598,7 @@ struct Engine<D: Domain> {
                 handOver()
                 let current = replica.local.state
                 if current.seq == seq, current.epoch == sync.epoch,
-                    let bytes = try? Array(CanonicalEncoding.encode(current.state))
+                    let bytes = try? CanonicalEncoding.bytes(of: current.state)
                 {
                     let verdict = DigestChecks.Verdict.compare(
                         daemon: digest,

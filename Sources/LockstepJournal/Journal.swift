@@ -242,7 +242,7 @@ public struct JournalSnapshot: Hashable, Sendable {
 
     /// A snapshot of a domain's state, canonically encoded.
     public init<State: Encodable>(store: String, seq: UInt64, encoding value: State) throws {
-        self.init(store: store, seq: seq, state: Array(try CanonicalEncoding.encode(value)))
+        self.init(store: store, seq: seq, state: try CanonicalEncoding.bytes(of: value))
     }
 }
 

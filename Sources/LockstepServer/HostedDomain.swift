@@ -21,7 +21,7 @@ public struct HostedDomain: Sendable {
         name = D.name
         hasEffects = D.hasEffects
         checkTakeOver = { journal in try journal.checkTakeOver(domain) }
-        state = { journal, seq in Array(try CanonicalEncoding.encode(try journal.state(of: domain, at: seq))) }
+        state = { journal, seq in try CanonicalEncoding.bytes(of: try journal.state(of: domain, at: seq)) }
         recover = { journal in
             let recovered = try journal.recover(domain)
             let store = try DomainStore(

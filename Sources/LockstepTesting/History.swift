@@ -47,7 +47,7 @@ extension ReplayLog {
             )
         }
         let startSeq = info.firstSeq.map { $0 - 1 } ?? info.snapshotSeqs.first ?? 0
-        var startState = Array(try CanonicalEncoding.encode(D.initialState))
+        var startState = try CanonicalEncoding.bytes(of: D.initialState)
         if startSeq > 0 {
             guard let snapshot = try journal.snapshot(store: D.name, seq: startSeq) else {
                 throw HistoryError(

@@ -19,7 +19,7 @@ public struct ReplayLog<D: Domain>: Sendable {
 
     /// A log from the domain's initial state.
     public init(_ actions: [D.Action]) throws {
-        self.init(startSeq: 0, startState: Array(try CanonicalEncoding.encode(D.initialState)), actions: actions)
+        self.init(startSeq: 0, startState: try CanonicalEncoding.bytes(of: D.initialState), actions: actions)
     }
 
     /// A log that starts after `startSeq` from `startState` (canonical JSON, a journal snapshot's bytes), with the
@@ -275,9 +275,9 @@ struct ReplicaCursor<D: Domain> {
             // A reducer must not change the state it was handed a copy of. If it does, some reference
             // type is shared between the two values, and replicas that copy at other points part ways.
             let original = state
-            let before = Array(try CanonicalEncoding.encode(original))
+            let before = try CanonicalEncoding.bytes(of: original)
             D.reduce(into: &state, action, by: author)
-            let after = Array(try CanonicalEncoding.encode(original))
+            let after = try CanonicalEncoding.bytes(of: original)
             if after != before { throw SharedReferenceDetected(seq: seq, before: before, after: after) }
         } else {
             D.reduce(into: &state, action, by: author)
@@ -299,7 +299,7 @@ struct ReplicaCursor<D: Domain> {
         let wantsState = plan.statesAt.contains(seq)
         guard wantsState || isLast || isCheckpoint else { return nil }
         let capture = Capture(
-            state: Array(try CanonicalEncoding.encode(state)),
+            state: try CanonicalEncoding.bytes(of: state),
             effects: effects,
             effectsDigest: effectsDigest
         )

@@ -106,6 +106,7 @@ import Testing
             }
         }
         #expect(fallbacks.encodes == 0, "\(D.name): encodings left to Foundation")
+        #expect(fallbacks.treeEncodes == 0, "\(D.name): encodings the one-pass writer left to the tree")
         #expect(fallbacks.decodes == 0, "\(D.name): decodings left to Foundation")
     }
 
@@ -204,7 +205,65 @@ import Testing
 
     @Test func everything() throws {
         let fallbacks = try Self.expectSameEncoding(Everything())
-        #expect(fallbacks.encodes + fallbacks.decodes == 0)
+        #expect(fallbacks.encodes + fallbacks.decodes + fallbacks.treeEncodes == 0)
+    }
+
+    // MARK: containers out of nesting order
+
+    /// Its members arrive out of order, the largest between others: the one-pass writer moves it once.
+    struct Lopsided: Codable, Equatable {
+        var zebra = "small"
+        var middle = Array(0..<1000)
+        var apple = 1
+        var quince: [String: Int] = ["b": 2, "a": 1, "c": 3]
+    }
+
+    /// Writes to its parent between a nested container's writes, asks for its container twice, and reads an
+    /// unkeyed container's count: containers used one inside the other, the one-pass writer's.
+    struct NestedInOrder: Encodable {
+        func encode(to encoder: any Encoder) throws {
+            var outer = encoder.container(keyedBy: Key.self)
+            var inner = outer.nestedContainer(keyedBy: Key.self, forKey: .d)
+            try inner.encode("x", forKey: .c)
+            try inner.encode("y", forKey: .a)
+            try outer.encode(1, forKey: .b)
+            var again = encoder.container(keyedBy: Key.self)
+            try again.encode([3, 1], forKey: .a)
+            var list = again.nestedUnkeyedContainer(forKey: .c)
+            try list.encode(list.count)
+            try list.encode(list.count)
+        }
+
+        enum Key: CodingKey { case a, b, c, d }
+    }
+
+    /// Writes to a nested container after its parent went on: the tree's to write.
+    struct Interleaved: Encodable {
+        func encode(to encoder: any Encoder) throws {
+            var outer = encoder.container(keyedBy: Key.self)
+            var inner = outer.nestedContainer(keyedBy: Key.self, forKey: .b)
+            try inner.encode(1, forKey: .a)
+            try outer.encode(2, forKey: .a)
+            try inner.encode(3, forKey: .c)
+            var list = outer.nestedUnkeyedContainer(forKey: .c)
+            try list.encode(4)
+            try outer.encode(5, forKey: .d)
+            try list.encode(6)
+        }
+
+        enum Key: CodingKey { case a, b, c, d }
+    }
+
+    @Test func containersInAndOutOfNestingOrder() throws {
+        let lopsided = try Self.expectSameEncoding([Lopsided(), Lopsided(zebra: "", middle: [], apple: 2, quince: [:])])
+        #expect(lopsided.encodes + lopsided.treeEncodes == 0)
+        for (value, toTree) in [(NestedInOrder() as any Encodable, false), (Interleaved(), true)] {
+            let fallbacks = try Self.counting { () throws in
+                #expect(Array(try CanonicalEncoding.encode(value)) == (try Self.foundationEncode(value)))
+            }
+            #expect(fallbacks.encodes == 0)
+            #expect(fallbacks.treeEncodes == (toTree ? 1 : 0), "\(type(of: value))")
+        }
     }
 
     /// More members than a linear search is kept for: found by binary search, absent ones too.

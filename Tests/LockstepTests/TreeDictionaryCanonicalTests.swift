@@ -47,5 +47,6 @@ import Testing
             #expect(try CanonicalEncoding.decode(State.self, from: Data(one)) == Self.state(ids: ids))
         }
         #expect(fallbacks.encodes == 0 && fallbacks.decodes == 0, "the fast coders did the work")
+        #expect(fallbacks.treeEncodes == 0, "the one-pass writer did")
     }
 }

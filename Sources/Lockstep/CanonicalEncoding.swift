@@ -20,9 +20,9 @@ public enum CanonicalEncoding {
     }
 
     /// The canonical bytes of `value`, as an array: without the copy into `Data` (a whole state's size) that
-    /// `Array(encode(value))` makes.
-    public static func bytes<Value: Encodable>(of value: Value) throws -> [UInt8] {
-        if let bytes = CanonicalWriting.encode(value) { return bytes }
+    /// `Array(encode(value))` makes. With `capacity`, written into an array made with room for that many bytes.
+    public static func bytes<Value: Encodable>(of value: Value, reservingCapacity capacity: Int = 0) throws -> [UInt8] {
+        if let bytes = CanonicalWriting.encode(value, reservingCapacity: capacity) { return bytes }
         Fallbacks.current?.recordEncoding()
         return Array(try foundationEncoder().encode(value))
     }
@@ -164,7 +164,14 @@ public enum CanonicalEncoding {
 
         /// The canonical bytes of `value`.
         public func encode<Value: Encodable>(_ value: Value) throws -> [UInt8] {
-            if let bytes = CanonicalWriting.encode(value) { return bytes }
+            try encode(value, reservingCapacity: 0)
+        }
+
+        /// The canonical bytes of `value`, written into an array made with room for `capacity` bytes: for a large
+        /// value whose size is about known (a state's last size), one buffer instead of one regrown and copied
+        /// as it fills.
+        public func encode<Value: Encodable>(_ value: Value, reservingCapacity capacity: Int) throws -> [UInt8] {
+            if let bytes = CanonicalWriting.encode(value, reservingCapacity: capacity) { return bytes }
             Fallbacks.current?.recordEncoding()
             return Array(try encoder.encode(value))
         }

@@ -45,9 +45,11 @@ final class CanonicalStream {
     private var slot: Int = 0
     private var filled = Filled.nothing
 
-    /// The canonical bytes of `value`, or `nil` when the tree (or Foundation) is to encode it.
-    static func encode<Value: Encodable>(_ value: Value) -> [UInt8]? {
+    /// The canonical bytes of `value`, or `nil` when the tree (or Foundation) is to encode it; written into room
+    /// for `capacity` bytes.
+    static func encode<Value: Encodable>(_ value: Value, reservingCapacity capacity: Int = 0) -> [UInt8]? {
         let stream = CanonicalStream()
+        stream.out.reserveCapacity(capacity)
         do {
             try stream.encodeValue(value, emptyIsObject: false)
         } catch {

@@ -25,10 +25,10 @@ import Foundation
 ///   not in it, nor in the path of `superEncoder()`.
 enum CanonicalWriting {
     /// The canonical bytes of `value`, or `nil` when the fast path cannot be certain to write what `JSONEncoder`
-    /// would (including when `JSONEncoder` would throw).
-    static func encode<Value: Encodable>(_ value: Value) -> [UInt8]? {
+    /// would (including when `JSONEncoder` would throw); written into room for `capacity` bytes.
+    static func encode<Value: Encodable>(_ value: Value, reservingCapacity capacity: Int = 0) -> [UInt8]? {
         guard !CanonicalDecoding.isSpecialCased(Value.self) else { return nil }
-        if let bytes = CanonicalStream.encode(value) { return bytes }
+        if let bytes = CanonicalStream.encode(value, reservingCapacity: capacity) { return bytes }
         CanonicalEncoding.Fallbacks.current?.recordTreeEncoding()
         let tree = CanonicalTree()
         do {

@@ -648,11 +648,16 @@ public final class Replica<D: Domain>: Service, Sendable {
         let keepState = configuration.evidenceDirectory != nil
         hub.digests.submit { [self] in
             var taken = DigestTaken(seq: wanted.seq, generation: wanted.generation)
-            if let bytes = try? CanonicalEncoding.bytes(of: state.state) {
+            let expected = shared.withLockedValue { $0.digestBytes }
+            let bytes = try? CanonicalEncoding.bytes(of: state.state, reservingCapacity: expected + expected / 8)
+            if let bytes {
                 taken.digest = StateDigest(of: bytes)
                 if keepState { taken.state = bytes }
             }
-            shared.withLockedValue { $0.digestsTaken.append(taken) }
+            shared.withLockedValue {
+                $0.digestsTaken.append(taken)
+                $0.digestBytes = bytes?.count ?? $0.digestBytes
+            }
             wakeup.signal()
         }
     }
@@ -740,6 +745,8 @@ public final class Replica<D: Domain>: Service, Sendable {
         var digestWanted: DigestWanted?
         /// Digests taken off the replica's thread, for it to check.
         var digestsTaken: [DigestTaken] = []
+        /// The size of the state the last digest was taken of: the next is encoded into room for it and an eighth.
+        var digestBytes = 0
     }
 }
 

@@ -39,6 +39,9 @@ public protocol SequencedStore: Sendable {
     /// The canonical bytes of the current state, for snapshots and digests.
     func encodedState() throws -> Frame
 
+    /// The same, written into room for `expectedBytes` (a large state's last size): no regrowing on the way.
+    func encodedState(expectedBytes: Int) throws -> Frame
+
     /// About how many bytes ``encodedState()`` gave when the store was recovered (0 when not known): the daemon
     /// decides by it where to take the store's first checkpoint.
     var stateBytesHint: Int { get }
@@ -175,6 +178,11 @@ public struct DomainStore<D: Domain>: SequencedStore {
     /// The canonical bytes of ``state``.
     public func encodedState() throws -> Frame {
         try coder.encode(state)
+    }
+
+    /// The canonical bytes of ``state``, written into room for `expectedBytes`.
+    public func encodedState(expectedBytes: Int) throws -> Frame {
+        try coder.encode(state, reservingCapacity: expectedBytes)
     }
 }
 

@@ -27,6 +27,9 @@ package struct Checkpoints {
         package var place: Place
         /// Whether the journal keeps this one as a snapshot.
         package var snapshot: Bool
+        /// The room to encode the state in: its last size and an eighth, so that a large state's bytes are written
+        /// into one buffer, not regrown (and copied) on the way.
+        package var expectedBytes = 0
     }
 
     /// What the checkpoint thread made of a store.
@@ -112,9 +115,12 @@ package struct Checkpoints {
     package func due(_ store: StoreName, snapshotDue: Bool, now: ContinuousClock.Instant) -> Plan? {
         let track = tracks[store] ?? Track(bytes: 0)
         guard track.taking == nil, track.sinceLast >= everyEvents || snapshotDue else { return nil }
-        guard track.bytes >= offLoopBytes else { return Plan(store: store, place: .loop, snapshot: snapshotDue) }
+        let expectedBytes = track.bytes + track.bytes / 8
+        guard track.bytes >= offLoopBytes else {
+            return Plan(store: store, place: .loop, snapshot: snapshotDue, expectedBytes: expectedBytes)
+        }
         if let started = track.startedAt, now - started < track.cost * Self.paceFactor { return nil }
-        return Plan(store: store, place: .background, snapshot: snapshotDue)
+        return Plan(store: store, place: .background, snapshot: snapshotDue, expectedBytes: expectedBytes)
     }
 
     /// When a checkpoint that the pace held back past a store's last commit may start: the loop wakes then and takes

@@ -107,8 +107,8 @@ final class CommandLoop: Sendable {
     }
 
     /// Encodes and hashes `store` — a value the loop no longer changes — on the checkpoint thread, keeping the bytes
-    /// when `snapshot`, and hands the result to the loop (``checkpointsTaken()``).
-    func takeCheckpoint(of store: any SequencedStore, snapshot: Bool, generation: UInt64) {
+    /// when the plan makes it a snapshot, and hands the result to the loop (``checkpointsTaken()``).
+    func takeCheckpoint(of store: any SequencedStore, plan: Checkpoints.Plan, generation: UInt64) {
         checkpointThread.submit { [self] in
             let start = ContinuousClock.now
             var taken = Checkpoints.Taken(
@@ -120,10 +120,10 @@ final class CommandLoop: Sendable {
                 generation: generation
             )
             do {
-                let state = try store.encodedState()
+                let state = try store.encodedState(expectedBytes: plan.expectedBytes)
                 taken.digest = StateDigest(of: state)
                 taken.bytes = state.count
-                if snapshot { taken.state = state }
+                if plan.snapshot { taken.state = state }
             } catch {
                 taken.failure = "\(error)"
             }

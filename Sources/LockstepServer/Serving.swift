@@ -803,7 +803,7 @@ struct Serving {
             guard let plan = checkpoints.due(name, snapshotDue: snapshotDue, now: now) else { continue }
             switch plan.place {
             case .loop:
-                let state = try store.encodedState()
+                let state = try store.encodedState(expectedBytes: plan.expectedBytes)
                 let digest = StateDigest(of: state)
                 if plan.snapshot {
                     batch.snapshots.append(
@@ -813,7 +813,7 @@ struct Serving {
                 checkpoints.tookOnLoop(plan, bytes: state.count)
                 published.digests.append((name, store.epoch, store.lastSeq, digest))
             case .background:
-                loop.takeCheckpoint(of: store, snapshot: plan.snapshot, generation: checkpoints.generation)
+                loop.takeCheckpoint(of: store, plan: plan, generation: checkpoints.generation)
                 checkpoints.started(plan, seq: store.lastSeq, now: now)
                 published.checkpoints.append((name, store.epoch, store.lastSeq))
             }
@@ -856,12 +856,9 @@ struct Serving {
                 continue
             }
             // Asked only now that one is due: the loop passes here every turn.
-            let deferred = Checkpoints.Plan(
-                store: name,
-                place: .background,
-                snapshot: journal.snapshotDue(store: name.rawValue)
-            )
-            loop.takeCheckpoint(of: store, snapshot: deferred.snapshot, generation: checkpoints.generation)
+            var deferred = plan
+            deferred.snapshot = journal.snapshotDue(store: name.rawValue)
+            loop.takeCheckpoint(of: store, plan: deferred, generation: checkpoints.generation)
             checkpoints.started(deferred, seq: store.lastSeq, now: now)
             announce(Event.checkpoint(store: name, epoch: store.epoch, seq: store.lastSeq), sockets)
         }

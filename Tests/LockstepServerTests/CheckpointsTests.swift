@@ -17,6 +17,8 @@ import Testing
         checkpoints.committed(store, events: 10)
         let first = try #require(checkpoints.due(store, snapshotDue: false, now: at(0)))
         #expect(first.place == .background)
+        // Room for the state as recovered and an eighth more: encoded into one buffer.
+        #expect(first.expectedBytes == 1_125)
         checkpoints.started(first, seq: 10, now: at(0))
         // Done in 20 ms: the next may start 200 ms after the first did.
         let taken = Checkpoints.Taken(

@@ -49,7 +49,8 @@ final class CanonicalStream {
     /// for `capacity` bytes.
     static func encode<Value: Encodable>(_ value: Value, reservingCapacity capacity: Int = 0) -> [UInt8]? {
         let stream = CanonicalStream()
-        stream.out.reserveCapacity(capacity)
+        // An action is tens of bytes: room for it from the start.
+        stream.out.reserveCapacity(max(capacity, 64))
         do {
             try stream.encodeValue(value, emptyIsObject: false)
         } catch {

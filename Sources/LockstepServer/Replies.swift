@@ -58,7 +58,8 @@ enum Replies {
             )
         }
         do {
-            let state = try store.encodedState()
+            // Room for the state as recovered and an eighth: a large one is written into one buffer.
+            let state = try store.encodedState(expectedBytes: store.stateBytesHint + store.stateBytesHint / 8)
             return .snapshot(
                 requestID: requestID,
                 SnapshotReply(

@@ -133,7 +133,7 @@ let package = Package(
             name: "LockstepCLI",
             dependencies: [
                 "Lockstep", "LockstepProtocol", "LockstepClient", "LockstepExamples", "LockstepTesting", "ZeroMQ",
-                "LockstepJournal", "LockstepTool", "LockstepBench", "LockstepDemo",
+                "LockstepJournal", "LockstepServer", "LockstepTool", "LockstepBench", "LockstepDemo",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

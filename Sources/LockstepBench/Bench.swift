@@ -791,8 +791,14 @@ package final class Bench {
             """
     }
 
-    /// A lockstepd serving `domains` from the folder `name` (its journal, config and log), answering.
-    func startDaemon(_ name: String, domains: [String], extra: String = "") throws -> DaemonProcess {
+    /// A lockstepd serving `domains` from the folder `name` (its journal, config and log), answering; with
+    /// `benchDaemon`, `lockstep bench-daemon` instead, which hosts ``TreeTodos`` too.
+    func startDaemon(
+        _ name: String,
+        domains: [String],
+        extra: String = "",
+        benchDaemon: Bool = false
+    ) throws -> DaemonProcess {
         let directory = folder.appendingPathComponent(name)
         try FileManager.default.createDirectory(at: directory, withIntermediateDirectories: true)
         let command = endpoint("\(name)-command")
@@ -824,9 +830,11 @@ package final class Bench {
         let configuration = directory.appendingPathComponent("lockstepd.toml")
         try toml.write(to: configuration, atomically: true, encoding: .utf8)
         let daemon = try DaemonProcess(
-            executable: lockstepd,
+            executable: benchDaemon ? lockstep : lockstepd,
             folder: directory,
-            arguments: ["--config", configuration.path, "--log-level", "warning"],
+            arguments: (benchDaemon ? ["bench-daemon"] : []) + [
+                "--config", configuration.path, "--log-level", "warning",
+            ],
             command: command,
             events: events,
             curve: clientCurve

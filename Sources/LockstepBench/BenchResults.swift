@@ -178,6 +178,8 @@ package struct BenchResults: Codable {
 
     /// One size of P7's `todos` store: the empty store's row first, the others' ratios to it.
     struct P7: Codable {
+        /// `todos` (the todos in an array), or `tree-todos` (the same in a `TreeDictionary` by id).
+        var store: String
         var megabytes: Int
         /// The state's canonical JSON, in bytes.
         var stateBytes: Int

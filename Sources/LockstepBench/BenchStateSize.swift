@@ -13,25 +13,45 @@ extension Bench {
     /// P7: the per-action cost against the size of the state. For an empty `todos` store and for one grown to each
     /// of `megabytes` (of canonical JSON; 180-character todos), a lockstepd on that journal (default settings: a digest
     /// every 1,000 events, snapshots by the journal's policy): a new replica's join, then P1 (one client) and P2 (8
-    /// clients) adding todos while a replica follows, its CPU per event, and the peak memory of both processes.
+    /// clients) adding todos while a replica follows, its CPU per event, and the peak memory of both processes. Then
+    /// the same todos shaped as docs/domains.md recommends for a large state (``TreeTodos``: a `TreeDictionary` by
+    /// id), empty and at the largest size, on a daemon of the same library with the same settings.
     func measureStateSizes(megabytes sizes: [Int]) throws {
         var rows: [BenchResults.P7] = []
-        for megabytes in [0] + sizes {
-            say("P7: a todos store of \(megabytes) MB")
-            var row = try stateSizeRow(megabytes: megabytes, plantDivergence: megabytes > 0 && megabytes == sizes.max())
-            if let empty = rows.first {
-                row.p1RatioP50 = ratio(row.p1P50Us.value, empty.p1P50Us.value)
-                row.p1RatioP99 = ratio(row.p1P99Us.value, empty.p1P99Us.value)
-                row.p2Ratio = ratio(row.p2ActionsPerS, empty.p2ActionsPerS)
+        func measure<D: Domain>(_ domain: D.Type, _ sizes: [Int], add: (String) -> D.Action) throws {
+            var empty: BenchResults.P7?
+            for megabytes in sizes {
+                say("P7: a \(D.name) store of \(megabytes) MB")
+                var row = try stateSizeRow(
+                    D.self,
+                    megabytes: megabytes,
+                    plantDivergence: D.self == Todos.self && megabytes > 0 && megabytes == sizes.max(),
+                    add: add
+                )
+                if let empty {
+                    row.p1RatioP50 = ratio(row.p1P50Us.value, empty.p1P50Us.value)
+                    row.p1RatioP99 = ratio(row.p1P99Us.value, empty.p1P99Us.value)
+                    row.p2Ratio = ratio(row.p2ActionsPerS, empty.p2ActionsPerS)
+                } else {
+                    empty = row
+                }
+                rows.append(row)
             }
-            rows.append(row)
         }
+        try measure(Todos.self, [0] + sizes) { .add(text: $0) }
+        if let largest = sizes.max(), largest > 0 { try measure(TreeTodos.self, [0, largest]) { .add(text: $0) } }
         results.p7 = rows
     }
 
-    /// One row; with `plantDivergence`, also how long a replica whose reducer misapplies one action takes to find out.
-    private func stateSizeRow(megabytes: Int, plantDivergence: Bool) throws -> BenchResults.P7 {
-        let name = "size-\(megabytes)"
+    /// One row of `D`'s store (`todos` or ``TreeTodos``, the same actions); with `plantDivergence`, also how long a
+    /// replica whose reducer misapplies one action takes to find out.
+    private func stateSizeRow<D: Domain>(
+        _: D.Type,
+        megabytes: Int,
+        plantDivergence: Bool,
+        add: (String) -> D.Action
+    ) throws -> BenchResults.P7 {
+        let name = "size-\(D.name)-\(megabytes)"
         let directory = folder.appendingPathComponent(name)
         // ~220 bytes of canonical JSON a todo: {"completed":false,"id":N,"text":"…180…"} and a comma.
         let todos = megabytes << 20 / 220
@@ -43,43 +63,43 @@ extension Bench {
                 // One snapshot, at the end: the store starts from it, as a daemon that has run a long time does.
                 let policy = JournalPolicy(snapshotEveryEvents: todos, snapshotEveryBytes: .max)
                 let journal = try SQLiteJournal(directory: directory.path, policy: policy, relaxed: true)
-                let state = try fill(journal, Todos.self, events: todos, batchSize: 10_000) { seq in
-                    (.add(text: BenchWorker.todoText(seq)), BenchWorker.todoAdd(seq))
+                let state = try fill(journal, D.self, events: todos, batchSize: 10_000) { seq in
+                    (add(BenchWorker.todoText(seq)), BenchWorker.todoAdd(seq))
                 }
                 try journal.sync()
                 try journal.close()
                 // The floors under a join and a checkpoint: encoding, hashing and decoding the state once, here.
                 let encodeStart = ContinuousClock.now
-                let bytes = try CanonicalEncoding.encode(state)
+                let bytes = try CanonicalEncoding.bytes(of: state)
                 let hashStart = ContinuousClock.now
                 _ = StateDigest(of: bytes)
                 let decodeStart = ContinuousClock.now
-                _ = try CanonicalEncoding.decode(Todos.State.self, from: bytes)
+                _ = try CanonicalEncoding.Coder().decode(D.State.self, from: bytes)
                 let decodeEnd = ContinuousClock.now
                 floors = (
                     seconds(hashStart - encodeStart), seconds(decodeStart - hashStart), seconds(decodeEnd - decodeStart)
                 )
                 stateBytes = bytes.count
             } catch {
-                throw BenchFailure("could not write the \(todos)-todo journal in \(directory.path): \(error)")
+                throw BenchFailure("could not write the \(todos)-todo \(D.name) journal in \(directory.path): \(error)")
             }
         } else {
-            stateBytes = try CanonicalEncoding.encode(Todos.initialState).count
+            stateBytes = try CanonicalEncoding.bytes(of: D.initialState).count
         }
         let fill = ContinuousClock.now - fillStart
         let daemonStart = ContinuousClock.now
-        let daemon = try startDaemon(name, domains: [Todos.name])
+        let daemon = try startDaemon(name, domains: [D.name], benchDaemon: D.self != Todos.self)
         defer { _ = daemon.stop() }
         let started = ContinuousClock.now - daemonStart
-        let endpoints = ["--endpoint", daemon.command, "--events-endpoint", daemon.events, "--store", Todos.name]
+        let endpoints = ["--endpoint", daemon.command, "--events-endpoint", daemon.events, "--store", D.name]
         let joiner = try worker("join", endpoints + ["--count", "\(todos)"], input: false)
         let joined = try report(of: joiner, within: .seconds(120))
         guard joined.seq >= UInt64(todos) else {
-            throw BenchFailure("the joining todos replica reached seq \(joined.seq) of \(todos) within 60 s")
+            throw BenchFailure("the joining \(D.name) replica reached seq \(joined.seq) of \(todos) within 120 s")
         }
         let follower = try worker("replica", endpoints)
         _ = try awaitLine(follower, within: .seconds(120)) { $0 == "ready" }
-        let dispatch = ["--endpoint", daemon.command, "--store", Todos.name, "--seconds", "\(seconds)"]
+        let dispatch = ["--endpoint", daemon.command, "--store", D.name, "--seconds", "\(seconds)"]
         let one = try runClients([try worker("dispatch", dispatch)])
         let eight = try runClients(try (0..<8).map { _ in try worker("dispatch", dispatch) })
         follower.send("until \(try seq(of: daemon))")
@@ -96,6 +116,7 @@ extension Bench {
         let daemonPeak = daemon.memory().peakKiB * 1_024
         let replicaPeak = max(joined.peakResident, followed.peakResident, rejoined.peakResident)
         return BenchResults.P7(
+            store: D.name,
             megabytes: megabytes,
             stateBytes: stateBytes,
             fillSeconds: seconds(fill),

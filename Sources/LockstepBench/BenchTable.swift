@@ -182,10 +182,14 @@ package struct BenchTable {
         ]
         if let reason = p6.notJudged { lines.append("  not judged: \(reason)") }
         if !r.p7.isEmpty {
-            lines += ["", "P7 cost against the size of the state (todos store; ratios to the empty store)"]
+            lines += [
+                "",
+                "P7 cost against the size of the state (todos: an array; tree-todos: a TreeDictionary; ratios to the "
+                    + "empty store of the same shape)",
+            ]
         }
         for p7 in r.p7 {
-            let size = "\(p7.megabytes) MB (\(bytes(p7.stateBytes)))"
+            let size = "\(p7.store) \(p7.megabytes) MB (\(bytes(p7.stateBytes)))"
             lines += [
                 row(
                     size,

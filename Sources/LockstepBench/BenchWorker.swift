@@ -86,14 +86,17 @@ package struct BenchWorker: Sendable {
         case .sub: report = try subscribe(context)
         case .dispatch: report = try await dispatch(context)
         case .replica:
-            report =
-                store == Todos.name
-                ? try await replica(Todos.self, count: nil) : try await replica(Counter.self, count: { $0.count })
+            switch store {
+            case Todos.name: report = try await replica(Todos.self, count: nil)
+            case TreeTodos.name: report = try await replica(TreeTodos.self, count: nil)
+            default: report = try await replica(Counter.self, count: { $0.count })
+            }
         case .optimistic: report = try await optimistic()
         case .join:
             switch store {
             case Posts.name: report = try await join(Posts.self)
             case Todos.name: report = try await join(Todos.self)
+            case TreeTodos.name: report = try await join(TreeTodos.self)
             default: report = try await join(Counter.self)
             }
         case .redis: report = try await redis()
@@ -121,6 +124,7 @@ package struct BenchWorker: Sendable {
             switch store {
             case Pulse.name: (Pulse.version, Array(repeating: Pulse.ping, count: max(1, batch)))
             case Todos.name: (Todos.version, [todoAdd(number)])
+            case TreeTodos.name: (TreeTodos.version, [todoAdd(number)])
             default: (Counter.version, [action])
             }
         return .dispatch(

@@ -28,8 +28,9 @@ public enum LockstepDaemonMain {
     /// handler of a logging backend. The daemon sets its level from `--log-level`.
     public typealias LogHandlerFactory = @Sendable (_ label: String) -> any LogHandler
 
-    /// Runs the daemon hosting `domains` (by default all of them; `--domain` picks some) with this process's
-    /// arguments, and exits the process when it stops.
+    /// Runs the daemon hosting `domains` (by default all of them; `--domain` picks some) with `arguments` (this
+    /// process's, by default: a tool that serves as a daemon under a subcommand passes what follows it), and exits
+    /// the process when it stops.
     ///
     /// - Parameters:
     ///   - domains: every domain the executable links; their names must differ.
@@ -37,11 +38,13 @@ public enum LockstepDaemonMain {
     ///   - commandName: the daemon's name in its messages and its log's label; the executable's file name when
     ///     `nil`.
     ///   - logHandler: what the daemon's log lines go to; standard error when `nil`.
+    ///   - arguments: the daemon's flags (`--config FILE`, …), without the executable's name.
     public static func run(
         domains: [any Domain.Type],
         effects: [EffectHandler] = [],
         commandName: String? = nil,
-        logHandler: LogHandlerFactory? = nil
+        logHandler: LogHandlerFactory? = nil,
+        arguments: [String] = Array(CommandLine.arguments.dropFirst())
     ) async -> Never {
         let names = domains.map { $0.name }
         precondition(Set(names).count == names.count, "two domains share a name: \(names)")
@@ -49,7 +52,7 @@ public enum LockstepDaemonMain {
         let name = commandName ?? DaemonCommand.executableName
         let command: DaemonCommand
         do {
-            command = try DaemonCommand.parse(Array(CommandLine.arguments.dropFirst()))
+            command = try DaemonCommand.parse(arguments)
         } catch {
             if DaemonCommand.exitCode(for: error) == .success, !(error is ExitCode) {
                 // --help: which domains this daemon hosts, then the flags.

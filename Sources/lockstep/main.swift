@@ -6,6 +6,8 @@ import LockstepTool
 await LockstepToolMain.run(
     domains: Examples.domains,
     commandName: "lockstep",
-    commands: [DemoCommand.self, DemoClientCommand.self, BenchCommand.self, BenchWorkerCommand.self],
+    commands: [
+        DemoCommand.self, DemoClientCommand.self, BenchCommand.self, BenchWorkerCommand.self, BenchDaemonCommand.self,
+    ],
     journalCommands: [JournalAppendLoadCommand.self, JournalBenchRecoveryCommand.self]
 )

@@ -5,6 +5,7 @@ import LockstepBench
 import LockstepClient
 import LockstepExamples
 import LockstepProtocol
+import LockstepServer
 import LockstepTesting
 import LockstepTool
 import Logging
@@ -69,3 +70,25 @@ struct BenchWorkerCommand: AsyncParsableCommand {
 }
 
 extension BenchWorker.Role: ExpressibleByArgument {}
+
+/// The daemon of `lockstep bench`'s tree-shaped P7 rows: `todos` and ``TreeTodos`` (the same todos in a
+/// `TreeDictionary`, as docs/domains.md recommends for a large state), with the daemon's flags after the subcommand.
+/// Hidden from `lockstep --help`.
+struct BenchDaemonCommand: AsyncParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "bench-daemon",
+        abstract: "The daemon of lockstep bench's tree-shaped stores.",
+        shouldDisplay: false
+    )
+
+    @Argument(parsing: .captureForPassthrough, help: "The daemon's flags, as lockstepd takes them.")
+    var daemonArguments: [String] = []
+
+    func run() async throws {
+        await LockstepDaemonMain.run(
+            domains: [Todos.self, TreeTodos.self],
+            commandName: "lockstep bench-daemon",
+            arguments: daemonArguments
+        )
+    }
+}

@@ -100,10 +100,11 @@ import Testing
         #expect(budget == 64 << 20 + 3 * (posts["state_bytes"] as? Int ?? 0))
         #expect(p6["within_budget"] as? Bool == (max(peaks.0, peaks.1) <= budget), "\(p6)")
 
-        // P7: an empty todos store and one of ~1 MB, each with every figure; nothing lost or failed; the largest one
-        // with a planted divergence found.
+        // P7: an empty todos store and one of ~1 MB, then the same shaped as a tree, each with every figure; nothing
+        // lost or failed; the largest array with a planted divergence found, the largest tree of the same size.
         let p7 = try #require(json["p7"] as? [[String: Any]])
-        #expect(p7.compactMap { $0["megabytes"] as? Int } == [0, 1])
+        #expect(p7.compactMap { $0["megabytes"] as? Int } == [0, 1, 0, 1])
+        #expect(p7.compactMap { $0["store"] as? String } == ["todos", "todos", "tree-todos", "tree-todos"])
         for row in p7 {
             #expect(row["failures"] as? Int == 0, "\(row)")
             #expect(row["replica_resyncs"] as? Int == 0, "\(row)")
@@ -111,11 +112,14 @@ import Testing
                 #expect((row[key] as? Double ?? 0) > 0, "\(key): \(row)")
             }
         }
-        let largest = try #require(p7.last)
+        let largest = try #require(p7.count == 4 ? p7[1] : nil)
         #expect((largest["state_bytes"] as? Int ?? 0) > 1_000_000, "\(largest)")
         #expect(largest["p2_ratio"] as? Double != nil, "\(largest)")
         #expect((largest["divergence_found_seconds"] as? Double ?? 0) > 0, "\(largest)")
         #expect((largest["divergence_events"] as? Int ?? -1) >= 0, "\(largest)")
+        let tree = p7[3]
+        #expect((tree["state_bytes"] as? Int ?? 0) > 1_000_000, "\(tree)")
+        #expect(tree["p2_ratio"] as? Double != nil, "\(tree)")
     }
 
     @Test func badOptionsAreRefusedNamingTheValue() async throws {

@@ -40,26 +40,43 @@ final class CanonicalStream {
     /// ends (the closing quote).
     @exclusivity(unchecked) private var members: [(start: Int, nameEnd: Int)] = []
     private(set) var isOffFastPath = false
+    /// Off this path for a reason the tree shares (a type Foundation's coder treats apart, NaN or an infinity, the
+    /// value's own error): straight to Foundation, not through the tree first.
+    private(set) var isForFoundation = false
     private var lastID: Int = 0
     /// The place the innermost value being encoded fills, and what it holds.
     private var slot: Int = 0
     private var filled = Filled.nothing
 
-    /// The canonical bytes of `value`, or `nil` when the tree (or Foundation) is to encode it; written into room
-    /// for `capacity` bytes.
-    static func encode<Value: Encodable>(_ value: Value, reservingCapacity capacity: Int = 0) -> [UInt8]? {
+    /// What the one pass made of a value.
+    enum Outcome {
+        case bytes([UInt8])
+        /// Off this path: the tree may take it.
+        case tree
+        /// Off this path for a reason the tree shares: Foundation's.
+        case foundation
+    }
+
+    /// The canonical bytes of `value`, or who is to encode it; written into room for `capacity` bytes.
+    static func encode<Value: Encodable>(_ value: Value, reservingCapacity capacity: Int = 0) -> Outcome {
         let stream = CanonicalStream()
         // An action is tens of bytes: room for it from the start.
         stream.out.reserveCapacity(max(capacity, 64))
         do {
             try stream.encodeValue(value, emptyIsObject: false)
         } catch {
-            return nil
+            return stream.isForFoundation ? .foundation : .tree
         }
         while !stream.frames.isEmpty { stream.close() }
         // A top-level value that encodes nothing makes JSONEncoder throw: the tree and Foundation say so.
-        guard !stream.isOffFastPath, !stream.out.isEmpty else { return nil }
-        return stream.out
+        guard !stream.isOffFastPath, !stream.out.isEmpty else { return stream.isForFoundation ? .foundation : .tree }
+        return .bytes(stream.out)
+    }
+
+    /// Marks the call as off this path, and as Foundation's to encode.
+    func leaveForFoundation() -> OffTheFastPath {
+        isForFoundation = true
+        return leave()
     }
 
     /// Marks the call as off this path; the error is for the caller to throw.
@@ -73,7 +90,7 @@ final class CanonicalStream {
     /// `value` in the place being written. With `emptyIsObject`, a value that writes nothing is `{}`, as Foundation
     /// writes it below the top level.
     func encodeValue<T: Encodable>(_ value: T, emptyIsObject: Bool) throws {
-        if CanonicalDecoding.isSpecialCased(T.self) { throw leave() }
+        if CanonicalDecoding.isSpecialCased(T.self) { throw leaveForFoundation() }
         // What their own encode(to:) would write, without the encoder in between.
         if T.self == String.self { return appendString(unsafeBitCast(value, to: String.self)) }
         if T.self == Int.self { return CanonicalTree.appendInteger(unsafeBitCast(value, to: Int.self), to: &out) }
@@ -96,6 +113,8 @@ final class CanonicalStream {
             try value.encode(to: CanonicalStreamEncoder(stream: self, slot: slot))
         } catch {
             isOffFastPath = true
+            // The value's own error: the tree would meet it too.
+            if !(error is OffTheFastPath) { isForFoundation = true }
             throw error
         }
         (slot, filled) = outer
@@ -120,7 +139,7 @@ final class CanonicalStream {
     func appendIntegerValue<T: FixedWidthInteger>(_ value: T) { CanonicalTree.appendInteger(value, to: &out) }
 
     func appendFloatingPoint<T: BinaryFloatingPoint & CustomStringConvertible>(_ value: T) throws {
-        guard CanonicalTree.appendFloatingPoint(value, to: &out) else { throw leave() }
+        guard CanonicalTree.appendFloatingPoint(value, to: &out) else { throw leaveForFoundation() }
     }
 
     private func appendArray<Element>(_ elements: [Element], _ append: (CanonicalStream, Element) -> Void) throws {

@@ -28,8 +28,11 @@ enum CanonicalWriting {
     /// would (including when `JSONEncoder` would throw); written into room for `capacity` bytes.
     static func encode<Value: Encodable>(_ value: Value, reservingCapacity capacity: Int = 0) -> [UInt8]? {
         guard !CanonicalDecoding.isSpecialCased(Value.self) else { return nil }
-        if let bytes = CanonicalStream.encode(value, reservingCapacity: capacity) { return bytes }
-        CanonicalEncoding.Fallbacks.current?.recordTreeEncoding()
+        switch CanonicalStream.encode(value, reservingCapacity: capacity) {
+        case let .bytes(bytes): return bytes
+        case .foundation: return nil
+        case .tree: CanonicalEncoding.Fallbacks.current?.recordTreeEncoding()
+        }
         let tree = CanonicalTree()
         do {
             try value.encode(to: CanonicalEncoder(tree: tree, slot: 0, path: -1))

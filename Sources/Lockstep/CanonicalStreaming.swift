@@ -287,8 +287,24 @@ final class CanonicalStream {
     /// The largest member is moved once, in place, and only the others are copied aside: an object whose bulk is one
     /// member (a state's list beside its filter) costs one move, not a second copy of itself.
     private func putInOrder(_ range: Range<Int>, hasNonASCIINames: Bool) -> Bool {
+        // Sorted by the first eight bytes of each name as one number (names hold no byte below 0x20, so the zeros
+        // that pad a short name sort it first, as the bytes do), then by the names where those are equal: most of
+        // a large object's comparisons (a dictionary's, by id) are one integer comparison.
+        let prefixes = out.withUnsafeBufferPointer { out in
+            members[range].map { member -> UInt64 in
+                var prefix: UInt64 = 0
+                for offset in 0..<8 {
+                    let position = member.start + 1 + offset
+                    prefix = prefix << 8 | UInt64(position < member.nameEnd ? out[position] : 0)
+                }
+                return prefix
+            }
+        }
         var order = Array(range)
-        order.sort { precedes(members[$0], members[$1]) }
+        order.sort { left, right in
+            let (l, r) = (prefixes[left - range.lowerBound], prefixes[right - range.lowerBound])
+            return l != r ? l < r : precedes(members[left], members[right])
+        }
         for position in order.indices.dropFirst()
         where !precedes(members[order[position - 1]], members[order[position]]) {
             return false

@@ -192,7 +192,7 @@ public struct DaemonFlags: ParsableArguments, Sendable {
     }
 }
 
-/// The command behind ``LockstepDaemonMain``: its flags and help; ``LockstepDaemonMain/run(domains:effects:commandName:logHandler:)``
+/// The command behind ``LockstepDaemonMain``: its flags and help; ``LockstepDaemonMain/run(domains:effects:commandName:logHandler:arguments:)``
 /// parses it and calls ``serve(domains:effects:name:logHandler:)`` with what the executable hosts.
 struct DaemonCommand: ParsableCommand {
     /// A configuration it cannot serve: sysexits' EX_CONFIG.

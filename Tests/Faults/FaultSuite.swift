@@ -38,6 +38,7 @@ struct FaultSuite: ParsableCommand {
         let folder = URL(fileURLWithPath: NSTemporaryDirectory()).appendingPathComponent("lockstep-faults-\(getpid())")
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)
         print("lockstep-faults: \(long ? "long" : "quick") mode, seed \(seed), in \(folder.path)")
+        Self.raiseDescriptorLimit()
         let faults = Faults(folder: folder, long: long, seed: seed)
         let classes: [(String, () throws -> FaultResult)] = [
             ("kill -9 under load", faults.killUnderLoad),
@@ -69,6 +70,7 @@ struct FaultSuite: ParsableCommand {
         var results: [FaultResult] = []
         for (name, run) in classes where only.map({ name.contains($0) }) ?? true {
             let started = ContinuousClock.now
+            let descriptors = Self.openDescriptors()
             var result: FaultResult
             do {
                 result = try run()
@@ -77,6 +79,12 @@ struct FaultSuite: ParsableCommand {
             }
             result.name = name
             result.seconds = Double((ContinuousClock.now - started) / .milliseconds(1)) / 1_000
+            // What a class leaves open, said: the suite's own process leaks descriptors in the kill -9 classes (about
+            // 2.5 a cycle, not yet found), which in the whole long mode reached the 20,000 a process could hold.
+            let left = Self.openDescriptors() - descriptors
+            if left > Self.descriptorsLeftAllowed {
+                result.notes.append("the suite's process holds \(left) more file descriptors than before the class")
+            }
             print(result.line)
             fflush(nil)
             results.append(result)
@@ -94,6 +102,31 @@ struct FaultSuite: ParsableCommand {
             "every fault survived: no acknowledged action lost, no stale read, never two leaders (but in the control "
                 + "classes, which must catch them)"
         )
+    }
+}
+
+extension FaultSuite {
+    /// Descriptors a class may leave open without a note: what libraries keep once made.
+    static let descriptorsLeftAllowed = 8
+
+    /// Raises this process's limit on open descriptors as far as the system allows (as root, to `fs.nr_open`), so
+    /// that the long mode runs to its end; what each class leaves open is noted (``openDescriptors()``).
+    static func raiseDescriptorLimit() {
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return }
+        let most =
+            (try? String(contentsOfFile: "/proc/sys/fs/nr_open", encoding: .utf8))
+            .flatMap { rlim_t($0.trimmingCharacters(in: .whitespacesAndNewlines)) } ?? limit.rlim_max
+        var raised = rlimit(rlim_cur: max(most, limit.rlim_max), rlim_max: max(most, limit.rlim_max))
+        if setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised) != 0 {
+            raised = rlimit(rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max)
+            _ = setrlimit(Int32(RLIMIT_NOFILE.rawValue), &raised)
+        }
+    }
+
+    /// The process's open file descriptors now.
+    static func openDescriptors() -> Int {
+        (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd").count) ?? 0
     }
 }
 

@@ -36,6 +36,8 @@ public final class ChildProcess {
     /// The child's standard input when it was started with `input: true`; else it reads /dev/null.
     private let stdin: Pipe?
     private let errorFile: URL
+    /// The error file as the child's standard error, open for writing.
+    private var errorHandle: FileHandle?
     private let keepsErrorFile: Bool
     /// Every byte of standard output read so far by `read(for:)`; ``takeLines()`` hands out its complete lines.
     public private(set) var output: [UInt8] = []
@@ -73,6 +75,7 @@ public final class ChildProcess {
             process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         }
         let errorHandle = try FileHandle(forWritingTo: self.errorFile)
+        self.errorHandle = errorHandle
         process.standardOutput = outputToErrorFile ? errorHandle : stdout
         process.standardError = errorHandle
         reachedEndOfOutput = outputToErrorFile
@@ -80,8 +83,13 @@ public final class ChildProcess {
         try process.run()
     }
 
+    // Closes this side's ends of its pipes and its error file: Foundation's `Process` keeps its standard streams for
+    // as long as it lives, which was past this object (2.5 descriptors a child: the fault suite's long mode ran out).
     deinit {
         kill()
+        try? stdout.fileHandleForReading.close()
+        try? stdin?.fileHandleForWriting.close()
+        try? errorHandle?.close()
         if !keepsErrorFile { try? FileManager.default.removeItem(at: errorFile) }
     }
 
@@ -146,7 +154,8 @@ public final class ChildProcess {
         await offPool("child wait", lending: self) { $0.waitForExit(within: timeout) }
     }
 
-    /// Sends SIGKILL (if it still runs) and reaps it, waiting at most 10 s.
+    /// Sends SIGKILL (if it still runs) and reaps it, waiting at most 10 s. What it wrote before it died can still
+    /// be read.
     public func kill() {
         signal(SIGKILL)
         _ = waitForExit(within: .seconds(10))

@@ -154,6 +154,16 @@ public final class ChildProcess {
         await offPool("child wait", lending: self) { $0.waitForExit(within: timeout) }
     }
 
+    /// What this side's descriptors for the child (its output pipe's and input pipe's ends, its error file) are
+    /// open on, as `/proc/self/fd` names them (`pipe:[N]`, a path): gone once this object is.
+    package var descriptorTargets: [String] {
+        [stdout.fileHandleForReading, stdin?.fileHandleForWriting, errorHandle].compactMap { handle in
+            handle.flatMap {
+                try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/\($0.fileDescriptor)")
+            }
+        }
+    }
+
     /// Sends SIGKILL (if it still runs) and reaps it, waiting at most 10 s. What it wrote before it died can still
     /// be read.
     public func kill() {

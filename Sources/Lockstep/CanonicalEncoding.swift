@@ -27,6 +27,12 @@ public enum CanonicalEncoding {
         return Array(try foundationEncoder().encode(value))
     }
 
+    /// The room to reserve for a value whose canonical form took `lastSize` bytes last time: that and an eighth,
+    /// so a state that grew a little since is still written into one buffer, with no regrowing on the way.
+    public static func capacity(forLastSize lastSize: Int) -> Int {
+        lastSize + lastSize / 8
+    }
+
     /// Foundation's encoder set up for the canonical form: what the fast path falls back to, and what it matches.
     static func foundationEncoder() -> JSONEncoder {
         let encoder = JSONEncoder()

@@ -649,7 +649,10 @@ public final class Replica<D: Domain>: Service, Sendable {
         hub.digests.submit { [self] in
             var taken = DigestTaken(seq: wanted.seq, generation: wanted.generation)
             let expected = shared.withLockedValue { $0.digestBytes }
-            let bytes = try? CanonicalEncoding.bytes(of: state.state, reservingCapacity: expected + expected / 8)
+            let bytes = try? CanonicalEncoding.bytes(
+                of: state.state,
+                reservingCapacity: CanonicalEncoding.capacity(forLastSize: expected)
+            )
             if let bytes {
                 taken.digest = StateDigest(of: bytes)
                 if keepState { taken.state = bytes }

@@ -36,15 +36,20 @@ public protocol SequencedStore: Sendable {
     /// Applies an action already sequenced (journal recovery); `seq` must be `lastSeq + 1`.
     mutating func replay(_ event: SequencedAction) throws
 
-    /// The canonical bytes of the current state, for snapshots and digests.
-    func encodedState() throws -> Frame
-
-    /// The same, written into room for `expectedBytes` (a large state's last size): no regrowing on the way.
+    /// The canonical bytes of the current state, for snapshots and digests, written into room for `expectedBytes`
+    /// (``CanonicalEncoding/capacity(forLastSize:)`` of a large state's last size; 0 when not known).
     func encodedState(expectedBytes: Int) throws -> Frame
 
-    /// About how many bytes ``encodedState()`` gave when the store was recovered (0 when not known): the daemon
+    /// About how many bytes ``encodedState(expectedBytes:)`` gave when the store was recovered (0 when not known): the daemon
     /// decides by it where to take the store's first checkpoint.
     var stateBytesHint: Int { get }
+}
+
+extension SequencedStore {
+    /// The canonical bytes of the current state, when its size is not known.
+    public func encodedState() throws -> Frame {
+        try encodedState(expectedBytes: 0)
+    }
 }
 
 /// A ``SequencedStore`` for domain `D`.
@@ -173,11 +178,6 @@ public struct DomainStore<D: Domain>: SequencedStore {
         let action = try coder.decode(D.Action.self, from: event.action)
         D.reduce(into: &state, action, by: event.author)
         lastSeq = event.seq
-    }
-
-    /// The canonical bytes of ``state``.
-    public func encodedState() throws -> Frame {
-        try coder.encode(state)
     }
 
     /// The canonical bytes of ``state``, written into room for `expectedBytes`.

@@ -115,7 +115,7 @@ package struct Checkpoints {
     package func due(_ store: StoreName, snapshotDue: Bool, now: ContinuousClock.Instant) -> Plan? {
         let track = tracks[store] ?? Track(bytes: 0)
         guard track.taking == nil, track.sinceLast >= everyEvents || snapshotDue else { return nil }
-        let expectedBytes = track.bytes + track.bytes / 8
+        let expectedBytes = CanonicalEncoding.capacity(forLastSize: track.bytes)
         guard track.bytes >= offLoopBytes else {
             return Plan(store: store, place: .loop, snapshot: snapshotDue, expectedBytes: expectedBytes)
         }

@@ -58,8 +58,9 @@ enum Replies {
             )
         }
         do {
-            // Room for the state as recovered and an eighth: a large one is written into one buffer.
-            let state = try store.encodedState(expectedBytes: store.stateBytesHint + store.stateBytesHint / 8)
+            let state = try store.encodedState(
+                expectedBytes: CanonicalEncoding.capacity(forLastSize: store.stateBytesHint)
+            )
             return .snapshot(
                 requestID: requestID,
                 SnapshotReply(

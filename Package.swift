@@ -110,6 +110,9 @@ let package = Package(
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
+        // lockstepd measured from outside: C clients of its wire protocol and a raw C echo (`lockstep bench`'s
+        // `outside` part), so that neither side of that comparison pays for Swift.
+        .executableTarget(name: "lockstep-cload", linkerSettings: [.linkedLibrary("zmq")]),
         // The examples' bench (`lockstep bench`) and journal fixtures, and their demo (`lockstep demo`).
         .target(
             name: "LockstepBench",

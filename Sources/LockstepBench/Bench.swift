@@ -21,7 +21,7 @@ package final class Bench {
     let seconds: Double
     let keep: Bool
     private let progressToStandardError: Bool
-    private let lockstep: URL
+    let lockstep: URL
     private let lockstepd: URL
     /// Whether P1 and P2 run against a daemon with a policy (`--policy`).
     private let policy: Bool
@@ -30,7 +30,7 @@ package final class Bench {
     /// Whether P1 and P2 run with an inspector page open on the daemon (`--inspector`).
     private let inspector: Bool
     /// With tcp: the daemon's (and the raw servers') key pair and the one client pair every client uses.
-    private let curve: (server: CurveKeyPair, client: CurveKeyPair)?
+    let curve: (server: CurveKeyPair, client: CurveKeyPair)?
     private var workers = 0
     var results: BenchResults
 
@@ -93,6 +93,7 @@ package final class Bench {
         if parts.contains("p4") { try measureLateJoin(histories: histories) }
         if parts.contains("p5") { measureStore() }
         if parts.contains("p7") { try measureStateSizes(megabytes: stateSizes) }
+        if parts.contains("outside") { try measureOutside() }
         let p6 = results.p4.last.map { $0.stateBytes } ?? 0
         results.p6.stateBytes = p6
         results.p6.budgetBytes = 64 << 20 + 3 * p6
@@ -676,7 +677,7 @@ package final class Bench {
     }
 
     /// An endpoint of the bench's transport: a socket file in the folder, or a free loopback port.
-    private func endpoint(_ name: String) -> String {
+    func endpoint(_ name: String) -> String {
         switch transport {
         case .ipc: "ipc://\(folder.path)/\(name)"
         case .tcp: "tcp://127.0.0.1:\(freeLoopbackPort())"
@@ -916,7 +917,7 @@ private struct DaemonCPU {
 }
 
 /// The CPU time from `start` to `end` per operation, in µs to a tenth; `nil` without either reading or an operation.
-private func microseconds(from start: Duration?, to end: Duration?, per operations: Int) -> Double? {
+func microseconds(from start: Duration?, to end: Duration?, per operations: Int) -> Double? {
     guard let start, let end, operations > 0 else { return nil }
     return tenths((end - start) / .microseconds(1) / Double(operations))
 }

@@ -24,6 +24,8 @@ package struct BenchResults: Codable {
     var p5: [P5] = []
     var p6 = P6()
     var p7: [P7] = []
+    /// C clients against a raw C echo and against lockstepd (`outside`), at 1, 8 and 32; empty when it did not run.
+    var outside: [Outside] = []
     /// Redis Streams from 1, 8 and 32 clients, when `redis-server` is installed; else `null`.
     var redis: RedisStreams?
     /// P1 and P2 with the PostgreSQL journal, when PostgreSQL is installed; else `null`.
@@ -216,6 +218,31 @@ package struct BenchResults: Codable {
         /// action's acceptance, this many events after its seq, while one client added todos.
         var divergenceFoundSeconds: Double?
         var divergenceEvents: Int?
+    }
+
+    /// `clients` C threads (`lockstep-cload`), one REQ socket and one request in flight each, sending the counter's
+    /// DISPATCH: to a raw C ROUTER echo, then to lockstepd.
+    struct Outside: Codable {
+        var clients: Int
+        /// Against the echo: round trips per second, latencies, the echo's CPU and the clients' per round trip.
+        var rawRoundTripsPerS: Double
+        var rawP50Us: Microseconds
+        var rawP99Us: Microseconds
+        var rawServerCpuPerRoundTripUs: Double?
+        var rawClientCpuPerRoundTripUs: Double?
+        /// Against lockstepd: every reply checked (ACCEPTED, its request's id, one action, one epoch, each client's
+        /// seqs rising, no seq twice).
+        var actionsPerS: Double
+        var ratioToRaw: Double?
+        var p50Us: Microseconds
+        var p99Us: Microseconds
+        /// Dispatches acknowledged (each client's connecting one included) and the daemon's seq advance: equal, or
+        /// the bench fails.
+        var acknowledged: Int
+        var committed: Int
+        /// The daemon's process CPU per committed action, and the C clients' per acknowledged one.
+        var daemonCpuPerActionUs: Double?
+        var clientCpuPerActionUs: Double?
     }
 
     struct PostgresJournalFigures: Codable {

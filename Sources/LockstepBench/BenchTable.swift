@@ -128,6 +128,23 @@ package struct BenchTable {
                 )
             }
         }
+        if !r.outside.isEmpty {
+            lines += [
+                "", "From outside: C clients (lockstep-cload), REQ, one in flight each: lockstepd vs a raw C echo",
+            ]
+        }
+        for o in r.outside {
+            lines.append(
+                row(
+                    "\(o.clients) client\(o.clients == 1 ? "" : "s")",
+                    "\(count(o.actionsPerS))/s  p50 \(o.p50Us)  p99 \(o.p99Us)",
+                    "\(times(o.ratioToRaw)) raw (\(count(o.rawRoundTripsPerS))/s)",
+                    (o.daemonCpuPerActionUs.map { String(format: "lockstepd CPU %.1f µs/action", $0) } ?? "")
+                        + (o.rawServerCpuPerRoundTripUs.map { String(format: "  raw echo %.1f µs", $0) } ?? "")
+                        + (o.committed == o.acknowledged ? "" : "  (committed \(o.committed) ≠ acknowledged)")
+                )
+            )
+        }
         if !r.p3.isEmpty {
             lines += [
                 "", "P3 replicas while 8 processes dispatch: dispatch → last replica applied (target p99 ≤ 5 ms)",

@@ -1,4 +1,5 @@
 import Foundation
+import LockstepTesting
 import TestSupport
 import Testing
 
@@ -17,8 +18,8 @@ import Testing
             "not one JSON object: \(output.standardOutput)"
         )
         for key in [
-            "baselines", "p1", "p2", "optimistic", "effects", "p3", "p4", "p5", "p6", "p7", "transport", "build",
-            "total_seconds",
+            "baselines", "p1", "p2", "optimistic", "effects", "p3", "p4", "p5", "p6", "p7", "outside", "transport",
+            "build", "total_seconds",
         ] {
             #expect(json[key] != nil, "no \(key) in \(json.keys.sorted())")
         }
@@ -120,6 +121,48 @@ import Testing
         let tree = p7[3]
         #expect((tree["state_bytes"] as? Int ?? 0) > 1_000_000, "\(tree)")
         #expect(tree["p2_ratio"] as? Double != nil, "\(tree)")
+
+        // From outside: the C clients against the raw C echo and against lockstepd, every reply checked by them, and
+        // what they were acknowledged is what the daemon committed.
+        let outside = try #require(json["outside"] as? [[String: Any]])
+        #expect(outside.compactMap { $0["clients"] as? Int } == [1, 8, 32])
+        for row in outside {
+            #expect((row["acknowledged"] as? Int ?? 0) > 0, "\(row)")
+            #expect(row["acknowledged"] as? Int == row["committed"] as? Int, "\(row)")
+            for key in [
+                "raw_round_trips_per_s", "actions_per_s", "ratio_to_raw", "daemon_cpu_per_action_us",
+                "raw_server_cpu_per_round_trip_us", "client_cpu_per_action_us", "raw_client_cpu_per_round_trip_us",
+            ] {
+                #expect((row[key] as? Double ?? 0) > 0, "\(key): \(row)")
+            }
+        }
+    }
+
+    /// The C clients check every reply: a raw echo answers a DISPATCH with the DISPATCH itself, and a load that
+    /// expects lockstepd's replies stops at the first, naming what it got.
+    @Test func theCClientsStopAtAReplyThatIsNotAnAcceptance() async throws {
+        let folder = try temporaryDirectory("cload")
+        defer { try? FileManager.default.removeItem(at: folder) }
+        let endpoint = "ipc://\(folder.path)/echo"
+        let echo = try ChildProcess("lockstep-cload", ["echo", endpoint])
+        defer { echo.kill() }
+        let ready = try await eventually(within: .seconds(30)) {
+            await echo.read(for: .milliseconds(50))
+            return echo.takeLines().contains("ready")
+        }
+        try #require(ready, "the echo did not print ready: \(echo.errors())")
+        let refused = try await runProduct(
+            "lockstep-cload",
+            ["load", endpoint, "2", "0.2", "counter", "1", #"{"increment":{}}"#]
+        )
+        #expect(refused.status == 1, "\(refused.standardOutput) \(refused.standardError)")
+        #expect(refused.standardError.contains("type 0x01 to request 1, not ACCEPTED"), "\(refused.standardError)")
+        let echoed = try await runProduct(
+            "lockstep-cload",
+            ["load", endpoint, "2", "0.2", "counter", "1", #"{"increment":{}}"#, "--echo"]
+        )
+        #expect(echoed.status == 0, "\(echoed.standardError)")
+        #expect(echoed.standardOutput.hasPrefix(#"{"clients":2,"#), "\(echoed.standardOutput)")
     }
 
     @Test func badOptionsAreRefusedNamingTheValue() async throws {

@@ -40,7 +40,7 @@ struct BenchCommand: ParsableCommand {
     @Option(
         help: """
             Run only these parts, comma-separated: baselines, p1, p2, optimistic, effects, postgres, redis, p3, p4, \
-            p5, p7 (p6 comes with the others).
+            p5, p7, outside (p6 comes with the others).
             """
     )
     var only: String?
@@ -83,7 +83,7 @@ struct BenchCommand: ParsableCommand {
     }
 
     static let allParts = [
-        "baselines", "p1", "p2", "optimistic", "effects", "postgres", "redis", "p3", "p4", "p5", "p7",
+        "baselines", "p1", "p2", "optimistic", "effects", "postgres", "redis", "p3", "p4", "p5", "p7", "outside",
     ]
 
     private func parts() throws -> Set<String> {

@@ -99,24 +99,32 @@ package func journalBatch<D: Domain>(
 }
 
 /// `lockstep journal append-load`: commits `batchSize` counter increments per commit to the journal in
-/// `directory` (or the PostgreSQL journal at `postgres`; recovered first), `batches` times or until killed,
+/// `directory` (a new log journal there with `log`; or the PostgreSQL journal at `postgres`; recovered first), `batches` times or until killed,
 /// calling `committed` with the last seq after each commit. The crash tests kill it at random points and check
 /// that no committed batch was lost.
 package func appendLoad(
     directory: String,
     postgres: String? = nil,
+    log: Bool = false,
+    logRewriteBytes: Int64? = nil,
     policy: JournalPolicy,
     batchSize: Int,
     batches: Int?,
     committed: (UInt64) -> Void
 ) throws {
-    let journal = try openJournal(
-        directory,
-        postgres: postgres,
-        command: "append-load",
-        readOnly: false,
-        policy: policy
-    )
+    let journal: any Journal =
+        if let logRewriteBytes {
+            try LogJournal(directory: directory, policy: policy, rewriteMinimumBytes: logRewriteBytes)
+        } else {
+            try openJournal(
+                directory,
+                postgres: postgres,
+                command: "append-load",
+                readOnly: false,
+                policy: policy,
+                log: log
+            )
+        }
     defer { try? journal.close() }
     let recovered = try journal.recover(Counter.self)
     var state = recovered.state

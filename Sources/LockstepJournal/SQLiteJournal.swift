@@ -78,11 +78,11 @@ public final class SQLiteJournal: EngineJournal {
         let descriptor = interruptible { open(wal, O_RDONLY | O_CLOEXEC) }
         guard descriptor >= 0 else {
             if errno == ENOENT { return }  // no log yet: nothing written since the last checkpoint
-            throw SQLiteStorage.ioError(storage.location, "sync", "cannot open \(wal)")
+            throw JournalFiles.ioError(storage.location, "sync", "cannot open \(wal)")
         }
         defer { closeDescriptor(descriptor) }
         guard interruptible({ fsync(descriptor) }) == 0 else {
-            throw SQLiteStorage.ioError(storage.location, "sync", "cannot fsync \(wal)")
+            throw JournalFiles.ioError(storage.location, "sync", "cannot fsync \(wal)")
         }
     }
 }
@@ -242,13 +242,20 @@ final class SQLiteStorage: JournalStorage {
             madeByReading = [path + "-wal", path + "-shm"].filter { !FileManager.default.fileExists(atPath: $0) }
         } else {
             madeByReading = []
-            try Self.makeDirectory(directory, path: path)
+            try JournalFiles.makeDirectory(directory, path: path)
             writerLock = try WriterLock(directory: directory, journal: path)
-            created = try Self.createFile(path)
-            if !created {
-                for file in [path, path + "-wal", path + "-shm"] { try Self.restrictMode(file, journal: path) }
+            guard !LogJournal.exists(in: directory) else {
+                throw fail(
+                    .inUse,
+                    "the data directory holds a log journal (\(LogJournal.fileName)): an SQLite journal beside it "
+                        + "would start every store afresh; set journal = \"log\", or move the directory aside"
+                )
             }
-            if created { try Self.fsyncDirectory(directory, journal: path) }
+            created = try JournalFiles.createFile(path)
+            if !created {
+                for file in [path, path + "-wal", path + "-shm"] { try JournalFiles.restrictMode(file, journal: path) }
+            }
+            if created { try JournalFiles.fsyncDirectory(directory, journal: path) }
         }
 
         var configuration = Configuration()
@@ -343,99 +350,8 @@ final class SQLiteStorage: JournalStorage {
                 throw Self.map(error, file: path, operation: "open")
             }
             // The -wal and -shm files now exist; make their directory entries durable too.
-            for file in [path + "-wal", path + "-shm"] { try Self.restrictMode(file, journal: path) }
-            if created { try Self.fsyncDirectory(directory, journal: path) }
-        }
-    }
-
-    // MARK: Files
-
-    static func ioError(_ journal: String, _ operation: String, _ message: String) -> JournalError {
-        let code: JournalError.Code =
-            errno == EROFS || errno == EACCES || errno == EPERM
-            ? .readOnly
-            : errno == ENOSPC || errno == EDQUOT ? .storageFull : .ioError
-        return JournalError(
-            code: code,
-            file: journal,
-            operation: operation,
-            message: "\(message): \(String(cString: strerror(errno))) (errno \(errno))"
-        )
-    }
-
-    private static func makeDirectory(_ directory: String, path: String) throws(JournalError) {
-        var isDirectory: ObjCBool = false
-        if FileManager.default.fileExists(atPath: directory, isDirectory: &isDirectory) {
-            guard isDirectory.boolValue else {
-                throw JournalError(
-                    code: .ioError,
-                    file: path,
-                    operation: "open",
-                    message: "the data directory \(directory) is a file; give a directory"
-                )
-            }
-            return
-        }
-        // One level at a time, each new directory's entry synced in its parent: a new directory is durable only
-        // once its parent is fsynced, so a power cut must not take away a whole new path and the journal in it
-        // (the power-cut filesystem of the fault suite showed that creating the path in one call does not).
-        let url = URL(fileURLWithPath: directory).standardizedFileURL
-        var missing: [URL] = []
-        var level = url
-        while !FileManager.default.fileExists(atPath: level.path), level.path != "/" {
-            missing.insert(level, at: 0)
-            level = level.deletingLastPathComponent()
-        }
-        for created in missing {
-            do {
-                try FileManager.default.createDirectory(
-                    atPath: created.path,
-                    withIntermediateDirectories: false,
-                    attributes: [.posixPermissions: 0o700]
-                )
-            } catch {
-                throw JournalError(
-                    code: .ioError,
-                    file: path,
-                    operation: "open",
-                    message: "cannot create the data directory \(directory): \(error.localizedDescription)"
-                )
-            }
-            try fsyncDirectory(created.deletingLastPathComponent().path, journal: path)
-        }
-    }
-
-    /// Creates an empty file with mode 0600 (SQLite gives its -wal and -shm files the same mode); false when
-    /// the file already exists.
-    private static func createFile(_ path: String) throws(JournalError) -> Bool {
-        var fd: Int32
-        fd = interruptible { open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0o600) }
-        if fd < 0 {
-            if errno == EEXIST { return false }
-            throw ioError(path, "open", "cannot create the journal file")
-        }
-        defer { closeDescriptor(fd) }
-        guard interruptible({ fchmod(fd, 0o600) }) == 0, interruptible({ fsync(fd) }) == 0 else {
-            throw ioError(path, "open", "cannot set up the new journal file")
-        }
-        return true
-    }
-
-    private static func restrictMode(_ file: String, journal: String) throws(JournalError) {
-        var info = stat()
-        guard interruptible({ stat(file, &info) }) == 0 else { return }
-        if info.st_mode & 0o777 != 0o600, interruptible({ chmod(file, 0o600) }) != 0 {
-            throw ioError(journal, "open", "cannot set mode 0600 on \(file)")
-        }
-    }
-
-    private static func fsyncDirectory(_ directory: String, journal: String) throws(JournalError) {
-        var fd: Int32
-        fd = interruptible { open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC) }
-        guard fd >= 0 else { throw ioError(journal, "open", "cannot open directory \(directory) to sync it") }
-        defer { closeDescriptor(fd) }
-        guard interruptible({ fsync(fd) }) == 0 else {
-            throw ioError(journal, "open", "cannot sync directory \(directory)")
+            for file in [path + "-wal", path + "-shm"] { try JournalFiles.restrictMode(file, journal: path) }
+            if created { try JournalFiles.fsyncDirectory(directory, journal: path) }
         }
     }
 
@@ -904,7 +820,8 @@ final class SQLiteStorage: JournalStorage {
             switch update.change {
             case .done, .drop: sql = "DELETE FROM effects WHERE store = ?1 AND seq = ?2 AND idx = ?3"
             case .failed:
-                sql = "UPDATE effects SET attempts = ?4, last_error = ?5, dead = ?6 WHERE store = ?1 AND seq = ?2 AND idx = ?3"
+                sql =
+                    "UPDATE effects SET attempts = ?4, last_error = ?5, dead = ?6 WHERE store = ?1 AND seq = ?2 AND idx = ?3"
             case .retry: sql = "UPDATE effects SET attempts = 0, dead = 0 WHERE store = ?1 AND seq = ?2 AND idx = ?3"
             }
             try Self.step(try db.cachedStatement(sql: sql), in: db) { values in
@@ -1146,7 +1063,7 @@ final class WriterLock: Sendable {
         let path = URL(fileURLWithPath: directory).appendingPathComponent(Self.fileName).path
         var fd: Int32
         fd = interruptible { open(path, O_CREAT | O_RDWR | O_CLOEXEC, 0o600) }
-        guard fd >= 0 else { throw SQLiteStorage.ioError(journal, "open", "cannot open the lock file \(path)") }
+        guard fd >= 0 else { throw JournalFiles.ioError(journal, "open", "cannot open the lock file \(path)") }
         // Tried for up to a second: a process that forks (to start a child) holds a copy of its descriptors, this
         // lock's included, until the child execs, so a journal closed a moment ago may still look held.
         var result: Int32
@@ -1160,7 +1077,7 @@ final class WriterLock: Sendable {
         guard result == 0 else {
             let busy = errno == EWOULDBLOCK
             closeDescriptor(fd)
-            guard busy else { throw SQLiteStorage.ioError(journal, "open", "cannot lock \(path)") }
+            guard busy else { throw JournalFiles.ioError(journal, "open", "cannot lock \(path)") }
             throw JournalError(
                 code: .inUse,
                 file: journal,
@@ -1183,19 +1100,4 @@ final class WriterLock: Sendable {
     }
 
     deinit { release() }
-}
-
-/// `close(2)`, out of reach of `SQLiteStorage.close()`'s name. Not retried on EINTR: Linux has closed the
-/// descriptor even then, and a second close could close another thread's new one.
-private func closeDescriptor(_ fd: Int32) {
-    _ = close(fd)
-}
-
-/// Runs a system call again while it fails with EINTR (a signal arrived meanwhile): the one way every call the
-/// journal makes itself goes (SQLite retries its own). Returns the call's result; on failure `errno` says why,
-/// and ``SQLiteStorage/ioError(_:_:_:)`` turns it into a ``JournalError`` naming the file.
-private func interruptible(_ call: () -> Int32) -> Int32 {
-    var result: Int32
-    repeat { result = call() } while result < 0 && errno == EINTR
-    return result
 }

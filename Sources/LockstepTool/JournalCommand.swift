@@ -11,7 +11,8 @@ package struct JournalCommand: ParsableCommand {
             commandName: "journal",
             abstract: "Check, dump and describe a daemon's journal; rebuild a store's state at any seq.",
             discussion: """
-                DIR is the daemon's data directory; the journal is DIR/\(SQLiteJournal.fileName). verify, dump \
+                DIR is the daemon's data directory; the journal is DIR/\(SQLiteJournal.fileName), or \
+                DIR/\(LogJournal.fileName) and DIR/snapshots for a log journal (journal = "log"). verify, dump \
                 and stats take --postgres CONNINFO instead of DIR for a PostgreSQL journal. verify, dump, stats and \
                 state open it read-only and may run while the daemon runs. See docs/operations.md, "The journal".
                 """,
@@ -35,11 +36,12 @@ package func openJournal(
     postgres: String? = nil,
     command: String,
     readOnly: Bool,
-    policy: JournalPolicy = JournalPolicy()
+    policy: JournalPolicy = JournalPolicy(),
+    log: Bool = false
 ) throws -> any Journal {
     do {
         if let postgres { return try PostgresJournal(connection: postgres, policy: policy, readOnly: readOnly) }
-        return try SQLiteJournal(directory: directory, policy: policy, readOnly: readOnly)
+        return try openLocalJournal(directory: directory, policy: policy, readOnly: readOnly, log: log)
     } catch {
         printError("\(Tool.commandName) journal \(command): \(error)")
         switch error.code {

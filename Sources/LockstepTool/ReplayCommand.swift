@@ -90,9 +90,9 @@ struct ReplayCommand: ParsableCommand {
 
     /// Replays every store of a journal whose domain the tool has (or the one named); the first divergence stops it.
     private func replayJournal(_ directory: String) throws {
-        let opened: SQLiteJournal
+        let opened: any Journal
         do {
-            opened = try SQLiteJournal(directory: directory, readOnly: true)
+            opened = try openLocalJournal(directory: directory, readOnly: true)
         } catch {
             printError("\(Tool.commandName): cannot open the journal in \(directory): \(error)")
             throw ExitCode.failure
@@ -141,7 +141,7 @@ struct ReplayCommand: ParsableCommand {
         }
     }
 
-    private func replay<D: Domain>(_: D.Type, journal: SQLiteJournal?) throws {
+    private func replay<D: Domain>(_: D.Type, journal: (any Journal)?) throws {
         let log: ReplayLog<D>
         if let journal {
             log = try journalLog(D.self, journal)
@@ -238,7 +238,7 @@ struct ReplayCommand: ParsableCommand {
     }
 
     /// The journal's history of one store (``ReplayLog/init(history:)``), or the error said plainly.
-    private func journalLog<D: Domain>(_: D.Type, _ journal: SQLiteJournal) throws -> ReplayLog<D> {
+    private func journalLog<D: Domain>(_: D.Type, _ journal: any Journal) throws -> ReplayLog<D> {
         do {
             return try ReplayLog<D>(history: journal)
         } catch let error as HistoryError {

@@ -26,6 +26,16 @@ struct JournalAppendLoadCommand: ParsableCommand {
     @Option(name: .long, help: "A PostgreSQL journal's libpq connection string, instead of DIR.")
     var postgres: String?
 
+    @Flag(help: "Create a log journal (journal.lslog) when DIR has no journal yet; DIR's own kind is used when it has.")
+    var log = false
+
+    @Option(
+        name: .long,
+        help:
+            "With --log: rewrite the log once it passes this many bytes (64 MiB by default; the crash test uses less)."
+    )
+    var logRewriteBytes: Int64?
+
     @Option(name: .long, help: "Events per commit.")
     var batchSize = 100
 
@@ -61,6 +71,8 @@ struct JournalAppendLoadCommand: ParsableCommand {
             try appendLoad(
                 directory: directory ?? "",
                 postgres: postgres,
+                log: log,
+                logRewriteBytes: log ? logRewriteBytes : nil,
                 policy: policy,
                 batchSize: batchSize,
                 batches: batches

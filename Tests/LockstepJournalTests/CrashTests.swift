@@ -47,7 +47,13 @@ import Testing
 
     /// Runs round `round`: a child, killed mid-stream, then the journal recovered, checked and committed to.
     /// `acknowledged` is the highest seq acknowledged before this round.
-    static func play(round: Int, data: String, runFor: Duration, acknowledged: UInt64) throws -> Round {
+    static func play(
+        round: Int,
+        kind: JournalKind,
+        data: String,
+        runFor: Duration,
+        acknowledged: UInt64
+    ) throws -> Round {
         var seen = Round()
         let child = try ChildProcess(
             "lockstep",
@@ -56,7 +62,7 @@ import Testing
                 "--snapshot-every", "\(Self.policy.snapshotEveryEvents)",
                 "--snapshots-kept", "\(Self.policy.snapshotsKept)",
                 "--idempotency-kept", "\(Self.policy.idempotencyEntriesKept)",
-            ]
+            ] + (kind == .log ? ["--log", "--log-rewrite-bytes", "\(Self.logRewriteBytes)"] : [])
         )
         // Wait (bounded) for the first acknowledged batch, so the kill lands in a running stream.
         let firstDeadline = ContinuousClock.now + .seconds(30)
@@ -82,7 +88,7 @@ import Testing
         seen.printed += child.takeLines().compactMap { UInt64($0) }
         let acknowledged = max(acknowledged, seen.printed.last ?? 0)
 
-        let journal = try SQLiteJournal(directory: data, policy: Self.policy)
+        let journal = try open(kind, data)
         let recovered = try journal.recover(Counter.self)
         seen.recovered = recovered
         // What the test requires of the recovery; a failed round would spoil the next ones.
@@ -129,7 +135,18 @@ import Testing
         return seen
     }
 
-    @Test func killedMidCommitStreamLosesNoAcknowledgedBatchAndKeepsNoPartialOne() async throws {
+    /// A log journal is rewritten whenever it passes this, so the kills land in rewrites too.
+    static let logRewriteBytes: Int64 = 64 << 10
+
+    /// The journal of `kind` in `data`: SQLite, or a log journal.
+    static func open(_ kind: JournalKind, _ data: String) throws -> any Journal {
+        kind == .log
+            ? try LogJournal(directory: data, policy: Self.policy, rewriteMinimumBytes: Self.logRewriteBytes)
+            : try SQLiteJournal(directory: data, policy: Self.policy)
+    }
+
+    @Test(arguments: [JournalKind.sqlite, .log])
+    func killedMidCommitStreamLosesNoAcknowledgedBatchAndKeepsNoPartialOne(kind: JournalKind) async throws {
         let directory = try temporaryDirectory("crash")
         defer { try? FileManager.default.removeItem(at: directory) }
         let data = directory.appendingPathComponent("data").path
@@ -144,7 +161,7 @@ import Testing
             let runFor = Duration.microseconds(Int64(random.next() % 40_000))
             let before = acknowledged
             let seen = try await offPool("crash round") {
-                try Self.play(round: round, data: data, runFor: runFor, acknowledged: before)
+                try Self.play(round: round, kind: kind, data: data, runFor: runFor, acknowledged: before)
             }
             try #require(!seen.printed.isEmpty, "round \(round): the child acknowledged nothing: \(seen.errors)")
             #expect(seen.reaped, "round \(round): the child was not reaped")
@@ -184,11 +201,11 @@ import Testing
             totalEvents = acknowledged
             #expect(after.lastSeq == acknowledged)
         }
-        let final = try SQLiteJournal(directory: data, policy: Self.policy)
+        let final = try Self.open(kind, data)
         #expect(try final.recover(Counter.self).lastSeq == acknowledged)
         try final.close()
         print(
-            "crash test: \(Self.rounds) SIGKILLs, \(totalEvents) events in batches of \(Self.batchSize); "
+            "crash test, \(kind): \(Self.rounds) SIGKILLs, \(totalEvents) events in batches of \(Self.batchSize); "
                 + "\(unacknowledgedKept) kills landed after a commit was durable but before it was printed; "
                 + "took \(ContinuousClock.now - started)"
         )

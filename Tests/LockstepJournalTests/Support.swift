@@ -18,6 +18,7 @@ enum JournalKind: String, CaseIterable, Sendable, CustomTestStringConvertible {
     case sqlite
     case memory
     case postgres
+    case log
 
     var testDescription: String { rawValue }
 }
@@ -94,6 +95,9 @@ final class JournalFixture {
             return journal
         case .postgres:
             return try PostgresJournal(connection: connection!, policy: policy)
+        case .log:
+            // Rewritten once past 4 KiB (64 MiB by default): every test's history goes through a rewrite or two.
+            return try LogJournal(directory: dataDirectory, policy: policy, rewriteMinimumBytes: 4_096)
         }
     }
 
@@ -102,7 +106,7 @@ final class JournalFixture {
         switch kind {
         case .sqlite: try LockstepJournalTests.tamper(self) { try $0.execute(sql: sql) }
         case .postgres: _ = try PostgresJournal.execute(sql, connection: connection!)
-        case .memory: Issue.record("an in-memory journal cannot be changed behind its back")
+        case .memory, .log: Issue.record("an in-memory or log journal cannot be changed by SQL")
         }
     }
 }

@@ -1,0 +1,679 @@
+import Foundation
+import Lockstep
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#elseif canImport(Darwin)
+import Darwin
+#endif
+
+/// A journal of Lockstep's own in the data directory: one append-only file of checksummed records
+/// (`journal.lslog`), written with one `pwrite` and one `fdatasync` per commit, and each snapshot in a file of its own
+/// (`snapshots/`). The same rules as ``SQLiteJournal`` — the engine is the same — over a storage whose every commit is
+/// one record.
+///
+/// What it holds lives in memory too (the events since each store's oldest snapshot kept, the idempotency entries,
+/// the outbox: what the daemon holds anyway); snapshots are read from their files when asked for. Opening reads the
+/// file from the start: a record cut short at its end (a crash in the middle of an append that was never
+/// acknowledged) is cut off; a damaged record anywhere is refused, naming its offset, never skipped. When the file
+/// has grown past both `rewriteMinimumBytes` and twice what it held after its last rewrite, it is written afresh
+/// from what is live (a new file, synced, renamed over the old one).
+///
+/// docs/operations.md, "The journal", says how it is laid out and when to choose it.
+public final class LogJournal: EngineJournal {
+    /// The log's name in the data directory.
+    public static let fileName = LogStorage.fileName
+
+    let engine: JournalEngine<LogStorage>
+
+    /// Opens the journal in `directory`, creating the directory and an empty journal when there is none.
+    ///
+    /// - Parameters:
+    ///   - readOnly: Open for reading only (the CLI's `verify`, `dump`, `stats` and `state`), beside a daemon that
+    ///     writes it: nothing is created, cut or locked; what was written after the file was read is not seen, and a
+    ///     record the daemon was in the middle of appending is left out.
+    ///   - rewriteMinimumBytes: The size the file must pass before it is rewritten (64 MiB; tests use less).
+    public init(
+        directory: String,
+        policy: JournalPolicy = JournalPolicy(),
+        readOnly: Bool = false,
+        rewriteMinimumBytes: Int64 = 64 << 20
+    ) throws(JournalError) {
+        engine = JournalEngine(
+            storage: try LogStorage(
+                directory: directory,
+                readOnly: readOnly,
+                syncs: true,
+                rewriteMinimumBytes: rewriteMinimumBytes
+            ),
+            policy: policy
+        )
+    }
+
+    /// A journal that never fsyncs: only for the fault suite's proof that its power cuts catch a journal that
+    /// acknowledges what is not durable.
+    package init(unsyncedForTestingIn directory: String, policy: JournalPolicy) throws(JournalError) {
+        engine = JournalEngine(
+            storage: try LogStorage(directory: directory, readOnly: false, syncs: false, rewriteMinimumBytes: 64 << 20),
+            policy: policy
+        )
+    }
+
+    /// Whether `directory` holds a log journal.
+    public static func exists(in directory: String) -> Bool {
+        FileManager.default.fileExists(atPath: URL(fileURLWithPath: directory).appendingPathComponent(fileName).path)
+    }
+
+    /// Every commit is synced before it returns: nothing to do.
+    public func sync() throws(JournalError) {}
+
+    /// Releases the file and the writer's lock. Later calls fail.
+    public func close() throws(JournalError) {
+        try engine.storage.close()
+    }
+}
+
+/// The journal in data directory `directory`, whichever of the two local ones it holds: a ``LogJournal`` when
+/// `journal.lslog` is there (or `log` asks for a new one), else an ``SQLiteJournal``. What the tools open.
+public func openLocalJournal(
+    directory: String,
+    policy: JournalPolicy = JournalPolicy(),
+    readOnly: Bool,
+    log: Bool = false
+) throws(JournalError) -> any Journal {
+    if log || LogJournal.exists(in: directory) {
+        return try LogJournal(directory: directory, policy: policy, readOnly: readOnly)
+    }
+    return try SQLiteJournal(directory: directory, policy: policy, readOnly: readOnly)
+}
+
+/// The log file and the snapshot files, with the journal's contents in a ``MemoryStorage`` beside them: every read
+/// is answered from memory (snapshots from their files), every write goes to the file first and to memory once it is
+/// durable.
+final class LogStorage: JournalStorage {
+    static let fileName = "journal.lslog"
+    static let snapshotFolder = "snapshots"
+    private static let snapshotMagic: [UInt8] = Array("LSJS".utf8)
+    private static let snapshotHeaderBytes = 16
+
+    let location: String
+    let formatVersion = Int(LogRecord.formatVersion)
+    let isReadOnly: Bool
+    private let directory: String
+    private let snapshots: String
+    private let syncs: Bool
+    private let rewriteMinimumBytes: Int64
+    /// What the journal holds; snapshots in it carry no state (it is in their files).
+    private let image = MemoryStorage(capacityBytes: nil)
+    private let file: LockedValue<FileState>
+    private let writerLock: WriterLock?
+
+    private struct SnapshotKey: Hashable {
+        var store: String
+        var seq: UInt64
+    }
+
+    private struct FileState {
+        var descriptor: Int32 = -1
+        /// Where the next record goes: the end of the last whole record.
+        var end: Int64 = 0
+        /// The file's size after its last rewrite (or its opening).
+        var sizeAfterRewrite: Int64 = 0
+        /// Each snapshot's file, by store and seq.
+        var snapshotFiles: [SnapshotKey: String] = [:]
+        /// Why nothing more may be written: a write or an fsync failed, so what the file holds is not known.
+        var broken: String?
+        /// What reading the file found damaged (read-only: the records from there on were left out).
+        var damage: [String] = []
+        var closed = false
+    }
+
+    init(directory: String, readOnly: Bool, syncs: Bool, rewriteMinimumBytes: Int64) throws(JournalError) {
+        let path = URL(fileURLWithPath: directory).appendingPathComponent(Self.fileName).path
+        location = path
+        isReadOnly = readOnly
+        self.directory = directory
+        snapshots = URL(fileURLWithPath: directory).appendingPathComponent(Self.snapshotFolder).path
+        self.syncs = syncs
+        self.rewriteMinimumBytes = rewriteMinimumBytes
+        file = LockedValue(FileState())
+        let fail = { (code: JournalError.Code, message: String) in
+            JournalError(code: code, file: path, operation: "open", message: message)
+        }
+        var state = FileState()
+        if readOnly {
+            writerLock = nil
+            state.descriptor = interruptible { open(path, O_RDONLY | O_CLOEXEC) }
+            guard state.descriptor >= 0 else {
+                guard errno != ENOENT else {
+                    throw fail(.notFound, "there is no journal file; check the data directory (\(directory))")
+                }
+                throw JournalFiles.ioError(path, "open", "cannot open the journal")
+            }
+        } else {
+            try JournalFiles.makeDirectory(directory, path: path)
+            writerLock = try WriterLock(directory: directory, journal: path)
+            let sqlite = URL(fileURLWithPath: directory).appendingPathComponent(SQLiteJournal.fileName).path
+            guard !FileManager.default.fileExists(atPath: sqlite) else {
+                throw fail(
+                    .inUse,
+                    "the data directory holds an SQLite journal (\(SQLiteJournal.fileName)): a log journal beside it "
+                        + "would start every store afresh; set journal = \"sqlite\", or move the directory aside"
+                )
+            }
+            let created = try JournalFiles.createFile(path)
+            try JournalFiles.restrictMode(path, journal: path)
+            state.descriptor = interruptible { open(path, O_RDWR | O_CLOEXEC) }
+            guard state.descriptor >= 0 else { throw JournalFiles.ioError(path, "open", "cannot open the journal") }
+            if created {
+                try Self.writeAll(state.descriptor, LogRecord.header, at: 0, journal: path)
+                guard interruptible({ fdatasync(state.descriptor) }) == 0 else {
+                    throw JournalFiles.ioError(path, "open", "cannot sync the new journal")
+                }
+                try JournalFiles.fsyncDirectory(directory, journal: path)
+            }
+            if !FileManager.default.fileExists(atPath: snapshots) {
+                try JournalFiles.makeDirectory(snapshots, path: path)
+            }
+        }
+        do throws(JournalError) {
+            try read(into: &state)
+        } catch {
+            closeDescriptor(state.descriptor)
+            throw error
+        }
+        state.sizeAfterRewrite = state.end
+        if !readOnly {
+            removeUnreferencedSnapshots(state)
+            do throws(JournalError) {
+                try rewriteIfDueAtOpening(&state)
+            } catch {
+                closeDescriptor(state.descriptor)
+                throw error
+            }
+        }
+        file.withLockedValue { $0 = state }
+    }
+
+    // MARK: Reading the file
+
+    /// Reads every record into the image; a record cut short at the end is cut off (read-write) or left out.
+    private func read(into state: inout FileState) throws(JournalError) {
+        let bytes = try Self.readAll(state.descriptor, journal: location)
+        let header = LogRecord.header
+        guard bytes.count >= header.count, bytes[..<4].elementsEqual(LogRecord.magic) else {
+            throw JournalError(
+                code: .notAJournal,
+                file: location,
+                operation: "open",
+                message: "the file is not a Lockstep log journal (it does not start with LSJL); move it aside or "
+                    + "point the daemon at another data directory"
+            )
+        }
+        guard bytes[..<header.count].elementsEqual(header) else {
+            throw JournalError(
+                code: .formatVersionMismatch,
+                file: location,
+                operation: "open",
+                message: "the log journal has format version \(bigEndianU32(bytes, at: 4)), but this build "
+                    + "reads format version \(LogRecord.formatVersion); run the Lockstep release that wrote it"
+            )
+        }
+        let scan = try scanLog(bytes, from: header.count) { (record) throws(JournalError) in
+            try apply(record, state: &state, deleting: false)
+        }
+        state.end = Int64(scan.end)
+        if let damage = scan.damage {
+            guard isReadOnly else {
+                throw JournalError(
+                    code: .corrupt,
+                    file: location,
+                    operation: "open",
+                    message: "\(damage): what follows cannot be proved; run lockstep journal verify on the data "
+                        + "directory, and restore it from a backup"
+                )
+            }
+            state.damage.append(damage)
+        } else if scan.end < bytes.count, !isReadOnly {
+            // The last append was cut short by a crash before its fsync returned: it was never acknowledged.
+            guard interruptible({ ftruncate(state.descriptor, off_t(scan.end)) }) == 0,
+                !syncs || interruptible({ fdatasync(state.descriptor) }) == 0
+            else {
+                throw JournalFiles.ioError(location, "open", "cannot cut the unfinished record at offset \(scan.end)")
+            }
+        }
+    }
+
+    /// A record's effect on the image and on the snapshot files' table. `deleting`: remove the files of snapshots
+    /// the record made obsolete (a commit just made durable; at opening they are found unreferenced and removed).
+    private func apply(_ record: LogRecord, state: inout FileState, deleting: Bool) throws(JournalError) {
+        switch record {
+        case let .register(record):
+            try image.register(record)
+        case let .commit(plan, files):
+            var obsolete: [String] = []
+            for (snapshot, name) in zip(plan.batch.snapshots, files) {
+                let key = SnapshotKey(store: snapshot.store, seq: snapshot.seq)
+                if let old = state.snapshotFiles[key], old != name { obsolete.append(old) }
+                state.snapshotFiles[key] = name
+            }
+            var stateless = plan
+            stateless.batch.snapshots = plan.batch.snapshots.map {
+                JournalSnapshot(store: $0.store, seq: $0.seq, state: [], digest: $0.digest)
+            }
+            try image.write(stateless)
+            let touched = Set(plan.compactions.map(\.store))
+            if !touched.isEmpty {
+                for (key, name) in state.snapshotFiles where touched.contains(key.store) {
+                    guard try !image.snapshotSeqs(store: key.store).contains(key.seq) else { continue }
+                    state.snapshotFiles[key] = nil
+                    obsolete.append(name)
+                }
+            }
+            if deleting {
+                for name in obsolete { unlink(snapshotPath(name)) }
+            }
+        }
+    }
+
+    private func removeUnreferencedSnapshots(_ state: FileState) {
+        let referenced = Set(state.snapshotFiles.values)
+        let found = (try? FileManager.default.contentsOfDirectory(atPath: snapshots)) ?? []
+        for name in found where !referenced.contains(name) { unlink(snapshotPath(name)) }
+    }
+
+    private func snapshotPath(_ name: String) -> String { snapshots + "/" + name }
+
+    // MARK: Writing
+
+    func register(_ record: StoreRecord) throws(JournalError) {
+        try file.withLockedValue { (state: inout FileState) throws(JournalError) in
+            try append(LogRecord.register(record).framed(), state: &state, operation: "register")
+            try image.register(record)
+        }
+    }
+
+    func write(_ plan: CommitPlan) throws(JournalError) {
+        try file.withLockedValue { (state: inout FileState) throws(JournalError) in
+            try checkWritable(state, "commit")
+            var files: [String] = []
+            do throws(JournalError) {
+                for snapshot in plan.batch.snapshots { files.append(try writeSnapshot(snapshot)) }
+                try append(LogRecord.commit(plan, snapshotFiles: files).framed(), state: &state, operation: "commit")
+            } catch {
+                for name in files { unlink(snapshotPath(name)) }
+                throw error
+            }
+            try apply(.commit(plan, snapshotFiles: files), state: &state, deleting: true)
+            if state.end > max(rewriteMinimumBytes, 2 * state.sizeAfterRewrite) { try rewrite(&state) }
+        }
+    }
+
+    private func checkWritable(_ state: FileState, _ operation: String) throws(JournalError) {
+        if state.closed || isReadOnly {
+            throw JournalError(
+                code: .readOnly,
+                file: location,
+                operation: operation,
+                message: state.closed ? "the journal is closed" : "the journal was opened read-only"
+            )
+        }
+        if let broken = state.broken {
+            throw JournalError(
+                code: .ioError,
+                file: location,
+                operation: operation,
+                message: "\(broken); what the file holds is not known until the journal is opened again"
+            )
+        }
+    }
+
+    /// Appends `record` at the end and syncs it. A write that fails is cut off again (the disk full: the journal
+    /// goes on, without the batch); an fsync that fails leaves the journal broken — the page cache no longer says
+    /// what the disk holds.
+    private func append(_ record: [UInt8], state: inout FileState, operation: String) throws(JournalError) {
+        try checkWritable(state, operation)
+        do {
+            try Self.writeAll(state.descriptor, record, at: state.end, journal: location)
+        } catch {
+            let cutBack = interruptible { ftruncate(state.descriptor, off_t(state.end)) } == 0
+            if error.code != .storageFull || !cutBack {
+                state.broken = "a write to the journal failed (\(error.message))"
+            }
+            throw error
+        }
+        if syncs, interruptible({ fdatasync(state.descriptor) }) != 0 {
+            let error = JournalFiles.ioError(location, operation, "the journal's fsync failed")
+            state.broken = "an fsync of the journal failed (\(error.message))"
+            throw JournalError(code: .ioError, file: location, operation: operation, message: error.message)
+        }
+        state.end += Int64(record.count)
+    }
+
+    /// Writes `snapshot`'s state to a new file of its own, synced, and returns its name.
+    private func writeSnapshot(_ snapshot: JournalSnapshot) throws(JournalError) -> String {
+        let name = "\(snapshot.seq)-\(String(UInt64.random(in: 0...UInt64.max), radix: 16)).snap"
+        let path = snapshotPath(name)
+        let temporary = snapshotPath(".new-" + name)
+        let fd = interruptible { open(temporary, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0o600) }
+        guard fd >= 0 else { throw JournalFiles.ioError(location, "snapshot", "cannot create \(temporary)") }
+        var header = LogWriter()
+        header.bytes.append(contentsOf: Self.snapshotMagic)
+        header.u32(LogRecord.formatVersion)
+        header.u64(UInt64(snapshot.state.count))
+        do throws(JournalError) {
+            defer { closeDescriptor(fd) }
+            try Self.writeAll(fd, header.bytes, at: 0, journal: location)
+            try Self.writeAll(fd, snapshot.state, at: Int64(header.bytes.count), journal: location)
+            if syncs, interruptible({ fdatasync(fd) }) != 0 {
+                let error = JournalFiles.ioError(location, "snapshot", "cannot sync \(temporary)")
+                throw JournalError(code: .ioError, file: location, operation: "snapshot", message: error.message)
+            }
+        } catch {
+            unlink(temporary)
+            throw error
+        }
+        guard interruptible({ rename(temporary, path) }) == 0 else {
+            let error = JournalFiles.ioError(location, "snapshot", "cannot rename \(temporary) to \(name)")
+            unlink(temporary)
+            throw error
+        }
+        if syncs { try JournalFiles.fsyncDirectory(snapshots, journal: location) }
+        return name
+    }
+
+    /// Writes the file afresh from what is live, synced, renamed over the old one. A failure before the rename keeps
+    /// the old file (tried again once it has grown as much again); one after it leaves the journal broken.
+    private func rewrite(_ state: inout FileState) throws(JournalError) {
+        try install(try liveRecords(state), &state)
+    }
+
+    /// At opening: rewritten at once when the file is more than twice what is live in it (a daemon restarted often
+    /// never lives long enough to double what it found); otherwise the live size is where the next rewrite counts from.
+    private func rewriteIfDueAtOpening(_ state: inout FileState) throws(JournalError) {
+        let live = try liveRecords(state)
+        if state.end > max(rewriteMinimumBytes, 2 * Int64(live.count)) {
+            try install(live, &state)
+        } else {
+            state.sizeAfterRewrite = Int64(live.count)
+        }
+    }
+
+    /// The header and the records that make what the journal holds now: each store's registration, versions, events
+    /// and snapshots, then the idempotency entries in their order and the outbox.
+    private func liveRecords(_ state: FileState) throws(JournalError) -> [UInt8] {
+        var bytes = LogRecord.header
+        for record in try image.storeRecords() {
+            let versions = try image.versionHistory(store: record.name)
+            var first = record
+            first.domainVersion = versions.first?.version ?? record.domainVersion
+            bytes += LogRecord.register(first).framed()
+            var plan = CommitPlan(batch: JournalBatch(), compactions: [], idempotencyKept: .max)
+            plan.upgrades = Array(versions.dropFirst())
+            for seq in try image.snapshotSeqs(store: record.name) {
+                if let snapshot = try image.snapshot(store: record.name, seq: seq) {
+                    plan.batch.snapshots.append(snapshot)
+                }
+            }
+            try image.forEachEvent(store: record.name, from: 0, through: .max) { plan.batch.events.append($0.event) }
+            let files = plan.batch.snapshots.map {
+                state.snapshotFiles[SnapshotKey(store: $0.store, seq: $0.seq)] ?? ""
+            }
+            bytes += LogRecord.commit(plan, snapshotFiles: files).framed()
+        }
+        var rest = CommitPlan(batch: JournalBatch(), compactions: [], idempotencyKept: .max)
+        try image.forEachIdempotencyRecord { rest.batch.idempotency.append($0) }
+        let outbox = try image.storedOutbox()
+        rest.batch.effects = outbox.effects.map(\.0)
+        rest.batch.timerChanges = outbox.timers.map { .set($0.0) }
+        bytes += LogRecord.commit(rest, snapshotFiles: []).framed()
+        return bytes
+    }
+
+    /// `bytes` as the journal's file: written beside it, synced, renamed over it, its directory synced.
+    private func install(_ bytes: [UInt8], _ state: inout FileState) throws(JournalError) {
+        let temporary = location + ".rewrite"
+        let fd = interruptible { open(temporary, O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0o600) }
+        guard fd >= 0 else {
+            state.sizeAfterRewrite = state.end
+            return
+        }
+        do throws(JournalError) {
+            try Self.writeAll(fd, bytes, at: 0, journal: location)
+            guard !syncs || interruptible({ fdatasync(fd) }) == 0 else {
+                throw JournalFiles.ioError(location, "rewrite", "cannot sync \(temporary)")
+            }
+        } catch {
+            closeDescriptor(fd)
+            unlink(temporary)
+            state.sizeAfterRewrite = state.end
+            return
+        }
+        guard interruptible({ rename(temporary, location) }) == 0 else {
+            closeDescriptor(fd)
+            unlink(temporary)
+            state.sizeAfterRewrite = state.end
+            return
+        }
+        closeDescriptor(state.descriptor)
+        state.descriptor = fd
+        state.end = Int64(bytes.count)
+        state.sizeAfterRewrite = state.end
+        if syncs {
+            do throws(JournalError) {
+                try JournalFiles.fsyncDirectory(directory, journal: location)
+            } catch {
+                state.broken = "the directory's fsync after the journal's rewrite failed (\(error.message))"
+                throw JournalError(code: .ioError, file: location, operation: "rewrite", message: error.message)
+            }
+        }
+    }
+
+    // MARK: Reads: from memory, snapshots from their files
+
+    func storeRecord(named name: String) throws(JournalError) -> StoreRecord? { try image.storeRecord(named: name) }
+    func storeRecords() throws(JournalError) -> [StoreRecord] { try image.storeRecords() }
+    func versionHistory(store: String) throws(JournalError) -> [JournalDomainVersion] {
+        try image.versionHistory(store: store)
+    }
+    func snapshotSeqs(store: String) throws(JournalError) -> [UInt64] { try image.snapshotSeqs(store: store) }
+
+    /// The snapshot with its state read from its file. A file missing or damaged gives the bytes found (none, when
+    /// missing): the digest check every reader makes then refuses it, naming the store and the seq.
+    func snapshot(store: String, seq: UInt64) throws(JournalError) -> JournalSnapshot? {
+        guard var snapshot = try image.snapshot(store: store, seq: seq) else { return nil }
+        let name = file.withLockedValue { $0.snapshotFiles[SnapshotKey(store: store, seq: seq)] }
+        if let name, let bytes = try? readSnapshotFile(name) { snapshot.state = bytes }
+        return snapshot
+    }
+
+    /// The state bytes of a snapshot file; throws when it is missing or its header or length is wrong.
+    private func readSnapshotFile(_ name: String) throws(JournalError) -> [UInt8] {
+        let path = snapshotPath(name)
+        let fd = interruptible { open(path, O_RDONLY | O_CLOEXEC) }
+        guard fd >= 0 else { throw JournalFiles.ioError(location, "snapshot", "cannot open \(path)") }
+        defer { closeDescriptor(fd) }
+        var bytes = try Self.readAll(fd, journal: location)
+        var reader = LogReader(bytes.prefix(Self.snapshotHeaderBytes))
+        let magic = [reader.u8(), reader.u8(), reader.u8(), reader.u8()]
+        let version = reader.u32()
+        let count = reader.u64()
+        guard !reader.failed, magic == Self.snapshotMagic, version == LogRecord.formatVersion,
+            UInt64(bytes.count - Self.snapshotHeaderBytes) == count
+        else {
+            throw JournalError(
+                code: .corrupt,
+                file: location,
+                operation: "snapshot",
+                message: "the snapshot file \(path) is damaged: its header or its length is wrong"
+            )
+        }
+        bytes.removeFirst(Self.snapshotHeaderBytes)
+        return bytes
+    }
+
+    func forEachEvent(
+        store: String,
+        from: UInt64,
+        through: UInt64,
+        _ body: (StoredEvent) throws(JournalError) -> Void
+    ) throws(JournalError) {
+        try image.forEachEvent(store: store, from: from, through: through, body)
+    }
+
+    func eventSummary(store: String) throws(JournalError) -> (first: UInt64, last: UInt64, count: Int)? {
+        try image.eventSummary(store: store)
+    }
+
+    func readRange(
+        store: String,
+        from: UInt64,
+        to: UInt64,
+        limit: Int,
+        maximumBytes: Int
+    ) throws(JournalError) -> StoredRange {
+        try image.readRange(store: store, from: from, to: to, limit: limit, maximumBytes: maximumBytes)
+    }
+
+    func idempotencyRecord(for key: IdempotencyKey) throws(JournalError) -> IdempotencyRecord? {
+        try image.idempotencyRecord(for: key)
+    }
+
+    func forEachIdempotencyRecord(_ body: (IdempotencyRecord) throws(JournalError) -> Void) throws(JournalError) {
+        try image.forEachIdempotencyRecord(body)
+    }
+
+    func idempotencyCount() throws(JournalError) -> Int { try image.idempotencyCount() }
+
+    func storedOutbox() throws(JournalError) -> (effects: [(JournalEffect, Int64)], timers: [(JournalTimer, Int64)]) {
+        try image.storedOutbox()
+    }
+
+    /// The log's size and every snapshot file's.
+    func fileBytes() -> Int64? {
+        let (end, names) = file.withLockedValue { ($0.end, Array($0.snapshotFiles.values)) }
+        return names.reduce(end) { total, name in
+            var info = stat()
+            return total + (interruptible({ stat(snapshotPath(name), &info) }) == 0 ? Int64(info.st_size) : 0)
+        }
+    }
+
+    /// What reading the file found damaged, and every snapshot file missing or damaged; the log is read again from
+    /// the disk for it, so a byte changed since the journal was opened is found too.
+    func integrityProblems() throws(JournalError) -> [String] {
+        let (descriptor, damage, files) = file.withLockedValue { ($0.descriptor, $0.damage, $0.snapshotFiles) }
+        var problems = damage
+        if damage.isEmpty {
+            let bytes = try Self.readAll(descriptor, journal: location)
+            if let found = try scanLog(bytes, from: LogRecord.header.count, { _ in }).damage { problems.append(found) }
+        }
+        for (key, name) in files.sorted(by: { ($0.key.store, $0.key.seq) < ($1.key.store, $1.key.seq) }) {
+            do throws(JournalError) {
+                _ = try readSnapshotFile(name)
+            } catch {
+                problems.append("store \(key.store), snapshot at seq \(key.seq): \(error.message)")
+            }
+        }
+        return problems
+    }
+
+    func close() throws(JournalError) {
+        let fd = file.withLockedValue { state -> Int32 in
+            defer {
+                state.closed = true
+                state.descriptor = -1
+            }
+            return state.descriptor
+        }
+        if fd >= 0 { closeDescriptor(fd) }
+        writerLock?.release()
+    }
+
+    deinit {
+        try? close()
+    }
+
+    // MARK: Whole reads and writes
+
+    /// The whole file, from its start.
+    private static func readAll(_ fd: Int32, journal: String) throws(JournalError) -> [UInt8] {
+        var info = stat()
+        guard interruptible({ fstat(fd, &info) }) == 0 else {
+            throw JournalFiles.ioError(journal, "read", "cannot stat the file")
+        }
+        var bytes = [UInt8](repeating: 0, count: Int(info.st_size))
+        var done = 0
+        while done < bytes.count {
+            let count = bytes.withUnsafeMutableBytes { buffer in
+                pread(fd, buffer.baseAddress! + done, buffer.count - done, off_t(done))
+            }
+            if count < 0, errno == EINTR { continue }
+            guard count > 0 else {
+                if count == 0 { break }  // shorter than it was a moment ago: read what is there
+                throw JournalFiles.ioError(journal, "read", "cannot read the file at offset \(done)")
+            }
+            done += count
+        }
+        if done < bytes.count { bytes.removeLast(bytes.count - done) }
+        return bytes
+    }
+
+    /// `bytes` at `offset`, all of them or an error.
+    private static func writeAll(_ fd: Int32, _ bytes: [UInt8], at offset: Int64, journal: String) throws(JournalError)
+    {
+        var done = 0
+        while done < bytes.count {
+            let count = bytes.withUnsafeBytes { buffer in
+                pwrite(fd, buffer.baseAddress! + done, buffer.count - done, off_t(offset) + off_t(done))
+            }
+            if count < 0, errno == EINTR { continue }
+            guard count > 0 else {
+                throw JournalFiles.ioError(journal, "write", "cannot write \(bytes.count) bytes at offset \(offset)")
+            }
+            done += count
+        }
+    }
+}
+
+/// Reads a log file's records, from the header on, handing each whole one to `each`: where the whole ones end (what
+/// follows is a record cut short, or nothing), and the first damaged record, described, when there is one — the scan
+/// stops there.
+func scanLog(
+    _ bytes: [UInt8],
+    from start: Int,
+    _ each: (LogRecord) throws(JournalError) -> Void
+) throws(JournalError) -> (end: Int, damage: String?) {
+    var offset = start
+    while offset < bytes.count {
+        let left = bytes.count - offset
+        // Zeros to the end: room the file system gave an append that a crash cut short.
+        if bytes[offset...].allSatisfy({ $0 == 0 }) { break }
+        guard left >= 8 else { break }
+        let length = Int(bigEndianU32(bytes, at: offset))
+        guard CRC32C.checksum(bytes[offset..<offset + 4]) == bigEndianU32(bytes, at: offset + 4) else {
+            return (offset, "the record at offset \(offset) is damaged: its length's checksum does not match")
+        }
+        guard left >= length + LogRecord.framingBytes else { break }
+        let payload = bytes[offset + 8..<offset + 8 + length]
+        guard CRC32C.checksum(payload) == bigEndianU32(bytes, at: offset + 8 + length) else {
+            return (offset, "the record at offset \(offset) (\(length) bytes) is damaged: its checksum does not match")
+        }
+        guard let record = LogRecord.decode(payload) else {
+            return (
+                offset,
+                "the record at offset \(offset) (\(length) bytes) has a matching checksum but does not decode: it "
+                    + "was written by another build"
+            )
+        }
+        try each(record)
+        offset += length + LogRecord.framingBytes
+    }
+    return (offset, nil)
+}
+
+/// The big-endian `u32` at `offset` of `bytes`, which the caller checked are there.
+private func bigEndianU32(_ bytes: [UInt8], at offset: Int) -> UInt32 {
+    bytes[offset..<offset + 4].reduce(0) { $0 << 8 | UInt32($1) }
+}

@@ -1,0 +1,184 @@
+import Foundation
+import Lockstep
+import LockstepExamples
+import LockstepJournal
+import TestSupport
+import Testing
+
+/// What only the log journal has: its file of records, cut short or damaged, rewritten, and its snapshot files. (What
+/// every journal does — commits, ranges, snapshots, idempotency, the outbox, upgrades — runs on it in
+/// JournalBehaviourTests, DomainUpgradeTests, OutboxTests and CrashTests.)
+@Suite struct LogJournalTests {
+    let directory: URL
+    let data: String
+    let policy = JournalPolicy(snapshotEveryEvents: 20, snapshotsKept: 2, idempotencyEntriesKept: 50)
+
+    init() throws {
+        directory = try temporaryDirectory("log-journal")
+        data = directory.appendingPathComponent("data").path
+    }
+
+    var logPath: String { data + "/" + LogJournal.fileName }
+
+    /// `batches` commits of 5 increments each to the counter, a snapshot when due; returns the last seq.
+    @discardableResult
+    func commit(_ journal: LogJournal, batches: Int) throws -> UInt64 {
+        let recovered = try journal.recover(Counter.self)
+        var state = recovered.state
+        var seq = recovered.lastSeq
+        for _ in 0..<batches {
+            let batch = events(Counter.name, from: seq + 1, count: 5) { _ in Counter.Action.increment }
+            for _ in batch { Counter.reduce(into: &state, .increment) }
+            seq += 5
+            var commit = JournalBatch(events: batch, idempotency: idempotency(for: batch))
+            if journal.snapshotDue(store: Counter.name, in: commit) {
+                commit.snapshots = [try JournalSnapshot(store: Counter.name, seq: seq, encoding: state)]
+            }
+            try journal.commit(commit)
+        }
+        return seq
+    }
+
+    func fileSize() throws -> Int {
+        try #require(FileManager.default.attributesOfItem(atPath: logPath)[.size] as? Int)
+    }
+
+    func append(_ bytes: [UInt8]) throws {
+        let handle = try #require(FileHandle(forWritingAtPath: logPath))
+        try handle.seekToEnd()
+        try handle.write(contentsOf: bytes)
+        try handle.close()
+    }
+
+    /// Changes the byte at `offset` of the log file.
+    func flip(at offset: Int) throws {
+        var bytes = try [UInt8](Data(contentsOf: URL(fileURLWithPath: logPath)))
+        bytes[offset] ^= 0x5A
+        try Data(bytes).write(to: URL(fileURLWithPath: logPath))
+    }
+
+    /// A crash in the middle of an append leaves a record cut short at the end (or zeros the file system gave it):
+    /// never acknowledged, so it is cut off at opening, and everything before it recovered.
+    @Test func aRecordCutShortAtTheEndIsCutOffAndTheRestRecovered() throws {
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let journal = try LogJournal(directory: data, policy: policy)
+        let last = try commit(journal, batches: 6)
+        try journal.close()
+        let whole = try fileSize()
+
+        // A frame whose length (and its checksum) is whole, and 10 of its 1,000 payload bytes.
+        var frame = withUnsafeBytes(of: UInt32(1_000).bigEndian) { Array($0) }
+        frame += withUnsafeBytes(of: CRC32C.checksum(frame).bigEndian) { Array($0) }
+        try append(frame + [UInt8](repeating: 7, count: 10))
+        let reopened = try LogJournal(directory: data, policy: policy)
+        #expect(try reopened.recover(Counter.self).lastSeq == last)
+        #expect(try fileSize() == whole)
+        #expect(try commit(reopened, batches: 1) == last + 5)
+        try reopened.close()
+
+        let grown = try fileSize()
+        try append([UInt8](repeating: 0, count: 4_096))
+        let again = try LogJournal(directory: data, policy: policy)
+        #expect(try again.recover(Counter.self).lastSeq == last + 5)
+        #expect(try fileSize() == grown)
+        #expect(try again.verify() == [])
+        try again.close()
+    }
+
+    /// A flipped byte anywhere — in a record's payload, or in its length — is damage, never taken for a crash's cut:
+    /// verify names it with its offset, the tool's verify exits 5, and opening for writing refuses the journal
+    /// rather than cut off what follows.
+    @Test(arguments: ["payload", "length"])
+    func aFlippedByteIsFoundByVerifyAndRefusedByOpening(place: String) async throws {
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let journal = try LogJournal(directory: data, policy: policy)
+        try commit(journal, batches: 6)
+        try journal.close()
+        // Offset 8 is the first record's length (after the 8-byte header); its payload starts at 16.
+        try flip(at: place == "length" ? 8 : 20)
+
+        let reader = try LogJournal(directory: data, readOnly: true)
+        let problems = try reader.verify()
+        #expect(problems.map(\.code) == [.corrupt], "\(problems)")
+        #expect(problems.first?.message.contains("the record at offset 8") == true, "\(problems)")
+        try reader.close()
+
+        let opening = journalError { _ = try LogJournal(directory: data, policy: policy) }
+        #expect(opening?.code == .corrupt, "\(String(describing: opening))")
+        #expect(opening?.message.contains("offset 8") == true)
+
+        let tool = try await runProduct("lockstep", ["journal", "verify", data])
+        #expect(tool.status == 5, "\(tool.standardOutput) \(tool.standardError)")
+        #expect((tool.standardOutput + tool.standardError).contains("offset 8"), "\(tool.standardOutput)")
+    }
+
+    /// Past its minimum and twice what it held after its last rewrite, the file is written afresh from what is live:
+    /// it stays small, and the journal reads the same after it — events, snapshots (one file each, the dropped ones
+    /// removed), idempotency entries — through a restart too.
+    @Test func theFileIsRewrittenFromWhatIsLiveAndReadsTheSame() throws {
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let journal = try LogJournal(directory: data, policy: policy, rewriteMinimumBytes: 4_096)
+        let last = try commit(journal, batches: 200)
+        let stats = try journal.stats()
+        let records = try journal.idempotencyRecords()
+        let range = try journal.events(store: Counter.name, from: 1, to: last, limit: 10_000)
+        try journal.close()
+
+        // 1,000 events were committed; 2 snapshots, the events since the older one and 50 entries are live.
+        let size = try fileSize()
+        #expect(size < 16_384, "\(size) bytes")
+        let snapshotFiles = try FileManager.default.contentsOfDirectory(atPath: data + "/snapshots")
+        #expect(snapshotFiles.count == 2, "\(snapshotFiles)")
+
+        let reopened = try LogJournal(directory: data, policy: policy, rewriteMinimumBytes: 4_096)
+        let recovered = try reopened.recover(Counter.self)
+        #expect(recovered.lastSeq == last)
+        #expect(recovered.state.count == Int(last))
+        #expect(try reopened.stats().stores == stats.stores)
+        #expect(try reopened.idempotencyRecords() == records)
+        #expect(records.count == 50)
+        #expect(try reopened.events(store: Counter.name, from: 1, to: last, limit: 10_000) == range)
+        #expect(try reopened.verify() == [])
+        try reopened.close()
+    }
+
+    /// A snapshot file gone or damaged: verify names it, and recovery refuses the state it cannot prove.
+    @Test func aMissingSnapshotFileIsNamedAndItsStateNotTrusted() throws {
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let journal = try LogJournal(directory: data, policy: policy)
+        try commit(journal, batches: 6)
+        try journal.close()
+        let snapshots = data + "/snapshots"
+        let files = try FileManager.default.contentsOfDirectory(atPath: snapshots)
+        #expect(files.count == 1, "\(files)")
+        for file in files { try FileManager.default.removeItem(atPath: snapshots + "/" + file) }
+
+        let reader = try LogJournal(directory: data, readOnly: true)
+        let codes = Set(try reader.verify().map(\.code))
+        #expect(codes == [.corrupt, .digestMismatch], "\(codes)")
+        try reader.close()
+        let reopened = try LogJournal(directory: data, policy: policy)
+        let error = journalError { _ = try reopened.recover(Counter.self) }
+        #expect(error?.code == .digestMismatch, "\(String(describing: error))")
+        try reopened.close()
+    }
+
+    /// One data directory, one journal: neither kind opens for writing beside the other (it would start every store
+    /// afresh), and a second writer is refused.
+    @Test func oneJournalPerDataDirectory() throws {
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let journal = try LogJournal(directory: data, policy: policy)
+        let second = journalError { _ = try LogJournal(directory: data, policy: policy) }
+        #expect(second?.code == .inUse)
+        try journal.close()
+        let sqlite = journalError { _ = try SQLiteJournal(directory: data) }
+        #expect(sqlite?.code == .inUse)
+        #expect(sqlite?.message.contains("journal.lslog") == true, "\(String(describing: sqlite))")
+
+        let other = directory.appendingPathComponent("other").path
+        try SQLiteJournal(directory: other).close()
+        let log = journalError { _ = try LogJournal(directory: other) }
+        #expect(log?.code == .inUse)
+        #expect(log?.message.contains("journal.sqlite") == true, "\(String(describing: log))")
+    }
+}

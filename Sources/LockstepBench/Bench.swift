@@ -16,10 +16,19 @@ package final class Bench {
         case ipc, tcp
     }
 
+    /// The journal of the daemons that P1, P2, P3 and `outside` start.
+    package enum LocalJournal: String, CaseIterable, Sendable {
+        case sqlite, log
+
+        /// The daemon's setting for it, first in its file.
+        var setting: String { self == .sqlite ? "" : "journal = \"\(rawValue)\"\n" }
+    }
+
     package let folder: URL
     let transport: Transport
     let seconds: Double
     let keep: Bool
+    let journal: LocalJournal
     private let progressToStandardError: Bool
     let lockstep: URL
     private let lockstepd: URL
@@ -42,6 +51,7 @@ package final class Bench {
         transport: Transport,
         seconds: Double,
         keep: Bool,
+        journal: LocalJournal = .sqlite,
         policy: Bool = false,
         metrics: Bool = false,
         inspector: Bool = false,
@@ -50,6 +60,7 @@ package final class Bench {
         self.transport = transport
         self.seconds = seconds
         self.keep = keep
+        self.journal = journal
         self.policy = policy
         self.metrics = metrics
         self.inspector = inspector
@@ -70,6 +81,7 @@ package final class Bench {
             secondsPerMeasurement: seconds
         )
         results.policy = policy
+        results.journal = journal.rawValue
         results.metrics = metrics
         results.inspector = inspector
     }
@@ -215,7 +227,11 @@ package final class Bench {
         // With --metrics: the Prometheus registry records every commit, and the loop mirrors its tallies each second.
         // With --inspector: a page open on the daemon's inspector all along, sent every action it can be.
         let http = metrics || inspector ? "[http]\nlisten = \"127.0.0.1:0\"\n" : ""
-        let daemon = try startDaemon("dispatch", domains: [Counter.name], extra: (policy ? policyTables : "") + http)
+        let daemon = try startDaemon(
+            "dispatch",
+            domains: [Counter.name],
+            extra: journal.setting + (policy ? policyTables : "") + http
+        )
         let page = try inspector ? daemon.status()?.http.map { try InspectorWatcher(address: $0) } : nil
         if !parts.isDisjoint(with: ["p1", "p2"]) { (results.p1, results.p2) = try dispatchRows(daemon, journal: "") }
         results.inspectorActionsSent = page?.stop()
@@ -454,7 +470,7 @@ package final class Bench {
     // MARK: - P3
 
     private func measureFanOut() throws {
-        let daemon = try startDaemon("fanout", domains: [Counter.name])
+        let daemon = try startDaemon("fanout", domains: [Counter.name], extra: journal.setting)
         let p2Rate = results.p2.first { $0.clients == 8 }?.actionsPerS ?? 0
         for count in [4, 16] {
             say("P3: \(count) replicas while 8 processes dispatch")

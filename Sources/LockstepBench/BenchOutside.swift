@@ -51,7 +51,7 @@ extension Bench {
         }
         echo.kill()
 
-        let daemon = try startDaemon("outside", domains: [Counter.name])
+        let daemon = try startDaemon("outside", domains: [Counter.name], extra: journal.setting)
         for (index, clients) in counts.enumerated() {
             let before = try seq(of: daemon)
             let cpuBefore = cpuTime(ofProcess: daemon.processIdentifier)

@@ -12,8 +12,8 @@ package struct BenchTable {
         let b = r.baselines
         var lines = [
             "",
-            "lockstep bench: \(r.build) build, \(r.transport), \(r.cores) cores, \(r.secondsPerMeasurement) s per "
-                + "measurement, \(r.totalSeconds) s in all",
+            "lockstep bench: \(r.build) build, \(r.transport), \(r.journal) journal, \(r.cores) cores, "
+                + "\(r.secondsPerMeasurement) s per measurement, \(r.totalSeconds) s in all",
             "",
             "baselines (raw libzmq over \(r.transport); the disk under the bench's folder)",
             row(

@@ -66,6 +66,9 @@ public final class LogJournal: EngineJournal {
         FileManager.default.fileExists(atPath: URL(fileURLWithPath: directory).appendingPathComponent(fileName).path)
     }
 
+    /// The log's size and its snapshot files', in bytes.
+    public var fileBytes: Int64 { engine.storage.fileBytes() ?? 0 }
+
     /// Every commit is synced before it returns: nothing to do.
     public func sync() throws(JournalError) {}
 

@@ -41,8 +41,9 @@ final class CommandLoop: Sendable {
     let httpAddress = LockedValue<String?>(nil)
     /// What the loop tells the inspector, when it is served (``DaemonConfiguration/servesInspector``).
     let inspectorFeed: InspectorFeed?
-    /// The in-memory journal, for the inspector to read (it has no file to open a reader on).
-    private let memoryJournal = LockedValue<(any Journal)?>(nil)
+    /// The in-memory or log journal, for the inspector to read in place: the one holds no file to open a reader on,
+    /// the other answers every read from memory beside its commits.
+    private let sharedJournal = LockedValue<(any Journal)?>(nil)
 
     init(
         configuration: DaemonConfiguration,
@@ -170,7 +171,9 @@ final class CommandLoop: Sendable {
     func run() throws {
         let journal = try openJournal()
         defer { try? journal.close() }
-        if configuration.journal == .memory { memoryJournal.withLockedValue { $0 = journal } }
+        if configuration.journal == .memory || configuration.journal == .log {
+            sharedJournal.withLockedValue { $0 = journal }
+        }
         let writer = JournalWriter(wakeup: wakeup)
         defer { writer.stop() }
         var thread = try LoopThread(loop: self, journal: journal, writer: writer)
@@ -206,7 +209,7 @@ final class CommandLoop: Sendable {
     ) -> DaemonStatus {
         // Only the file sizes: journal.stats() counts every event, which takes tens of ms on a long history
         // and would hold the loop.
-        let bytes = configuration.journal == .sqlite ? Self.fileBytes(journal.location) : nil
+        let bytes = Self.journalBytes(journal)
         return DaemonStatus(
             uptimeSeconds: (ContinuousClock.now - startedAt).components.seconds,
             role: role,
@@ -222,9 +225,12 @@ final class CommandLoop: Sendable {
         )
     }
 
-    /// The journal file and its write-ahead log, in bytes.
-    static func fileBytes(_ path: String) -> Int64 {
-        [path, path + "-wal"].reduce(0) { total, file in
+    /// A local journal's files, in bytes: SQLite's file and its write-ahead log, or the log and its snapshots;
+    /// `nil` for the others.
+    static func journalBytes(_ journal: any Journal) -> Int64? {
+        if let log = journal as? LogJournal { return log.fileBytes }
+        guard journal is SQLiteJournal else { return nil }
+        return [journal.location, journal.location + "-wal"].reduce(0) { total, file in
             let size = (try? FileManager.default.attributesOfItem(atPath: file)[.size] as? NSNumber)?.int64Value
             return total + (size ?? 0)
         }
@@ -234,9 +240,9 @@ final class CommandLoop: Sendable {
     /// reads never wait for the loop's commits.
     func openReader() throws -> any Journal {
         switch configuration.journal {
-        case .memory:
-            guard let journal = memoryJournal.withLockedValue({ $0 }) else {
-                throw ServerError(code: .journal, "the in-memory journal is not open yet")
+        case .memory, .log:
+            guard let journal = sharedJournal.withLockedValue({ $0 }) else {
+                throw ServerError(code: .journal, "the \(configuration.journal.rawValue) journal is not open yet")
             }
             return journal
         case .postgres:
@@ -277,6 +283,21 @@ final class CommandLoop: Sendable {
                 )
             } catch {
                 throw ServerError(code: .journal, "cannot open the PostgreSQL journal: \(error)")
+            }
+        case .log:
+            do {
+                #if LOCKSTEP_FAILPOINTS
+                if failpoint?.point == .noSync {
+                    logger.critical("LOCKSTEP_FAILPOINT=no-sync: the journal never fsyncs; a power cut loses data")
+                    return try LogJournal(
+                        unsyncedForTestingIn: configuration.dataDirectory,
+                        policy: configuration.snapshots
+                    )
+                }
+                #endif
+                return try LogJournal(directory: configuration.dataDirectory, policy: configuration.snapshots)
+            } catch {
+                throw ServerError(code: .journal, "cannot open the journal in \(configuration.dataDirectory): \(error)")
             }
         case .sqlite:
             do {

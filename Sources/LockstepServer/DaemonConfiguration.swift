@@ -24,9 +24,12 @@ public struct DaemonConfiguration: Hashable, Sendable {
         case memory
         /// A PostgreSQL database, reached with ``DaemonConfiguration/postgresConnection``.
         case postgres
+        /// Lockstep's own log in the data directory (`journal.lslog` and `snapshots/`): one append and one
+        /// `fdatasync` per commit (docs/operations.md, "The journal").
+        case log
     }
 
-    /// Where the journal lives (`journal.sqlite` and its lock): `$STATE_DIRECTORY`, else `.lockstep/data`; set by
+    /// Where the journal lives (`journal.sqlite`, or `journal.lslog` and `snapshots/`, and its lock): `$STATE_DIRECTORY`, else `.lockstep/data`; set by
     /// `data_dir` in the file or `--data-dir`.
     public var dataDirectory: String
     /// Where the default `ipc://` endpoints are: `$RUNTIME_DIRECTORY`, else `.lockstep/run`; set by `runtime_dir`
@@ -249,14 +252,17 @@ public struct DaemonConfiguration: Hashable, Sendable {
     /// Checks what a flag or file could have got wrong; the error names the setting and the value.
     public func validate(knownDomains: [String]) throws(ConfigurationError) {
         if durability == .relaxed, journal != .sqlite {
-            throw ConfigurationError(
-                file: nil,
-                key: "durability",
-                journal == .memory
-                    ? "'relaxed' means nothing for a memory journal; use the sqlite journal"
-                    : "'relaxed' is for the sqlite journal; a postgres journal's commit is durable when PostgreSQL "
+            let why: String =
+                switch journal {
+                case .memory: "'relaxed' means nothing for a memory journal; use the sqlite journal"
+                case .log:
+                    "'relaxed' is for the sqlite journal; the log journal's commit is one append and one fdatasync, "
+                        + "and it has no relaxed mode"
+                default:
+                    "'relaxed' is for the sqlite journal; a postgres journal's commit is durable when PostgreSQL "
                         + "acknowledges it (synchronous_commit = on)"
-            )
+                }
+            throw ConfigurationError(file: nil, key: "durability", why)
         }
         if journal == .postgres, postgresConnection?.isEmpty != false {
             throw ConfigurationError(

@@ -95,8 +95,8 @@ extension LoopThread {
         metrics.gauge("lockstep_subscriptions", Double(sockets.subscriptions.values.reduce(0, +)))
         metrics.gauge("lockstep_leader", serving == nil ? 0 : 1)
         metrics.count("lockstep_takeovers_total", total: takeovers)
-        if configuration.journal == .sqlite {
-            metrics.gauge("lockstep_journal_bytes", Double(CommandLoop.fileBytes(journal.location)))
+        if let bytes = CommandLoop.journalBytes(journal) {
+            metrics.gauge("lockstep_journal_bytes", Double(bytes))
         }
         serving?.record(&metrics, now: now)
         loop.inspectorFeed?.status(status, published: serving?.publishedSeq ?? [:])

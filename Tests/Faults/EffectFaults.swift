@@ -204,7 +204,7 @@ extension Faults {
         }
         load.stop()
         try settleEffects(load, leader: daemon, service: service, into: &result) {
-            try SQLiteJournal(directory: daemon.data, readOnly: true)
+            try openLocalJournal(directory: daemon.data, readOnly: true)
         }
         return result
     }

@@ -27,6 +27,9 @@ final class Faults {
     /// No snapshot (so no compaction) for a long while: the suite checks the whole history.
     static let keepHistory = "[snapshots]\nevery_events = 100000000\n"
 
+    /// The daemon's setting for Lockstep's own journal instead of SQLite: first in its file, before any table.
+    static let logJournal = "journal = \"log\"\n"
+
     func pause(_ range: ClosedRange<Int>) {
         Thread.sleep(forTimeInterval: Double(Int.random(in: range, using: &random)) / 1_000)
     }
@@ -67,7 +70,7 @@ final class Faults {
         into result: inout FaultResult
     ) throws {
         try settle(load, leader: daemon, watchers: watchers, from: first, into: &result) {
-            try SQLiteJournal(directory: daemon.data, readOnly: true)
+            try openLocalJournal(directory: daemon.data, readOnly: true)
         }
     }
 
@@ -108,6 +111,11 @@ final class Faults {
 
     func killUnderLoad() throws -> FaultResult {
         try killUnderLoad(in: "kill", configuration: Self.keepHistory)
+    }
+
+    /// The same with the log journal.
+    func killUnderLoadOnTheLogJournal() throws -> FaultResult {
+        try killUnderLoad(in: "kill-log", configuration: Self.logJournal + Self.keepHistory)
     }
 
     /// The same on a store of ~10 MB: every checkpoint is taken off the loop (a snapshot every 2,000 events, written by
@@ -622,8 +630,8 @@ final class Faults {
 
     // MARK: - Disk full
 
-    func diskFull() throws -> FaultResult {
-        let base = folder.appendingPathComponent("diskfull")
+    func diskFull(log: Bool = false) throws -> FaultResult {
+        let base = folder.appendingPathComponent(log ? "diskfull-log" : "diskfull")
         let mountPoint = base.appendingPathComponent("data")
         try FileManager.default.createDirectory(at: mountPoint, withIntermediateDirectories: true)
         guard run("/bin/mount", ["-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", mountPoint.path]) == 0 else {
@@ -632,7 +640,7 @@ final class Faults {
         defer { _ = run("/bin/umount", ["-l", mountPoint.path]) }
         let daemon = try Daemon(
             folder: base,
-            configuration: "data_dir = \"\(mountPoint.path)\"\n" + Self.keepHistory,
+            configuration: "data_dir = \"\(mountPoint.path)\"\n" + (log ? Self.logJournal : "") + Self.keepHistory,
             data: mountPoint.path
         )
         try daemon.start()
@@ -686,15 +694,18 @@ final class Faults {
         try powerCut(largeStore: true)
     }
 
-    func powerCut(syncOff: Bool = false, largeStore: Bool = false) throws -> FaultResult {
-        let base = folder.appendingPathComponent(syncOff ? "power-nosync" : largeStore ? "power-large" : "power")
+    func powerCut(syncOff: Bool = false, largeStore: Bool = false, log: Bool = false) throws -> FaultResult {
+        let base = folder.appendingPathComponent(
+            (syncOff ? "power-nosync" : largeStore ? "power-large" : "power") + (log ? "-log" : "")
+        )
         let disk = try UnsyncedFileSystem(folder: base.appendingPathComponent("disk"))
         defer { disk.unmount() }
         // Two levels the daemon must create (and make durable) itself.
         let data = disk.mountPoint.appendingPathComponent("var/lockstep").path
         let daemon = try Daemon(
             folder: base.appendingPathComponent("daemon"),
-            configuration: "data_dir = \"\(data)\"\n" + (largeStore ? Self.largeStore : Self.keepHistory),
+            configuration: "data_dir = \"\(data)\"\n" + (log ? Self.logJournal : "")
+                + (largeStore ? Self.largeStore : Self.keepHistory),
             environment: syncOff ? ["LOCKSTEP_FAILPOINT": "no-sync"] : [:],
             data: data
         )
@@ -725,22 +736,24 @@ final class Faults {
                 result.lost = load.acks.count
                 result.control = .loss
                 result.notes.append(
-                    "with SQLite never fsyncing, cut \(cycle + 1) left the journal damaged and lockstepd refused to "
-                        + "start on it: all \(load.acks.count) acknowledged dispatches lost, as they must be"
+                    "with \(log ? "the log journal" : "SQLite") never fsyncing, cut \(cycle + 1) left the journal "
+                        + "damaged and lockstepd refused to start on it: all \(load.acks.count) acknowledged "
+                        + "dispatches lost, as they must be"
                 )
                 return result
             }
             if progresses(load, beyond: load.acks.count) { result.survived += 1 }
         }
         try settle(daemon, load, watchers: watchers, from: first, into: &result)
-        let journal = try SQLiteJournal(directory: data, readOnly: true)
+        let journal = try openLocalJournal(directory: data, readOnly: true)
         let problems = try journal.verify()
         try? journal.close()
         if !problems.isEmpty { result.failure = "journal verify after the last cut: \(problems.prefix(3))" }
         if syncOff {
             // Expected: the class proves itself by losing what was never synced.
             result.notes.insert(
-                "with SQLite never fsyncing: \(result.lost) acknowledged dispatches lost, as they must be",
+                "with \(log ? "the log journal" : "SQLite") never fsyncing: \(result.lost) acknowledged dispatches "
+                    + "lost, as they must be",
                 at: 0
             )
             result.control = .loss
@@ -753,8 +766,8 @@ final class Faults {
     /// The journal's WAL fsync fails with EIO under load: nothing of that batch is acknowledged, the daemon stops
     /// (exit 1, saying why) instead of trusting the page cache, and after a power cut and a restart every
     /// dispatch acknowledged before it is there.
-    func fsyncFailure() throws -> FaultResult {
-        let base = folder.appendingPathComponent("eio")
+    func fsyncFailure(log: Bool = false) throws -> FaultResult {
+        let base = folder.appendingPathComponent(log ? "eio-log" : "eio")
         let disk = try UnsyncedFileSystem(folder: base.appendingPathComponent("disk"))
         defer { disk.unmount() }
         let data = disk.mountPoint.appendingPathComponent("data").path
@@ -762,7 +775,8 @@ final class Faults {
         let service = base.appendingPathComponent("service")
         let daemon = try Daemon(
             folder: base.appendingPathComponent("daemon"),
-            configuration: "data_dir = \"\(data)\"\ndomains = [\"todos\", \"reminders\"]\n" + Self.keepHistory,
+            configuration: "data_dir = \"\(data)\"\ndomains = [\"todos\", \"reminders\"]\n" + (log ? Self.logJournal : "")
+                + Self.keepHistory,
             environment: ["LOCKSTEP_NOTIFICATIONS": service.path],
             data: data
         )
@@ -780,7 +794,7 @@ final class Faults {
                 result.failure = "no dispatch was acknowledged before fault \(round + 1)"
                 break
             }
-            try disk.failFsync(matching: "*journal.sqlite-wal", count: 1)
+            try disk.failFsync(matching: log ? "*\(LogJournal.fileName)" : "*journal.sqlite-wal", count: 1)
             result.injected += 1
             let deadline = ContinuousClock.now + .seconds(20)
             while daemon.isRunning, ContinuousClock.now < deadline { Thread.sleep(forTimeInterval: 0.01) }
@@ -800,7 +814,7 @@ final class Faults {
         drainEffects(reminders, leader: daemon, into: &result)
         try settle(daemon, load, watchers: [], into: &result)
         try checkEffects(reminders, service: service, into: &result) {
-            try SQLiteJournal(directory: data, readOnly: true)
+            try openLocalJournal(directory: data, readOnly: true)
         }
         result.notes.insert(
             "each fault: the daemon stopped (exit 1) naming the failed fsync; power cut; restarted",
@@ -1146,7 +1160,7 @@ final class Faults {
         }
         try settle(daemon, load, watchers: [watcher], into: &result)
         // Each timer once, or (those due in an hour) never; the latter still set.
-        let journal = try SQLiteJournal(directory: daemon.data, readOnly: true)
+        let journal = try openLocalJournal(directory: daemon.data, readOnly: true)
         defer { try? journal.close() }
         guard case let .events(events) = try journal.events(store: "reminders", from: 1, to: .max, limit: 1_000) else {
             throw SuiteError("the reminders history was compacted")

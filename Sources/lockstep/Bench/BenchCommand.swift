@@ -51,6 +51,14 @@ struct BenchCommand: ParsableCommand {
     @Flag(help: "Keep the bench's folder (journals and every process's log) and say where it is.")
     var keep = false
 
+    @Option(
+        help: """
+            The journal of the daemons of P1, P2, P3 and outside: sqlite (the default), or log (Lockstep's own, \
+            docs/operations.md "The journal"). P4 and P7 fill SQLite journals.
+            """
+    )
+    var journal = Bench.LocalJournal.sqlite
+
     @Flag(
         help: """
             Run P1 and P2 against a daemon with a policy (docs/security.md) that checks every request: the bench's \
@@ -122,6 +130,7 @@ struct BenchCommand: ParsableCommand {
             transport: transport,
             seconds: seconds,
             keep: keep,
+            journal: journal,
             policy: policy,
             metrics: metrics,
             inspector: inspector,
@@ -148,3 +157,4 @@ struct BenchCommand: ParsableCommand {
 }
 
 extension Bench.Transport: ExpressibleByArgument {}
+extension Bench.LocalJournal: ExpressibleByArgument {}

@@ -103,8 +103,8 @@ public struct DaemonFlags: ParsableArguments, Sendable {
     @Option(help: "fsync (every action durable before its ack) or relaxed.")
     public var durability: String?
 
-    /// `--journal sqlite|memory|postgres`.
-    @Option(help: "sqlite, memory or postgres (with --postgres).")
+    /// `--journal sqlite|memory|postgres|log`.
+    @Option(help: "sqlite, memory, postgres (with --postgres) or log.")
     public var journal: String?
 
     /// `--postgres CONNINFO`: the libpq connection string of the `postgres` journal's database.
@@ -163,7 +163,7 @@ public struct DaemonFlags: ParsableArguments, Sendable {
                 throw ConfigurationError(
                     file: nil,
                     key: "--journal",
-                    "must be sqlite, memory or postgres, got '\(journal)'"
+                    "must be sqlite, memory, postgres or log, got '\(journal)'"
                 )
             }
             settings.journal = value

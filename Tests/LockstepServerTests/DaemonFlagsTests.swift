@@ -49,12 +49,16 @@ import Testing
     @Test(
         arguments: [
             (["--durability", "sometimes"], "--durability: must be fsync or relaxed, got 'sometimes'"),
-            (["--journal", "paper"], "--journal: must be sqlite, memory or postgres, got 'paper'"),
+            (["--journal", "paper"], "--journal: must be sqlite, memory, postgres or log, got 'paper'"),
             (["--journal", "postgres"], "postgres: journal is 'postgres' but no connection string is given"),
             (["--postgres", "dbname=x"], "a PostgreSQL connection string is given, but the journal is 'sqlite'"),
             (
                 ["--journal", "postgres", "--postgres", "dbname=x", "--durability", "relaxed"],
                 "'relaxed' is for the sqlite journal",
+            ),
+            (
+                ["--journal", "log", "--durability", "relaxed"],
+                "the log journal's commit is one append and one fdatasync, and it has no relaxed mode",
             ),
             (["--domain", "cart"], "no domain named 'cart' is linked into this daemon; it has board, settings"),
             (["--config", "/nonexistent/daemon.toml"], "/nonexistent/daemon.toml: --config: cannot read the file"),

@@ -77,7 +77,7 @@ import Testing
         )
         let bad = try await runProduct("lockstepd", ["--journal", "paper"])
         #expect(bad.status == 78)
-        #expect(bad.standardError.contains("--journal: must be sqlite, memory or postgres, got 'paper'"))
+        #expect(bad.standardError.contains("--journal: must be sqlite, memory, postgres or log, got 'paper'"))
     }
 
     @Test func whatCanBeCheckedHereIsCheckedBeforeAnythingIsSent() async throws {

@@ -33,7 +33,8 @@ public final class LogJournal: EngineJournal {
     /// - Parameters:
     ///   - readOnly: Open for reading only (the CLI's `verify`, `dump`, `stats` and `state`), beside a daemon that
     ///     writes it: nothing is created, cut or locked; what was written after the file was read is not seen, and a
-    ///     record the daemon was in the middle of appending is left out.
+    ///     record the daemon was in the middle of appending is left out. A damaged record is refused as it is when
+    ///     opening for writing (``JournalError/Code/corrupt``, naming its offset).
     ///   - rewriteMinimumBytes: The size the file must pass before it is rewritten (64 MiB; tests use less).
     public init(
         directory: String,
@@ -128,8 +129,6 @@ final class LogStorage: JournalStorage {
         var snapshotFiles: [SnapshotKey: String] = [:]
         /// Why nothing more may be written: a write or an fsync failed, so what the file holds is not known.
         var broken: String?
-        /// What reading the file found damaged (read-only: the records from there on were left out).
-        var damage: [String] = []
         var closed = false
     }
 
@@ -229,16 +228,12 @@ final class LogStorage: JournalStorage {
         }
         state.end = Int64(scan.end)
         if let damage = scan.damage {
-            guard isReadOnly else {
-                throw JournalError(
-                    code: .corrupt,
-                    file: location,
-                    operation: "open",
-                    message: "\(damage): what follows cannot be proved; run lockstep journal verify on the data "
-                        + "directory, and restore it from a backup"
-                )
-            }
-            state.damage.append(damage)
+            throw JournalError(
+                code: .corrupt,
+                file: location,
+                operation: "open",
+                message: "\(damage): what follows cannot be proved; restore the data directory from a backup"
+            )
         } else if scan.end < bytes.count, !isReadOnly {
             // The last append was cut short by a crash before its fsync returned: it was never acknowledged.
             guard interruptible({ ftruncate(state.descriptor, off_t(scan.end)) }) == 0,
@@ -563,15 +558,13 @@ final class LogStorage: JournalStorage {
         }
     }
 
-    /// What reading the file found damaged, and every snapshot file missing or damaged; the log is read again from
-    /// the disk for it, so a byte changed since the journal was opened is found too.
+    /// A damaged record in the log, and every snapshot file missing or damaged. (Opening refuses a log with a damaged
+    /// record; it is read again from the disk here, so a byte changed since the journal was opened is found too.)
     func integrityProblems() throws(JournalError) -> [String] {
-        let (descriptor, damage, files) = file.withLockedValue { ($0.descriptor, $0.damage, $0.snapshotFiles) }
-        var problems = damage
-        if damage.isEmpty {
-            let bytes = try Self.readAll(descriptor, journal: location)
-            if let found = try scanLog(bytes, from: LogRecord.header.count, { _ in }).damage { problems.append(found) }
-        }
+        let (descriptor, files) = file.withLockedValue { ($0.descriptor, $0.snapshotFiles) }
+        var problems: [String] = []
+        let bytes = try Self.readAll(descriptor, journal: location)
+        if let found = try scanLog(bytes, from: LogRecord.header.count, { _ in }).damage { problems.append(found) }
         for (key, name) in files.sorted(by: { ($0.key.store, $0.key.seq) < ($1.key.store, $1.key.seq) }) {
             do throws(JournalError) {
                 _ = try readSnapshotFile(name)

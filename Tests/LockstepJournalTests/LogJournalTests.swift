@@ -86,8 +86,8 @@ import Testing
     }
 
     /// A flipped byte anywhere — in a record's payload, or in its length — is damage, never taken for a crash's cut:
-    /// verify names it with its offset, the tool's verify exits 5, and opening for writing refuses the journal
-    /// rather than cut off what follows.
+    /// opening refuses the journal naming the offset (for reading too, rather than show what comes before it), the
+    /// tool's verify says so and exits 5, and a journal open since the byte changed finds it in verify.
     @Test(arguments: ["payload", "length"])
     func aFlippedByteIsFoundByVerifyAndRefusedByOpening(place: String) async throws {
         defer { try? FileManager.default.removeItem(at: directory) }
@@ -95,17 +95,18 @@ import Testing
         try commit(journal, batches: 6)
         try journal.close()
         // Offset 8 is the first record's length (after the 8-byte header); its payload starts at 16.
-        try flip(at: place == "length" ? 8 : 20)
-
         let reader = try LogJournal(directory: data, readOnly: true)
+        try flip(at: place == "length" ? 8 : 20)
         let problems = try reader.verify()
         #expect(problems.map(\.code) == [.corrupt], "\(problems)")
         #expect(problems.first?.message.contains("the record at offset 8") == true, "\(problems)")
         try reader.close()
 
-        let opening = journalError { _ = try LogJournal(directory: data, policy: policy) }
-        #expect(opening?.code == .corrupt, "\(String(describing: opening))")
-        #expect(opening?.message.contains("offset 8") == true)
+        for readOnly in [false, true] {
+            let opening = journalError { _ = try LogJournal(directory: data, policy: policy, readOnly: readOnly) }
+            #expect(opening?.code == .corrupt, "\(String(describing: opening))")
+            #expect(opening?.message.contains("the record at offset 8") == true)
+        }
 
         let tool = try await runProduct("lockstep", ["journal", "verify", data])
         #expect(tool.status == 5, "\(tool.standardOutput) \(tool.standardError)")

@@ -284,37 +284,26 @@ final class CommandLoop: Sendable {
             } catch {
                 throw ServerError(code: .journal, "cannot open the PostgreSQL journal: \(error)")
             }
-        case .log:
+        case .sqlite, .log:
+            let directory = configuration.dataDirectory
+            let policy = configuration.snapshots
+            let log = configuration.journal == .log
             do {
                 #if LOCKSTEP_FAILPOINTS
                 if failpoint?.point == .noSync {
                     logger.critical("LOCKSTEP_FAILPOINT=no-sync: the journal never fsyncs; a power cut loses data")
-                    return try LogJournal(
-                        unsyncedForTestingIn: configuration.dataDirectory,
-                        policy: configuration.snapshots
-                    )
+                    return log
+                        ? try LogJournal(unsyncedForTestingIn: directory, policy: policy)
+                        : try SQLiteJournal(unsyncedForTestingIn: directory, policy: policy)
                 }
                 #endif
-                return try LogJournal(directory: configuration.dataDirectory, policy: configuration.snapshots)
-            } catch {
-                throw ServerError(code: .journal, "cannot open the journal in \(configuration.dataDirectory): \(error)")
-            }
-        case .sqlite:
-            do {
-                #if LOCKSTEP_FAILPOINTS
-                if failpoint?.point == .noSync {
-                    logger.critical("LOCKSTEP_FAILPOINT=no-sync: the journal never fsyncs; a power cut loses data")
-                    return try SQLiteJournal(
-                        unsyncedForTestingIn: configuration.dataDirectory,
-                        policy: configuration.snapshots
+                return log
+                    ? try LogJournal(directory: directory, policy: policy)
+                    : try SQLiteJournal(
+                        directory: directory,
+                        policy: policy,
+                        relaxed: configuration.durability == .relaxed
                     )
-                }
-                #endif
-                return try SQLiteJournal(
-                    directory: configuration.dataDirectory,
-                    policy: configuration.snapshots,
-                    relaxed: configuration.durability == .relaxed
-                )
             } catch {
                 throw ServerError(code: .journal, "cannot open the journal in \(configuration.dataDirectory): \(error)")
             }

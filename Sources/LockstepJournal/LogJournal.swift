@@ -190,6 +190,7 @@ final class LogStorage: JournalStorage {
         if !readOnly {
             removeUnreferencedSnapshots(state)
             do throws(JournalError) {
+                try removeClosedMark()
                 try rewriteIfDueAtOpening(&state)
             } catch {
                 closeDescriptor(state.descriptor)
@@ -227,6 +228,15 @@ final class LogStorage: JournalStorage {
             try apply(record, state: &state, deleting: false)
         }
         state.end = Int64(scan.end)
+        if let closedAt = readClosedMark(), scan.damage == nil, scan.end < closedAt {
+            throw JournalError(
+                code: .corrupt,
+                file: location,
+                operation: "open",
+                message: "the log holds whole records up to offset \(scan.end), but it was closed at offset \(closedAt) "
+                    + "(\(Self.closedMarkName)): it was cut short since; restore the data directory from a backup"
+            )
+        }
         if let damage = scan.damage {
             throw JournalError(
                 code: .corrupt,
@@ -564,7 +574,11 @@ final class LogStorage: JournalStorage {
         let (descriptor, files) = file.withLockedValue { ($0.descriptor, $0.snapshotFiles) }
         var problems: [String] = []
         let bytes = try Self.readAll(descriptor, journal: location)
-        if let found = try scanLog(bytes, from: LogRecord.header.count, { _ in }).damage { problems.append(found) }
+        let scan = try scanLog(bytes, from: LogRecord.header.count, { _ in })
+        if let found = scan.damage { problems.append(found) }
+        if scan.damage == nil, isReadOnly, let closedAt = readClosedMark(), scan.end < closedAt {
+            problems.append("the log holds whole records up to offset \(scan.end), but it was closed at \(closedAt)")
+        }
         for (key, name) in files.sorted(by: { ($0.key.store, $0.key.seq) < ($1.key.store, $1.key.seq) }) {
             do throws(JournalError) {
                 _ = try readSnapshotFile(name)
@@ -575,16 +589,72 @@ final class LogStorage: JournalStorage {
         return problems
     }
 
+    /// Closes the log; a writer that closes it whole leaves the closed mark (its end offset) beside it.
     func close() throws(JournalError) {
-        let fd = file.withLockedValue { state -> Int32 in
+        let (fd, end, whole) = file.withLockedValue { state -> (Int32, Int64, Bool) in
             defer {
                 state.closed = true
                 state.descriptor = -1
             }
-            return state.descriptor
+            return (state.descriptor, state.end, !state.closed && state.broken == nil)
         }
         if fd >= 0 { closeDescriptor(fd) }
-        writerLock?.release()
+        defer { writerLock?.release() }
+        if whole, !isReadOnly, syncs { try writeClosedMark(end) }
+    }
+
+    // MARK: The closed mark
+
+    /// Beside the log while no daemon writes it: where the log ended when its writer closed it. A log that ends
+    /// earlier was cut short after it closed — which a crash's cut cannot do — and is refused; a crash leaves no mark,
+    /// and then a record cut short at the end is one that was never acknowledged.
+    static let closedMarkName = "journal.lslog-closed"
+    private static let closedMagic: [UInt8] = Array("LSJC".utf8)
+
+    private var closedMarkPath: String { directory + "/" + Self.closedMarkName }
+
+    /// The offset the mark gives, when there is a whole one.
+    private func readClosedMark() -> Int64? {
+        guard let data = FileManager.default.contents(atPath: closedMarkPath), data.count == 16 else { return nil }
+        let bytes = [UInt8](data)
+        var reader = LogReader(bytes[...])
+        let magic = [reader.u8(), reader.u8(), reader.u8(), reader.u8()]
+        let offset = reader.u64()
+        guard magic == Self.closedMagic, reader.u32() == CRC32C.checksum(bytes[..<12]) else { return nil }
+        return Int64(bitPattern: offset)
+    }
+
+    /// Writes the mark, synced, renamed into place, the directory synced.
+    private func writeClosedMark(_ end: Int64) throws(JournalError) {
+        var writer = LogWriter()
+        writer.bytes.append(contentsOf: Self.closedMagic)
+        writer.u64(UInt64(end))
+        writer.u32(CRC32C.checksum(writer.bytes))
+        let temporary = closedMarkPath + ".new"
+        let fd = interruptible { open(temporary, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0o600) }
+        guard fd >= 0 else { throw JournalFiles.ioError(location, "close", "cannot create \(temporary)") }
+        do throws(JournalError) {
+            defer { closeDescriptor(fd) }
+            try Self.writeAll(fd, writer.bytes, at: 0, journal: location)
+            guard interruptible({ fdatasync(fd) }) == 0 else {
+                throw JournalFiles.ioError(location, "close", "cannot sync \(temporary)")
+            }
+        } catch {
+            unlink(temporary)
+            throw error
+        }
+        guard interruptible({ rename(temporary, closedMarkPath) }) == 0 else {
+            throw JournalFiles.ioError(location, "close", "cannot rename \(temporary)")
+        }
+        try JournalFiles.fsyncDirectory(directory, journal: location)
+    }
+
+    /// Removes the mark before the first append: from now on the log may grow, and a crash may cut it.
+    private func removeClosedMark() throws(JournalError) {
+        guard unlink(closedMarkPath) == 0 || errno == ENOENT else {
+            throw JournalFiles.ioError(location, "open", "cannot remove \(closedMarkPath)")
+        }
+        if syncs { try JournalFiles.fsyncDirectory(directory, journal: location) }
     }
 
     deinit {

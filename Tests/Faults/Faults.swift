@@ -524,11 +524,14 @@ final class Faults {
 
     // MARK: - Journal surgery
 
-    func journalSurgery() throws -> FaultResult {
-        let base = folder.appendingPathComponent("surgery")
+    /// A stopped daemon's journal cut, padded with garbage or with a byte flipped (a copy each time): the daemon on it
+    /// either refuses to start, saying why, or serves exactly the state it had. With `log`, the log journal — and one
+    /// copy more with a snapshot file removed.
+    func journalSurgery(log: Bool = false) throws -> FaultResult {
+        let base = folder.appendingPathComponent(log ? "surgery-log" : "surgery")
         let pristine = try Daemon(
             folder: base.appendingPathComponent("pristine"),
-            configuration: "[snapshots]\nevery_events = 500\n"
+            configuration: (log ? Self.logJournal : "") + "[snapshots]\nevery_events = 500\n"
         )
         try pristine.start()
         let client = CommandClient(context: try Context(), endpoint: pristine.command, timeout: .seconds(5), retries: 2)
@@ -541,27 +544,49 @@ final class Faults {
         let stores = ["counter", "todos", "posts", "numbers"]
         let before = try pristine.digests(stores)
         guard pristine.stop() == 0 else { throw SuiteError("the pristine daemon did not stop cleanly") }
-        let file = URL(fileURLWithPath: pristine.data).appendingPathComponent(SQLiteJournal.fileName)
+        let fileName = log ? LogJournal.fileName : SQLiteJournal.fileName
+        let file = URL(fileURLWithPath: pristine.data).appendingPathComponent(fileName)
         let size = try FileManager.default.attributesOfItem(atPath: file.path)[.size] as! Int
-        var cuts: [(String, (FileHandle) throws -> Void)] = [
-            ("truncated to 50%", { try $0.truncate(atOffset: UInt64(size / 2)) }),
-            ("truncated by one page", { try $0.truncate(atOffset: UInt64(size - 4_096)) }),
-            ("truncated mid-page", { try $0.truncate(atOffset: UInt64(size - 1_000)) }),
+        /// Each cut is made on a copy of the data directory.
+        func onFile(_ change: @escaping (FileHandle) throws -> Void) -> (URL) throws -> Void {
+            { data in
+                let handle = try FileHandle(forUpdating: data.appendingPathComponent(fileName))
+                try change(handle)
+                try handle.close()
+            }
+        }
+        var cuts: [(String, (URL) throws -> Void)] = [
+            ("truncated to 50%", onFile { try $0.truncate(atOffset: UInt64(size / 2)) }),
+            ("truncated by one page", onFile { try $0.truncate(atOffset: UInt64(size - 4_096)) }),
+            ("truncated mid-page", onFile { try $0.truncate(atOffset: UInt64(size - 1_000)) }),
             (
                 "4 KiB of garbage appended",
-                { handle in
+                onFile { handle in
                     try handle.seekToEnd()
                     handle.write(Data((0..<4_096).map { _ in UInt8.random(in: 0...255) }))
                 }
             ),
         ]
+        if log {
+            cuts.append(
+                (
+                    "a snapshot file removed",
+                    { data in
+                        let snapshots = data.appendingPathComponent("snapshots")
+                        for name in try FileManager.default.contentsOfDirectory(atPath: snapshots.path).prefix(1) {
+                            try FileManager.default.removeItem(at: snapshots.appendingPathComponent(name))
+                        }
+                    }
+                )
+            )
+        }
         for _ in 0..<(long ? 40 : 6) {
             let offset = UInt64(Int.random(in: 100..<size, using: &random))
             let bit = UInt8(1) << UInt8.random(in: 0..<8, using: &random)
             cuts.append(
                 (
                     "byte \(offset) flipped",
-                    { handle in
+                    onFile { handle in
                         try handle.seek(toOffset: offset)
                         let byte = try handle.read(upToCount: 1)![0]
                         try handle.seek(toOffset: offset)
@@ -582,11 +607,7 @@ final class Faults {
                 at: URL(fileURLWithPath: pristine.data),
                 to: copy.appendingPathComponent(".lockstep/data")
             )
-            let handle = try FileHandle(
-                forUpdating: copy.appendingPathComponent(".lockstep/data/\(SQLiteJournal.fileName)")
-            )
-            try cut(handle)
-            try handle.close()
+            try cut(copy.appendingPathComponent(".lockstep/data"))
             result.injected += 1
             let damaged = try Daemon(folder: copy, configuration: pristine.configuration)
             try damaged.start(waitForReady: false)
@@ -607,17 +628,17 @@ final class Faults {
                 damaged.kill()
             } else {
                 damaged.kill()
-                let log = (try? String(contentsOf: damaged.log, encoding: .utf8)) ?? ""
-                if log.contains("cannot run"), log.contains("journal") || log.contains(SQLiteJournal.fileName) {
+                let said = (try? String(contentsOf: damaged.log, encoding: .utf8)) ?? ""
+                if said.contains("cannot run"), said.contains("journal") || said.contains(fileName) {
                     result.survived += 1
                     outcomes["refused to start", default: 0] += 1
                     if outcomes["refused to start"] == 1 {
                         result.notes.append(
-                            "\(name): " + (log.split(separator: "\n").last { $0.contains("cannot run") } ?? "")
+                            "\(name): " + (said.split(separator: "\n").last { $0.contains("cannot run") } ?? "")
                         )
                     }
                 } else {
-                    result.failure = "\(name): lockstepd stopped without a clear reason: \(log.suffix(300))"
+                    result.failure = "\(name): lockstepd stopped without a clear reason: \(said.suffix(300))"
                 }
             }
         }

@@ -85,6 +85,34 @@ import Testing
         try again.close()
     }
 
+    /// A log cut short after its writer closed it — which a crash cannot do — is refused by the closed mark the writer
+    /// left, even when the cut falls between two records; without the mark (a crash: the writer never closed it), a
+    /// record cut short at the end is one never acknowledged, and is cut off.
+    @Test func aLogCutShortAfterItWasClosedIsRefused() throws {
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let journal = try LogJournal(directory: data, policy: policy)
+        let last = try commit(journal, batches: 6)
+        try journal.close()
+        #expect(FileManager.default.fileExists(atPath: data + "/journal.lslog-closed"))
+        let whole = try fileSize()
+        let handle = try #require(FileHandle(forWritingAtPath: logPath))
+        try handle.truncate(atOffset: UInt64(whole - 3))
+        try handle.close()
+
+        for readOnly in [true, false] {
+            let opening = journalError { _ = try LogJournal(directory: data, policy: policy, readOnly: readOnly) }
+            #expect(opening?.code == .corrupt, "\(String(describing: opening))")
+            #expect(opening?.message.contains("but it was closed at offset \(whole)") == true)
+        }
+
+        // A crash: no mark. The same cut is a record never acknowledged.
+        try FileManager.default.removeItem(atPath: data + "/journal.lslog-closed")
+        let reopened = try LogJournal(directory: data, policy: policy)
+        #expect(try reopened.recover(Counter.self).lastSeq == last - 5)
+        #expect(!FileManager.default.fileExists(atPath: data + "/journal.lslog-closed"))
+        try reopened.close()
+    }
+
     /// A flipped byte anywhere — in a record's payload, or in its length — is damage, never taken for a crash's cut:
     /// opening refuses the journal naming the offset (for reading too, rather than show what comes before it), the
     /// tool's verify says so and exits 5, and a journal open since the byte changed finds it in verify.

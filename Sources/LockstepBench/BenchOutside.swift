@@ -22,16 +22,19 @@ extension Bench {
         var rate: Double { perSecond(measured, nanoseconds: elapsedNanos).rounded() }
     }
 
-    /// The `outside` part: C clients (`lockstep-cload`, next to `lockstep`) at 1, 8 and 32 threads against a raw C
-    /// ROUTER echo of the same DISPATCH bytes, then against lockstepd with the counter: what lockstepd costs with no
-    /// Swift on the other side of the socket.
+    /// The `outside` part: C clients (`lockstep-cload`, next to `lockstep`) — 1, 8 and 32 threads with one request in
+    /// flight each, then one thread with 32 and with 256 in flight — against a raw C ROUTER echo of the same DISPATCH
+    /// bytes, then against lockstepd with the counter: what lockstepd costs with no Swift on the other side of the
+    /// socket, and what it can take when a client pipelines.
     func measureOutside() throws {
         let cload = lockstep.deletingLastPathComponent().appendingPathComponent("lockstep-cload")
         guard FileManager.default.isExecutableFile(atPath: cload.path) else {
             throw BenchFailure("\(cload.path) is not there: build it with swift build (the package's lockstep-cload)")
         }
-        say("outside: C clients (lockstep-cload) against a raw C echo, then against lockstepd: 1, 8, 32")
-        let counts = [1, 8, 32]
+        say(
+            "outside: C clients (lockstep-cload) against a raw C echo, then against lockstepd: 1, 8, 32; 1 × 32, 1 × 256"
+        )
+        let counts = [(1, 1), (8, 1), (32, 1), (1, 32), (1, 256)]
         let echoEndpoint = endpoint("outside-echo")
         let echo = try ChildProcess(
             executable: cload,
@@ -43,25 +46,26 @@ extension Bench {
         defer { echo.kill() }
         _ = try awaitLine(echo, within: .seconds(30)) { $0 == "ready" }
         var raw: [(report: OutsideReport, serverCpu: Double?)] = []
-        for clients in counts {
+        for (clients, inFlight) in counts {
             let before = cpuTime(ofProcess: echo.process.processIdentifier)
-            let report = try load(cload, echoEndpoint, clients: clients, echo: true)
+            let report = try load(cload, echoEndpoint, clients: clients, inFlight: inFlight, echo: true)
             let after = cpuTime(ofProcess: echo.process.processIdentifier)
             raw.append((report, microseconds(from: before, to: after, per: report.measured)))
         }
         echo.kill()
 
         let daemon = try startDaemon("outside", domains: [Counter.name], extra: journal.setting)
-        for (index, clients) in counts.enumerated() {
+        for (index, (clients, inFlight)) in counts.enumerated() {
             let before = try seq(of: daemon)
             let cpuBefore = cpuTime(ofProcess: daemon.processIdentifier)
-            let report = try load(cload, daemon.command, clients: clients, echo: false)
+            let report = try load(cload, daemon.command, clients: clients, inFlight: inFlight, echo: false)
             let committed = Int(try seq(of: daemon) - before)
             let cpuAfter = cpuTime(ofProcess: daemon.processIdentifier)
             let (rawReport, rawServerCpu) = raw[index]
             results.outside.append(
                 .init(
                     clients: clients,
+                    inFlight: inFlight,
                     rawRoundTripsPerS: rawReport.rate,
                     rawP50Us: Microseconds(nanoseconds: rawReport.p50Nanos),
                     rawP99Us: Microseconds(nanoseconds: rawReport.p99Nanos),
@@ -80,7 +84,7 @@ extension Bench {
             guard committed == report.acknowledged, report.lastSeq - report.firstSeq + 1 == UInt64(committed)
             else {
                 throw BenchFailure(
-                    "outside, \(clients) C clients: \(report.acknowledged) acknowledged at seqs \(report.firstSeq)"
+                    "outside, \(clients) C clients × \(inFlight) in flight: \(report.acknowledged) acknowledged at seqs \(report.firstSeq)"
                         + "…\(report.lastSeq), the daemon committed \(committed)"
                 )
             }
@@ -88,11 +92,19 @@ extension Bench {
         results.p6.daemonPeakBytes = max(results.p6.daemonPeakBytes, daemon.memory().peakKiB * 1_024)
     }
 
-    /// `lockstep-cload load` with `clients` threads for the bench's seconds, its report once it is done; it exits
-    /// non-zero at the first reply that fails its checks, which fails the bench with what it said.
-    private func load(_ cload: URL, _ endpoint: String, clients: Int, echo: Bool) throws -> OutsideReport {
+    /// `lockstep-cload load` with `clients` threads, `inFlight` requests each, for the bench's seconds, its report
+    /// once it is done; it exits non-zero at the first reply that fails its checks, which fails the bench with what
+    /// it said.
+    private func load(
+        _ cload: URL,
+        _ endpoint: String,
+        clients: Int,
+        inFlight: Int,
+        echo: Bool
+    ) throws -> OutsideReport {
         var arguments = [
             "load", endpoint, "\(clients)", "\(seconds)", Counter.name, "\(Counter.version)", #"{"increment":{}}"#,
+            "--in-flight", "\(inFlight)",
         ]
         if echo { arguments.append("--echo") }
         if let curve {
@@ -102,7 +114,7 @@ extension Bench {
             executable: cload,
             arguments,
             directory: folder,
-            errorFile: folder.appendingPathComponent("outside-load-\(clients)\(echo ? "-echo" : "").log"),
+            errorFile: folder.appendingPathComponent("outside-load-\(clients)x\(inFlight)\(echo ? "-echo" : "").log"),
             input: false
         )
         defer { child.kill() }

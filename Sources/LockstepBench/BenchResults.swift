@@ -26,7 +26,8 @@ package struct BenchResults: Codable {
     var p5: [P5] = []
     var p6 = P6()
     var p7: [P7] = []
-    /// C clients against a raw C echo and against lockstepd (`outside`), at 1, 8 and 32; empty when it did not run.
+    /// C clients against a raw C echo and against lockstepd (`outside`): 1, 8 and 32 with one request in flight each,
+    /// one with 32 and with 256; empty when it did not run.
     var outside: [Outside] = []
     /// Redis Streams from 1, 8 and 32 clients, when `redis-server` is installed; else `null`.
     var redis: RedisStreams?
@@ -222,10 +223,11 @@ package struct BenchResults: Codable {
         var divergenceEvents: Int?
     }
 
-    /// `clients` C threads (`lockstep-cload`), one REQ socket and one request in flight each, sending the counter's
-    /// DISPATCH: to a raw C ROUTER echo, then to lockstepd.
+    /// `clients` C threads (`lockstep-cload`) sending the counter's DISPATCH, `inFlight` requests at a time each (one:
+    /// a REQ socket; more: a DEALER): to a raw C ROUTER echo, then to lockstepd.
     struct Outside: Codable {
         var clients: Int
+        var inFlight: Int
         /// Against the echo: round trips per second, latencies, the echo's CPU and the clients' per round trip.
         var rawRoundTripsPerS: Double
         var rawP50Us: Microseconds

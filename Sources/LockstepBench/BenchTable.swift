@@ -136,7 +136,8 @@ package struct BenchTable {
         for o in r.outside {
             lines.append(
                 row(
-                    "\(o.clients) client\(o.clients == 1 ? "" : "s")",
+                    "\(o.clients) client\(o.clients == 1 ? "" : "s")"
+                        + (o.inFlight > 1 ? " × \(o.inFlight) in flight" : ""),
                     "\(count(o.actionsPerS))/s  p50 \(o.p50Us)  p99 \(o.p99Us)",
                     "\(times(o.ratioToRaw)) raw (\(count(o.rawRoundTripsPerS))/s)",
                     (o.daemonCpuPerActionUs.map { String(format: "lockstepd CPU %.1f µs/action", $0) } ?? "")

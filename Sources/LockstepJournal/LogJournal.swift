@@ -233,7 +233,8 @@ final class LogStorage: JournalStorage {
                 code: .corrupt,
                 file: location,
                 operation: "open",
-                message: "the log holds whole records up to offset \(scan.end), but it was closed at offset \(closedAt) "
+                message:
+                    "the log holds whole records up to offset \(scan.end), but it was closed at offset \(closedAt) "
                     + "(\(Self.closedMarkName)): it was cut short since; restore the data directory from a backup"
             )
         }

@@ -4,10 +4,12 @@
 //
 //   lockstep-cload echo ENDPOINT [--curve-server SECRET]
 //       Binds a ROUTER that sends every message back as it came; prints "ready", runs until killed.
-//   lockstep-cload load ENDPOINT CLIENTS SECONDS STORE VERSION ACTION [--echo] [--curve SERVERPUBLIC,CLIENTSECRET]
+//   lockstep-cload load ENDPOINT CLIENTS SECONDS STORE VERSION ACTION [--echo] [--in-flight N]
+//                       [--curve SERVERPUBLIC,CLIENTSECRET]
 //       CLIENTS threads each connect, dispatch once, wait for all the others, then dispatch ACTION to STORE (domain
-//       VERSION) for SECONDS, one request in flight each. Every reply must be ACCEPTED, with the request's id, one
-//       action, the same epoch for every client and a seq above the client's last; against --echo, the frames sent.
+//       VERSION) for SECONDS: one request in flight each on a REQ socket, or N on a DEALER. Every reply must be
+//       ACCEPTED of one action, answer a request in flight, carry the same epoch for every client, and — in request
+//       order — a seq above the client's last; against --echo, the frames of a DISPATCH sent.
 //       Then prints one JSON line: counts, rate, latencies, this process's CPU, and the seqs acknowledged (all
 //       distinct: the bench compares their number with what the daemon committed). Exits 1 at the first reply
 //       that fails a check, naming it.
@@ -129,6 +131,7 @@ struct load {
     char curve_client_secret[41];
     uint32_t version;
     bool echo;
+    int inflight;  // 1: a REQ socket; more: a DEALER with that many requests in flight
     double seconds;
     void *context;
     pthread_barrier_t connected, go;
@@ -141,113 +144,152 @@ struct client {
     pthread_t thread;
     uint8_t client_id[16];
     uint64_t *latencies_ns;  // one per measured round trip
-    uint64_t *seqs;          // one per acknowledged action, the warm-up's included
+    uint64_t *seqs;          // one per acknowledged action, the warm-up's included, in request order
     size_t capacity, measured, acknowledged;
     uint64_t elapsed_ns;
 };
 
-static void check_reply(struct client *c, uint64_t request, zmq_msg_t *sent, zmq_msg_t *reply, int count) {
+// What a reply answers: its request id, and the seq it acknowledged (the id, from the echo).
+struct answer {
+    uint64_t request, seq;
+};
+
+// Checks a reply body: from the echo, the DISPATCH frames of some request; from lockstepd, ACCEPTED of one action in
+// the run's one epoch. Exits, naming what was wrong, at the first that is not.
+static struct answer check_reply(struct load *load, zmq_msg_t *reply, int count) {
     char detail[256];
-    if (c->load->echo) {
-        if (count != 3) fail("echo reply", "not the three frames sent");
-        for (int i = 0; i < 3; i++) {
-            if (zmq_msg_size(&reply[i]) != zmq_msg_size(&sent[i])
-                || memcmp(zmq_msg_data(&reply[i]), zmq_msg_data(&sent[i]), zmq_msg_size(&sent[i])) != 0)
-                fail("echo reply", "a frame other than the one sent");
-        }
-        c->seqs[c->acknowledged++] = request;
-        return;
-    }
     const uint8_t *h = zmq_msg_data(&reply[0]);
     size_t size = zmq_msg_size(&reply[0]);
-    if (size < 4 || h[0] != 'L' || h[1] != 'S' || h[2] != 1) fail("reply", "not a protocol-1 header");
+    if (size < 12 || h[0] != 'L' || h[1] != 'S' || h[2] != 1) fail("reply", "not a protocol-1 header");
+    uint64_t id = get_u64(h + 4);
+    if (load->echo) {
+        size_t store = strlen(load->store), action = strlen(load->action);
+        if (count != 3 || size != HEADER_BYTES || h[3] != 0x01 || zmq_msg_size(&reply[1]) != store
+            || memcmp(zmq_msg_data(&reply[1]), load->store, store) != 0 || zmq_msg_size(&reply[2]) != action
+            || memcmp(zmq_msg_data(&reply[2]), load->action, action) != 0)
+            fail("echo reply", "not the frames of a DISPATCH sent");
+        return (struct answer){id, id};
+    }
     if (h[3] != 0x81) {
-        snprintf(detail, sizeof detail, "type 0x%02x to request %" PRIu64 ", not ACCEPTED (0x81)%s%.*s", h[3],
-            request, count > 1 ? ": " : "", count > 1 ? (int)zmq_msg_size(&reply[1]) : 0,
+        snprintf(detail, sizeof detail, "type 0x%02x to request %" PRIu64 ", not ACCEPTED (0x81)%s%.*s", h[3], id,
+            count > 1 ? ": " : "", count > 1 ? (int)zmq_msg_size(&reply[1]) : 0,
             count > 1 ? (const char *)zmq_msg_data(&reply[1]) : "");
         fail("reply", detail);
     }
     if (count != 1 || size != 32) fail("ACCEPTED", "not one frame of 32 bytes");
-    uint64_t id = get_u64(h + 4), epoch = get_u64(h + 12), first = get_u64(h + 20);
-    uint32_t actions = get_u32(h + 28);
-    if (id != request) {
-        snprintf(detail, sizeof detail, "request id %" PRIu64 " answers request %" PRIu64, id, request);
-        fail("ACCEPTED", detail);
-    }
-    if (actions != 1) fail("ACCEPTED", "a count other than the one action sent");
+    uint64_t epoch = get_u64(h + 12), first = get_u64(h + 20);
+    if (get_u32(h + 28) != 1) fail("ACCEPTED", "a count other than the one action sent");
     uint_fast64_t expected = 0;
-    if (!atomic_compare_exchange_strong(&c->load->epoch, &expected, epoch) && expected != epoch) {
+    if (!atomic_compare_exchange_strong(&load->epoch, &expected, epoch) && expected != epoch) {
         snprintf(detail, sizeof detail, "epoch %" PRIu64 " after %" PRIu64 " in the same run", epoch,
             (uint64_t)expected);
         fail("ACCEPTED", detail);
     }
-    if (c->acknowledged > 0 && first <= c->seqs[c->acknowledged - 1]) {
-        snprintf(detail, sizeof detail, "seq %" PRIu64 " after this client's %" PRIu64, first,
-            c->seqs[c->acknowledged - 1]);
-        fail("ACCEPTED", detail);
+    return (struct answer){id, first};
+}
+
+// Sends request `id`'s DISPATCH (after the empty delimiter, on a DEALER).
+static void send_request(void *socket, struct load *load, uint8_t *header, uint64_t id) {
+    put_u64(header + 4, id);
+    zmq_msg_t frames[4];
+    int count = 0;
+    if (load->inflight > 1) zmq_msg_init(&frames[count++]);
+    const void *bodies[3] = {header, load->store, load->action};
+    size_t sizes[3] = {HEADER_BYTES, strlen(load->store), strlen(load->action)};
+    for (int i = 0; i < 3; i++) {
+        zmq_msg_init_size(&frames[count], sizes[i]);
+        memcpy(zmq_msg_data(&frames[count++]), bodies[i], sizes[i]);
     }
-    if (c->acknowledged == c->capacity) fail("load", "more round trips than the room reserved for them");
-    c->seqs[c->acknowledged++] = first;
+    send_frames(socket, frames, count);
+}
+
+// Receives one reply body (the delimiter taken off, on a DEALER) and checks it.
+static struct answer receive_answer(void *socket, struct load *load) {
+    zmq_msg_t reply[MAX_FRAMES];
+    int count = receive_frames(socket, reply);
+    if (count < 0) fail("reply", "none within 30 s");
+    int first = 0;
+    if (load->inflight > 1) {
+        if (count < 2 || zmq_msg_size(&reply[0]) != 0) fail("reply", "no empty delimiter before the body");
+        first = 1;
+    }
+    struct answer answer = check_reply(load, reply + first, count - first);
+    close_frames(reply, count);
+    return answer;
 }
 
 static void *run_client(void *argument) {
     struct client *c = argument;
     struct load *load = c->load;
-    void *req = zmq_socket(load->context, ZMQ_REQ);
-    if (!req) fail_zmq("socket");
+    void *socket = zmq_socket(load->context, load->inflight > 1 ? ZMQ_DEALER : ZMQ_REQ);
+    if (!socket) fail_zmq("socket");
     int timeout = REPLY_TIMEOUT_MS, linger = 0;
-    zmq_setsockopt(req, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
-    zmq_setsockopt(req, ZMQ_LINGER, &linger, sizeof linger);
+    zmq_setsockopt(socket, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    zmq_setsockopt(socket, ZMQ_LINGER, &linger, sizeof linger);
     if (load->curve_server_public) {
-        if (zmq_setsockopt(req, ZMQ_CURVE_SERVERKEY, load->curve_server_public, 40) < 0
-            || zmq_setsockopt(req, ZMQ_CURVE_PUBLICKEY, load->curve_client_public, 40) < 0
-            || zmq_setsockopt(req, ZMQ_CURVE_SECRETKEY, load->curve_client_secret, 40) < 0)
+        if (zmq_setsockopt(socket, ZMQ_CURVE_SERVERKEY, load->curve_server_public, 40) < 0
+            || zmq_setsockopt(socket, ZMQ_CURVE_PUBLICKEY, load->curve_client_public, 40) < 0
+            || zmq_setsockopt(socket, ZMQ_CURVE_SECRETKEY, load->curve_client_secret, 40) < 0)
             fail_zmq("CURVE client keys");
     }
-    if (zmq_connect(req, load->endpoint) < 0) fail_zmq(load->endpoint);
+    if (zmq_connect(socket, load->endpoint) < 0) fail_zmq(load->endpoint);
 
     uint8_t header[HEADER_BYTES] = {'L', 'S', 1, 0x01};
     put_u32(header + 12, load->version);
     memcpy(header + 16, c->client_id, 16);
-    uint64_t request = 0, deadline = 0;
-    bool measuring = false;
-    while (true) {
-        request++;
-        put_u64(header + 4, request);
-        zmq_msg_t sent[3], kept[3], reply[MAX_FRAMES];
-        zmq_msg_init_size(&sent[0], HEADER_BYTES);
-        memcpy(zmq_msg_data(&sent[0]), header, HEADER_BYTES);
-        zmq_msg_init_size(&sent[1], strlen(load->store));
-        memcpy(zmq_msg_data(&sent[1]), load->store, strlen(load->store));
-        zmq_msg_init_size(&sent[2], strlen(load->action));
-        memcpy(zmq_msg_data(&sent[2]), load->action, strlen(load->action));
-        if (load->echo) {
-            for (int i = 0; i < 3; i++) {
-                zmq_msg_init(&kept[i]);
-                zmq_msg_copy(&kept[i], &sent[i]);
-            }
-        }
-        uint64_t start = now_ns();
-        send_frames(req, sent, 3);
-        int count = receive_frames(req, reply);
-        if (count < 0) fail("reply", "none within 30 s");
+    char detail[256];
+
+    // The first round trip connects; then every client starts together, once the start is noted.
+    send_request(socket, load, header, 1);
+    struct answer warmup = receive_answer(socket, load);
+    if (warmup.request != 1) fail("reply", "the first reply answers another request");
+    c->seqs[c->acknowledged++] = warmup.seq;
+    pthread_barrier_wait(&load->connected);
+    pthread_barrier_wait(&load->go);
+    uint64_t deadline = load->started_ns + (uint64_t)(load->seconds * 1e9);
+
+    // Requests oldest…next-1 are in flight; slot id % inflight holds each one's send time and, once answered, seq.
+    int window = load->inflight;
+    uint64_t *sent_ns = calloc((size_t)window, sizeof *sent_ns), *seq = calloc((size_t)window, sizeof *seq);
+    bool *answered = calloc((size_t)window, sizeof *answered);
+    uint64_t oldest = 2, next = 2;
+    while (next - oldest < (uint64_t)window && now_ns() < deadline) {
+        sent_ns[next % window] = now_ns();
+        send_request(socket, load, header, next++);
+    }
+    while (oldest < next) {
+        struct answer answer = receive_answer(socket, load);
         uint64_t end = now_ns();
-        check_reply(c, request, kept, reply, count);
-        close_frames(reply, count);
-        if (load->echo) close_frames(kept, 3);
-        if (!measuring) {
-            // The first round trip connects; then every client starts together, once the start is noted.
-            pthread_barrier_wait(&load->connected);
-            pthread_barrier_wait(&load->go);
-            deadline = load->started_ns + (uint64_t)(load->seconds * 1e9);
-            measuring = true;
-            continue;
+        if (answer.request < oldest || answer.request >= next || answered[answer.request % window]) {
+            snprintf(detail, sizeof detail, "an answer to request %" PRIu64 ", which is not in flight", answer.request);
+            fail("reply", detail);
         }
-        c->latencies_ns[c->measured++] = end - start;
-        if (end >= deadline) break;
+        answered[answer.request % window] = true;
+        seq[answer.request % window] = answer.seq;
+        if (c->measured == c->capacity) fail("load", "more round trips than the room reserved for them");
+        c->latencies_ns[c->measured++] = end - sent_ns[answer.request % window];
+        // In request order: each acknowledged seq above the one before it.
+        while (oldest < next && answered[oldest % window]) {
+            uint64_t acknowledged = seq[oldest % window];
+            if (!load->echo && acknowledged <= c->seqs[c->acknowledged - 1]) {
+                snprintf(detail, sizeof detail, "seq %" PRIu64 " for request %" PRIu64 " after this client's %" PRIu64,
+                    acknowledged, oldest, c->seqs[c->acknowledged - 1]);
+                fail("ACCEPTED", detail);
+            }
+            c->seqs[c->acknowledged++] = acknowledged;
+            answered[oldest % window] = false;
+            oldest++;
+        }
+        while (next - oldest < (uint64_t)window && end < deadline) {
+            sent_ns[next % window] = now_ns();
+            send_request(socket, load, header, next++);
+        }
     }
     c->elapsed_ns = now_ns() - load->started_ns;
-    zmq_close(req);
+    free(sent_ns);
+    free(seq);
+    free(answered);
+    zmq_close(socket);
     return NULL;
 }
 
@@ -258,8 +300,8 @@ static int compare_u64(const void *a, const void *b) {
 
 static int run_load(struct load *load, int clients) {
     load->context = zmq_ctx_new();
-    // Room for a round trip every 2 µs: far beyond what one REQ socket does.
-    size_t capacity = (size_t)(load->seconds * 500000) + 16;
+    // Room for a round trip every µs per client: far beyond what one socket does.
+    size_t capacity = (size_t)(load->seconds * 1000000) + 16;
     struct client *all = calloc((size_t)clients, sizeof *all);
     // The main thread joins both barriers: it notes the start once every client has connected, then lets them go.
     pthread_barrier_init(&load->connected, NULL, (unsigned)clients + 1);
@@ -319,7 +361,7 @@ static int run_load(struct load *load, int clients) {
 static void usage(void) {
     fprintf(stderr,
         "usage: lockstep-cload echo ENDPOINT [--curve-server SECRET]\n"
-        "       lockstep-cload load ENDPOINT CLIENTS SECONDS STORE VERSION ACTION [--echo]"
+        "       lockstep-cload load ENDPOINT CLIENTS SECONDS STORE VERSION ACTION [--echo] [--in-flight N]"
         " [--curve SERVERPUBLIC,CLIENTSECRET]\n");
     exit(2);
 }
@@ -332,7 +374,7 @@ int main(int argc, char **argv) {
         return run_echo(argv[2], secret);
     }
     if (argc < 8 || strcmp(argv[1], "load") != 0) usage();
-    struct load load = {.endpoint = argv[2], .store = argv[5], .action = argv[7]};
+    struct load load = {.endpoint = argv[2], .store = argv[5], .action = argv[7], .inflight = 1};
     char *end;
     long clients = strtol(argv[3], &end, 10);
     if (*end || clients < 1 || clients > 1024) fail("CLIENTS", "not a number from 1 to 1024");
@@ -344,6 +386,9 @@ int main(int argc, char **argv) {
     for (int i = 8; i < argc; i++) {
         if (strcmp(argv[i], "--echo") == 0) {
             load.echo = true;
+        } else if (strcmp(argv[i], "--in-flight") == 0 && i + 1 < argc) {
+            load.inflight = (int)strtol(argv[++i], &end, 10);
+            if (*end || load.inflight < 1 || load.inflight > 4096) fail("--in-flight", "not a number from 1 to 4096");
         } else if (strcmp(argv[i], "--curve") == 0 && i + 1 < argc) {
             const char *keys = argv[++i];
             if (strlen(keys) != 81 || keys[40] != ',') fail("--curve", "not SERVERPUBLIC,CLIENTSECRET in Z85");

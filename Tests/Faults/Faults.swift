@@ -796,7 +796,8 @@ final class Faults {
         let service = base.appendingPathComponent("service")
         let daemon = try Daemon(
             folder: base.appendingPathComponent("daemon"),
-            configuration: "data_dir = \"\(data)\"\ndomains = [\"todos\", \"reminders\"]\n" + (log ? Self.logJournal : "")
+            configuration: "data_dir = \"\(data)\"\ndomains = [\"todos\", \"reminders\"]\n"
+                + (log ? Self.logJournal : "")
                 + Self.keepHistory,
             environment: ["LOCKSTEP_NOTIFICATIONS": service.path],
             data: data

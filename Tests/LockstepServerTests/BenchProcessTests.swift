@@ -125,7 +125,8 @@ import Testing
         // From outside: the C clients against the raw C echo and against lockstepd, every reply checked by them, and
         // what they were acknowledged is what the daemon committed.
         let outside = try #require(json["outside"] as? [[String: Any]])
-        #expect(outside.compactMap { $0["clients"] as? Int } == [1, 8, 32])
+        #expect(outside.compactMap { $0["clients"] as? Int } == [1, 8, 32, 1, 1])
+        #expect(outside.compactMap { $0["in_flight"] as? Int } == [1, 1, 1, 32, 256])
         for row in outside {
             #expect((row["acknowledged"] as? Int ?? 0) > 0, "\(row)")
             #expect(row["acknowledged"] as? Int == row["committed"] as? Int, "\(row)")

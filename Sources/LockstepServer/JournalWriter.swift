@@ -6,7 +6,7 @@ import LockstepProtocol
 import ZeroMQ
 
 /// The journal's own thread, for work the loop must not wait on: a PostgreSQL journal's commits, lease renewals
-/// and a takeover's recovery, and a local journal's commit while a reader holds its connection (otherwise a local
+/// and a takeover's recovery, and SQLite's commit while a reader holds its one connection (otherwise a local
 /// journal commits on the loop; `LoopState.commitsOnLoop` says why). The loop
 /// hands it one piece of work at a time and goes on sequencing the next requests meanwhile; the writer wakes the
 /// loop when the work is done or failed. The loop only hands it work while it is idle, so there is at most one

@@ -32,6 +32,9 @@ struct Serving {
 
     let loop: CommandLoop
     let journal: any Journal
+    /// Whether a reader thread's RANGE or SNAPSHOT read holds the journal from the loop's commits: SQLite's one
+    /// connection does; the log and in-memory journals answer reads from memory beside them.
+    let readsHoldTheJournal: Bool
     var sequencer: Sequencer
     var pipeline: Pipeline
     let limits: Limits
@@ -97,6 +100,7 @@ struct Serving {
     ) {
         self.loop = loop
         self.journal = journal
+        readsHoldTheJournal = journal is SQLiteJournal
         sequencer = recovered.sequencer
         ledger = EffectLedger(outbox: recovered.outbox, policy: loop.configuration.effects.policy, now: .now)
         self.takeover = takeover
@@ -529,7 +533,7 @@ struct Serving {
 
     /// Hands the open group to the pipeline when nothing is in flight, and carries out what it decides.
     mutating func advance(_ sockets: inout LoopSockets, _ writer: JournalWriter) throws(SteppedDown) {
-        let actions = pipeline.advance(now: .now, readersBusy: loop.offloadedInFlight > 0)
+        let actions = pipeline.advance(now: .now, readersBusy: readsHoldTheJournal && loop.offloadedInFlight > 0)
         try perform(actions, &sockets, writer)
     }
 

@@ -16,7 +16,7 @@ package final class Bench {
         case ipc, tcp
     }
 
-    /// The journal of the daemons that P1, P2, P3 and `outside` start.
+    /// The journal of the daemons that P1, P2, P3, P7 and `outside` start (P7 fills it first).
     package enum LocalJournal: String, CaseIterable, Sendable {
         case sqlite, log
 

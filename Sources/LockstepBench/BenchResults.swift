@@ -5,7 +5,7 @@ package struct BenchResults: Codable {
     var transport: String
     var cores: Int
     var secondsPerMeasurement: Double
-    /// The journal of the daemons of P1, P2, P3 and `outside`: `sqlite` or `log` (`--journal`).
+    /// The journal of the daemons of P1, P2, P3, P7 and `outside`: `sqlite` or `log` (`--journal`).
     var journal = "sqlite"
     /// Whether P1 and P2 ran against a daemon with a policy (`--policy`, docs/security.md).
     var policy = false

@@ -62,7 +62,10 @@ extension Bench {
             do {
                 // One snapshot, at the end: the store starts from it, as a daemon that has run a long time does.
                 let policy = JournalPolicy(snapshotEveryEvents: todos, snapshotEveryBytes: .max)
-                let journal = try SQLiteJournal(directory: directory.path, policy: policy, relaxed: true)
+                let journal: any Journal =
+                    self.journal == .log
+                    ? try LogJournal(directory: directory.path, policy: policy)
+                    : try SQLiteJournal(directory: directory.path, policy: policy, relaxed: true)
                 let state = try fill(journal, D.self, events: todos, batchSize: 10_000) { seq in
                     (add(BenchWorker.todoText(seq)), BenchWorker.todoAdd(seq))
                 }
@@ -88,7 +91,12 @@ extension Bench {
         }
         let fill = ContinuousClock.now - fillStart
         let daemonStart = ContinuousClock.now
-        let daemon = try startDaemon(name, domains: [D.name], benchDaemon: D.self != Todos.self)
+        let daemon = try startDaemon(
+            name,
+            domains: [D.name],
+            extra: journal.setting,
+            benchDaemon: D.self != Todos.self
+        )
         defer { _ = daemon.stop() }
         let started = ContinuousClock.now - daemonStart
         let endpoints = ["--endpoint", daemon.command, "--events-endpoint", daemon.events, "--store", D.name]

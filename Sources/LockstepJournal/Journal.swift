@@ -126,6 +126,16 @@ public protocol Journal: AnyObject, Sendable {
     /// Makes every commit so far durable, for a journal whose commits return before they are synced
     /// (``SQLiteJournal`` opened `relaxed`); a no-op otherwise.
     func sync() throws(JournalError)
+
+    /// Called off the committing thread with a snapshot that a later commit will carry: a journal that keeps
+    /// snapshots apart from its commits (``LogJournal``, a file each) writes it now, so that commit only names it.
+    /// Nothing counts until that commit; a snapshot staged and never committed is removed. A no-op for the others.
+    func stage(_ snapshot: JournalSnapshot)
+}
+
+extension Journal {
+    /// Snapshots go in with their commit.
+    public func stage(_ snapshot: JournalSnapshot) {}
 }
 
 extension Journal {

@@ -70,6 +70,11 @@ public final class LogJournal: EngineJournal {
     /// The log's size and its snapshot files', in bytes.
     public var fileBytes: Int64 { engine.storage.fileBytes() ?? 0 }
 
+    /// Writes `snapshot`'s file now, off the committing thread: the commit that carries it then only names it.
+    public func stage(_ snapshot: JournalSnapshot) {
+        engine.storage.stage(snapshot)
+    }
+
     /// Every commit is synced before it returns: nothing to do.
     public func sync() throws(JournalError) {}
 
@@ -127,6 +132,8 @@ final class LogStorage: JournalStorage {
         var sizeAfterRewrite: Int64 = 0
         /// Each snapshot's file, by store and seq.
         var snapshotFiles: [SnapshotKey: String] = [:]
+        /// Snapshot files written ahead of their commit (``stage(_:)``), with the digest they hold.
+        var staged: [SnapshotKey: (file: String, digest: StateDigest)] = [:]
         /// Why nothing more may be written: a write or an fsync failed, so what the file holds is not known.
         var broken: String?
         var closed = false
@@ -304,16 +311,45 @@ final class LogStorage: JournalStorage {
         }
     }
 
+    /// Writes a snapshot's file ahead of the commit that will carry it, without holding the log: commits go on
+    /// meanwhile. A failure is left for that commit, which then writes the file itself.
+    func stage(_ snapshot: JournalSnapshot) {
+        guard !isReadOnly, let name = try? writeSnapshot(snapshot) else { return }
+        let replaced = file.withLockedValue { state -> String? in
+            let key = SnapshotKey(store: snapshot.store, seq: snapshot.seq)
+            defer { state.staged[key] = (name, snapshot.digest) }
+            return state.closed ? name : state.staged[key]?.file
+        }
+        if let replaced { unlink(snapshotPath(replaced)) }
+    }
+
     func write(_ plan: CommitPlan) throws(JournalError) {
         try file.withLockedValue { (state: inout FileState) throws(JournalError) in
             try checkWritable(state, "commit")
             var files: [String] = []
             do throws(JournalError) {
-                for snapshot in plan.batch.snapshots { files.append(try writeSnapshot(snapshot)) }
+                for snapshot in plan.batch.snapshots {
+                    let key = SnapshotKey(store: snapshot.store, seq: snapshot.seq)
+                    if let staged = state.staged.removeValue(forKey: key) {
+                        if staged.digest == snapshot.digest {
+                            files.append(staged.file)
+                            continue
+                        }
+                        unlink(snapshotPath(staged.file))
+                    }
+                    files.append(try writeSnapshot(snapshot))
+                }
                 try append(LogRecord.commit(plan, snapshotFiles: files).framed(), state: &state, operation: "commit")
             } catch {
                 for name in files { unlink(snapshotPath(name)) }
                 throw error
+            }
+            // Staged snapshots of these stores at or below what was just committed will never be.
+            for snapshot in plan.batch.snapshots {
+                for (key, staged) in state.staged where key.store == snapshot.store && key.seq <= snapshot.seq {
+                    state.staged[key] = nil
+                    unlink(snapshotPath(staged.file))
+                }
             }
             try apply(.commit(plan, snapshotFiles: files), state: &state, deleting: true)
             if state.end > max(rewriteMinimumBytes, 2 * state.sizeAfterRewrite) { try rewrite(&state) }
@@ -592,14 +628,16 @@ final class LogStorage: JournalStorage {
 
     /// Closes the log; a writer that closes it whole leaves the closed mark (its end offset) beside it.
     func close() throws(JournalError) {
-        let (fd, end, whole) = file.withLockedValue { state -> (Int32, Int64, Bool) in
+        let (fd, end, whole, staged) = file.withLockedValue { state -> (Int32, Int64, Bool, [String]) in
             defer {
                 state.closed = true
                 state.descriptor = -1
+                state.staged = [:]
             }
-            return (state.descriptor, state.end, !state.closed && state.broken == nil)
+            return (state.descriptor, state.end, !state.closed && state.broken == nil, state.staged.values.map(\.file))
         }
         if fd >= 0 { closeDescriptor(fd) }
+        for name in staged { unlink(snapshotPath(name)) }
         defer { writerLock?.release() }
         if whole, !isReadOnly, syncs { try writeClosedMark(end) }
     }

@@ -108,8 +108,14 @@ final class CommandLoop: Sendable {
     }
 
     /// Encodes and hashes `store` — a value the loop no longer changes — on the checkpoint thread, keeping the bytes
-    /// when the plan makes it a snapshot, and hands the result to the loop (``checkpointsTaken()``).
-    func takeCheckpoint(of store: any SequencedStore, plan: Checkpoints.Plan, generation: UInt64) {
+    /// when the plan makes it a snapshot (and handing them to `journal` to stage: the log journal writes its file
+    /// there, off the loop), and hands the result to the loop (``checkpointsTaken()``).
+    func takeCheckpoint(
+        of store: any SequencedStore,
+        plan: Checkpoints.Plan,
+        generation: UInt64,
+        journal: any Journal
+    ) {
         checkpointThread.submit { [self] in
             let start = ContinuousClock.now
             var taken = Checkpoints.Taken(
@@ -122,9 +128,15 @@ final class CommandLoop: Sendable {
             )
             do {
                 let state = try store.encodedState(expectedBytes: plan.expectedBytes)
-                taken.digest = StateDigest(of: state)
+                let digest = StateDigest(of: state)
+                taken.digest = digest
                 taken.bytes = state.count
-                if plan.snapshot { taken.state = state }
+                if plan.snapshot {
+                    taken.state = state
+                    journal.stage(
+                        JournalSnapshot(store: store.name.rawValue, seq: store.lastSeq, state: state, digest: digest)
+                    )
+                }
             } catch {
                 taken.failure = "\(error)"
             }

@@ -817,7 +817,7 @@ struct Serving {
                 checkpoints.tookOnLoop(plan, bytes: state.count)
                 published.digests.append((name, store.epoch, store.lastSeq, digest))
             case .background:
-                loop.takeCheckpoint(of: store, plan: plan, generation: checkpoints.generation)
+                loop.takeCheckpoint(of: store, plan: plan, generation: checkpoints.generation, journal: journal)
                 checkpoints.started(plan, seq: store.lastSeq, now: now)
                 published.checkpoints.append((name, store.epoch, store.lastSeq))
             }
@@ -862,7 +862,7 @@ struct Serving {
             // Asked only now that one is due: the loop passes here every turn.
             var deferred = plan
             deferred.snapshot = journal.snapshotDue(store: name.rawValue)
-            loop.takeCheckpoint(of: store, plan: deferred, generation: checkpoints.generation)
+            loop.takeCheckpoint(of: store, plan: deferred, generation: checkpoints.generation, journal: journal)
             checkpoints.started(deferred, seq: store.lastSeq, now: now)
             announce(Event.checkpoint(store: name, epoch: store.epoch, seq: store.lastSeq), sockets)
         }

@@ -171,6 +171,42 @@ import Testing
         try reopened.close()
     }
 
+    /// A snapshot staged off the committing thread is written there: the commit that carries it names that file and
+    /// writes none; one staged and never committed is removed (at close, or — after a crash — at the next opening).
+    @Test func aStagedSnapshotIsTheFileItsCommitNames() throws {
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let journal = try LogJournal(directory: data, policy: JournalPolicy(snapshotEveryEvents: 1_000_000))
+        let recovered = try journal.recover(Counter.self)
+        var state = recovered.state
+        let batch = events(Counter.name, from: 1, count: 5) { _ in Counter.Action.increment }
+        for _ in batch { Counter.reduce(into: &state, .increment) }
+        let snapshot = try JournalSnapshot(store: Counter.name, seq: 5, encoding: state)
+        let snapshots = data + "/snapshots"
+        try journal.commit(JournalBatch(events: batch, idempotency: idempotency(for: batch)))
+
+        journal.stage(snapshot)
+        let staged = try FileManager.default.contentsOfDirectory(atPath: snapshots)
+        #expect(staged.count == 1, "\(staged)")
+        try journal.commit(JournalBatch(snapshots: [snapshot]))
+        #expect(try FileManager.default.contentsOfDirectory(atPath: snapshots) == staged)
+        #expect(try journal.snapshot(store: Counter.name, seq: 5) == snapshot)
+
+        // Staged, never committed: gone at close.
+        var later = snapshot
+        later.seq = 6
+        journal.stage(later)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: snapshots).count == 2)
+        try journal.close()
+        #expect(try FileManager.default.contentsOfDirectory(atPath: snapshots) == staged)
+
+        // A file no record names (a crash between staging and committing): gone at the next opening.
+        try Data([1, 2, 3]).write(to: URL(fileURLWithPath: snapshots + "/6-stray.snap"))
+        let reopened = try LogJournal(directory: data, policy: policy)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: snapshots) == staged)
+        #expect(try reopened.recover(Counter.self).snapshotSeq == 5)
+        try reopened.close()
+    }
+
     /// A snapshot file gone or damaged: verify names it, and recovery refuses the state it cannot prove.
     @Test func aMissingSnapshotFileIsNamedAndItsStateNotTrusted() throws {
         defer { try? FileManager.default.removeItem(at: directory) }

@@ -53,8 +53,8 @@ struct BenchCommand: ParsableCommand {
 
     @Option(
         help: """
-            The journal of the daemons of P1, P2, P3 and outside: sqlite (the default), or log (Lockstep's own, \
-            docs/operations.md "The journal"). P4 and P7 fill SQLite journals.
+            The journal of the daemons of P1, P2, P3, P7 and outside: sqlite (the default), or log (Lockstep's own, \
+            docs/operations.md "The log journal"). P4 fills SQLite journals.
             """
     )
     var journal = Bench.LocalJournal.sqlite

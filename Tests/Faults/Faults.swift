@@ -125,6 +125,11 @@ final class Faults {
         try killUnderLoad(in: "kill-large", configuration: Self.largeStore, prefill: true)
     }
 
+    /// The same with the log journal: its snapshots' files written on the checkpoint thread, ahead of their commit.
+    func killUnderLoadOnALargeStoreOnTheLogJournal() throws -> FaultResult {
+        try killUnderLoad(in: "kill-large-log", configuration: Self.logJournal + Self.largeStore, prefill: true)
+    }
+
     /// A store of ~10 MB checkpointed off the loop often, its events kept (but those of the prefill).
     static let largeStore = "[snapshots]\nevery_events = 2000\nkeep = 1000\n[intervals]\ndigest_every_events = 500\n"
 
@@ -135,7 +140,10 @@ final class Faults {
     func prefillLargeStore(_ daemon: Daemon, megabytes: Int = 10) throws -> SequenceNumber {
         let todos = megabytes << 20 / 220
         let policy = JournalPolicy(snapshotEveryEvents: todos, snapshotEveryBytes: .max)
-        let journal = try SQLiteJournal(directory: daemon.data, policy: policy, relaxed: true)
+        let journal: any Journal =
+            daemon.configuration.contains(Self.logJournal)
+            ? try LogJournal(directory: daemon.data, policy: policy)
+            : try SQLiteJournal(directory: daemon.data, policy: policy, relaxed: true)
         _ = try fill(journal, Todos.self, events: todos, batchSize: 10_000) { seq in
             (.add(text: BenchWorker.todoText(seq)), BenchWorker.todoAdd(seq))
         }

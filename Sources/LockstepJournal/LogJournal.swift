@@ -104,6 +104,8 @@ public func openLocalJournal(
 final class LogStorage: JournalStorage {
     static let fileName = "journal.lslog"
     static let snapshotFolder = "snapshots"
+    /// Events, or idempotency entries, in one record of a rewrite.
+    private static let rewriteChunk = 10_000
     private static let snapshotMagic: [UInt8] = Array("LSJS".utf8)
     private static let snapshotHeaderBytes = 16
 
@@ -136,7 +138,8 @@ final class LogStorage: JournalStorage {
         var staged: [SnapshotKey: (file: String, digest: StateDigest)] = [:]
         /// Why nothing more may be written: a write or an fsync failed, so what the file holds is not known.
         var broken: String?
-        var closed = false
+        /// Closed until the opening is done: an opening that fails leaves no closed mark behind (its `deinit` closes).
+        var closed = true
     }
 
     init(directory: String, readOnly: Bool, syncs: Bool, rewriteMinimumBytes: Int64) throws(JournalError) {
@@ -176,13 +179,16 @@ final class LogStorage: JournalStorage {
             try JournalFiles.restrictMode(path, journal: path)
             state.descriptor = interruptible { open(path, O_RDWR | O_CLOEXEC) }
             guard state.descriptor >= 0 else { throw JournalFiles.ioError(path, "open", "cannot open the journal") }
-            if created {
+            // New — or left shorter than its header by a crash while it was being made: the header (again).
+            let found = try Self.readAll(state.descriptor, journal: path, upTo: LogRecord.headerBytes)
+            if found.count < LogRecord.headerBytes, LogRecord.header.starts(with: found) {
                 try Self.writeAll(state.descriptor, LogRecord.header, at: 0, journal: path)
                 guard interruptible({ fdatasync(state.descriptor) }) == 0 else {
                     throw JournalFiles.ioError(path, "open", "cannot sync the new journal")
                 }
-                try JournalFiles.fsyncDirectory(directory, journal: path)
+                if created || found.isEmpty { try JournalFiles.fsyncDirectory(directory, journal: path) }
             }
+            unlink(path + ".rewrite")  // a rewrite a crash stopped before its rename
             if !FileManager.default.fileExists(atPath: snapshots) {
                 try JournalFiles.makeDirectory(snapshots, path: path)
             }
@@ -204,6 +210,7 @@ final class LogStorage: JournalStorage {
                 throw error
             }
         }
+        state.closed = false
         file.withLockedValue { $0 = state }
     }
 
@@ -316,9 +323,10 @@ final class LogStorage: JournalStorage {
     func stage(_ snapshot: JournalSnapshot) {
         guard !isReadOnly, let name = try? writeSnapshot(snapshot) else { return }
         let replaced = file.withLockedValue { state -> String? in
+            guard !state.closed else { return name }
             let key = SnapshotKey(store: snapshot.store, seq: snapshot.seq)
             defer { state.staged[key] = (name, snapshot.digest) }
-            return state.closed ? name : state.staged[key]?.file
+            return state.staged[key]?.file
         }
         if let replaced { unlink(snapshotPath(replaced)) }
     }
@@ -341,7 +349,10 @@ final class LogStorage: JournalStorage {
                 }
                 try append(LogRecord.commit(plan, snapshotFiles: files).framed(), state: &state, operation: "commit")
             } catch {
-                for name in files { unlink(snapshotPath(name)) }
+                // Unless the journal is broken: then the record may be on the disk, naming these files.
+                if state.broken == nil {
+                    for name in files { unlink(snapshotPath(name)) }
+                }
                 throw error
             }
             // Staged snapshots of these stores at or below what was just committed will never be.
@@ -352,7 +363,8 @@ final class LogStorage: JournalStorage {
                 }
             }
             try apply(.commit(plan, snapshotFiles: files), state: &state, deleting: true)
-            if state.end > max(rewriteMinimumBytes, 2 * state.sizeAfterRewrite) { try rewrite(&state) }
+            // The commit is durable: a rewrite that fails now leaves the journal broken for the next one, not this.
+            if state.end > max(rewriteMinimumBytes, 2 * state.sizeAfterRewrite) { try? rewrite(&state) }
         }
     }
 
@@ -462,14 +474,33 @@ final class LogStorage: JournalStorage {
                     plan.batch.snapshots.append(snapshot)
                 }
             }
-            try image.forEachEvent(store: record.name, from: 0, through: .max) { plan.batch.events.append($0.event) }
             let files = plan.batch.snapshots.map {
                 state.snapshotFiles[SnapshotKey(store: $0.store, seq: $0.seq)] ?? ""
             }
             bytes += LogRecord.commit(plan, snapshotFiles: files).framed()
+            // The events in records of at most `rewriteChunk` each, or 64 MiB of actions: no record near the u32
+            // length's limit.
+            var events = CommitPlan(batch: JournalBatch(), compactions: [], idempotencyKept: .max)
+            var actionBytes = 0
+            try image.forEachEvent(store: record.name, from: 0, through: .max) {
+                events.batch.events.append($0.event)
+                actionBytes += $0.event.action.count
+                if events.batch.events.count == Self.rewriteChunk || actionBytes >= 64 << 20 {
+                    bytes += LogRecord.commit(events, snapshotFiles: []).framed()
+                    events.batch.events.removeAll(keepingCapacity: true)
+                    actionBytes = 0
+                }
+            }
+            if !events.batch.events.isEmpty { bytes += LogRecord.commit(events, snapshotFiles: []).framed() }
         }
         var rest = CommitPlan(batch: JournalBatch(), compactions: [], idempotencyKept: .max)
-        try image.forEachIdempotencyRecord { rest.batch.idempotency.append($0) }
+        try image.forEachIdempotencyRecord {
+            rest.batch.idempotency.append($0)
+            if rest.batch.idempotency.count == Self.rewriteChunk {
+                bytes += LogRecord.commit(rest, snapshotFiles: []).framed()
+                rest.batch.idempotency.removeAll(keepingCapacity: true)
+            }
+        }
         let outbox = try image.storedOutbox()
         rest.batch.effects = outbox.effects.map(\.0)
         rest.batch.timerChanges = outbox.timers.map { .set($0.0) }
@@ -525,38 +556,68 @@ final class LogStorage: JournalStorage {
     }
     func snapshotSeqs(store: String) throws(JournalError) -> [UInt64] { try image.snapshotSeqs(store: store) }
 
-    /// The snapshot with its state read from its file. A file missing or damaged gives the bytes found (none, when
+    /// The snapshot with its state read from its file — opened under the log's lock, so a commit's compaction cannot
+    /// remove it between finding its name and opening it. A file missing or damaged gives the bytes found (none, when
     /// missing): the digest check every reader makes then refuses it, naming the store and the seq.
     func snapshot(store: String, seq: UInt64) throws(JournalError) -> JournalSnapshot? {
-        guard var snapshot = try image.snapshot(store: store, seq: seq) else { return nil }
-        let name = file.withLockedValue { $0.snapshotFiles[SnapshotKey(store: store, seq: seq)] }
-        if let name, let bytes = try? readSnapshotFile(name) { snapshot.state = bytes }
+        let key = SnapshotKey(store: store, seq: seq)
+        let (found, opened, failure) = try file.withLockedValue {
+            (state: inout FileState) throws(JournalError) -> (JournalSnapshot?, Int32, Int32) in
+            guard let snapshot = try image.snapshot(store: store, seq: seq) else { return (nil, -1, 0) }
+            guard let name = state.snapshotFiles[key] else { return (snapshot, -1, ENOENT) }
+            let fd = interruptible { open(snapshotPath(name), O_RDONLY | O_CLOEXEC) }
+            return (snapshot, fd, fd < 0 ? errno : 0)
+        }
+        guard var snapshot = found else { return nil }
+        guard opened >= 0 else {
+            guard failure == ENOENT else {
+                errno = failure
+                throw JournalFiles.ioError(location, "snapshot", "cannot open the snapshot file of seq \(seq)")
+            }
+            return snapshot
+        }
+        defer { closeDescriptor(opened) }
+        if let bytes = try? Self.snapshotState(opened, journal: location) { snapshot.state = bytes }
         return snapshot
     }
 
-    /// The state bytes of a snapshot file; throws when it is missing or its header or length is wrong.
+    /// The state bytes of an open snapshot file; throws when its header or length is wrong.
+    private static func snapshotState(_ fd: Int32, journal: String) throws(JournalError) -> [UInt8] {
+        var bytes = try readAll(fd, journal: journal)
+        var reader = LogReader(bytes.prefix(snapshotHeaderBytes))
+        let magic = [reader.u8(), reader.u8(), reader.u8(), reader.u8()]
+        let version = reader.u32()
+        let count = reader.u64()
+        guard !reader.failed, magic == snapshotMagic, version == LogRecord.formatVersion,
+            UInt64(bytes.count - snapshotHeaderBytes) == count
+        else {
+            throw JournalError(
+                code: .corrupt,
+                file: journal,
+                operation: "snapshot",
+                message: "the snapshot file is damaged: its header or its length is wrong"
+            )
+        }
+        bytes.removeFirst(snapshotHeaderBytes)
+        return bytes
+    }
+
+    /// The state bytes of the snapshot file `name`; throws when it is missing or damaged.
     private func readSnapshotFile(_ name: String) throws(JournalError) -> [UInt8] {
         let path = snapshotPath(name)
         let fd = interruptible { open(path, O_RDONLY | O_CLOEXEC) }
         guard fd >= 0 else { throw JournalFiles.ioError(location, "snapshot", "cannot open \(path)") }
         defer { closeDescriptor(fd) }
-        var bytes = try Self.readAll(fd, journal: location)
-        var reader = LogReader(bytes.prefix(Self.snapshotHeaderBytes))
-        let magic = [reader.u8(), reader.u8(), reader.u8(), reader.u8()]
-        let version = reader.u32()
-        let count = reader.u64()
-        guard !reader.failed, magic == Self.snapshotMagic, version == LogRecord.formatVersion,
-            UInt64(bytes.count - Self.snapshotHeaderBytes) == count
-        else {
+        do throws(JournalError) {
+            return try Self.snapshotState(fd, journal: location)
+        } catch {
             throw JournalError(
-                code: .corrupt,
+                code: error.code,
                 file: location,
                 operation: "snapshot",
-                message: "the snapshot file \(path) is damaged: its header or its length is wrong"
+                message: "\(path): \(error.message)"
             )
         }
-        bytes.removeFirst(Self.snapshotHeaderBytes)
-        return bytes
     }
 
     func forEachEvent(
@@ -608,8 +669,11 @@ final class LogStorage: JournalStorage {
     /// A damaged record in the log, and every snapshot file missing or damaged. (Opening refuses a log with a damaged
     /// record; it is read again from the disk here, so a byte changed since the journal was opened is found too.)
     func integrityProblems() throws(JournalError) -> [String] {
-        let (descriptor, files) = file.withLockedValue { ($0.descriptor, $0.snapshotFiles) }
+        let files = file.withLockedValue { $0.snapshotFiles }
         var problems: [String] = []
+        let descriptor = interruptible { open(location, O_RDONLY | O_CLOEXEC) }
+        guard descriptor >= 0 else { throw JournalFiles.ioError(location, "verify", "cannot open the journal") }
+        defer { closeDescriptor(descriptor) }
         let bytes = try Self.readAll(descriptor, journal: location)
         let scan = try scanLog(bytes, from: LogRecord.header.count, { _ in })
         if let found = scan.damage { problems.append(found) }
@@ -702,13 +766,13 @@ final class LogStorage: JournalStorage {
 
     // MARK: Whole reads and writes
 
-    /// The whole file, from its start.
-    private static func readAll(_ fd: Int32, journal: String) throws(JournalError) -> [UInt8] {
+    /// The whole file from its start, or its first `limit` bytes.
+    private static func readAll(_ fd: Int32, journal: String, upTo limit: Int = .max) throws(JournalError) -> [UInt8] {
         var info = stat()
         guard interruptible({ fstat(fd, &info) }) == 0 else {
             throw JournalFiles.ioError(journal, "read", "cannot stat the file")
         }
-        var bytes = [UInt8](repeating: 0, count: Int(info.st_size))
+        var bytes = [UInt8](repeating: 0, count: min(Int(info.st_size), limit))
         var done = 0
         while done < bytes.count {
             let count = bytes.withUnsafeMutableBytes { buffer in

@@ -35,6 +35,8 @@ enum LogRecord {
         encode(into: &payload)
         var framed = LogWriter()
         framed.bytes.reserveCapacity(payload.bytes.count + Self.framingBytes)
+        // A commit holds at most 1,000 actions of at most 1 MiB each, and a rewrite's records are cut in chunks.
+        precondition(payload.bytes.count < Int(UInt32.max), "a log record of \(payload.bytes.count) bytes")
         framed.u32(UInt32(payload.bytes.count))
         framed.u32(CRC32C.checksum(framed.bytes))
         framed.bytes.append(contentsOf: payload.bytes)

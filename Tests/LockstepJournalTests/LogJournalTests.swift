@@ -99,7 +99,8 @@ import Testing
         try handle.truncate(atOffset: UInt64(whole - 3))
         try handle.close()
 
-        for readOnly in [true, false] {
+        // Refused every time: an opening that fails leaves the mark as it found it.
+        for readOnly in [true, false, false] {
             let opening = journalError { _ = try LogJournal(directory: data, policy: policy, readOnly: readOnly) }
             #expect(opening?.code == .corrupt, "\(String(describing: opening))")
             #expect(opening?.message.contains("but it was closed at offset \(whole)") == true)
@@ -110,6 +111,21 @@ import Testing
         let reopened = try LogJournal(directory: data, policy: policy)
         #expect(try reopened.recover(Counter.self).lastSeq == last - 5)
         #expect(!FileManager.default.fileExists(atPath: data + "/journal.lslog-closed"))
+        try reopened.close()
+    }
+
+    /// A crash while the journal was being made leaves its file shorter than its header (empty, or a part of it):
+    /// that is a new journal, not a foreign file.
+    @Test(arguments: [0, 3])
+    func aFileCutInsideItsHeaderIsANewJournal(length: Int) throws {
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try FileManager.default.createDirectory(atPath: data, withIntermediateDirectories: true)
+        try Data("LSJL".utf8.prefix(length)).write(to: URL(fileURLWithPath: logPath))
+        let journal = try LogJournal(directory: data, policy: policy)
+        #expect(try commit(journal, batches: 2) == 10)
+        try journal.close()
+        let reopened = try LogJournal(directory: data, policy: policy)
+        #expect(try reopened.recover(Counter.self).lastSeq == 10)
         try reopened.close()
     }
 

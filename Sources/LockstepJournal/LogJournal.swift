@@ -188,7 +188,7 @@ final class LogStorage: JournalStorage {
                 }
                 if created || found.isEmpty { try JournalFiles.fsyncDirectory(directory, journal: path) }
             }
-            unlink(path + ".rewrite")  // a rewrite a crash stopped before its rename
+            unlink(path + ".new")  // a rewrite a crash stopped before its rename
             if !FileManager.default.fileExists(atPath: snapshots) {
                 try JournalFiles.makeDirectory(snapshots, path: path)
             }
@@ -412,33 +412,50 @@ final class LogStorage: JournalStorage {
     /// Writes `snapshot`'s state to a new file of its own, synced, and returns its name.
     private func writeSnapshot(_ snapshot: JournalSnapshot) throws(JournalError) -> String {
         let name = "\(snapshot.seq)-\(String(UInt64.random(in: 0...UInt64.max), radix: 16)).snap"
-        let path = snapshotPath(name)
-        let temporary = snapshotPath(".new-" + name)
-        let fd = interruptible { open(temporary, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0o600) }
-        guard fd >= 0 else { throw JournalFiles.ioError(location, "snapshot", "cannot create \(temporary)") }
         var header = LogWriter()
         header.bytes.append(contentsOf: Self.snapshotMagic)
         header.u32(LogRecord.formatVersion)
         header.u64(UInt64(snapshot.state.count))
-        do throws(JournalError) {
-            defer { closeDescriptor(fd) }
-            try Self.writeAll(fd, header.bytes, at: 0, journal: location)
-            try Self.writeAll(fd, snapshot.state, at: Int64(header.bytes.count), journal: location)
-            if syncs, interruptible({ fdatasync(fd) }) != 0 {
-                let error = JournalFiles.ioError(location, "snapshot", "cannot sync \(temporary)")
-                throw JournalError(code: .ioError, file: location, operation: "snapshot", message: error.message)
-            }
-        } catch {
-            unlink(temporary)
-            throw error
-        }
-        guard interruptible({ rename(temporary, path) }) == 0 else {
-            let error = JournalFiles.ioError(location, "snapshot", "cannot rename \(temporary) to \(name)")
-            unlink(temporary)
-            throw error
-        }
+        _ = try replaceFile(snapshotPath(name), with: [header.bytes, snapshot.state], operation: "snapshot")
         if syncs { try JournalFiles.fsyncDirectory(snapshots, journal: location) }
         return name
+    }
+
+    /// Writes `parts` to a new file beside `path` (`.new` after its name), syncs it when the journal syncs, and renames
+    /// it over `path`: after a crash, the whole file or none (once the caller has synced the directory). On a failure
+    /// the new file is removed. With `keepOpen`, returns its descriptor, open for reading and writing.
+    private func replaceFile(
+        _ path: String,
+        with parts: [[UInt8]],
+        operation: String,
+        keepOpen: Bool = false
+    ) throws(JournalError) -> Int32? {
+        let temporary = path + ".new"
+        let fd = interruptible { open(temporary, O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0o600) }
+        guard fd >= 0 else { throw JournalFiles.ioError(location, operation, "cannot create \(temporary)") }
+        do throws(JournalError) {
+            var offset: Int64 = 0
+            for part in parts {
+                try Self.writeAll(fd, part, at: offset, journal: location)
+                offset += Int64(part.count)
+            }
+            if syncs, interruptible({ fdatasync(fd) }) != 0 {
+                let error = JournalFiles.ioError(location, operation, "cannot sync \(temporary)")
+                throw JournalError(code: .ioError, file: location, operation: operation, message: error.message)
+            }
+            guard interruptible({ rename(temporary, path) }) == 0 else {
+                throw JournalFiles.ioError(location, operation, "cannot rename \(temporary) to \(path)")
+            }
+        } catch {
+            closeDescriptor(fd)
+            unlink(temporary)
+            throw error
+        }
+        guard keepOpen else {
+            closeDescriptor(fd)
+            return nil
+        }
+        return fd
     }
 
     /// Writes the file afresh from what is live, synced, renamed over the old one. A failure before the rename keeps
@@ -510,26 +527,7 @@ final class LogStorage: JournalStorage {
 
     /// `bytes` as the journal's file: written beside it, synced, renamed over it, its directory synced.
     private func install(_ bytes: [UInt8], _ state: inout FileState) throws(JournalError) {
-        let temporary = location + ".rewrite"
-        let fd = interruptible { open(temporary, O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0o600) }
-        guard fd >= 0 else {
-            state.sizeAfterRewrite = state.end
-            return
-        }
-        do throws(JournalError) {
-            try Self.writeAll(fd, bytes, at: 0, journal: location)
-            guard !syncs || interruptible({ fdatasync(fd) }) == 0 else {
-                throw JournalFiles.ioError(location, "rewrite", "cannot sync \(temporary)")
-            }
-        } catch {
-            closeDescriptor(fd)
-            unlink(temporary)
-            state.sizeAfterRewrite = state.end
-            return
-        }
-        guard interruptible({ rename(temporary, location) }) == 0 else {
-            closeDescriptor(fd)
-            unlink(temporary)
+        guard let fd = try? replaceFile(location, with: [bytes], operation: "rewrite", keepOpen: true) else {
             state.sizeAfterRewrite = state.end
             return
         }
@@ -733,22 +731,7 @@ final class LogStorage: JournalStorage {
         writer.bytes.append(contentsOf: Self.closedMagic)
         writer.u64(UInt64(end))
         writer.u32(CRC32C.checksum(writer.bytes))
-        let temporary = closedMarkPath + ".new"
-        let fd = interruptible { open(temporary, O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0o600) }
-        guard fd >= 0 else { throw JournalFiles.ioError(location, "close", "cannot create \(temporary)") }
-        do throws(JournalError) {
-            defer { closeDescriptor(fd) }
-            try Self.writeAll(fd, writer.bytes, at: 0, journal: location)
-            guard interruptible({ fdatasync(fd) }) == 0 else {
-                throw JournalFiles.ioError(location, "close", "cannot sync \(temporary)")
-            }
-        } catch {
-            unlink(temporary)
-            throw error
-        }
-        guard interruptible({ rename(temporary, closedMarkPath) }) == 0 else {
-            throw JournalFiles.ioError(location, "close", "cannot rename \(temporary)")
-        }
+        _ = try replaceFile(closedMarkPath, with: [writer.bytes], operation: "close")
         try JournalFiles.fsyncDirectory(directory, journal: location)
     }
 

@@ -1,6 +1,6 @@
 // lockstep-cload: lockstepd measured from outside. C clients that speak the wire protocol (docs/protocol.md), each
-// a thread with its own REQ socket, dispatching one action at a time and checking every reply; and a raw libzmq
-// ROUTER echo in C to measure them against, so that neither side of the comparison pays for Swift.
+// a thread with its own socket, dispatching and checking every reply; and a raw libzmq ROUTER echo in C to measure
+// them against, so that neither side of the comparison pays for Swift.
 //
 //   lockstep-cload echo ENDPOINT [--curve-server SECRET]
 //       Binds a ROUTER that sends every message back as it came; prints "ready", runs until killed.
@@ -8,8 +8,9 @@
 //                       [--curve SERVERPUBLIC,CLIENTSECRET]
 //       CLIENTS threads each connect, dispatch once, wait for all the others, then dispatch ACTION to STORE (domain
 //       VERSION) for SECONDS: one request in flight each on a REQ socket, or N on a DEALER. Every reply must be
-//       ACCEPTED of one action, answer a request in flight, carry the same epoch for every client, and — in request
-//       order — a seq above the client's last; against --echo, the frames of a DISPATCH sent.
+//       ACCEPTED of one action, answer a request in flight, carry the same epoch for every client and a seq of at
+//       least 1 — on a REQ, above the client's last; on a DEALER, above its connecting one's (the protocol orders a
+//       DEALER's replies in no way); against --echo, the frames of the DISPATCH sent, the header whole.
 //       Then prints one JSON line: counts, rate, latencies, this process's CPU, and the seqs acknowledged (all
 //       distinct: the bench compares their number with what the daemon committed). Exits 1 at the first reply
 //       that fails a check, naming it.
@@ -26,13 +27,19 @@
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <time.h>
+#include <unistd.h>
 #include <zmq.h>
 
 enum { HEADER_BYTES = 32, MAX_FRAMES = 4, REPLY_TIMEOUT_MS = 30000 };
 
+// The first failure of any thread is said, and the process ends at once (`exit` from two threads at a time is
+// undefined, and libzmq's teardown would run under sockets still in use).
 static void fail(const char *what, const char *detail) {
+    static pthread_mutex_t once = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&once);
     fprintf(stderr, "lockstep-cload: %s: %s\n", what, detail);
-    exit(1);
+    fflush(stderr);
+    _exit(1);
 }
 
 static void fail_zmq(const char *what) { fail(what, zmq_strerror(zmq_errno())); }
@@ -136,16 +143,32 @@ struct load {
     void *context;
     pthread_barrier_t connected, go;
     uint64_t started_ns;
-    atomic_uint_fast64_t epoch;  // 0 until the first ACCEPTED names it
+    pthread_mutex_t epoch_lock;
+    bool epoch_known;
+    uint64_t epoch;  // the first ACCEPTED's, once `epoch_known`
 };
+
+// A growing array of samples.
+struct samples {
+    uint64_t *items;
+    size_t count, capacity;
+};
+
+static void push(struct samples *samples, uint64_t value) {
+    if (samples->count == samples->capacity) {
+        samples->capacity = samples->capacity ? samples->capacity * 2 : 4096;
+        samples->items = realloc(samples->items, samples->capacity * sizeof(uint64_t));
+        if (!samples->items) fail("load", "out of memory for the samples");
+    }
+    samples->items[samples->count++] = value;
+}
 
 struct client {
     struct load *load;
     pthread_t thread;
     uint8_t client_id[16];
-    uint64_t *latencies_ns;  // one per measured round trip
-    uint64_t *seqs;          // one per acknowledged action, the warm-up's included, in request order
-    size_t capacity, measured, acknowledged;
+    struct samples latencies;  // one per measured round trip, in ns
+    struct samples seqs;       // one per acknowledged action, the warm-up's included, in request order
     uint64_t elapsed_ns;
 };
 
@@ -154,9 +177,9 @@ struct answer {
     uint64_t request, seq;
 };
 
-// Checks a reply body: from the echo, the DISPATCH frames of some request; from lockstepd, ACCEPTED of one action in
+// Checks a reply body: from the echo, the DISPATCH frames of some request (its header whole, but for the id); from lockstepd, ACCEPTED of one action in
 // the run's one epoch. Exits, naming what was wrong, at the first that is not.
-static struct answer check_reply(struct load *load, zmq_msg_t *reply, int count) {
+static struct answer check_reply(struct load *load, const uint8_t *sent, zmq_msg_t *reply, int count) {
     char detail[256];
     const uint8_t *h = zmq_msg_data(&reply[0]);
     size_t size = zmq_msg_size(&reply[0]);
@@ -164,7 +187,10 @@ static struct answer check_reply(struct load *load, zmq_msg_t *reply, int count)
     uint64_t id = get_u64(h + 4);
     if (load->echo) {
         size_t store = strlen(load->store), action = strlen(load->action);
-        if (count != 3 || size != HEADER_BYTES || h[3] != 0x01 || zmq_msg_size(&reply[1]) != store
+        uint8_t header[HEADER_BYTES];
+        memcpy(header, sent, HEADER_BYTES);
+        put_u64(header + 4, id);
+        if (count != 3 || size != HEADER_BYTES || memcmp(h, header, HEADER_BYTES) != 0 || zmq_msg_size(&reply[1]) != store
             || memcmp(zmq_msg_data(&reply[1]), load->store, store) != 0 || zmq_msg_size(&reply[2]) != action
             || memcmp(zmq_msg_data(&reply[2]), load->action, action) != 0)
             fail("echo reply", "not the frames of a DISPATCH sent");
@@ -179,10 +205,16 @@ static struct answer check_reply(struct load *load, zmq_msg_t *reply, int count)
     if (count != 1 || size != 32) fail("ACCEPTED", "not one frame of 32 bytes");
     uint64_t epoch = get_u64(h + 12), first = get_u64(h + 20);
     if (get_u32(h + 28) != 1) fail("ACCEPTED", "a count other than the one action sent");
-    uint_fast64_t expected = 0;
-    if (!atomic_compare_exchange_strong(&load->epoch, &expected, epoch) && expected != epoch) {
-        snprintf(detail, sizeof detail, "epoch %" PRIu64 " after %" PRIu64 " in the same run", epoch,
-            (uint64_t)expected);
+    if (first == 0) fail("ACCEPTED", "seq 0: the first seq of a store is 1");
+    pthread_mutex_lock(&load->epoch_lock);
+    if (!load->epoch_known) {
+        load->epoch = epoch;
+        load->epoch_known = true;
+    }
+    uint64_t known = load->epoch;
+    pthread_mutex_unlock(&load->epoch_lock);
+    if (known != epoch) {
+        snprintf(detail, sizeof detail, "epoch %" PRIu64 " after %" PRIu64 " in the same run", epoch, known);
         fail("ACCEPTED", detail);
     }
     return (struct answer){id, first};
@@ -197,14 +229,14 @@ static void send_request(void *socket, struct load *load, uint8_t *header, uint6
     const void *bodies[3] = {header, load->store, load->action};
     size_t sizes[3] = {HEADER_BYTES, strlen(load->store), strlen(load->action)};
     for (int i = 0; i < 3; i++) {
-        zmq_msg_init_size(&frames[count], sizes[i]);
+        if (zmq_msg_init_size(&frames[count], sizes[i]) < 0) fail_zmq("message");
         memcpy(zmq_msg_data(&frames[count++]), bodies[i], sizes[i]);
     }
     send_frames(socket, frames, count);
 }
 
-// Receives one reply body (the delimiter taken off, on a DEALER) and checks it.
-static struct answer receive_answer(void *socket, struct load *load) {
+// Receives one reply body (the delimiter taken off, on a DEALER) and checks it; `sent` is the client's DISPATCH header.
+static struct answer receive_answer(void *socket, struct load *load, const uint8_t *sent) {
     zmq_msg_t reply[MAX_FRAMES];
     int count = receive_frames(socket, reply);
     if (count < 0) fail("reply", "none within 30 s");
@@ -213,7 +245,7 @@ static struct answer receive_answer(void *socket, struct load *load) {
         if (count < 2 || zmq_msg_size(&reply[0]) != 0) fail("reply", "no empty delimiter before the body");
         first = 1;
     }
-    struct answer answer = check_reply(load, reply + first, count - first);
+    struct answer answer = check_reply(load, sent, reply + first, count - first);
     close_frames(reply, count);
     return answer;
 }
@@ -224,8 +256,9 @@ static void *run_client(void *argument) {
     void *socket = zmq_socket(load->context, load->inflight > 1 ? ZMQ_DEALER : ZMQ_REQ);
     if (!socket) fail_zmq("socket");
     int timeout = REPLY_TIMEOUT_MS, linger = 0;
-    zmq_setsockopt(socket, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
-    zmq_setsockopt(socket, ZMQ_LINGER, &linger, sizeof linger);
+    if (zmq_setsockopt(socket, ZMQ_RCVTIMEO, &timeout, sizeof timeout) < 0
+        || zmq_setsockopt(socket, ZMQ_LINGER, &linger, sizeof linger) < 0)
+        fail_zmq("socket options");
     if (load->curve_server_public) {
         if (zmq_setsockopt(socket, ZMQ_CURVE_SERVERKEY, load->curve_server_public, 40) < 0
             || zmq_setsockopt(socket, ZMQ_CURVE_PUBLICKEY, load->curve_client_public, 40) < 0
@@ -241,9 +274,9 @@ static void *run_client(void *argument) {
 
     // The first round trip connects; then every client starts together, once the start is noted.
     send_request(socket, load, header, 1);
-    struct answer warmup = receive_answer(socket, load);
+    struct answer warmup = receive_answer(socket, load, header);
     if (warmup.request != 1) fail("reply", "the first reply answers another request");
-    c->seqs[c->acknowledged++] = warmup.seq;
+    push(&c->seqs, warmup.seq);
     pthread_barrier_wait(&load->connected);
     pthread_barrier_wait(&load->go);
     uint64_t deadline = load->started_ns + (uint64_t)(load->seconds * 1e9);
@@ -258,25 +291,27 @@ static void *run_client(void *argument) {
         send_request(socket, load, header, next++);
     }
     while (oldest < next) {
-        struct answer answer = receive_answer(socket, load);
+        struct answer answer = receive_answer(socket, load, header);
         uint64_t end = now_ns();
         if (answer.request < oldest || answer.request >= next || answered[answer.request % window]) {
             snprintf(detail, sizeof detail, "an answer to request %" PRIu64 ", which is not in flight", answer.request);
             fail("reply", detail);
         }
+        if (end > deadline + 60 * (uint64_t)1000000000) fail("reply", "requests still in flight 60 s after the end");
         answered[answer.request % window] = true;
         seq[answer.request % window] = answer.seq;
-        if (c->measured == c->capacity) fail("load", "more round trips than the room reserved for them");
-        c->latencies_ns[c->measured++] = end - sent_ns[answer.request % window];
-        // In request order: each acknowledged seq above the one before it.
+        push(&c->latencies, end - sent_ns[answer.request % window]);
+        // One at a time, each seq above the one before; several in flight, each above the connecting one's (the
+        // protocol orders a DEALER's replies in no way; the seqs are checked distinct across every client at the end).
         while (oldest < next && answered[oldest % window]) {
             uint64_t acknowledged = seq[oldest % window];
-            if (!load->echo && acknowledged <= c->seqs[c->acknowledged - 1]) {
+            uint64_t floor = c->seqs.items[window == 1 ? c->seqs.count - 1 : 0];
+            if (!load->echo && acknowledged <= floor) {
                 snprintf(detail, sizeof detail, "seq %" PRIu64 " for request %" PRIu64 " after this client's %" PRIu64,
-                    acknowledged, oldest, c->seqs[c->acknowledged - 1]);
+                    acknowledged, oldest, floor);
                 fail("ACCEPTED", detail);
             }
-            c->seqs[c->acknowledged++] = acknowledged;
+            push(&c->seqs, acknowledged);
             answered[oldest % window] = false;
             oldest++;
         }
@@ -300,18 +335,13 @@ static int compare_u64(const void *a, const void *b) {
 
 static int run_load(struct load *load, int clients) {
     load->context = zmq_ctx_new();
-    // Room for a round trip every µs per client: far beyond what one socket does.
-    size_t capacity = (size_t)(load->seconds * 1000000) + 16;
+    pthread_mutex_init(&load->epoch_lock, NULL);
     struct client *all = calloc((size_t)clients, sizeof *all);
     // The main thread joins both barriers: it notes the start once every client has connected, then lets them go.
     pthread_barrier_init(&load->connected, NULL, (unsigned)clients + 1);
     pthread_barrier_init(&load->go, NULL, (unsigned)clients + 1);
     for (int i = 0; i < clients; i++) {
         all[i].load = load;
-        all[i].capacity = capacity;
-        all[i].latencies_ns = malloc(capacity * sizeof(uint64_t));
-        all[i].seqs = malloc(capacity * sizeof(uint64_t));
-        if (!all[i].latencies_ns || !all[i].seqs) fail("load", "out of memory for the samples");
         if (getrandom(all[i].client_id, 16, 0) != 16) fail("getrandom", strerror(errno));
         if (pthread_create(&all[i].thread, NULL, run_client, &all[i]) != 0) fail("pthread_create", "failed");
     }
@@ -325,18 +355,19 @@ static int run_load(struct load *load, int clients) {
     size_t measured = 0, acknowledged = 0;
     uint64_t elapsed = 0;
     for (int i = 0; i < clients; i++) {
-        measured += all[i].measured;
-        acknowledged += all[i].acknowledged;
+        measured += all[i].latencies.count;
+        acknowledged += all[i].seqs.count;
         if (all[i].elapsed_ns > elapsed) elapsed = all[i].elapsed_ns;
     }
     uint64_t *latencies = malloc((measured + 1) * sizeof(uint64_t));
     uint64_t *seqs = malloc((acknowledged + 1) * sizeof(uint64_t));
+    if (!latencies || !seqs) fail("load", "out of memory for the samples");
     size_t l = 0, s = 0;
     for (int i = 0; i < clients; i++) {
-        memcpy(latencies + l, all[i].latencies_ns, all[i].measured * sizeof(uint64_t));
-        l += all[i].measured;
-        memcpy(seqs + s, all[i].seqs, all[i].acknowledged * sizeof(uint64_t));
-        s += all[i].acknowledged;
+        memcpy(latencies + l, all[i].latencies.items, all[i].latencies.count * sizeof(uint64_t));
+        l += all[i].latencies.count;
+        memcpy(seqs + s, all[i].seqs.items, all[i].seqs.count * sizeof(uint64_t));
+        s += all[i].seqs.count;
     }
     qsort(latencies, measured, sizeof(uint64_t), compare_u64);
     size_t duplicates = 0;

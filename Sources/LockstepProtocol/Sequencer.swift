@@ -37,7 +37,7 @@ public protocol SequencedStore: Sendable {
     mutating func replay(_ event: SequencedAction) throws
 
     /// The canonical bytes of the current state, for snapshots and digests, written into room for `expectedBytes`
-    /// (``CanonicalEncoding/capacity(forLastSize:)`` of a large state's last size; 0 when not known).
+    /// (`CanonicalEncoding.capacity(forLastSize:)` of a large state's last size; 0 when not known).
     func encodedState(expectedBytes: Int) throws -> Frame
 
     /// About how many bytes ``encodedState(expectedBytes:)`` gave when the store was recovered (0 when not known): the daemon

@@ -31,6 +31,8 @@ public final class LogJournal: EngineJournal {
     /// Opens the journal in `directory`, creating the directory and an empty journal when there is none.
     ///
     /// - Parameters:
+    ///   - directory: The data directory: `journal.lslog`, `snapshots/` and the writer's `journal.lock` are in it.
+    ///   - policy: When snapshots are due, how many are kept, how many idempotency entries are kept.
     ///   - readOnly: Open for reading only (the CLI's `verify`, `dump`, `stats` and `state`), beside a daemon that
     ///     writes it: nothing is created, cut or locked; what was written after the file was read is not seen, and a
     ///     record the daemon was in the middle of appending is left out. A damaged record is refused as it is when

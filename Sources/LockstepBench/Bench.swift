@@ -233,7 +233,9 @@ package final class Bench {
             extra: journal.setting + (policy ? policyTables : "") + http
         )
         let page = try inspector ? daemon.status()?.http.map { try InspectorWatcher(address: $0) } : nil
-        if !parts.isDisjoint(with: ["p1", "p2"]) { (results.p1, results.p2) = try dispatchRows(daemon, journal: "") }
+        if !parts.isDisjoint(with: ["p1", "p2"]) {
+            (results.p1, results.p2) = try dispatchRows(daemon, journal: "", pipelined: Self.pipelined)
+        }
         results.inspectorActionsSent = page?.stop()
         if parts.contains("optimistic") { try measureOptimistic(daemon) }
         results.p6.daemonPeakBytes = max(results.p6.daemonPeakBytes, daemon.memory().peakKiB * 1_024)
@@ -356,23 +358,33 @@ package final class Bench {
         results.p6.daemonPeakBytes = max(results.p6.daemonPeakBytes, daemon.memory().peakKiB * 1_024)
     }
 
-    /// P1 and P2 against `daemon`: 1, 8 and 32 dispatching processes.
+    /// How many requests P2's and Redis's pipelining process keep in flight: the `outside` part's C client too.
+    static let pipelined = [32, 256]
+
+    /// P1 and P2 against `daemon`: 1, 8 and 32 dispatching processes, one dispatch in flight each; then, for each of
+    /// `pipelined`, one process keeping that many in flight through a `Dispatcher`.
     private func dispatchRows(
         _ daemon: DaemonProcess,
-        journal: String
+        journal: String,
+        pipelined: [Int] = []
     ) throws -> (BenchResults.P1, [BenchResults.P2]) {
         var p1 = BenchResults.P1()
         var p2: [BenchResults.P2] = []
-        for clients in [1, 8, 32] {
+        for (clients, inFlight) in [(1, 1), (8, 1), (32, 1)] + pipelined.map({ (1, $0) }) {
             say(
-                "P\(clients == 1 ? "1, P2" : "2"): \(clients) dispatching \(clients == 1 ? "process" : "processes")"
-                    + journal
+                inFlight > 1
+                    ? "P2: 1 dispatching process, \(inFlight) in flight through a Dispatcher" + journal
+                    : "P\(clients == 1 ? "1, P2" : "2"): \(clients) dispatching \(clients == 1 ? "process" : "processes")"
+                        + journal
             )
             let before = try seq(of: daemon)
             let cpuBefore = DaemonCPU(daemon)
             let reports = try runClients(
                 try (0..<clients).map { _ in
-                    try worker("dispatch", ["--endpoint", daemon.command, "--seconds", "\(seconds)"])
+                    try worker(
+                        "dispatch",
+                        ["--endpoint", daemon.command, "--seconds", "\(seconds)", "--in-flight", "\(inFlight)"]
+                    )
                 }
             )
             // Each client dispatched once before go, to connect.
@@ -383,6 +395,7 @@ package final class Bench {
             p2.append(
                 .init(
                     clients: clients,
+                    inFlight: inFlight,
                     actionsPerS: rate(reports),
                     ratioToRouter8Req: ratio(rate(reports), results.baselines.router8ReqRoundTripsPerS),
                     p50Us: latencies.p50,
@@ -396,7 +409,7 @@ package final class Bench {
                     clientCpuPerActionUs: cpuPerOperation(reports)
                 )
             )
-            if clients == 1 {
+            if clients == 1, inFlight == 1 {
                 let baseline = results.baselines.reqRepP50Us + results.baselines.fsyncP50Us
                 p1 = .init(
                     dispatches: acknowledged,
@@ -450,19 +463,35 @@ package final class Bench {
             version = line.map { String($0.dropFirst("redis_version:".count)) } ?? version
         }
         var rows: [BenchResults.RedisStreams.Row] = []
-        for clients in [1, 8, 32] {
-            say("Redis Streams \(version): XADD from \(clients) \(clients == 1 ? "process" : "processes")")
+        for (clients, inFlight) in [(1, 1), (8, 1), (32, 1)] + Self.pipelined.map({ (1, $0) }) {
+            say(
+                "Redis Streams \(version): XADD from \(clients) \(clients == 1 ? "process" : "processes")"
+                    + (inFlight > 1 ? ", pipelined \(inFlight) at a time" : "")
+            )
             let reports = try runClients(
                 try (0..<clients).map { _ in
-                    try worker("redis", ["--endpoint", socketPath, "--seconds", "\(seconds)"], curve: .none)
+                    try worker(
+                        "redis",
+                        ["--endpoint", socketPath, "--seconds", "\(seconds)", "--in-flight", "\(inFlight)"],
+                        curve: .none
+                    )
                 }
             )
             let latencies = Latencies(reports.flatMap(\.latencies))
-            rows.append(.init(clients: clients, xaddsPerS: rate(reports), p50Us: latencies.p50, p99Us: latencies.p99))
+            rows.append(
+                .init(
+                    clients: clients,
+                    inFlight: inFlight,
+                    xaddsPerS: rate(reports),
+                    p50Us: latencies.p50,
+                    p99Us: latencies.p99
+                )
+            )
         }
         results.redis = .init(version: version, rows: rows)
         for index in results.p2.indices {
-            let redisRate = rows.first { $0.clients == results.p2[index].clients }?.xaddsPerS ?? 0
+            let p2 = results.p2[index]
+            let redisRate = rows.first { $0.clients == p2.clients && $0.inFlight == p2.inFlight }?.xaddsPerS ?? 0
             results.p2[index].ratioToRedis = ratio(results.p2[index].actionsPerS, redisRate)
         }
     }

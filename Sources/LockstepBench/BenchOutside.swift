@@ -34,7 +34,7 @@ extension Bench {
         say(
             "outside: C clients (lockstep-cload) against a raw C echo, then against lockstepd: 1, 8, 32; 1 × 32, 1 × 256"
         )
-        let counts = [(1, 1), (8, 1), (32, 1), (1, 32), (1, 256)]
+        let counts = [(1, 1), (8, 1), (32, 1)] + Self.pipelined.map { (1, $0) }
         let echoEndpoint = endpoint("outside-echo")
         let echo = try ChildProcess(
             executable: cload,

@@ -65,6 +65,8 @@ package struct BenchResults: Codable {
 
     struct P2: Codable {
         var clients: Int
+        /// Dispatches each client keeps in flight: 1 (one at a time), or one process pipelining through a `Dispatcher`.
+        var inFlight = 1
         var actionsPerS: Double
         var ratioToRouter8Req: Double?
         var ratioToRedis: Double?
@@ -262,6 +264,8 @@ package struct BenchResults: Codable {
 
         struct Row: Codable {
             var clients: Int
+            /// XADDs each client pipelines: written together, then their replies read.
+            var inFlight = 1
             var xaddsPerS: Double
             var p50Us: Microseconds
             var p99Us: Microseconds

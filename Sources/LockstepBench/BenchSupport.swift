@@ -165,12 +165,18 @@ final class RedisConnection {
 
     /// Sends one command and reads its reply.
     func call(_ arguments: [[UInt8]]) throws -> Reply {
-        var request = Array("*\(arguments.count)\r\n".utf8)
+        try pipeline(arguments, times: 1)[0]
+    }
+
+    /// Sends the same command `times` times in one write, then reads their replies, in order.
+    func pipeline(_ arguments: [[UInt8]], times: Int) throws -> [Reply] {
+        var command = Array("*\(arguments.count)\r\n".utf8)
         for argument in arguments {
-            request += Array("$\(argument.count)\r\n".utf8)
-            request += argument
-            request += [13, 10]
+            command += Array("$\(argument.count)\r\n".utf8)
+            command += argument
+            command += [13, 10]
         }
+        let request = Array([[UInt8]](repeating: command, count: times).joined())
         var sent = 0
         while sent < request.count {
             let count = request[sent...].withUnsafeBytes { write(descriptor, $0.baseAddress, $0.count) }
@@ -180,7 +186,7 @@ final class RedisConnection {
             }
             sent += count
         }
-        return try reply()
+        return try (0..<times).map { _ in try reply() }
     }
 
     func call(_ arguments: String...) throws -> Reply {

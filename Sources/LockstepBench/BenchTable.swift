@@ -50,10 +50,10 @@ package struct BenchTable {
             let lost = p2.committed == p2.acknowledged ? "" : "  (committed \(p2.committed) ≠ acknowledged)"
             lines.append(
                 row(
-                    "\(p2.clients) client\(p2.clients == 1 ? "" : "s")",
+                    clientsLabel(p2.clients, inFlight: p2.inFlight),
                     "\(count(p2.actionsPerS))/s  p50 \(p2.p50Us)  p99 \(p2.p99Us)",
                     "\(times(p2.ratioToRouter8Req))\(redis)",
-                    "target ≥ 0.6×" + lost
+                    (p2.inFlight == 1 ? "target ≥ 0.6×" : "") + lost
                         + cpu(
                             ("loop", p2.loopCpuPerActionUs),
                             // With SQLite the loop makes the commits and the journal thread stays idle.
@@ -122,7 +122,7 @@ package struct BenchTable {
             for row in redis.rows {
                 lines.append(
                     self.row(
-                        "\(row.clients) client\(row.clients == 1 ? "" : "s")",
+                        clientsLabel(row.clients, inFlight: row.inFlight),
                         "\(count(row.xaddsPerS))/s  p50 \(row.p50Us)  p99 \(row.p99Us)"
                     )
                 )
@@ -136,8 +136,7 @@ package struct BenchTable {
         for o in r.outside {
             lines.append(
                 row(
-                    "\(o.clients) client\(o.clients == 1 ? "" : "s")"
-                        + (o.inFlight > 1 ? " × \(o.inFlight) in flight" : ""),
+                    clientsLabel(o.clients, inFlight: o.inFlight),
                     "\(count(o.actionsPerS))/s  p50 \(o.p50Us)  p99 \(o.p99Us)",
                     "\(times(o.ratioToRaw)) raw (\(count(o.rawRoundTripsPerS))/s)",
                     (o.daemonCpuPerActionUs.map { String(format: "lockstepd CPU %.1f µs/action", $0) } ?? "")
@@ -258,6 +257,11 @@ package struct BenchTable {
     private func cpu(per unit: String = "action", _ figures: (String, Double?)...) -> String {
         let read = figures.compactMap { name, value in value.map { String(format: "\(name) %.1f", $0) } }
         return read.isEmpty ? "" : "  CPU µs/\(unit): " + read.joined(separator: ", ")
+    }
+
+    /// "8 clients", or "1 client × 32 in flight".
+    private func clientsLabel(_ clients: Int, inFlight: Int) -> String {
+        "\(clients) client\(clients == 1 ? "" : "s")" + (inFlight > 1 ? " × \(inFlight) in flight" : "")
     }
 
     private func times(_ ratio: Double?) -> String {

@@ -22,7 +22,9 @@ package struct BenchWorker: Sendable {
         /// Raw libzmq: a SUB counting `--count` messages from the bench's PUB (or, in P3, from lockstepd's, until it
         /// is killed).
         case sub
-        /// Lockstep: DISPATCH of a counter increment, one at a time, through the command client.
+        /// Lockstep: DISPATCH of a counter increment, one at a time, through the command client; with `--in-flight N`,
+        /// N at a time through one `Dispatcher` (a pipelining client: N tasks, each sending its next increment the
+        /// moment its last is acknowledged).
         case dispatch
         /// Lockstep: a `Replica<Counter>` that records when it reached each seq.
         case replica
@@ -31,7 +33,8 @@ package struct BenchWorker: Sendable {
         case optimistic
         /// Lockstep: a replica of `--store` that joins and reports how long it took to reach seq `--count`.
         case join
-        /// Redis Streams: XADD of the counter action's bytes, one at a time.
+        /// Redis Streams: XADD of the counter action's bytes, one at a time; with `--in-flight N`, pipelined N at a time
+        /// (N commands written at once, then their N replies read, as `redis-benchmark -P N` does).
         case redis
         /// Lockstep: a daemon in this process hosting `pulse`, whose effects a no-op handler runs, recording when
         /// each run started; `ready` once it serves, its report (`applied`: each effect's seq and start) once every
@@ -51,6 +54,8 @@ package struct BenchWorker: Sendable {
     package var recordSeqs: Bool
     package var curve: String?
     package var curveServer: String?
+    /// dispatch, redis: how many requests one worker keeps in flight.
+    package var inFlight: Int
 
     package init(
         role: Role,
@@ -61,7 +66,8 @@ package struct BenchWorker: Sendable {
         store: String,
         recordSeqs: Bool,
         curve: String?,
-        curveServer: String?
+        curveServer: String?,
+        inFlight: Int = 1
     ) {
         self.role = role
         self.endpoint = endpoint
@@ -72,6 +78,7 @@ package struct BenchWorker: Sendable {
         self.recordSeqs = recordSeqs
         self.curve = curve
         self.curveServer = curveServer
+        self.inFlight = inFlight
     }
 
     package func run() async throws {
@@ -84,7 +91,7 @@ package struct BenchWorker: Sendable {
             return
         case .req: report = try await request(context)
         case .sub: report = try subscribe(context)
-        case .dispatch: report = try await dispatch(context)
+        case .dispatch: report = try await inFlight > 1 ? pipelinedDispatch() : dispatch(context)
         case .replica:
             switch store {
             case Todos.name: report = try await replica(Todos.self, count: nil)
@@ -420,14 +427,73 @@ package struct BenchWorker: Sendable {
     private func redis() async throws -> WorkerReport {
         let connection = try RedisConnection(path: endpoint)
         let arguments = [Array("XADD".utf8), Array("lockstep".utf8), [UInt8(ascii: "*")], Array("a".utf8), Self.action]
+        let batch = max(1, inFlight)
         func add() throws {
-            guard case .bulk = try connection.call(arguments) else {
-                throw CommandFailure("redis did not answer XADD with an id")
+            let replies = try connection.pipeline(arguments, times: batch)
+            guard replies.allSatisfy({ if case .bulk(.some) = $0 { true } else { false } }) else {
+                throw CommandFailure("redis did not answer each XADD with an id: \(replies.prefix(3))…")
             }
         }
         try add()
         try await ready()
-        return measure(add)
+        // One operation of `measure` is a batch: its latency is the whole batch's, its count the batch's XADDs.
+        var report = measure(add)
+        report.count *= batch
+        return report
+    }
+
+    /// `--in-flight` counter increments at a time through one `Dispatcher`: as many tasks, each dispatching its next
+    /// the moment its last is acknowledged, for `--seconds`. Each latency is one dispatch's, from its call to its seq.
+    private func pipelinedDispatch() async throws -> WorkerReport {
+        guard store == Counter.name else {
+            throw BenchFailure("bench-worker dispatch --in-flight dispatches to the counter store only, not \(store)")
+        }
+        var configuration = DispatcherConfiguration(commandEndpoints: [endpoint])
+        configuration.curve = try clientCurve()
+        configuration.requestTimeout = .seconds(5)
+        configuration.retries = 0
+        let dispatcher = try Dispatcher(Counter.self, configuration: configuration, logger: quietLogger())
+        let running = Task { try await dispatcher.run() }
+        defer { running.cancel() }
+        try await dispatcher.dispatch(.increment)
+        try await ready()
+        let cpuStart = processCPUTime()
+        let start = monotonicNanos()
+        let end = start + UInt64(seconds * 1e9)
+        let lanes = try await withThrowingTaskGroup(of: WorkerReport.self) { group in
+            for _ in 0..<inFlight {
+                group.addTask {
+                    var lane = WorkerReport()
+                    lane.latencies.reserveCapacity(100_000 / inFlight)
+                    var now = monotonicNanos()
+                    while now < end {
+                        do {
+                            try await dispatcher.dispatch(.increment)
+                            let done = monotonicNanos()
+                            lane.latencies.append(done - now)
+                            lane.count += 1
+                            now = done
+                        } catch {
+                            lane.failures += 1
+                            lane.firstFailure = lane.firstFailure ?? "\(error)"
+                            now = monotonicNanos()
+                        }
+                    }
+                    return lane
+                }
+            }
+            return try await group.reduce(into: [WorkerReport]()) { $0.append($1) }
+        }
+        var report = WorkerReport()
+        report.elapsed = monotonicNanos() - start
+        report.cpuNanos = UInt64((processCPUTime() - cpuStart) / .nanoseconds(1))
+        for lane in lanes {
+            report.count += lane.count
+            report.failures += lane.failures
+            report.firstFailure = report.firstFailure ?? lane.firstFailure
+            report.latencies += lane.latencies
+        }
+        return report
     }
 
     private func effectsDaemon() async throws -> WorkerReport {

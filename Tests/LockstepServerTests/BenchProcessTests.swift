@@ -35,7 +35,9 @@ import Testing
         #expect(p1["ratio_p50"] as? Double != nil)
 
         let p2 = try #require(json["p2"] as? [[String: Any]])
-        #expect(p2.compactMap { $0["clients"] as? Int } == [1, 8, 32])
+        #expect(p2.compactMap { $0["clients"] as? Int } == [1, 8, 32, 1, 1])
+        // Then one process pipelining through a Dispatcher: its dispatches, all acknowledged, are all the seq advance.
+        #expect(p2.compactMap { $0["in_flight"] as? Int } == [1, 1, 1, 32, 256])
         for row in p2 {
             // The daemon's seq advanced by exactly the dispatches acknowledged: nothing lost, nothing extra.
             #expect(row["acknowledged"] as? Int == row["committed"] as? Int, "\(row)")

@@ -39,6 +39,9 @@ struct BenchWorkerCommand: AsyncParsableCommand {
     @Option(help: "join: the store to replicate (counter or posts).")
     var store = "counter"
 
+    @Option(help: "dispatch (counter), redis: how many requests to keep in flight at once.")
+    var inFlight = 1
+
     @Flag(help: "dispatch: report the seq each dispatch got and when it was sent.")
     var recordSeqs = false
 
@@ -63,7 +66,8 @@ struct BenchWorkerCommand: AsyncParsableCommand {
             store: store,
             recordSeqs: recordSeqs,
             curve: curve,
-            curveServer: curveServer
+            curveServer: curveServer,
+            inFlight: inFlight
         )
         try await worker.run()
     }

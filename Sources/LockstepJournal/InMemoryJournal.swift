@@ -207,23 +207,23 @@ final class MemoryStorage: JournalStorage {
                 state.bytes -= events[..<cut].reduce(0) { $0 + $1.event.action.count + $1.event.clientID.count }
                 state.events[compaction.store, default: []].removeFirst(cut)
             }
+            // One hash of a key for each entry added and one for each evicted: the daemon adds one an action.
             for record in plan.batch.idempotency {
-                if let old = state.idempotency[record.key] {
+                if let old = state.idempotency.updateValue((state.nextPosition, record), forKey: record.key) {
                     // Replaced in place: it keeps its position, as in SQLite.
                     state.bytes -= Self.size(of: old.record)
-                    state.idempotency[record.key] = (old.position, record)
+                    state.idempotency[record.key]?.position = old.position
                     continue
                 }
-                state.idempotency[record.key] = (state.nextPosition, record)
                 state.idempotencyOrder.append((state.nextPosition, record.key))
                 state.nextPosition += 1
             }
             while state.idempotency.count > plan.idempotencyKept, state.idempotencyHead < state.idempotencyOrder.count {
                 let (position, key) = state.idempotencyOrder[state.idempotencyHead]
                 state.idempotencyHead += 1
-                if let entry = state.idempotency[key], entry.position == position {
-                    state.idempotency[key] = nil
-                    state.bytes -= Self.size(of: entry.record)
+                if let index = state.idempotency.index(forKey: key), state.idempotency[index].value.position == position
+                {
+                    state.bytes -= Self.size(of: state.idempotency.remove(at: index).value.record)
                 }
             }
             if state.idempotencyHead > 1024, state.idempotencyHead * 2 > state.idempotencyOrder.count {

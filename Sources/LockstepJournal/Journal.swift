@@ -268,6 +268,12 @@ public struct IdempotencyKey: Hashable, Sendable {
         self.clientID = clientID
         self.requestNumber = requestNumber
     }
+
+    /// The id's bytes in one call (an array hashes each of its elements apart: 16 calls for an id), then the number.
+    public func hash(into hasher: inout Hasher) {
+        clientID.withUnsafeBytes { hasher.combine(bytes: $0) }
+        hasher.combine(requestNumber)
+    }
 }
 
 /// What the daemon answered a request, kept so a retry gets the same reply.

@@ -322,6 +322,26 @@ import Glibc
         #expect(incremental.value == 0xE306_9283)
     }
 
+    /// Eight bytes a step and the byte-at-a-time tail give what the polynomial gives bit by bit, at every length and
+    /// at every alignment of the start.
+    @Test func crc32cOfEveryLengthAndAlignmentMatchesTheBitwiseOne() {
+        func bitwise(_ bytes: ArraySlice<UInt8>) -> UInt32 {
+            var crc = ~UInt32(0)
+            for byte in bytes {
+                crc ^= UInt32(byte)
+                for _ in 0..<8 { crc = crc & 1 == 1 ? (crc >> 1) ^ 0x82F6_3B78 : crc >> 1 }
+            }
+            return ~crc
+        }
+        var generator = SplitMix64(seed: 35)
+        let bytes = (0..<80).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        for start in 0..<8 {
+            for end in start...bytes.count {
+                #expect(CRC32C.checksum(bytes[start..<end]) == bitwise(bytes[start..<end]), "\(start)..<\(end)")
+            }
+        }
+    }
+
     @Test func theEventChecksumCoversEveryField() {
         let event = JournalEvent(store: "counter", seq: 7, action: [1, 2, 3], clientID: clientA, requestNumber: 9)
         var changed = [event, event, event, event, event]

@@ -21,7 +21,7 @@ package final class Bench {
         case sqlite, log
 
         /// The daemon's setting for it, first in its file.
-        var setting: String { self == .sqlite ? "" : "journal = \"\(rawValue)\"\n" }
+        var setting: String { "journal = \"\(rawValue)\"\n" }
     }
 
     package let folder: URL

@@ -11,6 +11,25 @@ import Darwin
 /// The file work both local journals do themselves, beside what SQLite does for its own files: the data directory,
 /// new files with mode 0600, directory syncs, and errno turned into a ``JournalError`` naming the journal.
 enum JournalFiles {
+    /// Refuses a backup's destination that holds anything: a new directory, or an empty one.
+    static func requireEmpty(_ destination: String) throws(JournalError) {
+        guard let found = try? FileManager.default.contentsOfDirectory(atPath: destination), !found.isEmpty else {
+            return
+        }
+        throw JournalError(
+            code: .invalidArgument,
+            file: destination,
+            operation: "backup",
+            message: "\(destination) is not empty (it holds \(found.sorted().prefix(3).joined(separator: ", "))"
+                + "\(found.count > 3 ? ", …" : "")); give a new or empty directory"
+        )
+    }
+
+    /// Whether `directory` holds a file named `name`: which journal a data directory holds.
+    static func exists(_ name: String, in directory: String) -> Bool {
+        FileManager.default.fileExists(atPath: URL(fileURLWithPath: directory).appendingPathComponent(name).path)
+    }
+
     static func ioError(_ journal: String, _ operation: String, _ message: String) -> JournalError {
         let code: JournalError.Code =
             errno == EROFS || errno == EACCES || errno == EPERM

@@ -64,9 +64,27 @@ public final class LogJournal: EngineJournal {
         )
     }
 
+    /// Copies the log journal in `directory` — which its daemon may be writing — into `destination`, a new or
+    /// empty directory: the records whole when it was read, and the snapshot files they keep. A copy during which a
+    /// commit removed a snapshot file (compacting) starts again, `attempts` times at most. The copy opens as the
+    /// journal stood then; check it with `lockstep journal verify`.
+    public static func backup(_ directory: String, to destination: String, attempts: Int = 5) throws(JournalError) {
+        try JournalFiles.requireEmpty(destination)
+        for attempt in 1...max(1, attempts) {
+            let journal = try LogJournal(directory: directory, readOnly: true)
+            defer { try? journal.close() }
+            do throws(JournalError) {
+                try journal.engine.storage.copy(to: destination)
+                return
+            } catch  where error.code == .notFound && attempt < attempts {
+                try? FileManager.default.removeItem(atPath: destination)
+            }
+        }
+    }
+
     /// Whether `directory` holds a log journal.
     public static func exists(in directory: String) -> Bool {
-        FileManager.default.fileExists(atPath: URL(fileURLWithPath: directory).appendingPathComponent(fileName).path)
+        JournalFiles.exists(fileName, in: directory)
     }
 
     /// The log's size and its snapshot files', in bytes.
@@ -98,6 +116,17 @@ public func openLocalJournal(
         return try LogJournal(directory: directory, policy: policy, readOnly: readOnly)
     }
     return try SQLiteJournal(directory: directory, policy: policy, readOnly: readOnly)
+}
+
+/// Copies the journal in data directory `directory`, whichever of the two local ones it holds, into `destination` (a
+/// new or empty directory) while its daemon may be writing it: ``LogJournal/backup(_:to:attempts:)`` or
+/// ``SQLiteJournal/backup(_:to:)``. What `lockstep journal backup` does.
+public func backupLocalJournal(directory: String, to destination: String) throws(JournalError) {
+    if LogJournal.exists(in: directory) {
+        try LogJournal.backup(directory, to: destination)
+    } else {
+        try SQLiteJournal.backup(directory, to: destination)
+    }
 }
 
 /// The log file and the snapshot files, with the journal's contents in a ``MemoryStorage`` beside them: every read
@@ -747,6 +776,76 @@ final class LogStorage: JournalStorage {
 
     deinit {
         try? close()
+    }
+
+    // MARK: A copy while the daemon writes
+
+    /// Copies what this storage read — the log's whole records up to where they ended, read again from the same open
+    /// file (a rewrite renames a new file over the name, never writes into this one, and appends only go past the
+    /// end), and the snapshot files they keep — into `destination`, which must hold no journal. Throws
+    /// ``JournalError/Code/notFound`` when a snapshot file was removed since the log was read (a commit's
+    /// compaction): a copy read again after it finds the newer ones.
+    func copy(to destination: String) throws(JournalError) {
+        let (descriptor, end, names) = file.withLockedValue { ($0.descriptor, $0.end, Set($0.snapshotFiles.values)) }
+        let log = URL(fileURLWithPath: destination).appendingPathComponent(Self.fileName).path
+        let folder = URL(fileURLWithPath: destination).appendingPathComponent(Self.snapshotFolder).path
+        guard !LogJournal.exists(in: destination), !SQLiteJournal.exists(in: destination) else {
+            throw JournalError(
+                code: .inUse,
+                file: destination,
+                operation: "backup",
+                message: "\(destination) holds a journal already; give a new or empty directory"
+            )
+        }
+        try JournalFiles.makeDirectory(destination, path: log)
+        try JournalFiles.makeDirectory(folder, path: log)
+        for name in names.sorted() {
+            let source = interruptible { open(snapshotPath(name), O_RDONLY | O_CLOEXEC) }
+            guard source >= 0 else {
+                if errno == ENOENT {
+                    throw JournalError(
+                        code: .notFound,
+                        file: location,
+                        operation: "backup",
+                        message: "the snapshot file \(name) was removed while the journal was copied"
+                    )
+                }
+                throw JournalFiles.ioError(location, "backup", "cannot open the snapshot file \(name)")
+            }
+            let bytes: [UInt8]
+            do throws(JournalError) {
+                bytes = try Self.readAll(source, journal: location)
+            } catch {
+                closeDescriptor(source)
+                throw error
+            }
+            closeDescriptor(source)
+            try Self.writeNewFile(folder + "/" + name, bytes, journal: log)
+        }
+        try JournalFiles.fsyncDirectory(folder, journal: log)
+        var bytes = try Self.readAll(descriptor, journal: location, upTo: Int(end))
+        guard bytes.count == Int(end) else {
+            throw JournalError(
+                code: .ioError,
+                file: location,
+                operation: "backup",
+                message: "the log held \(bytes.count) bytes where it had \(end) when it was read"
+            )
+        }
+        try Self.writeNewFile(log, bytes, journal: log)
+        bytes = []
+        try JournalFiles.fsyncDirectory(destination, journal: log)
+    }
+
+    /// Creates `path` (mode 0600) with `bytes`, synced.
+    private static func writeNewFile(_ path: String, _ bytes: [UInt8], journal: String) throws(JournalError) {
+        let fd = interruptible { open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0o600) }
+        guard fd >= 0 else { throw JournalFiles.ioError(journal, "backup", "cannot create \(path)") }
+        defer { closeDescriptor(fd) }
+        try writeAll(fd, bytes, at: 0, journal: journal)
+        guard interruptible({ fdatasync(fd) }) == 0 else {
+            throw JournalFiles.ioError(journal, "backup", "cannot sync \(path)")
+        }
     }
 
     // MARK: Whole reads and writes

@@ -16,6 +16,32 @@ import Darwin
 public final class SQLiteJournal: EngineJournal {
     /// The journal's file name inside the data directory.
     public static let fileName = "journal.sqlite"
+
+    /// Copies the SQLite journal in `directory` — which its daemon may be writing — into `destination`, a new or
+    /// empty directory, with SQLite's online backup: a consistent copy of the database and its write-ahead log as
+    /// they stood at one commit. Check the copy with `lockstep journal verify`.
+    public static func backup(_ directory: String, to destination: String) throws(JournalError) {
+        try JournalFiles.requireEmpty(destination)
+        let journal = try SQLiteJournal(directory: directory, readOnly: true)
+        defer { try? journal.close() }
+        let path = URL(fileURLWithPath: destination).appendingPathComponent(fileName).path
+        try JournalFiles.makeDirectory(destination, path: path)
+        _ = try JournalFiles.createFile(path)
+        try JournalFiles.restrictMode(path, journal: path)
+        do {
+            let target = try DatabaseQueue(path: path)
+            try journal.databaseQueue.backup(to: target)
+            try target.close()
+        } catch {
+            throw SQLiteStorage.map(error, file: path, operation: "backup")
+        }
+        try JournalFiles.fsyncDirectory(destination, journal: path)
+    }
+
+    /// Whether `directory` holds an SQLite journal (`journal.sqlite`).
+    public static func exists(in directory: String) -> Bool {
+        JournalFiles.exists(fileName, in: directory)
+    }
     /// The format this build writes and reads. A journal of another format is refused when opened.
     public static let formatVersion = 5
 

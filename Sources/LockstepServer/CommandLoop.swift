@@ -54,6 +54,9 @@ final class CommandLoop: Sendable {
         metrics: any MetricsFactory = MetricsSystem.factory,
         logger: Logger
     ) throws(ServerError) {
+        // The journal is chosen once, at start: the one the data directory holds, or the default in a new one.
+        var configuration = configuration
+        configuration.journal = configuration.journalToOpen
         self.configuration = configuration
         self.domains = domains
         self.notifier = notifier
@@ -61,7 +64,7 @@ final class CommandLoop: Sendable {
         self.logger = logger
         metricsFactory = metrics
         inspectorFeed = configuration.servesInspector ? InspectorFeed() : nil
-        journalTimings = DaemonMetrics.timings(factory: metrics, journalKind: configuration.journal.rawValue)
+        journalTimings = DaemonMetrics.timings(factory: metrics, journalKind: configuration.journalToOpen.rawValue)
         do {
             wakeup = try Wakeup()
         } catch {
@@ -183,7 +186,7 @@ final class CommandLoop: Sendable {
     func run() throws {
         let journal = try openJournal()
         defer { try? journal.close() }
-        if configuration.journal == .memory || configuration.journal == .log {
+        if configuration.journalToOpen == .memory || configuration.journalToOpen == .log {
             sharedJournal.withLockedValue { $0 = journal }
         }
         let writer = JournalWriter(wakeup: wakeup)
@@ -251,10 +254,10 @@ final class CommandLoop: Sendable {
     /// A journal to read beside the loop's (the inspector's): the same file or database opened read-only, so its
     /// reads never wait for the loop's commits.
     func openReader() throws -> any Journal {
-        switch configuration.journal {
+        switch configuration.journalToOpen {
         case .memory, .log:
             guard let journal = sharedJournal.withLockedValue({ $0 }) else {
-                throw ServerError(code: .journal, "the \(configuration.journal.rawValue) journal is not open yet")
+                throw ServerError(code: .journal, "the \(configuration.journalToOpen.rawValue) journal is not open yet")
             }
             return journal
         case .postgres:
@@ -270,7 +273,7 @@ final class CommandLoop: Sendable {
     }
 
     private func openJournal() throws -> any Journal {
-        switch configuration.journal {
+        switch configuration.journalToOpen {
         case .memory:
             return InMemoryJournal(policy: configuration.snapshots)
         case .postgres:
@@ -299,7 +302,7 @@ final class CommandLoop: Sendable {
         case .sqlite, .log:
             let directory = configuration.dataDirectory
             let policy = configuration.snapshots
-            let log = configuration.journal == .log
+            let log = configuration.journalToOpen == .log
             do {
                 #if LOCKSTEP_FAILPOINTS
                 if failpoint?.point == .noSync {

@@ -44,8 +44,17 @@ public struct DaemonConfiguration: Hashable, Sendable {
     public var domains: [String]
     /// When a commit counts as durable; `fsync` unless set.
     public var durability = Durability.fsync
-    /// Which journal keeps the history; `sqlite` unless set.
-    public var journal = JournalKind.sqlite
+    /// Which journal keeps the history. Unset (`nil`): the one the data directory holds, or in a new data directory
+    /// the log journal (an SQLite one under `durability = "relaxed"`, which only SQLite has) — ``journalToOpen``.
+    public var journal: JournalKind?
+    /// The journal the daemon opens: ``journal`` when set; else the one ``dataDirectory`` holds (`journal.sqlite` or
+    /// `journal.lslog`); else, in a new data directory, `log` (`sqlite` under relaxed durability).
+    public var journalToOpen: JournalKind {
+        if let journal { return journal }
+        if SQLiteJournal.exists(in: dataDirectory) { return .sqlite }
+        if LogJournal.exists(in: dataDirectory) { return .log }
+        return durability == .relaxed ? .sqlite : .log
+    }
     /// The libpq connection string of the `postgres` journal's database (`postgres` in the file, `--postgres`);
     /// required for that journal and refused with any other. Keep a password out of it: libpq reads `~/.pgpass`.
     public var postgresConnection: String?
@@ -249,15 +258,19 @@ public struct DaemonConfiguration: Hashable, Sendable {
         try reader.finish()
     }
 
+    /// The journal as an error names it: `'log'`, or `not set`.
+    private var journalNamed: String { journal.map { "'\($0.rawValue)'" } ?? "not set" }
+
     /// Checks what a flag or file could have got wrong; the error names the setting and the value.
     public func validate(knownDomains: [String]) throws(ConfigurationError) {
-        if durability == .relaxed, journal != .sqlite {
+        if durability == .relaxed, journalToOpen != .sqlite {
             let why: String =
-                switch journal {
+                switch journalToOpen {
                 case .memory: "'relaxed' means nothing for a memory journal; use the sqlite journal"
                 case .log:
                     "'relaxed' is for the sqlite journal; the log journal's commit is one append and one fdatasync, "
                         + "and it has no relaxed mode"
+                        + (journal == nil ? " (the data directory \(dataDirectory) holds a log journal)" : "")
                 default:
                     "'relaxed' is for the sqlite journal; a postgres journal's commit is durable when PostgreSQL "
                         + "acknowledges it (synchronous_commit = on)"
@@ -276,7 +289,7 @@ public struct DaemonConfiguration: Hashable, Sendable {
             throw ConfigurationError(
                 file: nil,
                 key: "postgres",
-                "a PostgreSQL connection string is given, but the journal is '\(journal.rawValue)'; set journal = "
+                "a PostgreSQL connection string is given, but the journal is \(journalNamed); set journal = "
                     + "\"postgres\" (--journal postgres) to use it, or remove it"
             )
         }
@@ -284,7 +297,7 @@ public struct DaemonConfiguration: Hashable, Sendable {
             throw ConfigurationError(
                 file: nil,
                 key: "lease",
-                "a lease is set, but the journal is '\(journal.rawValue)': only the postgres journal is shared by "
+                "a lease is set, but the journal is \(journalNamed): only the postgres journal is shared by "
                     + "several daemons; remove [lease] (--lease-ms, --name) or set journal = \"postgres\""
             )
         }

@@ -13,11 +13,13 @@ package struct JournalCommand: ParsableCommand {
             discussion: """
                 DIR is the daemon's data directory; the journal is DIR/\(SQLiteJournal.fileName), or \
                 DIR/\(LogJournal.fileName) and DIR/snapshots for a log journal (journal = "log"). verify, dump \
-                and stats take --postgres CONNINFO instead of DIR for a PostgreSQL journal. verify, dump, stats and \
-                state open it read-only and may run while the daemon runs. See docs/operations.md, "The journal".
+                and stats take --postgres CONNINFO instead of DIR for a PostgreSQL journal. verify, dump, stats, \
+                state and backup open it read-only and may run while the daemon runs. See docs/operations.md, "The \
+                journal".
                 """,
             subcommands: [
                 JournalVerifyCommand.self, JournalDumpCommand.self, JournalStatsCommand.self, JournalStateCommand.self,
+                JournalBackupCommand.self,
             ]
                 + Tool.current.withLockedValue { $0.journalCommands }
         )
@@ -157,6 +159,50 @@ struct JournalVerifyCommand: ParsableCommand {
 
     private func recoverStore<D: Domain>(_: D.Type, from journal: any Journal) throws(JournalError) -> UInt64 {
         try journal.recover(D.self).lastSeq
+    }
+}
+
+struct JournalBackupCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "backup",
+        abstract: "Copy a data directory's journal into a new directory, while the daemon runs, and verify the copy.",
+        discussion: """
+            DEST must be new or empty. A log journal is copied as its records stood when it was read, with the \
+            snapshot files they keep (read again if a commit compacted one away meanwhile); an SQLite journal with \
+            SQLite's online backup. The copy is then checked as verify checks a journal: exit 0 when it is intact, \
+            5 when not, 1 when the copy could not be made. To restore, point a stopped daemon's data_dir at a copy.
+            """
+    )
+
+    @Argument(help: "The daemon's data directory.")
+    var directory: String
+
+    @Argument(help: "Where the copy goes: a new or empty directory.")
+    var destination: String
+
+    func run() throws {
+        do {
+            try backupLocalJournal(directory: directory, to: destination)
+        } catch {
+            printError("\(Tool.commandName) journal backup: \(error)")
+            throw ExitCode.failure
+        }
+        let copy = try openJournal(destination, command: "backup", readOnly: true)
+        defer { try? copy.close() }
+        var problems: [JournalProblem]
+        var stores: [JournalStoreStats] = []
+        do {
+            problems = try copy.verify()
+            stores = try copy.stats().stores
+        } catch {
+            problems = [JournalProblem(code: error.code, store: error.store, seq: error.seq, message: error.message)]
+        }
+        guard problems.isEmpty else {
+            for problem in problems { print("journal \(copy.location): \(problem)") }
+            throw JournalCommand.damaged
+        }
+        let seqs = stores.map { "\($0.name) at seq \($0.lastSeq)" }.joined(separator: ", ")
+        print("journal \(directory) copied to \(copy.location): intact (\(seqs.isEmpty ? "no stores" : seqs))")
     }
 }
 

@@ -27,8 +27,11 @@ final class Faults {
     /// No snapshot (so no compaction) for a long while: the suite checks the whole history.
     static let keepHistory = "[snapshots]\nevery_events = 100000000\n"
 
-    /// The daemon's setting for Lockstep's own journal instead of SQLite: first in its file, before any table.
+    /// The daemon's setting for Lockstep's own journal (the default in a new data directory): first in its file,
+    /// before any table.
     static let logJournal = "journal = \"log\"\n"
+    /// The daemon's setting for the SQLite journal, which the journal's classes name as the log journal's are named.
+    static let sqliteJournal = "journal = \"sqlite\"\n"
 
     func pause(_ range: ClosedRange<Int>) {
         Thread.sleep(forTimeInterval: Double(Int.random(in: range, using: &random)) / 1_000)
@@ -110,7 +113,7 @@ final class Faults {
     // MARK: - kill -9
 
     func killUnderLoad() throws -> FaultResult {
-        try killUnderLoad(in: "kill", configuration: Self.keepHistory)
+        try killUnderLoad(in: "kill", configuration: Self.sqliteJournal + Self.keepHistory)
     }
 
     /// The same with the log journal.
@@ -122,7 +125,7 @@ final class Faults {
     /// a later commit at its own seq; a digest every 500, published after later events), and each restart recovers
     /// the large state.
     func killUnderLoadOnALargeStore() throws -> FaultResult {
-        try killUnderLoad(in: "kill-large", configuration: Self.largeStore, prefill: true)
+        try killUnderLoad(in: "kill-large", configuration: Self.sqliteJournal + Self.largeStore, prefill: true)
     }
 
     /// The same with the log journal: its snapshots' files written on the checkpoint thread, ahead of their commit.
@@ -539,7 +542,7 @@ final class Faults {
         let base = folder.appendingPathComponent(log ? "surgery-log" : "surgery")
         let pristine = try Daemon(
             folder: base.appendingPathComponent("pristine"),
-            configuration: (log ? Self.logJournal : "") + "[snapshots]\nevery_events = 500\n"
+            configuration: (log ? Self.logJournal : Self.sqliteJournal) + "[snapshots]\nevery_events = 500\n"
         )
         try pristine.start()
         let client = CommandClient(context: try Context(), endpoint: pristine.command, timeout: .seconds(5), retries: 2)
@@ -669,7 +672,8 @@ final class Faults {
         defer { _ = run("/bin/umount", ["-l", mountPoint.path]) }
         let daemon = try Daemon(
             folder: base,
-            configuration: "data_dir = \"\(mountPoint.path)\"\n" + (log ? Self.logJournal : "") + Self.keepHistory,
+            configuration: "data_dir = \"\(mountPoint.path)\"\n" + (log ? Self.logJournal : Self.sqliteJournal)
+                + Self.keepHistory,
             data: mountPoint.path
         )
         try daemon.start()
@@ -733,7 +737,7 @@ final class Faults {
         let data = disk.mountPoint.appendingPathComponent("var/lockstep").path
         let daemon = try Daemon(
             folder: base.appendingPathComponent("daemon"),
-            configuration: "data_dir = \"\(data)\"\n" + (log ? Self.logJournal : "")
+            configuration: "data_dir = \"\(data)\"\n" + (log ? Self.logJournal : Self.sqliteJournal)
                 + (largeStore ? Self.largeStore : Self.keepHistory),
             environment: syncOff ? ["LOCKSTEP_FAILPOINT": "no-sync"] : [:],
             data: data
@@ -805,7 +809,7 @@ final class Faults {
         let daemon = try Daemon(
             folder: base.appendingPathComponent("daemon"),
             configuration: "data_dir = \"\(data)\"\ndomains = [\"todos\", \"reminders\"]\n"
-                + (log ? Self.logJournal : "")
+                + (log ? Self.logJournal : Self.sqliteJournal)
                 + Self.keepHistory,
             environment: ["LOCKSTEP_NOTIFICATIONS": service.path],
             data: data

@@ -46,12 +46,44 @@ import Testing
         #expect(fromFlags.postgresConnection == "dbname=other")
     }
 
+    /// Unset, the journal is the one the data directory holds; in a new one, the log journal — or SQLite under
+    /// relaxed durability, which only it has. Set, it is what it says.
+    @Test func anUnsetJournalIsTheOneTheDataDirectoryHoldsOrTheLogJournalInANewOne() throws {
+        let directory = try temporaryDirectory("flags-journal")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        func configuration(_ data: String, _ flags: [String] = []) throws -> DaemonConfiguration {
+            let path = directory.appendingPathComponent(data).path
+            return try DaemonFlags.parse(["--data-dir", path] + flags).configuration(environment: [:], domains: domains)
+        }
+        #expect(try configuration("new").journal == nil)
+        #expect(try configuration("new").journalToOpen == .log)
+        #expect(try configuration("new", ["--durability", "relaxed"]).journalToOpen == .sqlite)
+        #expect(try configuration("new", ["--journal", "sqlite"]).journalToOpen == .sqlite)
+        for (file, kind) in [("journal.sqlite", DaemonConfiguration.JournalKind.sqlite), ("journal.lslog", .log)] {
+            let data = directory.appendingPathComponent(file + "-dir")
+            try FileManager.default.createDirectory(at: data, withIntermediateDirectories: true)
+            #expect(FileManager.default.createFile(atPath: data.appendingPathComponent(file).path, contents: Data()))
+            #expect(try configuration(file + "-dir").journalToOpen == kind)
+            #expect(try configuration(file + "-dir", ["--journal", "memory"]).journalToOpen == .memory)
+        }
+        // Relaxed durability on a directory holding a log journal: refused, saying why; on one holding SQLite, taken.
+        let error = #expect(throws: ConfigurationError.self) {
+            try configuration("journal.lslog-dir", ["--durability", "relaxed"])
+        }
+        #expect(error?.description.contains("holds a log journal") == true, "\(String(describing: error))")
+        #expect(try configuration("journal.sqlite-dir", ["--durability", "relaxed"]).journalToOpen == .sqlite)
+    }
+
     @Test(
         arguments: [
             (["--durability", "sometimes"], "--durability: must be fsync or relaxed, got 'sometimes'"),
             (["--journal", "paper"], "--journal: must be sqlite, memory, postgres or log, got 'paper'"),
             (["--journal", "postgres"], "postgres: journal is 'postgres' but no connection string is given"),
-            (["--postgres", "dbname=x"], "a PostgreSQL connection string is given, but the journal is 'sqlite'"),
+            (["--postgres", "dbname=x"], "a PostgreSQL connection string is given, but the journal is not set"),
+            (
+                ["--journal", "sqlite", "--postgres", "dbname=x"],
+                "a PostgreSQL connection string is given, but the journal is 'sqlite'",
+            ),
             (
                 ["--journal", "postgres", "--postgres", "dbname=x", "--durability", "relaxed"],
                 "'relaxed' is for the sqlite journal",

@@ -39,7 +39,7 @@ import Testing
         let stopped = try await eventually(within: .seconds(30)) { finished.load(ordering: .acquiring) }
         try #require(stopped, "the daemon did not stop within 30 s of its cancellation")
         try await running.value  // returned, not thrown
-        let journal = try SQLiteJournal(directory: configuration.dataDirectory)
+        let journal = try openLocalJournal(directory: configuration.dataDirectory, readOnly: false)
         #expect(try journal.recover(Counter.self).lastSeq == 0)
         try journal.close()
     }

@@ -358,13 +358,49 @@ struct ClientTimeout: Error {}
 
         // SIGTERM drains and exits 0, and every acknowledged action is in the journal.
         #expect(await daemon.stop() == 0)
-        let journal = try SQLiteJournal(directory: "\(directory)/.lockstep/data", readOnly: true)
+        let journal = try openLocalJournal(directory: "\(directory)/.lockstep/data", readOnly: true)
         defer { try? journal.close() }
         guard case let .events(events) = try journal.events(store: "counter", from: 1, to: total, limit: 10_000) else {
             Issue.record("the journal's history was compacted")
             return
         }
         #expect(events.map(\.seq) == Array(1...total))
+    }
+
+    /// A new data directory gets the log journal; `lockstep journal backup` copies it while the daemon serves and a
+    /// client dispatches; the copy verifies, and a daemon started on it serves the counter from where the copy was
+    /// taken: at least what was acknowledged before the backup began, at most what was by the end.
+    @Test func aBackupTakenWhileTheDaemonServesStartsADaemonOfItsOwn() async throws {
+        let directory = try temporaryDirectory()
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let daemon = try DaemonProcess(directory: directory, arguments: ["--domain", "counter"])
+        try await daemon.waitUntilServing()
+        let data = "\(directory)/.lockstep/data"
+        #expect(LogJournal.exists(in: data) && !SQLiteJournal.exists(in: data))
+        let dispatch = ["dispatch", "counter", #"{"increment":{}}"#, "--json", "--command-endpoint", daemon.command]
+        let before = try await runProduct("lockstep", dispatch + ["--repeat", "50"], timeout: .seconds(60))
+        #expect(before.status == 0, "\(before.standardError)")
+        let client = try ChildProcess("lockstep", dispatch + ["--repeat", "300"])
+        let copy = "\(directory)/copy"
+        let backup = try await runProduct("lockstep", ["journal", "backup", data, copy], timeout: .seconds(60))
+        #expect(backup.status == 0, "\(backup.standardError)")
+        #expect(backup.standardOutput.contains("intact"), "\(backup.standardOutput)")
+        let during = try await client.finish(within: .seconds(60))
+        #expect(during.status == 0, "\(during.standardError)")
+        #expect(await daemon.stop() == 0)
+        // A second backup into the same directory is refused: it is not empty.
+        let again = try await runProduct("lockstep", ["journal", "backup", data, copy], timeout: .seconds(60))
+        #expect(again.status == 1)
+        #expect(again.standardError.contains("is not empty"), "\(again.standardError)")
+
+        let restored = try DaemonProcess(
+            directory: "\(directory)/restored",
+            arguments: ["--domain", "counter", "--data-dir", copy]
+        )
+        let status = try await restored.waitUntilServing()
+        let seq = try #require(status.stores.first { $0.name == "counter" }?.seq)
+        #expect((50...350).contains(seq), "the copy's daemon serves the counter at seq \(seq)")
+        #expect(await restored.stop() == 0)
     }
 
     @Test func stateAndTailWorkForAnyStoreWithoutItsDomain() async throws {

@@ -36,7 +36,7 @@ import Testing
         #expect(await daemon.stop() == 0, "\(daemon.output)")
         // And in the journal: each request of this client once.
         let events = try await offPool("journal") {
-            let journal = try SQLiteJournal(directory: "\(directory)/.lockstep/data", readOnly: true)
+            let journal = try openLocalJournal(directory: "\(directory)/.lockstep/data", readOnly: true)
             defer { try? journal.close() }
             guard case let .events(events) = try journal.events(store: "counter", from: 1, to: 10_000, limit: 10_000)
             else { return [JournalEvent]() }

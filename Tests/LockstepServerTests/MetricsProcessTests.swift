@@ -108,7 +108,7 @@ import Glibc
         #expect(prometheusSample(text, "lockstep_leader") == 1)
         // Every commit's batch recorded: as many actions in the histogram as were journaled.
         #expect(prometheusSample(text, "lockstep_commit_batch_actions_sum") == Double(accepted))
-        #expect((prometheusSample(text, "lockstep_journal_commit_seconds_count", ["journal": "sqlite"]) ?? 0) >= 1)
+        #expect((prometheusSample(text, "lockstep_journal_commit_seconds_count", ["journal": "log"]) ?? 0) >= 1)
         // 360 events, a snapshot once 100 more are in (at a commit's end): three; two are kept, so the events are
         // compacted away through the second, at 200 or a little past it.
         #expect(prometheusSample(text, "lockstep_snapshots_total", ["store": "todos"]) == 3)

@@ -169,7 +169,7 @@ import ZeroMQ
         #expect(seq == 1)
         #expect(String(decoding: action, as: UTF8.self) == #"{"add":{"number":5}}"#)
         #expect(await daemon.stop() == 0)
-        let journal = try SQLiteJournal(directory: "\(directory)/.lockstep/data", readOnly: true)
+        let journal = try openLocalJournal(directory: "\(directory)/.lockstep/data", readOnly: true)
         defer { try? journal.close() }
         guard case let .events(events) = try journal.events(store: "numbers", from: 1, to: 10, limit: 10) else {
             Issue.record("the journal's history was compacted")

@@ -53,11 +53,11 @@ struct BenchCommand: ParsableCommand {
 
     @Option(
         help: """
-            The journal of the daemons of P1, P2, P3, P7 and outside: sqlite (the default), or log (Lockstep's own, \
-            docs/operations.md "The log journal"). P4 fills SQLite journals.
+            The journal of the daemons of P1, P2, P3, P7 and outside: log (Lockstep's own, the daemon's default in a \
+            new data directory; docs/operations.md "The journal"), or sqlite. P4 fills SQLite journals.
             """
     )
-    var journal = Bench.LocalJournal.sqlite
+    var journal = Bench.LocalJournal.log
 
     @Flag(
         help: """

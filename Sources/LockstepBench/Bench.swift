@@ -51,7 +51,7 @@ package final class Bench {
         transport: Transport,
         seconds: Double,
         keep: Bool,
-        journal: LocalJournal = .sqlite,
+        journal: LocalJournal = .log,
         policy: Bool = false,
         metrics: Bool = false,
         inspector: Bool = false,

@@ -11,11 +11,22 @@ import Darwin
 /// The file work both local journals do themselves, beside what SQLite does for its own files: the data directory,
 /// new files with mode 0600, directory syncs, and errno turned into a ``JournalError`` naming the journal.
 enum JournalFiles {
-    /// Refuses a backup's destination that holds anything: a new directory, or an empty one.
+    /// Refuses a backup's destination unless it is missing or an empty directory that can be read.
     static func requireEmpty(_ destination: String) throws(JournalError) {
-        guard let found = try? FileManager.default.contentsOfDirectory(atPath: destination), !found.isEmpty else {
-            return
+        guard FileManager.default.fileExists(atPath: destination) else { return }
+        let found: [String]
+        do {
+            found = try FileManager.default.contentsOfDirectory(atPath: destination)
+        } catch {
+            throw JournalError(
+                code: .invalidArgument,
+                file: destination,
+                operation: "backup",
+                message: "cannot read \(destination) as a directory (\(error.localizedDescription)); give a new or "
+                    + "empty directory"
+            )
         }
+        guard !found.isEmpty else { return }
         throw JournalError(
             code: .invalidArgument,
             file: destination,

@@ -70,14 +70,16 @@ public final class LogJournal: EngineJournal {
     /// journal stood then; check it with `lockstep journal verify`.
     public static func backup(_ directory: String, to destination: String, attempts: Int = 5) throws(JournalError) {
         try JournalFiles.requireEmpty(destination)
-        for attempt in 1...max(1, attempts) {
+        let tries = max(1, attempts)
+        for attempt in 1...tries {
             let journal = try LogJournal(directory: directory, readOnly: true)
             defer { try? journal.close() }
             do throws(JournalError) {
                 try journal.engine.storage.copy(to: destination)
                 return
-            } catch  where error.code == .notFound && attempt < attempts {
-                try? FileManager.default.removeItem(atPath: destination)
+            } catch {
+                LogStorage.removeCopy(in: destination)
+                if error.code != .notFound || attempt == tries { throw error }
             }
         }
     }
@@ -249,6 +251,8 @@ final class LogStorage: JournalStorage {
 
     /// Reads every record into the image; a record cut short at the end is cut off (read-write) or left out.
     private func read(into state: inout FileState) throws(JournalError) {
+        // The mark first: a daemon that closes the log after it was read here leaves a mark past what was read.
+        let closedAt = readClosedMark()
         let bytes = try Self.readAll(state.descriptor, journal: location)
         let header = LogRecord.header
         guard bytes.count >= header.count, bytes[..<4].elementsEqual(LogRecord.magic) else {
@@ -273,7 +277,7 @@ final class LogStorage: JournalStorage {
             try apply(record, state: &state, deleting: false)
         }
         state.end = Int64(scan.end)
-        if let closedAt = readClosedMark(), scan.damage == nil, scan.end < closedAt {
+        if let closedAt, scan.damage == nil, scan.end < closedAt {
             throw JournalError(
                 code: .corrupt,
                 file: location,
@@ -703,10 +707,11 @@ final class LogStorage: JournalStorage {
         let descriptor = interruptible { open(location, O_RDONLY | O_CLOEXEC) }
         guard descriptor >= 0 else { throw JournalFiles.ioError(location, "verify", "cannot open the journal") }
         defer { closeDescriptor(descriptor) }
+        let closedAt = isReadOnly ? readClosedMark() : nil
         let bytes = try Self.readAll(descriptor, journal: location)
         let scan = try scanLog(bytes, from: LogRecord.header.count, { _ in })
         if let found = scan.damage { problems.append(found) }
-        if scan.damage == nil, isReadOnly, let closedAt = readClosedMark(), scan.end < closedAt {
+        if scan.damage == nil, let closedAt, scan.end < closedAt {
             problems.append("the log holds whole records up to offset \(scan.end), but it was closed at \(closedAt)")
         }
         for (key, name) in files.sorted(by: { ($0.key.store, $0.key.seq) < ($1.key.store, $1.key.seq) }) {
@@ -758,12 +763,17 @@ final class LogStorage: JournalStorage {
 
     /// Writes the mark, synced, renamed into place, the directory synced.
     private func writeClosedMark(_ end: Int64) throws(JournalError) {
+        _ = try replaceFile(closedMarkPath, with: [Self.closedMark(end)], operation: "close")
+        try JournalFiles.fsyncDirectory(directory, journal: location)
+    }
+
+    /// The mark's 16 bytes for a log that ends at `end`.
+    private static func closedMark(_ end: Int64) -> [UInt8] {
         var writer = LogWriter()
-        writer.bytes.append(contentsOf: Self.closedMagic)
+        writer.bytes.append(contentsOf: closedMagic)
         writer.u64(UInt64(end))
         writer.u32(CRC32C.checksum(writer.bytes))
-        _ = try replaceFile(closedMarkPath, with: [writer.bytes], operation: "close")
-        try JournalFiles.fsyncDirectory(directory, journal: location)
+        return writer.bytes
     }
 
     /// Removes the mark before the first append: from now on the log may grow, and a crash may cut it.
@@ -782,48 +792,39 @@ final class LogStorage: JournalStorage {
 
     /// Copies what this storage read — the log's whole records up to where they ended, read again from the same open
     /// file (a rewrite renames a new file over the name, never writes into this one, and appends only go past the
-    /// end), and the snapshot files they keep — into `destination`, which must hold no journal. Throws
-    /// ``JournalError/Code/notFound`` when a snapshot file was removed since the log was read (a commit's
-    /// compaction): a copy read again after it finds the newer ones.
+    /// end), and the snapshot files they keep — into `destination`, a new or empty directory, with a closed mark at
+    /// the copy's end (so a copy cut short later is refused, as the log is). The snapshot files are all opened first:
+    /// one a commit's compaction removes after that is still read whole. Throws ``JournalError/Code/notFound`` when
+    /// one was removed before (a copy read again after it finds the newer ones).
     func copy(to destination: String) throws(JournalError) {
         let (descriptor, end, names) = file.withLockedValue { ($0.descriptor, $0.end, Set($0.snapshotFiles.values)) }
         let log = URL(fileURLWithPath: destination).appendingPathComponent(Self.fileName).path
         let folder = URL(fileURLWithPath: destination).appendingPathComponent(Self.snapshotFolder).path
-        guard !LogJournal.exists(in: destination), !SQLiteJournal.exists(in: destination) else {
-            throw JournalError(
-                code: .inUse,
-                file: destination,
-                operation: "backup",
-                message: "\(destination) holds a journal already; give a new or empty directory"
-            )
-        }
-        try JournalFiles.makeDirectory(destination, path: log)
-        try JournalFiles.makeDirectory(folder, path: log)
+        var sources: [(name: String, descriptor: Int32)] = []
+        defer { for source in sources { closeDescriptor(source.descriptor) } }
         for name in names.sorted() {
             let source = interruptible { open(snapshotPath(name), O_RDONLY | O_CLOEXEC) }
             guard source >= 0 else {
-                if errno == ENOENT {
-                    throw JournalError(
-                        code: .notFound,
-                        file: location,
-                        operation: "backup",
-                        message: "the snapshot file \(name) was removed while the journal was copied"
-                    )
+                guard errno == ENOENT else {
+                    throw JournalFiles.ioError(location, "backup", "cannot open the snapshot file \(name)")
                 }
-                throw JournalFiles.ioError(location, "backup", "cannot open the snapshot file \(name)")
+                throw JournalError(
+                    code: .notFound,
+                    file: location,
+                    operation: "backup",
+                    message: "the snapshot file \(name) was removed between reading the log and copying it"
+                )
             }
-            let bytes: [UInt8]
-            do throws(JournalError) {
-                bytes = try Self.readAll(source, journal: location)
-            } catch {
-                closeDescriptor(source)
-                throw error
-            }
-            closeDescriptor(source)
-            try Self.writeNewFile(folder + "/" + name, bytes, journal: log)
+            sources.append((name, source))
+        }
+        try JournalFiles.makeDirectory(destination, path: log)
+        try JournalFiles.makeDirectory(folder, path: log)
+        for source in sources {
+            let bytes = try Self.readAll(source.descriptor, journal: location)
+            try Self.writeNewFile(folder + "/" + source.name, bytes, journal: log)
         }
         try JournalFiles.fsyncDirectory(folder, journal: log)
-        var bytes = try Self.readAll(descriptor, journal: location, upTo: Int(end))
+        let bytes = try Self.readAll(descriptor, journal: location, upTo: Int(end))
         guard bytes.count == Int(end) else {
             throw JournalError(
                 code: .ioError,
@@ -832,9 +833,22 @@ final class LogStorage: JournalStorage {
                 message: "the log held \(bytes.count) bytes where it had \(end) when it was read"
             )
         }
-        try Self.writeNewFile(log, bytes, journal: log)
-        bytes = []
+        try Self.writeNewFile(log + ".new", bytes, journal: log)
+        guard interruptible({ rename(log + ".new", log) }) == 0 else {
+            throw JournalFiles.ioError(log, "backup", "cannot rename \(log).new to \(log)")
+        }
+        try Self.writeNewFile(destination + "/" + Self.closedMarkName, Self.closedMark(end), journal: log)
         try JournalFiles.fsyncDirectory(destination, journal: log)
+    }
+
+    /// Removes what ``copy(to:)`` writes in `destination` — and nothing else there, nor `destination` itself.
+    static func removeCopy(in destination: String) {
+        for name in [fileName, fileName + ".new", closedMarkName] { unlink(destination + "/" + name) }
+        let folder = destination + "/" + snapshotFolder
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? [] where name.hasSuffix(".snap") {
+            unlink(folder + "/" + name)
+        }
+        rmdir(folder)
     }
 
     /// Creates `path` (mode 0600) with `bytes`, synced.

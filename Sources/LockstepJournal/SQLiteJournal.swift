@@ -33,6 +33,7 @@ public final class SQLiteJournal: EngineJournal {
             try journal.databaseQueue.backup(to: target)
             try target.close()
         } catch {
+            for file in [path, path + "-wal", path + "-shm"] { unlink(file) }
             throw SQLiteStorage.map(error, file: path, operation: "backup")
         }
         try JournalFiles.fsyncDirectory(destination, journal: path)

@@ -1,9 +1,10 @@
 import Foundation
 import Lockstep
 import LockstepExamples
-import LockstepJournal
 import TestSupport
 import Testing
+
+@testable import LockstepJournal
 
 /// `lockstep journal backup`: a copy of a local journal taken while it is open for writing.
 @Suite struct BackupTests {
@@ -56,5 +57,43 @@ import Testing
         }
         #expect(error?.code == .invalidArgument)
         #expect(error?.message.contains("is not empty") == true, "\(String(describing: error))")
+    }
+
+    /// A snapshot file a commit compacts away between reading the log and copying it: that copy is refused
+    /// (`not_found`) and what it wrote is removed, the destination kept; the backup reads the log again and copies
+    /// the newer snapshots. The copy carries a closed mark: cut short later, it is refused.
+    @Test func aSnapshotCompactedAwayMeanwhileMakesTheBackupReadTheLogAgain() throws {
+        let directory = try temporaryDirectory("backup-compacted")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let data = directory.appendingPathComponent("data").path
+        let writer = try LogJournal(directory: data, policy: policy)
+        var state = try writer.recover(Counter.self).state
+        var seq = try commit(writer, after: 0, state: &state, batches: 10)
+        let reader = try LogJournal(directory: data, readOnly: true)
+        // Snapshots at 20 and 40 when the reader read the log; by 100, those at 80 and 100 are the ones kept.
+        seq = try commit(writer, after: seq, state: &state, batches: 10)
+        let destination = directory.appendingPathComponent("copy").path
+        try FileManager.default.createDirectory(atPath: destination, withIntermediateDirectories: false)
+        let error = #expect(throws: JournalError.self) { try reader.engine.storage.copy(to: destination) }
+        #expect(error?.code == .notFound, "\(String(describing: error))")
+        try reader.close()
+        LogStorage.removeCopy(in: destination)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: destination) == [])
+
+        try LogJournal.backup(data, to: destination)
+        try writer.close()
+        let copied = try FileManager.default.contentsOfDirectory(atPath: destination + "/snapshots")
+        #expect(copied.count == 2, "\(copied)")
+        let copy = try LogJournal(directory: destination, policy: policy)
+        #expect(try copy.verify() == [])
+        #expect(try copy.recover(Counter.self).lastSeq == seq)
+        try copy.close()
+
+        // The copy's closed mark: the same copy cut short by one byte is refused, naming the offsets.
+        let log = destination + "/" + LogJournal.fileName
+        let size = try #require(FileManager.default.attributesOfItem(atPath: log)[.size] as? Int)
+        #expect(truncate(log, off_t(size - 1)) == 0)
+        let cut = #expect(throws: JournalError.self) { try LogJournal(directory: destination, readOnly: true) }
+        #expect(cut?.code == .corrupt, "\(String(describing: cut))")
     }
 }

@@ -373,7 +373,13 @@ struct ClientTimeout: Error {}
     @Test func aBackupTakenWhileTheDaemonServesStartsADaemonOfItsOwn() async throws {
         let directory = try temporaryDirectory()
         defer { try? FileManager.default.removeItem(atPath: directory) }
-        let daemon = try DaemonProcess(directory: directory, arguments: ["--domain", "counter"])
+        // A snapshot every 20 events: the copy has snapshot files to take.
+        let configuration = "\(directory)/lockstepd.toml"
+        try "[snapshots]\nevery_events = 20\n".write(toFile: configuration, atomically: true, encoding: .utf8)
+        let daemon = try DaemonProcess(
+            directory: directory,
+            arguments: ["--domain", "counter", "--config", configuration]
+        )
         try await daemon.waitUntilServing()
         let data = "\(directory)/.lockstep/data"
         #expect(LogJournal.exists(in: data) && !SQLiteJournal.exists(in: data))
@@ -385,6 +391,8 @@ struct ClientTimeout: Error {}
         let backup = try await runProduct("lockstep", ["journal", "backup", data, copy], timeout: .seconds(60))
         #expect(backup.status == 0, "\(backup.standardError)")
         #expect(backup.standardOutput.contains("intact"), "\(backup.standardOutput)")
+        let snapshots = (try? FileManager.default.contentsOfDirectory(atPath: "\(copy)/snapshots")) ?? []
+        #expect(!snapshots.isEmpty && snapshots.allSatisfy { $0.hasSuffix(".snap") }, "\(snapshots)")
         let during = try await client.finish(within: .seconds(60))
         #expect(during.status == 0, "\(during.standardError)")
         #expect(await daemon.stop() == 0)

@@ -115,6 +115,23 @@ struct WorkerReport: Codable, Sendable {
     }
 }
 
+extension WorkerReport {
+    /// Counts one operation that began at `start`: timed when it succeeded, a failure (not timed) when it threw.
+    /// Returns when it ended, where the next one begins.
+    mutating func timed(from start: UInt64, _ result: Result<Void, any Error>) -> UInt64 {
+        let done = monotonicNanos()
+        switch result {
+        case .success:
+            latencies.append(done - start)
+            count += 1
+        case let .failure(error):
+            failures += 1
+            firstFailure = firstFailure ?? "\(error)"
+        }
+        return done
+    }
+}
+
 /// A minimal Redis client (RESP2) over a unix socket, for the comparison with Redis Streams: one blocking
 /// request at a time, as the Lockstep clients it is compared with.
 final class RedisConnection {

@@ -174,19 +174,7 @@ package struct BenchWorker: Sendable {
         let start = monotonicNanos()
         let end = start + UInt64(seconds * 1e9)
         var now = start
-        while now < end {
-            do {
-                try operation()
-                let done = monotonicNanos()
-                report.latencies.append(done - now)
-                report.count += 1
-                now = done
-            } catch {
-                report.failures += 1
-                report.firstFailure = report.firstFailure ?? "\(error)"
-                now = monotonicNanos()
-            }
-        }
+        while now < end { now = report.timed(from: now, Result { try operation() }) }
         report.elapsed = now - start
         report.cpuNanos = UInt64((processCPUTime() - cpuStart) / .nanoseconds(1))
         return report
@@ -467,17 +455,14 @@ package struct BenchWorker: Sendable {
                     lane.latencies.reserveCapacity(100_000 / inFlight)
                     var now = monotonicNanos()
                     while now < end {
+                        let result: Result<Void, any Error>
                         do {
                             try await dispatcher.dispatch(.increment)
-                            let done = monotonicNanos()
-                            lane.latencies.append(done - now)
-                            lane.count += 1
-                            now = done
+                            result = .success(())
                         } catch {
-                            lane.failures += 1
-                            lane.firstFailure = lane.firstFailure ?? "\(error)"
-                            now = monotonicNanos()
+                            result = .failure(error)
                         }
+                        now = lane.timed(from: now, result)
                     }
                     return lane
                 }

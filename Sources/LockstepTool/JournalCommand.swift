@@ -54,6 +54,15 @@ package func openJournal(
     }
 }
 
+/// `journal`'s problems as `verify` finds them (a failure to read it is one), and its stores when it could be read.
+func checked(_ journal: any Journal) -> (problems: [JournalProblem], stores: [JournalStoreStats]) {
+    do {
+        return (try journal.verify(), try journal.stats().stores)
+    } catch {
+        return ([JournalProblem(code: error.code, store: error.store, seq: error.seq, message: error.message)], [])
+    }
+}
+
 /// Where a read-only command finds the journal: a data directory, or a PostgreSQL database.
 struct JournalLocation: ParsableArguments {
     @Argument(help: "The data directory (not with --postgres).")
@@ -114,14 +123,7 @@ struct JournalVerifyCommand: ParsableCommand {
     func run() throws {
         let journal = try location.open(command: "verify")
         defer { try? journal.close() }
-        var problems: [JournalProblem]
-        var stores: [JournalStoreStats] = []
-        do {
-            problems = try journal.verify()
-            stores = try journal.stats().stores
-        } catch {
-            problems = [JournalProblem(code: error.code, store: error.store, seq: error.seq, message: error.message)]
-        }
+        var (problems, stores) = checked(journal)
         for store in stores where !problems.contains(where: { $0.store == store.name }) {
             guard let domain = Tool.domain(named: store.name) else { continue }
             guard domain.version == store.domainVersion else {
@@ -189,14 +191,7 @@ struct JournalBackupCommand: ParsableCommand {
         }
         let copy = try openJournal(destination, command: "backup", readOnly: true)
         defer { try? copy.close() }
-        var problems: [JournalProblem]
-        var stores: [JournalStoreStats] = []
-        do {
-            problems = try copy.verify()
-            stores = try copy.stats().stores
-        } catch {
-            problems = [JournalProblem(code: error.code, store: error.store, seq: error.seq, message: error.message)]
-        }
+        let (problems, stores) = checked(copy)
         guard problems.isEmpty else {
             for problem in problems { print("journal \(copy.location): \(problem)") }
             throw JournalCommand.damaged

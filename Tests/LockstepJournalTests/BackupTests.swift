@@ -10,22 +10,6 @@ import Testing
 @Suite struct BackupTests {
     let policy = JournalPolicy(snapshotEveryEvents: 20, snapshotsKept: 2, idempotencyEntriesKept: 50)
 
-    /// `batches` commits of 5 increments to the counter after `seq`, a snapshot when due; returns the last seq.
-    func commit(_ journal: any Journal, after seq: UInt64, state: inout Counter.State, batches: Int) throws -> UInt64 {
-        var seq = seq
-        for _ in 0..<batches {
-            let batch = events(Counter.name, from: seq + 1, count: 5) { _ in Counter.Action.increment }
-            for _ in batch { Counter.reduce(into: &state, .increment) }
-            seq += 5
-            var commit = JournalBatch(events: batch, idempotency: idempotency(for: batch))
-            if journal.snapshotDue(store: Counter.name, in: commit) {
-                commit.snapshots = [try JournalSnapshot(store: Counter.name, seq: seq, encoding: state)]
-            }
-            try journal.commit(commit)
-        }
-        return seq
-    }
-
     /// The copy holds what was committed when it was taken — snapshots, the events after the older one, the
     /// idempotency entries — opens on its own as the same kind of journal, verifies, and recovers the same state;
     /// the journal goes on meanwhile. A destination that holds anything is refused, naming what it holds.
@@ -34,11 +18,11 @@ import Testing
         let fixture = try await JournalFixture(kind, policy: policy)
         let journal = try fixture.open()
         var state = try journal.recover(Counter.self).state
-        let copied = try commit(journal, after: 0, state: &state, batches: 30)
+        let copied = try commitIncrements(journal, after: 0, state: &state, batches: 30)
         let copiedState = state
         let copy = fixture.directory.appendingPathComponent("copy").path
         try backupLocalJournal(directory: fixture.dataDirectory, to: copy)
-        let last = try commit(journal, after: copied, state: &state, batches: 3)
+        let last = try commitIncrements(journal, after: copied, state: &state, batches: 3)
         #expect(last == copied + 15)
         try journal.close()
 
@@ -68,10 +52,10 @@ import Testing
         let data = directory.appendingPathComponent("data").path
         let writer = try LogJournal(directory: data, policy: policy)
         var state = try writer.recover(Counter.self).state
-        var seq = try commit(writer, after: 0, state: &state, batches: 10)
+        var seq = try commitIncrements(writer, after: 0, state: &state, batches: 10)
         let reader = try LogJournal(directory: data, readOnly: true)
         // Snapshots at 20 and 40 when the reader read the log; by 100, those at 80 and 100 are the ones kept.
-        seq = try commit(writer, after: seq, state: &state, batches: 10)
+        seq = try commitIncrements(writer, after: seq, state: &state, batches: 10)
         let destination = directory.appendingPathComponent("copy").path
         try FileManager.default.createDirectory(atPath: destination, withIntermediateDirectories: false)
         let error = #expect(throws: JournalError.self) { try reader.engine.storage.copy(to: destination) }

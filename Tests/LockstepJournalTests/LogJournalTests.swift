@@ -25,18 +25,7 @@ import Testing
     func commit(_ journal: LogJournal, batches: Int) throws -> UInt64 {
         let recovered = try journal.recover(Counter.self)
         var state = recovered.state
-        var seq = recovered.lastSeq
-        for _ in 0..<batches {
-            let batch = events(Counter.name, from: seq + 1, count: 5) { _ in Counter.Action.increment }
-            for _ in batch { Counter.reduce(into: &state, .increment) }
-            seq += 5
-            var commit = JournalBatch(events: batch, idempotency: idempotency(for: batch))
-            if journal.snapshotDue(store: Counter.name, in: commit) {
-                commit.snapshots = [try JournalSnapshot(store: Counter.name, seq: seq, encoding: state)]
-            }
-            try journal.commit(commit)
-        }
-        return seq
+        return try commitIncrements(journal, after: recovered.lastSeq, state: &state, batches: batches)
     }
 
     func fileSize() throws -> Int {

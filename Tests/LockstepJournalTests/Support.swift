@@ -146,6 +146,28 @@ func idempotency(for events: [JournalEvent], replySize: Int = 8) -> [Idempotency
     }
 }
 
+/// `batches` commits of 5 counter increments after `seq`, each with its idempotency entries and a snapshot when the
+/// journal is due one; `state` follows them. Returns the last seq.
+func commitIncrements(
+    _ journal: any Journal,
+    after seq: UInt64,
+    state: inout Counter.State,
+    batches: Int
+) throws -> UInt64 {
+    var seq = seq
+    for _ in 0..<batches {
+        let batch = events(Counter.name, from: seq + 1, count: 5) { _ in Counter.Action.increment }
+        for _ in batch { Counter.reduce(into: &state, .increment) }
+        seq += 5
+        var commit = JournalBatch(events: batch, idempotency: idempotency(for: batch))
+        if journal.snapshotDue(store: Counter.name, in: commit) {
+            commit.snapshots = [try JournalSnapshot(store: Counter.name, seq: seq, encoding: state)]
+        }
+        try journal.commit(commit)
+    }
+    return seq
+}
+
 /// The counter domain at another version, to test the refusal of a store written by the first.
 enum CounterV2: Domain {
     typealias State = Counter.State

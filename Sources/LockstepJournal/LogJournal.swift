@@ -84,6 +84,32 @@ public final class LogJournal: EngineJournal {
         }
     }
 
+    /// Writes the SQLite journal in `directory` as a log journal in `destination`, a new or empty directory: every
+    /// store with its epoch and domain versions, its snapshots and the events after the oldest, the idempotency
+    /// entries in their order, the outbox. The SQLite journal is opened for writing — its writer's lock held, so no
+    /// daemon changes it meanwhile (a running one makes this fail `in_use`) — and left as it was. An event whose
+    /// checksum does not match is refused, and nothing is left in `destination`. Point the daemon's `data_dir` at
+    /// `destination` (or move it into place) to go on with the log journal.
+    public static func convert(sqliteIn directory: String, to destination: String) throws(JournalError) {
+        try JournalFiles.requireEmpty(destination)
+        guard SQLiteJournal.exists(in: directory) else {
+            throw JournalError(
+                code: .notFound,
+                file: directory,
+                operation: "convert",
+                message: "\(directory) holds no SQLite journal (\(SQLiteJournal.fileName)) to convert"
+            )
+        }
+        let source = try SQLiteJournal(directory: directory)
+        defer { try? source.close() }
+        do throws(JournalError) {
+            try LogStorage.write(source.engine.storage, asLogJournalIn: destination)
+        } catch {
+            LogStorage.removeCopy(in: destination)
+            throw error
+        }
+    }
+
     /// Whether `directory` holds a log journal.
     public static func exists(in directory: String) -> Bool {
         JournalFiles.exists(fileName, in: directory)
@@ -513,6 +539,17 @@ final class LogStorage: JournalStorage {
     /// The header and the records that make what the journal holds now: each store's registration, versions, events
     /// and snapshots, then the idempotency entries in their order and the outbox.
     private func liveRecords(_ state: FileState) throws(JournalError) -> [UInt8] {
+        try Self.records(of: image) { state.snapshotFiles[SnapshotKey(store: $0.store, seq: $0.seq)] ?? "" }
+    }
+
+    /// The header and the records that make what `image` holds, each snapshot in the file `file` names for it: each
+    /// store's registration, versions, events and snapshots, then the idempotency entries in their order and the
+    /// outbox. An event whose stored checksum does not match is refused (``JournalError/Code/checksumMismatch``):
+    /// it is never written again under a checksum of its own.
+    private static func records(
+        of image: some JournalStorage,
+        file: (JournalSnapshot) throws(JournalError) -> String
+    ) throws(JournalError) -> [UInt8] {
         var bytes = LogRecord.header
         for record in try image.storeRecords() {
             let versions = try image.versionHistory(store: record.name)
@@ -526,17 +563,27 @@ final class LogStorage: JournalStorage {
                     plan.batch.snapshots.append(snapshot)
                 }
             }
-            let files = plan.batch.snapshots.map {
-                state.snapshotFiles[SnapshotKey(store: $0.store, seq: $0.seq)] ?? ""
-            }
+            var files: [String] = []
+            for snapshot in plan.batch.snapshots { files.append(try file(snapshot)) }
+            for index in plan.batch.snapshots.indices { plan.batch.snapshots[index].state = [] }
             bytes += LogRecord.commit(plan, snapshotFiles: files).framed()
             // The events in records of at most `rewriteChunk` each, or 64 MiB of actions: no record near the u32
             // length's limit.
             var events = CommitPlan(batch: JournalBatch(), compactions: [], idempotencyKept: .max)
             var actionBytes = 0
-            try image.forEachEvent(store: record.name, from: 0, through: .max) {
-                events.batch.events.append($0.event)
-                actionBytes += $0.event.action.count
+            try image.forEachEvent(store: record.name, from: 0, through: .max) { (stored) throws(JournalError) in
+                guard stored.checksumMatches else {
+                    throw JournalError(
+                        code: .checksumMismatch,
+                        file: image.location,
+                        operation: "convert",
+                        store: record.name,
+                        seq: stored.event.seq,
+                        message: "the event's stored checksum does not match its bytes: the event is damaged"
+                    )
+                }
+                events.batch.events.append(stored.event)
+                actionBytes += stored.event.action.count
                 if events.batch.events.count == Self.rewriteChunk || actionBytes >= 64 << 20 {
                     bytes += LogRecord.commit(events, snapshotFiles: []).framed()
                     events.batch.events.removeAll(keepingCapacity: true)
@@ -558,6 +605,26 @@ final class LogStorage: JournalStorage {
         rest.batch.timerChanges = outbox.timers.map { .set($0.0) }
         bytes += LogRecord.commit(rest, snapshotFiles: []).framed()
         return bytes
+    }
+
+    /// Writes what `source` holds — a journal opened for writing, so no daemon changes it meanwhile — as the journal of
+    /// `destination`, a new or empty directory: its snapshots in files of their own, then the log, synced, with its
+    /// closed mark.
+    static func write(_ source: some JournalStorage, asLogJournalIn destination: String) throws(JournalError) {
+        let storage = try LogStorage(directory: destination, readOnly: false, syncs: true, rewriteMinimumBytes: .max)
+        do throws(JournalError) {
+            try storage.file.withLockedValue { (state: inout FileState) throws(JournalError) in
+                let bytes = try records(of: source) { (snapshot) throws(JournalError) in
+                    try storage.writeSnapshot(snapshot)
+                }
+                try JournalFiles.fsyncDirectory(storage.snapshots, journal: storage.location)
+                try storage.install(bytes, &state)
+            }
+        } catch {
+            try? storage.close()
+            throw error
+        }
+        try storage.close()
     }
 
     /// `bytes` as the journal's file: written beside it, synced, renamed over it, its directory synced.
@@ -841,9 +908,10 @@ final class LogStorage: JournalStorage {
         try JournalFiles.fsyncDirectory(destination, journal: log)
     }
 
-    /// Removes what ``copy(to:)`` writes in `destination` — and nothing else there, nor `destination` itself.
+    /// Removes what ``copy(to:)`` or a conversion writes in `destination` — and nothing else there, nor `destination`
+    /// itself.
     static func removeCopy(in destination: String) {
-        for name in [fileName, fileName + ".new", closedMarkName] { unlink(destination + "/" + name) }
+        for name in [fileName, fileName + ".new", closedMarkName, "journal.lock"] { unlink(destination + "/" + name) }
         let folder = destination + "/" + snapshotFolder
         for name in (try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? [] where name.hasSuffix(".snap") {
             unlink(folder + "/" + name)

@@ -19,7 +19,7 @@ package struct JournalCommand: ParsableCommand {
                 """,
             subcommands: [
                 JournalVerifyCommand.self, JournalDumpCommand.self, JournalStatsCommand.self, JournalStateCommand.self,
-                JournalBackupCommand.self,
+                JournalBackupCommand.self, JournalConvertCommand.self,
             ]
                 + Tool.current.withLockedValue { $0.journalCommands }
         )
@@ -198,6 +198,58 @@ struct JournalBackupCommand: ParsableCommand {
         }
         let seqs = stores.map { "\($0.name) at seq \($0.lastSeq)" }.joined(separator: ", ")
         print("journal \(directory) copied to \(copy.location): intact (\(seqs.isEmpty ? "no stores" : seqs))")
+    }
+}
+
+struct JournalConvertCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "convert",
+        abstract: "Write a stopped daemon's SQLite journal as a log journal in a new directory, and check the copy.",
+        discussion: """
+            DIR holds the SQLite journal (the daemon stopped: convert takes its writer's lock, and fails in_use \
+            while a daemon runs); DEST must be new or empty. Every store keeps its epoch, domain versions, \
+            snapshots, events, idempotency entries and outbox, so replicas and clients go on as after a restart. \
+            The copy is checked as verify checks a journal, and each store's seq, epoch and events compared with \
+            the source's: exit 0 when they agree, 5 when not, 1 when the copy could not be made. Then point the \
+            daemon's data_dir at DEST. DIR is left as it was.
+            """
+    )
+
+    @Argument(help: "The stopped daemon's data directory, holding journal.sqlite.")
+    var directory: String
+
+    @Argument(help: "Where the log journal goes: a new or empty directory.")
+    var destination: String
+
+    func run() throws {
+        do {
+            try LogJournal.convert(sqliteIn: directory, to: destination)
+        } catch {
+            printError("\(Tool.commandName) journal convert: \(error)")
+            throw ExitCode.failure
+        }
+        let source = try openJournal(directory, command: "convert", readOnly: true)
+        defer { try? source.close() }
+        let copy = try openJournal(destination, command: "convert", readOnly: true)
+        defer { try? copy.close() }
+        var (problems, stores): ([JournalProblem], [JournalStoreStats]) = checked(copy)
+        let before = (try? source.stats().stores) ?? []
+        if problems.isEmpty, stores != before {
+            problems.append(
+                JournalProblem(
+                    code: .invalidArgument,
+                    store: nil,
+                    seq: nil,
+                    message: "the stores differ from the SQLite journal's: \(stores) against \(before)"
+                )
+            )
+        }
+        guard problems.isEmpty else {
+            for problem in problems { print("journal \(copy.location): \(problem)") }
+            throw JournalCommand.damaged
+        }
+        let seqs = stores.map { "\($0.name) at seq \($0.lastSeq)" }.joined(separator: ", ")
+        print("journal \(source.location) written as \(copy.location): intact (\(seqs.isEmpty ? "no stores" : seqs))")
     }
 }
 

@@ -80,4 +80,47 @@ import Testing
         let cut = #expect(throws: JournalError.self) { try LogJournal(directory: destination, readOnly: true) }
         #expect(cut?.code == .corrupt, "\(String(describing: cut))")
     }
+
+    /// An SQLite journal written as a log journal: the stores with their epochs and versions, the snapshots, events
+    /// and idempotency entries — the same stats, reads and state — and the SQLite journal left as it was. While a
+    /// writer holds it, it is refused `in_use`; with a damaged event, refused naming it, nothing left in the
+    /// destination.
+    @Test func anSQLiteJournalConvertsToALogJournalThatReadsTheSame() async throws {
+        let fixture = try await JournalFixture(.sqlite, policy: policy)
+        let journal = try fixture.open()
+        var state = try journal.recover(Counter.self).state
+        let last = try commitIncrements(journal, after: 0, state: &state, batches: 30)
+        let destination = fixture.directory.appendingPathComponent("converted").path
+        let held = #expect(throws: JournalError.self) {
+            try LogJournal.convert(sqliteIn: fixture.dataDirectory, to: destination)
+        }
+        #expect(held?.code == .inUse, "\(String(describing: held))")
+        let stats = try journal.stats().stores
+        let records = try journal.idempotencyRecords()
+        let range = try journal.events(store: Counter.name, from: 1, to: last, limit: 10_000)
+        try journal.close()
+
+        try LogJournal.convert(sqliteIn: fixture.dataDirectory, to: destination)
+        let converted = try LogJournal(directory: destination, policy: policy)
+        #expect(try converted.verify() == [])
+        #expect(try converted.stats().stores == stats)
+        #expect(try converted.idempotencyRecords() == records)
+        #expect(try converted.events(store: Counter.name, from: 1, to: last, limit: 10_000) == range)
+        let recovered = try converted.recover(Counter.self)
+        #expect(recovered.lastSeq == last)
+        #expect(recovered.state == state)
+        try converted.close()
+        let reopened = try fixture.open()
+        #expect(try reopened.stats().stores == stats)
+        try reopened.close()
+
+        // An event damaged in the SQLite journal: refused, naming it; the destination is left empty.
+        try fixture.tamper("UPDATE events SET action = X'00' WHERE seq = \(last - 1)")
+        let other = fixture.directory.appendingPathComponent("other").path
+        let damaged = #expect(throws: JournalError.self) {
+            try LogJournal.convert(sqliteIn: fixture.dataDirectory, to: other)
+        }
+        #expect(damaged?.code == .checksumMismatch && damaged?.seq == last - 1, "\(String(describing: damaged))")
+        #expect(((try? FileManager.default.contentsOfDirectory(atPath: other)) ?? []) == [])
+    }
 }

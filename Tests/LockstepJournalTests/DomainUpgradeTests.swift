@@ -134,6 +134,25 @@ import Testing
         try journal.close()
     }
 
+    /// `lockstep journal convert`: an upgraded SQLite store written as a log journal keeps its version history, its
+    /// upgrade's snapshot and the state the new version recovers.
+    @Test func anUpgradedStoreKeepsItsVersionsWhenConvertedToALogJournal() async throws {
+        let (fixture, old) = try await versionOneJournal(.sqlite)
+        let journal = try fixture.open()
+        _ = try journal.recover(ShelfV3.self)
+        let before = try contents(journal)
+        try journal.close()
+        let destination = fixture.directory.appendingPathComponent("converted").path
+        try LogJournal.convert(sqliteIn: fixture.dataDirectory, to: destination)
+        let converted = try LogJournal(directory: destination)
+        #expect(try contents(converted) == before)
+        #expect(try converted.stats().stores.first?.versions.map(\.version) == [1, 3])
+        let recovered = try converted.recover(ShelfV3.self)
+        #expect(recovered.upgradedFrom == nil)
+        #expect(recovered.state.entries.map(\.name) == old.items)
+        try converted.close()
+    }
+
     @Test(arguments: JournalKind.allCases)
     func aVersionWithoutAnUpgradeIsRefusedAndChangesNothing(_ kind: JournalKind) async throws {
         let (fixture, _) = try await versionOneJournal(kind)

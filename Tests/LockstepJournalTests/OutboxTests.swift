@@ -59,6 +59,22 @@ import Testing
         #expect(try reopened.verify().isEmpty)
     }
 
+    /// `lockstep journal convert`: the effects and timers go with an SQLite journal written as a log journal.
+    @Test func theOutboxGoesWithAnSQLiteJournalConvertedToALogJournal() async throws {
+        let fixture = try await JournalFixture(.sqlite)
+        let journal = try fixture.open()
+        try history(journal)
+        let expected = try journal.outbox()
+        #expect(expected.effects.count == 1 && expected.timers.count == 1)
+        try journal.close()
+        let destination = fixture.directory.appendingPathComponent("converted").path
+        try LogJournal.convert(sqliteIn: fixture.dataDirectory, to: destination)
+        let converted = try LogJournal(directory: destination)
+        #expect(try converted.outbox() == expected)
+        #expect(try converted.verify().isEmpty)
+        try converted.close()
+    }
+
     @Test(arguments: JournalKind.allCases)
     func anEffectFailsIsGivenUpSentBackAndDoneAndATimerIsReplacedAndFired(kind: JournalKind) async throws {
         let fixture = try await JournalFixture(kind)

@@ -31,6 +31,21 @@ import Testing
         return directory
     }
 
+    /// `lockstep journal convert`: a stopped daemon's SQLite journal written as a log journal, checked and compared;
+    /// into a directory that is not empty, refused naming it.
+    @Test func convertWritesAnSQLiteJournalAsALogJournalAndChecksIt() async throws {
+        let directory = try journalWithCounter()
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let destination = directory.appendingPathComponent("log").path
+        let converted = try await runProduct("lockstep", ["journal", "convert", directory.path, destination])
+        #expect(converted.status == 0, "\(converted.standardError)")
+        #expect(converted.standardOutput.contains("intact (counter at seq 3)"), "\(converted.standardOutput)")
+        #expect(LogJournal.exists(in: destination))
+        let again = try await runProduct("lockstep", ["journal", "convert", directory.path, destination])
+        #expect(again.status == 1)
+        #expect(again.standardError.contains("is not empty"), "\(again.standardError)")
+    }
+
     @Test func anUnknownStoreIsAUsageErrorThatListsTheDomains() async throws {
         let result = try await runProduct("lockstep", ["run", "cart", #"{"add":{}}"#])
         #expect(result.status == 64)

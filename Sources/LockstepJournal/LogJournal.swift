@@ -86,12 +86,14 @@ public final class LogJournal: EngineJournal {
 
     /// Writes the SQLite journal in `directory` as a log journal in `destination`, a new or empty directory: every
     /// store with its epoch and domain versions, its snapshots and the events after the oldest, the idempotency
-    /// entries in their order, the outbox. The SQLite journal is opened for writing — its writer's lock held, so no
-    /// daemon changes it meanwhile (a running one makes this fail `in_use`) — and left as it was. An event whose
-    /// checksum does not match is refused, and nothing is left in `destination`. Point the daemon's `data_dir` at
+    /// entries in their order, the outbox. The SQLite journal's writer's lock is held, so no daemon changes it
+    /// meanwhile (a running one makes this fail `in_use`), and it is read read-only: nothing of it changes. An event,
+    /// effect or timer whose checksum does not match, or a snapshot whose state does not match its digest, is refused,
+    /// and nothing is left in `destination`. Point the daemon's `data_dir` at
     /// `destination` (or move it into place) to go on with the log journal.
     public static func convert(sqliteIn directory: String, to destination: String) throws(JournalError) {
         try JournalFiles.requireEmpty(destination)
+        let sqlite = URL(fileURLWithPath: directory).appendingPathComponent(SQLiteJournal.fileName).path
         guard SQLiteJournal.exists(in: directory) else {
             throw JournalError(
                 code: .notFound,
@@ -100,14 +102,22 @@ public final class LogJournal: EngineJournal {
                 message: "\(directory) holds no SQLite journal (\(SQLiteJournal.fileName)) to convert"
             )
         }
-        let source = try SQLiteJournal(directory: directory)
-        defer { try? source.close() }
+        // Its writer's lock, so that no daemon changes it meanwhile; read-only, so that nothing of it changes (an
+        // older format is read as it is, not migrated). The lock goes first: the reader's close then removes the
+        // `-wal` and `-shm` its reading made.
+        let lock = try WriterLock(directory: directory, journal: sqlite)
+        let source: SQLiteJournal
         do throws(JournalError) {
-            try LogStorage.write(source.engine.storage, asLogJournalIn: destination)
+            source = try SQLiteJournal(directory: directory, readOnly: true)
         } catch {
-            LogStorage.removeCopy(in: destination)
+            lock.release()
             throw error
         }
+        defer {
+            lock.release()
+            try? source.close()
+        }
+        try LogStorage.write(source.engine.storage, asLogJournalIn: destination)
     }
 
     /// Whether `directory` holds a log journal.
@@ -470,14 +480,20 @@ final class LogStorage: JournalStorage {
         state.end += Int64(record.count)
     }
 
-    /// Writes `snapshot`'s state to a new file of its own, synced, and returns its name.
-    private func writeSnapshot(_ snapshot: JournalSnapshot) throws(JournalError) -> String {
+    /// A new name for `snapshot`'s file, and what the file holds: its header, then the state.
+    private static func snapshotFile(_ snapshot: JournalSnapshot) -> (name: String, parts: [[UInt8]]) {
         let name = "\(snapshot.seq)-\(String(UInt64.random(in: 0...UInt64.max), radix: 16)).snap"
         var header = LogWriter()
-        header.bytes.append(contentsOf: Self.snapshotMagic)
+        header.bytes.append(contentsOf: snapshotMagic)
         header.u32(LogRecord.formatVersion)
         header.u64(UInt64(snapshot.state.count))
-        _ = try replaceFile(snapshotPath(name), with: [header.bytes, snapshot.state], operation: "snapshot")
+        return (name, [header.bytes, snapshot.state])
+    }
+
+    /// Writes `snapshot`'s state to a new file of its own, synced, and returns its name.
+    private func writeSnapshot(_ snapshot: JournalSnapshot) throws(JournalError) -> String {
+        let (name, parts) = Self.snapshotFile(snapshot)
+        _ = try replaceFile(snapshotPath(name), with: parts, operation: "snapshot")
         if syncs { try JournalFiles.fsyncDirectory(snapshots, journal: location) }
         return name
     }
@@ -601,6 +617,19 @@ final class LogStorage: JournalStorage {
             }
         }
         let outbox = try image.storedOutbox()
+        let damaged =
+            outbox.effects.first { Int64($0.0.checksum) != $0.1 }.map { ($0.0.store, $0.0.seq, "effect") }
+            ?? outbox.timers.first { Int64($0.0.checksum) != $0.1 }.map { ($0.0.store, $0.0.seq, "timer") }
+        if let (store, seq, what) = damaged {
+            throw JournalError(
+                code: .checksumMismatch,
+                file: image.location,
+                operation: "convert",
+                store: store,
+                seq: seq,
+                message: "the \(what)'s stored checksum does not match its fields: it is damaged"
+            )
+        }
         rest.batch.effects = outbox.effects.map(\.0)
         rest.batch.timerChanges = outbox.timers.map { .set($0.0) }
         bytes += LogRecord.commit(rest, snapshotFiles: []).framed()
@@ -611,20 +640,44 @@ final class LogStorage: JournalStorage {
     /// `destination`, a new or empty directory: its snapshots in files of their own, then the log, synced, with its
     /// closed mark.
     static func write(_ source: some JournalStorage, asLogJournalIn destination: String) throws(JournalError) {
-        let storage = try LogStorage(directory: destination, readOnly: false, syncs: true, rewriteMinimumBytes: .max)
+        let log = URL(fileURLWithPath: destination).appendingPathComponent(fileName).path
+        let folder = URL(fileURLWithPath: destination).appendingPathComponent(snapshotFolder).path
+        try JournalFiles.makeDirectory(destination, path: log)
+        // Taken before anything is written, and what is written is removed only under it: another writer's files are
+        // never touched.
+        let lock = try WriterLock(directory: destination, journal: log)
+        defer { lock.release() }
         do throws(JournalError) {
-            try storage.file.withLockedValue { (state: inout FileState) throws(JournalError) in
-                let bytes = try records(of: source) { (snapshot) throws(JournalError) in
-                    try storage.writeSnapshot(snapshot)
+            try JournalFiles.makeDirectory(folder, path: log)
+            let bytes = try records(of: source) { (snapshot) throws(JournalError) in
+                guard StateDigest(of: snapshot.state) == snapshot.digest else {
+                    throw JournalError(
+                        code: .digestMismatch,
+                        file: source.location,
+                        operation: "convert",
+                        store: snapshot.store,
+                        seq: snapshot.seq,
+                        message: "the snapshot's state does not match its digest: the snapshot is damaged"
+                    )
                 }
-                try JournalFiles.fsyncDirectory(storage.snapshots, journal: storage.location)
-                try storage.install(bytes, &state)
+                let (name, parts) = snapshotFile(snapshot)
+                try writeNewFile(folder + "/" + name, parts, journal: log)
+                return name
             }
+            try JournalFiles.fsyncDirectory(folder, journal: log)
+            // The log last, beside its name and renamed: a conversion cut short leaves no journal a daemon would open.
+            try writeNewFile(log + ".new", [bytes], journal: log)
+            guard interruptible({ rename(log + ".new", log) }) == 0 else {
+                throw JournalFiles.ioError(log, "convert", "cannot rename \(log).new to \(log)")
+            }
+            try writeNewFile(destination + "/" + closedMarkName, [closedMark(Int64(bytes.count))], journal: log)
+            try JournalFiles.fsyncDirectory(destination, journal: log)
         } catch {
-            try? storage.close()
+            removeCopy(in: destination)
+            // Ours, and held: a retry finds the directory empty again.
+            unlink(destination + "/" + WriterLock.fileName)
             throw error
         }
-        try storage.close()
     }
 
     /// `bytes` as the journal's file: written beside it, synced, renamed over it, its directory synced.
@@ -888,7 +941,7 @@ final class LogStorage: JournalStorage {
         try JournalFiles.makeDirectory(folder, path: log)
         for source in sources {
             let bytes = try Self.readAll(source.descriptor, journal: location)
-            try Self.writeNewFile(folder + "/" + source.name, bytes, journal: log)
+            try Self.writeNewFile(folder + "/" + source.name, [bytes], journal: log)
         }
         try JournalFiles.fsyncDirectory(folder, journal: log)
         let bytes = try Self.readAll(descriptor, journal: location, upTo: Int(end))
@@ -900,18 +953,18 @@ final class LogStorage: JournalStorage {
                 message: "the log held \(bytes.count) bytes where it had \(end) when it was read"
             )
         }
-        try Self.writeNewFile(log + ".new", bytes, journal: log)
+        try Self.writeNewFile(log + ".new", [bytes], journal: log)
         guard interruptible({ rename(log + ".new", log) }) == 0 else {
             throw JournalFiles.ioError(log, "backup", "cannot rename \(log).new to \(log)")
         }
-        try Self.writeNewFile(destination + "/" + Self.closedMarkName, Self.closedMark(end), journal: log)
+        try Self.writeNewFile(destination + "/" + Self.closedMarkName, [Self.closedMark(end)], journal: log)
         try JournalFiles.fsyncDirectory(destination, journal: log)
     }
 
     /// Removes what ``copy(to:)`` or a conversion writes in `destination` — and nothing else there, nor `destination`
-    /// itself.
+    /// itself (a conversion's lock file stays: another writer may hold it).
     static func removeCopy(in destination: String) {
-        for name in [fileName, fileName + ".new", closedMarkName, "journal.lock"] { unlink(destination + "/" + name) }
+        for name in [fileName, fileName + ".new", closedMarkName] { unlink(destination + "/" + name) }
         let folder = destination + "/" + snapshotFolder
         for name in (try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? [] where name.hasSuffix(".snap") {
             unlink(folder + "/" + name)
@@ -919,12 +972,16 @@ final class LogStorage: JournalStorage {
         rmdir(folder)
     }
 
-    /// Creates `path` (mode 0600) with `bytes`, synced.
-    private static func writeNewFile(_ path: String, _ bytes: [UInt8], journal: String) throws(JournalError) {
+    /// Creates `path` (mode 0600) with `parts`, one after the other, synced.
+    private static func writeNewFile(_ path: String, _ parts: [[UInt8]], journal: String) throws(JournalError) {
         let fd = interruptible { open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0o600) }
         guard fd >= 0 else { throw JournalFiles.ioError(journal, "backup", "cannot create \(path)") }
         defer { closeDescriptor(fd) }
-        try writeAll(fd, bytes, at: 0, journal: journal)
+        var offset: Int64 = 0
+        for part in parts {
+            try writeAll(fd, part, at: offset, journal: journal)
+            offset += Int64(part.count)
+        }
         guard interruptible({ fdatasync(fd) }) == 0 else {
             throw JournalFiles.ioError(journal, "backup", "cannot sync \(path)")
         }

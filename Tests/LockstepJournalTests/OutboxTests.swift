@@ -59,13 +59,19 @@ import Testing
         #expect(try reopened.verify().isEmpty)
     }
 
-    /// `lockstep journal convert`: the effects and timers go with an SQLite journal written as a log journal.
+    /// `lockstep journal convert`: the effects — one given up after its attempts — and timers go with an SQLite journal
+    /// written as a log journal.
     @Test func theOutboxGoesWithAnSQLiteJournalConvertedToALogJournal() async throws {
         let fixture = try await JournalFixture(.sqlite)
         let journal = try fixture.open()
         try history(journal)
+        let id = JournalEffectID(store: Reminders.name, seq: 3, index: 1)
+        try journal.commit(
+            JournalBatch(effectUpdates: [JournalEffectUpdate(id, .failed(attempts: 5, error: "timeout", dead: true))])
+        )
         let expected = try journal.outbox()
-        #expect(expected.effects.count == 1 && expected.timers.count == 1)
+        #expect(expected.effects.map { "\($0.attempts) \($0.lastError ?? "-") \($0.dead)" } == ["5 timeout true"])
+        #expect(expected.timers.count == 1)
         try journal.close()
         let destination = fixture.directory.appendingPathComponent("converted").path
         try LogJournal.convert(sqliteIn: fixture.dataDirectory, to: destination)

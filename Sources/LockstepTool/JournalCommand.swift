@@ -63,6 +63,22 @@ func checked(_ journal: any Journal) -> (problems: [JournalProblem], stores: [Jo
     }
 }
 
+/// Prints a copy's problems and exits 5 (``JournalCommand/damaged``) when it has any; else prints `what`, intact, with
+/// each store's seq.
+func report(
+    _ copy: any Journal,
+    _ problems: [JournalProblem],
+    _ stores: [JournalStoreStats],
+    as what: String
+) throws {
+    guard problems.isEmpty else {
+        for problem in problems { print("journal \(copy.location): \(problem)") }
+        throw JournalCommand.damaged
+    }
+    let seqs = stores.map { "\($0.name) at seq \($0.lastSeq)" }.joined(separator: ", ")
+    print("\(what): intact (\(seqs.isEmpty ? "no stores" : seqs))")
+}
+
 /// Where a read-only command finds the journal: a data directory, or a PostgreSQL database.
 struct JournalLocation: ParsableArguments {
     @Argument(help: "The data directory (not with --postgres).")
@@ -192,12 +208,7 @@ struct JournalBackupCommand: ParsableCommand {
         let copy = try openJournal(destination, command: "backup", readOnly: true)
         defer { try? copy.close() }
         let (problems, stores) = checked(copy)
-        guard problems.isEmpty else {
-            for problem in problems { print("journal \(copy.location): \(problem)") }
-            throw JournalCommand.damaged
-        }
-        let seqs = stores.map { "\($0.name) at seq \($0.lastSeq)" }.joined(separator: ", ")
-        print("journal \(directory) copied to \(copy.location): intact (\(seqs.isEmpty ? "no stores" : seqs))")
+        try report(copy, problems, stores, as: "journal \(directory) copied to \(copy.location)")
     }
 }
 
@@ -244,12 +255,7 @@ struct JournalConvertCommand: ParsableCommand {
                 )
             )
         }
-        guard problems.isEmpty else {
-            for problem in problems { print("journal \(copy.location): \(problem)") }
-            throw JournalCommand.damaged
-        }
-        let seqs = stores.map { "\($0.name) at seq \($0.lastSeq)" }.joined(separator: ", ")
-        print("journal \(source.location) written as \(copy.location): intact (\(seqs.isEmpty ? "no stores" : seqs))")
+        try report(copy, problems, stores, as: "journal \(source.location) written as \(copy.location)")
     }
 }
 

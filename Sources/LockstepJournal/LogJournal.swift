@@ -507,21 +507,41 @@ final class LogStorage: JournalStorage {
         operation: String,
         keepOpen: Bool = false
     ) throws(JournalError) -> Int32? {
+        try Self.replaceFile(
+            path,
+            with: parts,
+            syncs: syncs,
+            journal: location,
+            operation: operation,
+            keepOpen: keepOpen
+        )
+    }
+
+    /// The same for any journal's files (`journal` names it in errors): what a rewrite, a snapshot, the closed mark, a
+    /// backup and a conversion write.
+    private static func replaceFile(
+        _ path: String,
+        with parts: [[UInt8]],
+        syncs: Bool = true,
+        journal: String,
+        operation: String,
+        keepOpen: Bool = false
+    ) throws(JournalError) -> Int32? {
         let temporary = path + ".new"
         let fd = interruptible { open(temporary, O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0o600) }
-        guard fd >= 0 else { throw JournalFiles.ioError(location, operation, "cannot create \(temporary)") }
+        guard fd >= 0 else { throw JournalFiles.ioError(journal, operation, "cannot create \(temporary)") }
         do throws(JournalError) {
             var offset: Int64 = 0
             for part in parts {
-                try Self.writeAll(fd, part, at: offset, journal: location)
+                try writeAll(fd, part, at: offset, journal: journal)
                 offset += Int64(part.count)
             }
             if syncs, interruptible({ fdatasync(fd) }) != 0 {
-                let error = JournalFiles.ioError(location, operation, "cannot sync \(temporary)")
-                throw JournalError(code: .ioError, file: location, operation: operation, message: error.message)
+                let error = JournalFiles.ioError(journal, operation, "cannot sync \(temporary)")
+                throw JournalError(code: .ioError, file: journal, operation: operation, message: error.message)
             }
             guard interruptible({ rename(temporary, path) }) == 0 else {
-                throw JournalFiles.ioError(location, operation, "cannot rename \(temporary) to \(path)")
+                throw JournalFiles.ioError(journal, operation, "cannot rename \(temporary) to \(path)")
             }
         } catch {
             closeDescriptor(fd)
@@ -560,8 +580,8 @@ final class LogStorage: JournalStorage {
 
     /// The header and the records that make what `image` holds, each snapshot in the file `file` names for it: each
     /// store's registration, versions, events and snapshots, then the idempotency entries in their order and the
-    /// outbox. An event whose stored checksum does not match is refused (``JournalError/Code/checksumMismatch``):
-    /// it is never written again under a checksum of its own.
+    /// outbox. An event, effect or timer whose stored checksum does not match is refused
+    /// (``JournalError/Code/checksumMismatch``): it is never written again under a checksum of its own.
     private static func records(
         of image: some JournalStorage,
         file: (JournalSnapshot) throws(JournalError) -> String
@@ -636,9 +656,9 @@ final class LogStorage: JournalStorage {
         return bytes
     }
 
-    /// Writes what `source` holds — a journal opened for writing, so no daemon changes it meanwhile — as the journal of
-    /// `destination`, a new or empty directory: its snapshots in files of their own, then the log, synced, with its
-    /// closed mark.
+    /// Writes what `source` holds — a journal whose writer's lock the caller holds, so no daemon changes it meanwhile —
+    /// as the journal of `destination`, a new or empty directory: its snapshots in files of their own, then the log,
+    /// synced, with its closed mark.
     static func write(_ source: some JournalStorage, asLogJournalIn destination: String) throws(JournalError) {
         let log = URL(fileURLWithPath: destination).appendingPathComponent(fileName).path
         let folder = URL(fileURLWithPath: destination).appendingPathComponent(snapshotFolder).path
@@ -661,16 +681,14 @@ final class LogStorage: JournalStorage {
                     )
                 }
                 let (name, parts) = snapshotFile(snapshot)
-                try writeNewFile(folder + "/" + name, parts, journal: log)
+                _ = try replaceFile(folder + "/" + name, with: parts, journal: log, operation: "convert")
                 return name
             }
             try JournalFiles.fsyncDirectory(folder, journal: log)
             // The log last, beside its name and renamed: a conversion cut short leaves no journal a daemon would open.
-            try writeNewFile(log + ".new", [bytes], journal: log)
-            guard interruptible({ rename(log + ".new", log) }) == 0 else {
-                throw JournalFiles.ioError(log, "convert", "cannot rename \(log).new to \(log)")
-            }
-            try writeNewFile(destination + "/" + closedMarkName, [closedMark(Int64(bytes.count))], journal: log)
+            _ = try replaceFile(log, with: [bytes], journal: log, operation: "convert")
+            let mark = [closedMark(Int64(bytes.count))]
+            _ = try replaceFile(destination + "/" + closedMarkName, with: mark, journal: log, operation: "convert")
             try JournalFiles.fsyncDirectory(destination, journal: log)
         } catch {
             removeCopy(in: destination)
@@ -941,7 +959,7 @@ final class LogStorage: JournalStorage {
         try JournalFiles.makeDirectory(folder, path: log)
         for source in sources {
             let bytes = try Self.readAll(source.descriptor, journal: location)
-            try Self.writeNewFile(folder + "/" + source.name, [bytes], journal: log)
+            _ = try Self.replaceFile(folder + "/" + source.name, with: [bytes], journal: log, operation: "backup")
         }
         try JournalFiles.fsyncDirectory(folder, journal: log)
         let bytes = try Self.readAll(descriptor, journal: location, upTo: Int(end))
@@ -953,11 +971,9 @@ final class LogStorage: JournalStorage {
                 message: "the log held \(bytes.count) bytes where it had \(end) when it was read"
             )
         }
-        try Self.writeNewFile(log + ".new", [bytes], journal: log)
-        guard interruptible({ rename(log + ".new", log) }) == 0 else {
-            throw JournalFiles.ioError(log, "backup", "cannot rename \(log).new to \(log)")
-        }
-        try Self.writeNewFile(destination + "/" + Self.closedMarkName, [Self.closedMark(end)], journal: log)
+        _ = try Self.replaceFile(log, with: [bytes], journal: log, operation: "backup")
+        let mark = [Self.closedMark(end)]
+        _ = try Self.replaceFile(destination + "/" + Self.closedMarkName, with: mark, journal: log, operation: "backup")
         try JournalFiles.fsyncDirectory(destination, journal: log)
     }
 
@@ -970,21 +986,6 @@ final class LogStorage: JournalStorage {
             unlink(folder + "/" + name)
         }
         rmdir(folder)
-    }
-
-    /// Creates `path` (mode 0600) with `parts`, one after the other, synced.
-    private static func writeNewFile(_ path: String, _ parts: [[UInt8]], journal: String) throws(JournalError) {
-        let fd = interruptible { open(path, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0o600) }
-        guard fd >= 0 else { throw JournalFiles.ioError(journal, "backup", "cannot create \(path)") }
-        defer { closeDescriptor(fd) }
-        var offset: Int64 = 0
-        for part in parts {
-            try writeAll(fd, part, at: offset, journal: journal)
-            offset += Int64(part.count)
-        }
-        guard interruptible({ fdatasync(fd) }) == 0 else {
-            throw JournalFiles.ioError(journal, "backup", "cannot sync \(path)")
-        }
     }
 
     // MARK: Whole reads and writes

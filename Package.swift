@@ -51,7 +51,14 @@ let package = Package(
         .target(name: "ZeroMQ", dependencies: ["CZeroMQ"]),
         // libpq, opened with dlopen when a PostgreSQL journal is; imported only by LockstepJournal.
         .target(name: "CLibPQ"),
-        .target(name: "Lockstep", dependencies: [.product(name: "Crypto", package: "swift-crypto")]),
+        // HashTreeCollections: `DigestedDictionary`, the tree a large state keeps its members in.
+        .target(
+            name: "Lockstep",
+            dependencies: [
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "HashTreeCollections", package: "swift-collections"),
+            ]
+        ),
         .target(
             name: "LockstepProtocol",
             dependencies: [
@@ -148,14 +155,15 @@ let package = Package(
             dependencies: [
                 "Lockstep", "LockstepExamples", "LockstepTesting", "TestSupport",
                 .product(name: "HashTreeCollections", package: "swift-collections"),
+                .product(name: "Crypto", package: "swift-crypto"),
             ]
         ),
         .testTarget(name: "ZeroMQTests", dependencies: ["ZeroMQ", "TestSupport"]),
         .testTarget(
             name: "LockstepBenchTests",
             dependencies: [
-                "LockstepBench", "LockstepDemo", "LockstepExamples", "LockstepJournal", "LockstepProtocol",
-                "TestSupport", "lockstepd", "LockstepCLI",
+                "LockstepBench", "LockstepClient", "LockstepDemo", "LockstepExamples", "LockstepJournal",
+                "LockstepProtocol", "LockstepTesting", "TestSupport", "lockstepd", "LockstepCLI",
             ]
         ),
         .testTarget(

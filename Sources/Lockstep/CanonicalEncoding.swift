@@ -237,9 +237,49 @@ public enum CanonicalEncoding {
         return NormalizationError(reason: "it has no case named '\(name)'", unknownCase: name)
     }
 
-    /// The SHA-256 digest of the canonical bytes of `value`.
+    /// The SHA-256 digest of the canonical bytes of `value`: what `lockstep state` and a SNAPSHOT show. The digest
+    /// a DIGEST carries is that of the state's digest form (``digestForm(of:reservingCapacity:)``), the same unless
+    /// the state holds a ``DigestedDictionary``.
     public static func digest<Value: Encodable>(of value: Value) throws -> StateDigest {
         StateDigest(of: try encode(value))
+    }
+
+    /// The bytes a state's digest is taken over (docs/protocol.md, "Digests"): its canonical form, with each
+    /// ``DigestedDictionary`` in it written as the count and sum of its members' digests, so a large state's digest
+    /// costs what its other members cost; written into room for `capacity` bytes.
+    public static func digestForm<Value: Encodable>(
+        of value: Value,
+        reservingCapacity capacity: Int = 0
+    ) throws -> DigestForm {
+        let use = DigestFormUse()
+        let bytes = try $writingDigestForm.withValue(use) { try Self.bytes(of: value, reservingCapacity: capacity) }
+        return DigestForm(bytes: bytes, isCanonicalForm: !use.wasCondensed)
+    }
+
+    /// What a state's digest is taken over.
+    public struct DigestForm: Sendable {
+        /// The digest form's bytes.
+        public var bytes: [UInt8]
+        /// Whether they are the state's canonical bytes too (it holds no ``DigestedDictionary``): a snapshot can
+        /// then keep them as they are.
+        public var isCanonicalForm: Bool
+        /// The state's digest: their SHA-256.
+        public var digest: StateDigest { StateDigest(of: bytes) }
+    }
+
+    /// Set while ``digestForm(of:reservingCapacity:)`` writes a value: a ``DigestedDictionary`` then writes its count
+    /// and sum, and says so.
+    @TaskLocal static var writingDigestForm: DigestFormUse?
+
+    /// Whether a digest form being written condensed anything.
+    final class DigestFormUse: Sendable {
+        private let used = LockedValue(false)
+
+        /// For members' digests, where nobody asks.
+        static let members = DigestFormUse()
+
+        var wasCondensed: Bool { used.withLockedValue { $0 } }
+        func condensed() { used.withLockedValue { $0 = true } }
     }
 }
 
@@ -247,7 +287,12 @@ public enum CanonicalEncoding {
 public struct StateDigest: Hashable, Sendable, Codable, CustomStringConvertible {
     /// The 32 bytes, held inline as four big-endian words: the daemon keeps one per idempotency entry, and an
     /// array each would cost a heap allocation.
-    private let words: (UInt64, UInt64, UInt64, UInt64)
+    let words: (UInt64, UInt64, UInt64, UInt64)
+
+    /// The digest whose bytes are the four words, big-endian.
+    init(words: (UInt64, UInt64, UInt64, UInt64)) {
+        self.words = words
+    }
 
     /// The 32 bytes of the digest.
     public var bytes: [UInt8] {

@@ -25,7 +25,7 @@ extension Bench {
                 var row = try stateSizeRow(
                     D.self,
                     megabytes: megabytes,
-                    plantDivergence: D.self == Todos.self && megabytes > 0 && megabytes == sizes.max(),
+                    plantDivergence: megabytes > 0 && megabytes == sizes.max(),
                     add: add
                 )
                 if let empty {
@@ -118,7 +118,8 @@ extension Bench {
             of: try worker("join", endpoints + ["--count", "\(seqNow)"], input: false),
             within: .seconds(120)
         )
-        let divergence = plantDivergence ? try timeToFindADivergence(daemon, endpoints: endpoints) : nil
+        let divergence =
+            plantDivergence ? try timeToFindADivergence(D.self, daemon, endpoints: endpoints) : nil
         let p1 = Latencies(one.flatMap(\.latencies))
         let budget = 64 << 20 + 3 * stateBytes
         let daemonPeak = daemon.memory().peakKiB * 1_024
@@ -149,25 +150,26 @@ extension Bench {
         )
     }
 
-    /// A replica of ``PoisonedTodos`` joins; one poisoned add is dispatched, then one client adds todos as fast as it
+    /// A replica of `D` with a planted bug (``Poisoned``) joins; one poisoned add is dispatched, then one client adds todos as fast as it
     /// can until the replica reports the divergence: how long after the poisoned add's acceptance, and how many events
     /// after its seq (the daemon's digest of a large state comes from a checkpoint off its loop).
-    private func timeToFindADivergence(
+    private func timeToFindADivergence<D: Domain>(
+        _: D.Type,
         _ daemon: DaemonProcess,
         endpoints: [String]
     ) throws -> (seconds: Double, events: Int) {
-        say("P7: a replica that misapplies one action, in the largest state")
+        say("P7: a \(D.name) replica that misapplies one action, in the largest state")
         let poisoned = try worker("diverging", endpoints)
         defer { poisoned.kill() }
         _ = try awaitLine(poisoned, within: .seconds(120)) { $0 == "ready" }
         let client = CommandClient(context: try Context(), endpoint: daemon.command, timeout: .seconds(10), retries: 0)
-        let action = Array(#"{"add":{"text":"\#(PoisonedTodos.poison)"}}"#.utf8)
+        let action = Array(#"{"add":{"text":"\#(Poisoned<Todos>.poison)"}}"#.utf8)
         let request = Request.dispatch(
             DispatchRequest(
                 requestID: 1,
-                domainVersion: Todos.version,
+                domainVersion: D.version,
                 clientID: .random(),
-                store: try StoreName(Todos.name),
+                store: try StoreName(D.name),
                 actions: [action]
             )
         )
@@ -175,7 +177,7 @@ extension Bench {
             throw BenchFailure("the daemon did not accept the poisoned add")
         }
         let accepted = monotonicNanos()
-        let load = try worker("dispatch", ["--endpoint", daemon.command, "--store", Todos.name, "--seconds", "120"])
+        let load = try worker("dispatch", ["--endpoint", daemon.command, "--store", D.name, "--seconds", "120"])
         defer { load.kill() }
         _ = try awaitLine(load, within: .seconds(60)) { $0 == "ready" }
         load.send("go")

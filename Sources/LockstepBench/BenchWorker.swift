@@ -40,7 +40,7 @@ package struct BenchWorker: Sendable {
         /// each run started; `ready` once it serves, its report (`applied`: each effect's seq and start) once every
         /// effect set going has run after `stop` on standard input.
         case effectsDaemon = "effects-daemon"
-        /// Lockstep: a replica of `todos` whose reducer misapplies one action (``PoisonedTodos``); `ready` once live,
+        /// Lockstep: a replica of `todos` or `tree-todos` whose reducer misapplies one action (``Poisoned``); `ready` once live,
         /// then its report once it found the divergence (`seq`, and `finishedAt`: when, monotonic ns).
         case diverging
     }
@@ -523,7 +523,12 @@ package struct BenchWorker: Sendable {
     }
 
     private func diverging() async throws -> WorkerReport {
-        let replica = try Replica(PoisonedTodos.self, configuration: try replicaConfiguration(), logger: quietLogger())
+        store == TreeTodos.name
+            ? try await diverging(Poisoned<TreeTodos>.self) : try await diverging(Poisoned<Todos>.self)
+    }
+
+    private func diverging<D: AddsTodos>(_: Poisoned<D>.Type) async throws -> WorkerReport {
+        let replica = try Replica(Poisoned<D>.self, configuration: try replicaConfiguration(), logger: quietLogger())
         let running = Task { try await replica.run() }
         defer { running.cancel() }
         try await replica.waitUntilLive(timeout: .seconds(60))

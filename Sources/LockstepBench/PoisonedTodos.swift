@@ -1,28 +1,51 @@
 import Lockstep
 import LockstepExamples
 
-/// The todos domain with one planted bug: an `add` whose text is ``poison`` is added with another text. A replica
-/// built with it diverges from a daemon running `Todos` at that action's seq; P7 times how long it takes to find out
-/// in a large state, where the digest is taken off the daemon's and the replica's loops.
-package enum PoisonedTodos: Domain {
-    package typealias State = Todos.State
-    package typealias Action = Todos.Action
+/// A todos domain whose actions include adding a todo by its text: ``Poisoned`` plants its bug on one.
+package protocol AddsTodos: Domain {
+    /// The action that adds a todo with `text`.
+    static func adding(_ text: String) -> Action
+    /// The text `action` adds a todo with; `nil` for any other action.
+    static func textAdded(by action: Action) -> String?
+}
 
-    package static let name = Todos.name
-    package static let version = Todos.version
-    package static var initialState: State { Todos.initialState }
+extension Todos: AddsTodos {
+    package static func adding(_ text: String) -> Action { .add(text: text) }
+    package static func textAdded(by action: Action) -> String? {
+        if case let .add(text) = action { text } else { nil }
+    }
+}
+
+extension TreeTodos: AddsTodos {
+    package static func adding(_ text: String) -> Action { .add(text: text) }
+    package static func textAdded(by action: Action) -> String? {
+        if case let .add(text) = action { text } else { nil }
+    }
+}
+
+/// `Base` with one planted bug: an add whose text is ``poison`` is added with another text. A replica built with it
+/// diverges from a daemon running `Base` at that action's seq; P7 times how long it takes to find out in a large
+/// state, where the digest is taken off the daemon's and the replica's loops (for `todos`), or over a digest form that
+/// condenses the todos (for `tree-todos`).
+package enum Poisoned<Base: AddsTodos>: Domain {
+    package typealias State = Base.State
+    package typealias Action = Base.Action
+
+    package static var name: String { Base.name }
+    package static var version: UInt32 { Base.version }
+    package static var initialState: State { Base.initialState }
     /// The text the bug is planted on.
-    package static let poison = "poison"
+    package static var poison: String { "poison" }
 
     package static func validate(_ action: Action, in state: State) throws(Rejection) {
-        try Todos.validate(action, in: state)
+        try Base.validate(action, in: state)
     }
 
     package static func reduce(into state: inout State, _ action: Action) {
-        if case let .add(text) = action, text == poison {
-            Todos.reduce(into: &state, .add(text: "not \(poison)"))
+        if Base.textAdded(by: action) == poison {
+            Base.reduce(into: &state, Base.adding("not \(poison)"))
         } else {
-            Todos.reduce(into: &state, action)
+            Base.reduce(into: &state, action)
         }
     }
 }

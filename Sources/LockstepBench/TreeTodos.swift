@@ -1,9 +1,10 @@
-import HashTreeCollections
 import Lockstep
 
 /// The todos example's domain with its state shaped as docs/domains.md recommends for a large state: the todos in a
-/// `TreeDictionary` by id, so a toggle copies one path of the tree (not the whole list) when someone holds the state
-/// before it, and subscribers compare untouched subtrees by identity. P5 measures it beside the array-shaped example.
+/// `DigestedDictionary` by id (a `TreeDictionary` that keeps its members' digest sum), so a toggle copies one path of
+/// the tree (not the whole list) when someone holds the state before it, subscribers compare untouched subtrees by
+/// identity, and a digest of the state costs what `nextID` costs. P5 and P7 measure it beside the array-shaped
+/// example.
 package enum TreeTodos: Domain {
     package struct Todo: Codable, Equatable, Sendable {
         package var id: Int
@@ -13,7 +14,7 @@ package enum TreeTodos: Domain {
 
     package struct State: Codable, Equatable, Sendable {
         /// By id; on the wire an object whose members are the ids, sorted (the canonical form sorts every object).
-        package var todos = TreeDictionary<Int, Todo>()
+        package var todos = DigestedDictionary<Int, Todo>()
         package var nextID = 1
     }
 

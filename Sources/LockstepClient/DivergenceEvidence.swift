@@ -28,7 +28,8 @@ public struct DivergenceEvidence: Codable, Sendable {
     public var divergentSeq: UInt64
     /// The daemon's digest at ``divergentSeq``, 64 hex digits.
     public var daemonDigest: String
-    /// The replica's state at ``divergentSeq``, as canonical JSON, and its digest.
+    /// The replica's state at ``divergentSeq``, as canonical JSON, and its digest (over its digest form:
+    /// `CanonicalEncoding.digestForm(of:reservingCapacity:)`).
     public var replicaState: String
     public var replicaDigest: String
 
@@ -47,7 +48,8 @@ public struct DivergenceEvidence: Codable, Sendable {
         authors: [Author] = [],
         divergentSeq: UInt64,
         daemonDigest: StateDigest,
-        replicaState: [UInt8]
+        replicaState: [UInt8],
+        replicaDigest: StateDigest
     ) {
         self.store = store
         self.domainVersion = domainVersion
@@ -65,7 +67,7 @@ public struct DivergenceEvidence: Codable, Sendable {
         self.divergentSeq = divergentSeq
         self.daemonDigest = daemonDigest.hex
         self.replicaState = String(decoding: replicaState, as: UTF8.self)
-        replicaDigest = StateDigest(of: replicaState).hex
+        self.replicaDigest = replicaDigest.hex
     }
 }
 
@@ -128,7 +130,8 @@ struct EvidenceRecorder {
         domainVersion: UInt32,
         seq: SequenceNumber,
         daemonDigest: StateDigest,
-        replicaState: [UInt8]
+        replicaState: [UInt8],
+        replicaDigest: StateDigest
     ) throws -> URL? {
         guard let agreed else { return nil }
         let upTo = seq > agreed.seq ? Int(seq - agreed.seq) : 0
@@ -143,7 +146,8 @@ struct EvidenceRecorder {
             authors: Array(authors.prefix(upTo)),
             divergentSeq: seq,
             daemonDigest: daemonDigest,
-            replicaState: replicaState
+            replicaState: replicaState,
+            replicaDigest: replicaDigest
         )
         let folder = URL(fileURLWithPath: directory)
         try FileManager.default.createDirectory(at: folder, withIntermediateDirectories: true)

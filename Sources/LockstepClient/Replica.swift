@@ -634,6 +634,33 @@ public final class Replica<D: Domain>: Service, Sendable {
         takeDigestIfWanted(of: local.state)
     }
 
+    /// Whether `D`'s states have a digest form that condenses part of them (a `DigestedDictionary` in its initial
+    /// state): a large state installed from a snapshot then has its members' sums taken at once, off this thread.
+    private static var condensesDigests: Bool {
+        (try? CanonicalEncoding.digestForm(of: D.initialState))?.isCanonicalForm == false
+    }
+
+    /// Takes the sums of the `DigestedDictionary`s of `state`, just decoded from a snapshot of `bytes` bytes, on the
+    /// digest thread: each hashes all its members once, and would otherwise do it at the first digest the daemon
+    /// asks for — while actions are coming. Only for a large state of a domain whose digests condense it.
+    func takeDigestSums(of state: D.State, bytes: Int) {
+        guard bytes >= Self.largeDigestForm else { return }
+        // Large until a digest form says otherwise: a digest is taken on the digest thread meanwhile.
+        shared.withLockedValue { $0.digestBytes = bytes }
+        guard Self.condensesDigests else { return }
+        hub.digests.submit { [self] in
+            let form = try? CanonicalEncoding.digestForm(of: state)
+            shared.withLockedValue { $0.digestBytes = form?.bytes.count ?? $0.digestBytes }
+        }
+    }
+
+    /// A digest form this large (as last written, or the snapshot installed) is taken on the digest thread even when
+    /// the daemon took its own on its loop: the replica's thread goes on applying events meanwhile.
+    static var largeDigestForm: Int { 1 << 20 }
+
+    /// Whether the state's digest form was small when last written: its digest may be taken on the replica's thread.
+    var digestFormIsSmall: Bool { shared.withLockedValue { $0.digestBytes } < Self.largeDigestForm }
+
     /// Hands `state` to the digest thread if it is the one wanted: the thread keeps a reference, so the store's next
     /// change copies what it changes (all of an array; a path of a `TreeDictionary`).
     private func takeDigestIfWanted(of state: Replicated<D.State>) {
@@ -649,17 +676,19 @@ public final class Replica<D: Domain>: Service, Sendable {
         hub.digests.submit { [self] in
             var taken = DigestTaken(seq: wanted.seq, generation: wanted.generation)
             let expected = shared.withLockedValue { $0.digestBytes }
-            let bytes = try? CanonicalEncoding.bytes(
+            let form = try? CanonicalEncoding.digestForm(
                 of: state.state,
                 reservingCapacity: CanonicalEncoding.capacity(forLastSize: expected)
             )
-            if let bytes {
-                taken.digest = StateDigest(of: bytes)
-                if keepState { taken.state = bytes }
+            if let form {
+                taken.digest = form.digest
+                if keepState {
+                    taken.state = form.isCanonicalForm ? form.bytes : try? CanonicalEncoding.bytes(of: state.state)
+                }
             }
             shared.withLockedValue {
                 $0.digestsTaken.append(taken)
-                $0.digestBytes = bytes?.count ?? $0.digestBytes
+                $0.digestBytes = form?.bytes.count ?? $0.digestBytes
             }
             wakeup.signal()
         }
@@ -748,7 +777,8 @@ public final class Replica<D: Domain>: Service, Sendable {
         var digestWanted: DigestWanted?
         /// Digests taken off the replica's thread, for it to check.
         var digestsTaken: [DigestTaken] = []
-        /// The size of the state the last digest was taken of: the next is encoded into room for it and an eighth.
+        /// The size of the digest form last written (or of the large snapshot installed since): the next is written
+        /// into room for it and an eighth.
         var digestBytes = 0
     }
 }

@@ -552,6 +552,7 @@ struct Engine<D: Domain> {
                         on: &link
                     )
                 }
+                replica.takeDigestSums(of: state, bytes: bytes.count)
                 handed += 1
                 digests.reset()
                 replica.apply(
@@ -591,20 +592,22 @@ struct Engine<D: Domain> {
                 unapplied = (epoch, unapplied?.firstSeq ?? first.seq, last.seq, actions, authors)
                 if !batching { handOver() }
             case let .verifyDigest(seq, digest):
-                // In order: the daemon took it on its loop, so the state is small — compared here, at once, as the
-                // daemon did. The events read with it go to the local store first (it applies them on this thread
-                // when idle); a state it has not reached yet (another thread drains it) is compared off this
-                // thread once it has.
+                // In order: the daemon took it on its loop, so its digest form is small — compared here, at once,
+                // as the daemon did, unless this replica's was large when last written (a state just installed from
+                // a large snapshot, whose `DigestedDictionary` sums the digest thread is taking). The events read
+                // with it go to the local store first (it applies them on this thread when idle); a state it has not
+                // reached yet (another thread drains it) is compared off this thread once it has.
                 handOver()
                 let current = replica.local.state
-                if current.seq == seq, current.epoch == sync.epoch,
-                    let bytes = try? CanonicalEncoding.bytes(of: current.state)
+                if current.seq == seq, current.epoch == sync.epoch, replica.digestFormIsSmall,
+                    let form = try? CanonicalEncoding.digestForm(of: current.state)
                 {
                     let verdict = DigestChecks.Verdict.compare(
                         daemon: digest,
-                        mine: StateDigest(of: bytes),
+                        mine: form.digest,
                         at: seq,
-                        state: evidence == nil ? nil : bytes
+                        state: evidence == nil
+                            ? nil : form.isCanonicalForm ? form.bytes : try? CanonicalEncoding.bytes(of: current.state)
                     )
                     if try judge(verdict, on: &link) { return }
                     continue
@@ -679,7 +682,8 @@ struct Engine<D: Domain> {
                         domainVersion: D.version,
                         seq: seq,
                         daemonDigest: digest,
-                        replicaState: state
+                        replicaState: state,
+                        replicaDigest: mine
                     )
                 {
                     location = "; evidence in \(file.path)"

@@ -40,6 +40,10 @@ public protocol SequencedStore: Sendable {
     /// (`CanonicalEncoding.capacity(forLastSize:)` of a large state's last size; 0 when not known).
     func encodedState(expectedBytes: Int) throws -> Frame
 
+    /// The bytes the state's digest is taken over (`CanonicalEncoding.digestForm(of:reservingCapacity:)`): its
+    /// canonical bytes, unless it holds a `DigestedDictionary`; written into room for `expectedBytes`.
+    func digestForm(expectedBytes: Int) throws -> CanonicalEncoding.DigestForm
+
     /// About how many bytes ``encodedState(expectedBytes:)`` gave when the store was recovered (0 when not known): the daemon
     /// decides by it where to take the store's first checkpoint.
     var stateBytesHint: Int { get }
@@ -183,6 +187,11 @@ public struct DomainStore<D: Domain>: SequencedStore {
     /// The canonical bytes of ``state``, written into room for `expectedBytes`.
     public func encodedState(expectedBytes: Int) throws -> Frame {
         try coder.encode(state, reservingCapacity: expectedBytes)
+    }
+
+    /// The digest form of ``state``, written into room for `expectedBytes`.
+    public func digestForm(expectedBytes: Int) throws -> CanonicalEncoding.DigestForm {
+        try CanonicalEncoding.digestForm(of: state, reservingCapacity: expectedBytes)
     }
 }
 

@@ -1,4 +1,5 @@
 import Lockstep
+import LockstepJournal
 import LockstepProtocol
 
 /// When and where the leader takes each store's checkpoint — the digest replicas compare with their own, and the
@@ -6,12 +7,15 @@ import LockstepProtocol
 /// "Checkpoints").
 ///
 /// A checkpoint is due once a store has committed ``everyEvents`` events since its last one, or its journal is due a
-/// snapshot. A small state (under ``offLoopBytes`` when last encoded) is encoded on the loop as the group that reached
-/// it is committed, and its DIGEST follows the group's events. A larger one is encoded and hashed on another thread
-/// from the store as it stood then (a value the loop no longer changes): the loop publishes a CHECKPOINT after the
-/// events instead, and the DIGEST once the work is done; the snapshot goes into a later commit. One store has at most
-/// one checkpoint off the loop at a time, and starts the next no sooner than ``paceFactor`` times the last one's cost
-/// after the last one started: however large the state, its checkpoints take at most a tenth of a core.
+/// snapshot. Its work is the state's digest form (its canonical form, unless it holds a `DigestedDictionary`:
+/// `CanonicalEncoding.digestForm(of:reservingCapacity:)`), and the canonical form too for a snapshot. Work under
+/// ``offLoopBytes`` (sizes as last encoded) is done on the loop as the group that reached it is committed, and its
+/// DIGEST follows the group's events. More is done on another thread from the store as it stood then (a value the
+/// loop no longer changes): the loop publishes a CHECKPOINT after the events instead, and the DIGEST once the work is
+/// done; the snapshot goes into a later commit. One store has at most one checkpoint off the loop at a time, and
+/// starts the next no sooner than ``paceFactor`` times the last one's cost after the last one started: however large
+/// the state, its checkpoints take at most a tenth of a core. A state whose digest form is small (a large
+/// `DigestedDictionary` and little else) has its digests taken on the loop, and only its snapshots off it.
 package struct Checkpoints {
     /// Where a checkpoint is taken.
     package enum Place: Hashable, Sendable {
@@ -30,6 +34,44 @@ package struct Checkpoints {
         /// The room to encode the state in: its last size and an eighth, so that a large state's bytes are written
         /// into one buffer, not regrown (and copied) on the way.
         package var expectedBytes = 0
+        /// The same for its digest form.
+        package var expectedDigestBytes = 0
+    }
+
+    /// What a checkpoint makes of a store, on the loop or off it.
+    package struct Work: Sendable {
+        /// The state's digest: the SHA-256 of its digest form.
+        package var digest: StateDigest
+        /// The state, when the plan makes it a snapshot.
+        package var snapshot: JournalSnapshot?
+        /// The size of the canonical state, when it was written; of its digest form.
+        package var bytes: Int?
+        package var digestBytes: Int
+
+        /// Work done: `digest` over `digestBytes` bytes, and the snapshot of `bytes` bytes, if any.
+        package init(digest: StateDigest, snapshot: JournalSnapshot?, bytes: Int?, digestBytes: Int) {
+            self.digest = digest
+            self.snapshot = snapshot
+            self.bytes = bytes
+            self.digestBytes = digestBytes
+        }
+
+        /// The work `plan` asks of `store` at its current seq.
+        package init(_ plan: Plan, of store: some SequencedStore) throws {
+            let form = try store.digestForm(expectedBytes: plan.expectedDigestBytes)
+            digest = form.digest
+            digestBytes = form.bytes.count
+            bytes = form.isCanonicalForm ? form.bytes.count : nil
+            guard plan.snapshot else { return }
+            let seq = store.lastSeq
+            if form.isCanonicalForm {
+                snapshot = JournalSnapshot(store: store.name.rawValue, seq: seq, state: form.bytes, digest: digest)
+            } else {
+                let state = try store.encodedState(expectedBytes: plan.expectedBytes)
+                snapshot = JournalSnapshot(store: store.name.rawValue, seq: seq, state: state)
+                bytes = state.count
+            }
+        }
     }
 
     /// What the checkpoint thread made of a store.
@@ -37,25 +79,20 @@ package struct Checkpoints {
         package var store: StoreName
         package var epoch: Epoch
         package var seq: SequenceNumber
-        /// The canonical state's digest; `nil` when the state did not encode (`failure` says why).
-        package var digest: StateDigest? = nil
-        /// The canonical state, when the journal keeps it as a snapshot.
-        package var state: Frame? = nil
-        package var bytes: Int
+        /// What it made; `nil` when the state did not encode (`failure` says why).
+        package var work: Work? = nil
         package var cost: Duration
         package var failure: String? = nil
         /// The ``Checkpoints/generation`` it was started in: a result of an earlier one (or of an earlier leadership)
         /// is void.
         package var generation: UInt64
 
-        /// What the thread made of `store` at `seq` of `epoch`: `bytes` bytes in `cost`, started in `generation`.
+        /// What the thread made of `store` at `seq` of `epoch` in `cost`, started in `generation`.
         package init(
             store: StoreName,
             epoch: Epoch,
             seq: SequenceNumber,
-            digest: StateDigest? = nil,
-            state: Frame? = nil,
-            bytes: Int,
+            work: Work? = nil,
             cost: Duration,
             failure: String? = nil,
             generation: UInt64
@@ -63,9 +100,7 @@ package struct Checkpoints {
             self.store = store
             self.epoch = epoch
             self.seq = seq
-            self.digest = digest
-            self.state = state
-            self.bytes = bytes
+            self.work = work
             self.cost = cost
             self.failure = failure
             self.generation = generation
@@ -76,6 +111,8 @@ package struct Checkpoints {
         var sinceLast = 0
         /// The size of the canonical state when it was last encoded (or recovered).
         var bytes: Int
+        /// The size of its digest form when last written (until then, taken to be ``bytes``).
+        var digestBytes: Int
         /// How long the last checkpoint off the loop took to encode and hash.
         var cost: Duration = .zero
         var startedAt: ContinuousClock.Instant?
@@ -95,11 +132,32 @@ package struct Checkpoints {
     package private(set) var generation = UInt64.random(in: 0...UInt64.max / 2)
     private var tracks: [StoreName: Track] = [:]
 
-    /// The checkpoints of stores of about `bytes` bytes each, every `everyEvents` events.
-    package init(everyEvents: Int, offLoopBytes: Int, stores bytes: [StoreName: Int]) {
+    /// The checkpoints of stores of about `bytes` bytes each, recovered at `now`, every `everyEvents` events.
+    package init(
+        everyEvents: Int,
+        offLoopBytes: Int,
+        stores bytes: [StoreName: Int],
+        recoveredAt now: ContinuousClock.Instant
+    ) {
         self.everyEvents = everyEvents
         self.offLoopBytes = offLoopBytes
-        tracks = bytes.mapValues { Track(bytes: $0) }
+        recovered(bytes, at: now)
+    }
+
+    /// Stores recovered at `now`, of about `bytes` bytes each. One recovered from a snapshot too large for the loop
+    /// has a checkpoint due at once, at its recovered seq: its digest form was never written in this process, and a
+    /// `DigestedDictionary` decoded from the snapshot takes its members' sum then — off the loop, before the first
+    /// actions rather than among them.
+    private mutating func recovered(_ bytes: [StoreName: Int], at now: ContinuousClock.Instant) {
+        for (store, size) in bytes {
+            let known = tracks[store]
+            var track = Track(bytes: max(size, known?.bytes ?? 0), digestBytes: max(size, known?.digestBytes ?? 0))
+            if size > 0, size >= offLoopBytes {
+                track.sinceLast = everyEvents
+                track.startedAt = now
+            }
+            tracks[store] = track
+        }
     }
 
     /// Whether `store`'s state is checkpointed off the loop: SNAPSHOT requests are then answered from its newest
@@ -108,19 +166,30 @@ package struct Checkpoints {
 
     /// `events` more events of `store` were sequenced into the group being committed.
     package mutating func committed(_ store: StoreName, events: Int) {
-        tracks[store, default: Track(bytes: 0)].sinceLast += events
+        tracks[store, default: Track(bytes: 0, digestBytes: 0)].sinceLast += events
     }
 
     /// The checkpoint `store` is due now, if any; `snapshotDue` says whether its journal is due a snapshot.
     package func due(_ store: StoreName, snapshotDue: Bool, now: ContinuousClock.Instant) -> Plan? {
-        let track = tracks[store] ?? Track(bytes: 0)
-        guard track.taking == nil, track.sinceLast >= everyEvents || snapshotDue else { return nil }
-        let expectedBytes = CanonicalEncoding.capacity(forLastSize: track.bytes)
-        guard track.bytes >= offLoopBytes else {
-            return Plan(store: store, place: .loop, snapshot: snapshotDue, expectedBytes: expectedBytes)
+        let track = tracks[store] ?? Track(bytes: 0, digestBytes: 0)
+        let digestDue = track.sinceLast >= everyEvents
+        guard track.taking == nil, digestDue || snapshotDue else { return nil }
+        func plan(_ place: Place, snapshot: Bool) -> Plan {
+            Plan(
+                store: store,
+                place: place,
+                snapshot: snapshot,
+                expectedBytes: CanonicalEncoding.capacity(forLastSize: track.bytes),
+                expectedDigestBytes: CanonicalEncoding.capacity(forLastSize: track.digestBytes)
+            )
         }
-        if let started = track.startedAt, now - started < track.cost * Self.paceFactor { return nil }
-        return Plan(store: store, place: .background, snapshot: snapshotDue, expectedBytes: expectedBytes)
+        let digestOnLoop = track.digestBytes < offLoopBytes
+        if digestOnLoop, !snapshotDue || track.bytes < offLoopBytes { return plan(.loop, snapshot: snapshotDue) }
+        if let started = track.startedAt, now - started < track.cost * Self.paceFactor {
+            // The snapshot waits for the pace; a digest that is cheap does not.
+            return digestOnLoop && digestDue ? plan(.loop, snapshot: false) : nil
+        }
+        return plan(.background, snapshot: snapshotDue)
     }
 
     /// When a checkpoint that the pace held back past a store's last commit may start: the loop wakes then and takes
@@ -128,22 +197,26 @@ package struct Checkpoints {
     /// events. `nil` when none waits on the pace.
     package func nextDeferred() -> ContinuousClock.Instant? {
         tracks.values.compactMap { track in
-            guard track.sinceLast >= everyEvents, track.taking == nil, track.bytes >= offLoopBytes,
-                let started = track.startedAt
-            else { return nil }
-            return started + track.cost * Self.paceFactor
+            // One held back while another was being taken: a cheap digest may be taken at once.
+            guard track.sinceLast >= everyEvents, track.taking == nil, let started = track.startedAt else { return nil }
+            return track.digestBytes < offLoopBytes ? started : started + track.cost * Self.paceFactor
         }.min()
     }
 
-    /// The checkpoint `plan` was taken on the loop: its state had `bytes` bytes.
-    mutating func tookOnLoop(_ plan: Plan, bytes: Int) {
-        tracks[plan.store, default: Track(bytes: 0)].sinceLast = 0
-        tracks[plan.store]?.bytes = bytes
+    /// The checkpoint `plan` was taken on the loop, making `work`.
+    package mutating func tookOnLoop(_ plan: Plan, _ work: Work) {
+        tracks[plan.store, default: Track(bytes: 0, digestBytes: 0)].sinceLast = 0
+        learn(work, of: plan.store)
+    }
+
+    private mutating func learn(_ work: Work, of store: StoreName) {
+        tracks[store]?.digestBytes = work.digestBytes
+        if let bytes = work.bytes { tracks[store]?.bytes = bytes }
     }
 
     /// The checkpoint `plan` was handed to the checkpoint thread at `seq`.
     package mutating func started(_ plan: Plan, seq: SequenceNumber, now: ContinuousClock.Instant) {
-        tracks[plan.store, default: Track(bytes: 0)].sinceLast = 0
+        tracks[plan.store, default: Track(bytes: 0, digestBytes: 0)].sinceLast = 0
         tracks[plan.store]?.taking = seq
         tracks[plan.store]?.startedAt = now
     }
@@ -153,15 +226,13 @@ package struct Checkpoints {
         guard taken.generation == generation, tracks[taken.store]?.taking == taken.seq else { return false }
         tracks[taken.store]?.taking = nil
         tracks[taken.store]?.cost = taken.cost
-        if taken.digest != nil { tracks[taken.store]?.bytes = taken.bytes }
+        if let work = taken.work { learn(work, of: taken.store) }
         return true
     }
 
-    /// The stores were recovered anew: nothing being taken counts any more.
-    mutating func restart(stores bytes: [StoreName: Int]) {
+    /// The stores were recovered anew at `now`: nothing being taken counts any more.
+    mutating func restart(stores bytes: [StoreName: Int], at now: ContinuousClock.Instant) {
         generation += 1
-        for (store, size) in bytes {
-            tracks[store] = Track(bytes: max(size, tracks[store]?.bytes ?? 0))
-        }
+        recovered(bytes, at: now)
     }
 }

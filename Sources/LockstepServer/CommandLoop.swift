@@ -110,8 +110,8 @@ final class CommandLoop: Sendable {
         return true
     }
 
-    /// Encodes and hashes `store` — a value the loop no longer changes — on the checkpoint thread, keeping the bytes
-    /// when the plan makes it a snapshot (and handing them to `journal` to stage: the log journal writes its file
+    /// Does `plan`'s work on `store` — a value the loop no longer changes — on the checkpoint thread, keeping the
+    /// canonical bytes when the plan makes it a snapshot (and handing them to `journal` to stage: the log journal writes its file
     /// there, off the loop), and hands the result to the loop (``checkpointsTaken()``).
     func takeCheckpoint(
         of store: any SequencedStore,
@@ -125,21 +125,13 @@ final class CommandLoop: Sendable {
                 store: store.name,
                 epoch: store.epoch,
                 seq: store.lastSeq,
-                bytes: 0,
                 cost: .zero,
                 generation: generation
             )
             do {
-                let state = try store.encodedState(expectedBytes: plan.expectedBytes)
-                let digest = StateDigest(of: state)
-                taken.digest = digest
-                taken.bytes = state.count
-                if plan.snapshot {
-                    taken.state = state
-                    journal.stage(
-                        JournalSnapshot(store: store.name.rawValue, seq: store.lastSeq, state: state, digest: digest)
-                    )
-                }
+                let work = try Checkpoints.Work(plan, of: store)
+                if let snapshot = work.snapshot { journal.stage(snapshot) }
+                taken.work = work
             } catch {
                 taken.failure = "\(error)"
             }

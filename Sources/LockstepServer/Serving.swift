@@ -117,7 +117,8 @@ struct Serving {
         checkpoints = Checkpoints(
             everyEvents: loop.configuration.digestEveryEvents,
             offLoopBytes: loop.configuration.checkpointOffLoopBytes,
-            stores: recovered.sequencer.stores.mapValues(\.stateBytesHint)
+            stores: recovered.sequencer.stores.mapValues(\.stateBytesHint),
+            recoveredAt: .now
         )
         let now = ContinuousClock.now
         for (name, store) in sequencer.stores {
@@ -617,7 +618,7 @@ struct Serving {
                 do {
                     let recovered = try loop.recoverStores(journal)
                     sequencer = recovered.sequencer
-                    checkpoints.restart(stores: sequencer.stores.mapValues(\.stateBytesHint))
+                    checkpoints.restart(stores: sequencer.stores.mapValues(\.stateBytesHint), at: .now)
                     (committing, committingSnapshots, readySnapshots, laterDigests) = (nil, [], [], [])
                     // What was sequenced on the failed commit is gone: the outbox is the journal's again.
                     loop.effects.cancelAll()
@@ -807,15 +808,10 @@ struct Serving {
             guard let plan = checkpoints.due(name, snapshotDue: snapshotDue, now: now) else { continue }
             switch plan.place {
             case .loop:
-                let state = try store.encodedState(expectedBytes: plan.expectedBytes)
-                let digest = StateDigest(of: state)
-                if plan.snapshot {
-                    batch.snapshots.append(
-                        JournalSnapshot(store: name.rawValue, seq: store.lastSeq, state: state, digest: digest)
-                    )
-                }
-                checkpoints.tookOnLoop(plan, bytes: state.count)
-                published.digests.append((name, store.epoch, store.lastSeq, digest))
+                let work = try Checkpoints.Work(plan, of: store)
+                if let snapshot = work.snapshot { batch.snapshots.append(snapshot) }
+                checkpoints.tookOnLoop(plan, work)
+                published.digests.append((name, store.epoch, store.lastSeq, work.digest))
             case .background:
                 loop.takeCheckpoint(of: store, plan: plan, generation: checkpoints.generation, journal: journal)
                 checkpoints.started(plan, seq: store.lastSeq, now: now)
@@ -831,21 +827,19 @@ struct Serving {
     /// publish — now, or after its seq's event when that is not published yet.
     mutating func takeCheckpoints(_ sockets: inout LoopSockets) {
         for taken in loop.checkpointsTaken() where checkpoints.finished(taken) {
-            guard let digest = taken.digest else {
+            guard let work = taken.work else {
                 logger.error(
                     "could not take a checkpoint of the store",
                     metadata: ["store": "\(taken.store)", "seq": "\(taken.seq)", "error": "\(taken.failure ?? "")"]
                 )
                 continue
             }
-            if let state = taken.state {
+            if let snapshot = work.snapshot {
                 readySnapshots.removeAll { $0.store == taken.store.rawValue }
-                readySnapshots.append(
-                    JournalSnapshot(store: taken.store.rawValue, seq: taken.seq, state: state, digest: digest)
-                )
+                readySnapshots.append(snapshot)
                 pipeline.sequenced(Waiting(envelope: [], work: .internal), commit: Sequenced())
             }
-            laterDigests.append((taken.store, taken.epoch, taken.seq, digest))
+            laterDigests.append((taken.store, taken.epoch, taken.seq, work.digest))
         }
         publishLaterDigests(sockets)
     }
@@ -856,16 +850,30 @@ struct Serving {
     mutating func takeDeferredCheckpoints(_ sockets: LoopSockets) {
         let now = ContinuousClock.now
         for (name, store) in sequencer.stores where (publishedSeq[name] ?? store.lastSeq) == store.lastSeq {
-            guard let plan = checkpoints.due(name, snapshotDue: false, now: now), plan.place == .background else {
-                continue
+            guard let plan = checkpoints.due(name, snapshotDue: false, now: now) else { continue }
+            switch plan.place {
+            case .loop:
+                // A digest form small enough for the loop (the snapshot waits for the pace and a commit).
+                do {
+                    let work = try Checkpoints.Work(plan, of: store)
+                    checkpoints.tookOnLoop(plan, work)
+                    laterDigests.append((name, store.epoch, store.lastSeq, work.digest))
+                } catch {
+                    logger.error(
+                        "could not take a checkpoint of the store",
+                        metadata: ["store": "\(name)", "seq": "\(store.lastSeq)", "error": "\(error)"]
+                    )
+                }
+            case .background:
+                // Asked only now that one is due: the loop passes here every turn.
+                var deferred = plan
+                deferred.snapshot = journal.snapshotDue(store: name.rawValue)
+                loop.takeCheckpoint(of: store, plan: deferred, generation: checkpoints.generation, journal: journal)
+                checkpoints.started(deferred, seq: store.lastSeq, now: now)
+                announce(Event.checkpoint(store: name, epoch: store.epoch, seq: store.lastSeq), sockets)
             }
-            // Asked only now that one is due: the loop passes here every turn.
-            var deferred = plan
-            deferred.snapshot = journal.snapshotDue(store: name.rawValue)
-            loop.takeCheckpoint(of: store, plan: deferred, generation: checkpoints.generation, journal: journal)
-            checkpoints.started(deferred, seq: store.lastSeq, now: now)
-            announce(Event.checkpoint(store: name, epoch: store.epoch, seq: store.lastSeq), sockets)
         }
+        publishLaterDigests(sockets)
     }
 
     /// The DIGESTs made off the loop whose seq is published.

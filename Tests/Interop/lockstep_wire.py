@@ -958,5 +958,19 @@ def canonicalize(text: Union[str, bytes]) -> bytes:
 
 
 def digest(state_bytes: bytes) -> bytes:
-    """A state's digest: SHA-256 of its canonical JSON bytes."""
+    """A state's digest: SHA-256 of its digest form's bytes — its canonical JSON, unless part of it is condensed by
+    `digested_dictionary` (docs/protocol.md "Digest forms")."""
     return hashlib.sha256(state_bytes).digest()
+
+
+def digested_dictionary(members: Dict[str, Any], int_keys: bool) -> Dict[str, Any]:
+    """What a Swift `DigestedDictionary` is in a state's digest form (docs/protocol.md "Digest forms"): its count, and
+    the sum modulo 2**256 of each member's SHA-256 over the canonical JSON of [key, value], read big-endian.
+    `members` is the dictionary as its canonical form's object (the keys are member names; `int_keys` reads them as
+    integers, for a dictionary keyed by Int). A value holding a DigestedDictionary of its own is given in its digest
+    form."""
+    total = 0
+    for name, value in members.items():
+        key: Any = int(name) if int_keys else name
+        total += int.from_bytes(hashlib.sha256(canonical_json([key, value])).digest(), "big")
+    return {"count": len(members), "sum": format(total % (1 << 256), "064x")}

@@ -29,6 +29,7 @@ from domains import Counter, Todos, Undecodable, run as run_domain  # noqa: E402
 from harness import Daemon, PostgresServer, TempRoot, binary, journal_dump, spawn  # noqa: E402
 
 VECTORS = os.path.join(HERE, "canonical-json-vectors.json")
+DIGEST_FORM_VECTORS = os.path.join(HERE, "digest-form-vectors.json")
 
 
 def action(value) -> bytes:
@@ -119,6 +120,20 @@ class CanonicalJSONTest(unittest.TestCase):
                 self.assertEqual(wire.canonicalize(vector["input"]).decode("utf-8"), vector["canonical"])
                 # Canonical form is a fixed point.
                 self.assertEqual(wire.canonicalize(vector["canonical"]).decode("utf-8"), vector["canonical"])
+
+    def test_digest_form_vectors(self):
+        """Every vector of digest-form-vectors.json (Swift's test checks its bytes too): a DigestedDictionary's count
+        and sum in the state's digest form, and the digest over it (docs/protocol.md "Digest forms")."""
+        with open(DIGEST_FORM_VECTORS, encoding="utf-8") as file:
+            vectors = json.load(file)
+        self.assertGreaterEqual(len(vectors), 5)
+        for vector in vectors:
+            with self.subTest(vector["name"]):
+                state = wire.parse_json_value(vector["state"])
+                form = dict(state)
+                form["items"] = wire.digested_dictionary(state["items"], int_keys=vector["keys"] == "int")
+                self.assertEqual(wire.canonical_json(form).decode("utf-8"), vector["digest_form"])
+                self.assertEqual(wire.digest(wire.canonical_json(form)).hex(), vector["digest"])
 
     def test_doubles(self):
         cases = [

@@ -104,7 +104,7 @@ import Testing
         #expect(p6["within_budget"] as? Bool == (max(peaks.0, peaks.1) <= budget), "\(p6)")
 
         // P7: an empty todos store and one of ~1 MB, then the same shaped as a tree, each with every figure; nothing
-        // lost or failed; the largest array with a planted divergence found, the largest tree of the same size.
+        // lost or failed; in the largest array and the largest tree of the same size, a planted divergence found.
         let p7 = try #require(json["p7"] as? [[String: Any]])
         #expect(p7.compactMap { $0["megabytes"] as? Int } == [0, 1, 0, 1])
         #expect(p7.compactMap { $0["store"] as? String } == ["todos", "todos", "tree-todos", "tree-todos"])
@@ -123,6 +123,9 @@ import Testing
         let tree = p7[3]
         #expect((tree["state_bytes"] as? Int ?? 0) > 1_000_000, "\(tree)")
         #expect(tree["p2_ratio"] as? Double != nil, "\(tree)")
+        // Found over the digest form, which condenses the todos to their count and sum.
+        #expect((tree["divergence_found_seconds"] as? Double ?? 0) > 0, "\(tree)")
+        #expect((tree["divergence_events"] as? Int ?? -1) >= 0, "\(tree)")
 
         // From outside: the C clients against the raw C echo and against lockstepd, every reply checked by them, and
         // what they were acknowledged is what the daemon committed.

@@ -1,3 +1,4 @@
+import Lockstep
 import LockstepProtocol
 import LockstepServer
 import Testing
@@ -12,20 +13,21 @@ import Testing
     /// of its last events under CI's load without this).
     @Test func aCheckpointThePaceHeldBackIsDueWhenThePaceAllowsWithoutAnotherCommit() throws {
         let store = try StoreName("todos")
-        var checkpoints = Checkpoints(everyEvents: 10, offLoopBytes: 0, stores: [store: 1_000])
-        #expect(checkpoints.nextDeferred() == nil)
-        checkpoints.committed(store, events: 10)
+        var checkpoints = Checkpoints(everyEvents: 10, offLoopBytes: 0, stores: [store: 1_000], recoveredAt: at(0))
+        // Recovered from a snapshot too large for the loop: a checkpoint at the recovered seq is due at once, with no
+        // commit (a `DigestedDictionary` decoded from it takes its sum then, before the first actions).
+        #expect(checkpoints.nextDeferred() == at(0))
         let first = try #require(checkpoints.due(store, snapshotDue: false, now: at(0)))
         #expect(first.place == .background)
         // Room for the state as recovered and an eighth more: encoded into one buffer.
         #expect(first.expectedBytes == 1_125)
         checkpoints.started(first, seq: 10, now: at(0))
+        #expect(checkpoints.nextDeferred() == nil)
         // Done in 20 ms: the next may start 200 ms after the first did.
         let taken = Checkpoints.Taken(
             store: store,
             epoch: Epoch(rawValue: 1),
             seq: 10,
-            bytes: 1_000,
             cost: .milliseconds(20),
             generation: checkpoints.generation
         )
@@ -37,5 +39,41 @@ import Testing
         #expect(checkpoints.due(store, snapshotDue: false, now: at(200)) == first)
         checkpoints.started(first, seq: 20, now: at(200))
         #expect(checkpoints.nextDeferred() == nil)
+    }
+
+    /// A state whose digest form is small (a large `DigestedDictionary` and little else) has its digests taken on the
+    /// loop, and only its snapshots off it; a snapshot the pace holds back does not hold back a digest.
+    @Test func aSmallDigestFormIsDigestedOnTheLoopAndOnlyItsSnapshotsGoOffIt() throws {
+        let store = try StoreName("inventory")
+        var checkpoints = Checkpoints(everyEvents: 10, offLoopBytes: 1_000, stores: [store: 50_000], recoveredAt: at(0))
+        // Recovered: the digest form's size is not known, and a decoded dictionary's sum is taken at its first digest.
+        let first = try #require(checkpoints.due(store, snapshotDue: false, now: at(0)))
+        #expect(first.place == .background && !first.snapshot)
+        checkpoints.started(first, seq: 10, now: at(0))
+        let digested = Checkpoints.Work(digest: StateDigest(of: [1]), snapshot: nil, bytes: nil, digestBytes: 100)
+        let done = Checkpoints.Taken(
+            store: store,
+            epoch: Epoch(rawValue: 1),
+            seq: 10,
+            work: digested,
+            cost: .milliseconds(20),
+            generation: checkpoints.generation
+        )
+        let finished = checkpoints.finished(done)
+        #expect(finished)
+        // Now 100 bytes to digest: on the loop, at once, pace or not; room for them and an eighth.
+        checkpoints.committed(store, events: 10)
+        let onLoop = try #require(checkpoints.due(store, snapshotDue: false, now: at(1)))
+        #expect(onLoop.place == .loop && !onLoop.snapshot && onLoop.expectedDigestBytes == 112)
+        checkpoints.tookOnLoop(onLoop, digested)
+        // A snapshot due: the canonical form is 50,000 bytes, so it goes off the loop — once the pace allows; until
+        // then a digest that is due is still taken on the loop, without the snapshot.
+        #expect(checkpoints.due(store, snapshotDue: true, now: at(50)) == nil)
+        checkpoints.committed(store, events: 10)
+        let paced = try #require(checkpoints.due(store, snapshotDue: true, now: at(50)))
+        #expect(paced.place == .loop && !paced.snapshot)
+        checkpoints.tookOnLoop(paced, digested)
+        let snapshot = try #require(checkpoints.due(store, snapshotDue: true, now: at(200)))
+        #expect(snapshot.place == .background && snapshot.snapshot && snapshot.expectedBytes == 56_250)
     }
 }

@@ -1,0 +1,191 @@
+import Crypto
+import Foundation
+import HashTreeCollections
+import Lockstep
+import Testing
+
+/// A `DigestedDictionary` keeps the sum of its members' digests as it changes: a state's digest form condenses it to
+/// its count and sum, equal for equal members however they were reached — built, changed, decoded from a snapshot or
+/// copied — and its canonical form is the tree's, byte for byte.
+@Suite struct DigestedDictionaryTests {
+    struct Item: Codable, Equatable, Sendable {
+        var name: String
+        var count: Int
+        var weight: Double = 1
+    }
+
+    struct State: Codable, Equatable, Sendable {
+        var items = DigestedDictionary<Int, Item>()
+        var nextID = 1
+    }
+
+    static func item(_ id: Int) -> Item { Item(name: "item \(id)", count: id * 3) }
+
+    /// The digest form's count and sum, read back.
+    static func summary(of state: State) throws -> (count: Int, sum: String) {
+        let form = try CanonicalEncoding.digestForm(of: state)
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(form.bytes)) as? [String: Any])
+        let items = try #require(object["items"] as? [String: Any])
+        return (try #require(items["count"] as? Int), try #require(items["sum"] as? String))
+    }
+
+    @Test func theDigestFormIsTheCountAndTheSumOfEachMembersDigestAsDocsProtocolSays() throws {
+        var state = State()
+        state.items[7] = Item(name: "seven", count: 1)
+        state.items[12] = Item(name: "twelve", count: 2)
+        let form = try CanonicalEncoding.digestForm(of: state)
+        #expect(!form.isCanonicalForm)
+        // Each member's digest: SHA-256 of the canonical `[key, value]`; their sum modulo 2^256, big-endian.
+        func digest(_ json: String) -> [UInt8] { Array(SHA256.hash(data: Array(json.utf8))) }
+        let one = digest(#"[7,{"count":1,"name":"seven","weight":1}]"#)
+        let other = digest(#"[12,{"count":2,"name":"twelve","weight":1}]"#)
+        var sum = [UInt8](repeating: 0, count: 32)
+        var carry = 0
+        for index in (0..<32).reversed() {
+            let total = Int(one[index]) + Int(other[index]) + carry
+            sum[index] = UInt8(total & 0xff)
+            carry = total >> 8
+        }
+        let hex = sum.map { String(format: "%02x", $0) }.joined()
+        #expect(String(decoding: form.bytes, as: UTF8.self) == #"{"items":{"count":2,"sum":"\#(hex)"},"nextID":1}"#)
+        #expect(form.digest == StateDigest(of: form.bytes))
+        // The canonical form's digest is another: what a SNAPSHOT and `lockstep state` show.
+        #expect(try CanonicalEncoding.digest(of: state) == StateDigest(of: try CanonicalEncoding.bytes(of: state)))
+    }
+
+    @Test func theCanonicalFormIsTheTreesAndAStateWithoutOneIsItsOwnDigestForm() throws {
+        var state = State()
+        var tree = TreeDictionary<Int, Item>()
+        for id in [5, 100, 20, 1] {
+            state.items[id] = Self.item(id)
+            tree[id] = Self.item(id)
+        }
+        let bytes = try CanonicalEncoding.bytes(of: state)
+        let treeBytes = try CanonicalEncoding.bytes(of: tree)
+        #expect(
+            String(decoding: bytes, as: UTF8.self).hasPrefix(
+                #"{"items":\#(String(decoding: treeBytes, as: UTF8.self))"#
+            )
+        )
+        #expect(try CanonicalEncoding.decode(State.self, from: Data(bytes)) == state)
+        // No dictionary to condense: the digest form is the canonical form, and the digest its SHA-256, as before.
+        let plain = try CanonicalEncoding.digestForm(of: tree)
+        #expect(plain.isCanonicalForm && plain.bytes == treeBytes)
+        #expect(plain.digest == StateDigest(of: treeBytes))
+    }
+
+    /// Random inserts, changes in place and removals: the sum kept as they happen is the one taken from the members
+    /// whole, and the same as that of the same members inserted in another order.
+    @Test func theSumKeptAsItChangesIsTheSumOfTheMembersHoweverTheyWereReached() throws {
+        var random = SplitMix64(seed: 39)
+        var state = State()
+        for step in 0..<2_000 {
+            let id = Int.random(in: 1...300, using: &random)
+            switch Int.random(in: 0..<4, using: &random) {
+            case 0: state.items[id] = Self.item(id + step)
+            case 1: state.items[id]?.count += 1
+            case 2: state.items.removeValue(forKey: id)
+            default: state.items.updateValue(Item(name: "updated \(step)", count: step), forKey: id)
+            }
+        }
+        var rebuilt = State()
+        var members = Array(state.items)
+        members.shuffle(using: &random)
+        for (key, value) in members { rebuilt.items[key] = value }
+        #expect(rebuilt == state)
+        #expect(try Self.summary(of: rebuilt) == Self.summary(of: state))
+        #expect(try Self.summary(of: state).count == state.items.count)
+        // From the members whole: a dictionary made from the tree takes its sum when asked.
+        var whole = State()
+        whole.items = DigestedDictionary(state.items.tree)
+        #expect(try Self.summary(of: whole) == Self.summary(of: state))
+    }
+
+    /// A decoded dictionary's sum is taken once, by whichever copy asks first, and shared with the copies that changed
+    /// since: each one's digest is still its own members'.
+    @Test func copiesOfADecodedDictionaryShareItsSumAndKeepTheirOwnChanges() throws {
+        var state = State()
+        for id in 1...500 { state.items[id] = Self.item(id) }
+        let decoded = try CanonicalEncoding.decode(State.self, from: try CanonicalEncoding.encode(state))
+        var changed = decoded
+        changed.items[3]?.name = "three"
+        changed.items[501] = Self.item(501)
+        changed.items.removeValue(forKey: 9)
+        var expected = state
+        expected.items[3]?.name = "three"
+        expected.items[501] = Self.item(501)
+        expected.items.removeValue(forKey: 9)
+        // The unchanged copy asks first (it takes the sum), then the changed one adds its changes to it.
+        #expect(try Self.summary(of: decoded) == Self.summary(of: state))
+        #expect(try Self.summary(of: changed) == Self.summary(of: expected))
+        // And the other way round, from a fresh decoding.
+        var later = try CanonicalEncoding.decode(State.self, from: try CanonicalEncoding.encode(state))
+        later.items[3]?.name = "three"
+        later.items[501] = Self.item(501)
+        later.items.removeValue(forKey: 9)
+        #expect(try Self.summary(of: later) == Self.summary(of: expected))
+    }
+
+    @Test func oneMemberDifferentIsADifferentDigest() throws {
+        var state = State()
+        for id in 1...1_000 { state.items[id] = Self.item(id) }
+        var other = state
+        other.items[500]?.count += 1
+        #expect(try CanonicalEncoding.digestForm(of: other).digest != CanonicalEncoding.digestForm(of: state).digest)
+        other.items[500]?.count -= 1
+        #expect(try CanonicalEncoding.digestForm(of: other).digest == CanonicalEncoding.digestForm(of: state).digest)
+    }
+
+    /// A member that does not encode (NaN) makes the digest form throw, as the state's canonical form does; once it
+    /// is gone the sum is right again, taken from the members whole.
+    @Test func aMemberThatDoesNotEncodeFailsTheDigestUntilItIsGone() throws {
+        var state = State()
+        for id in 1...10 { state.items[id] = Self.item(id) }
+        let clean = try Self.summary(of: state)
+        state.items[11] = Item(name: "bad", count: 0, weight: .nan)
+        #expect(throws: (any Error).self) { try CanonicalEncoding.digestForm(of: state) }
+        #expect(throws: (any Error).self) { try CanonicalEncoding.bytes(of: state) }
+        state.items.removeValue(forKey: 11)
+        #expect(try Self.summary(of: state) == clean)
+    }
+
+    /// The vectors the Python client checks too (Tests/Interop/digest-form-vectors.json, written by its
+    /// `digested_dictionary`): Swift's digest form of each state is the same bytes.
+    struct Vector: Decodable, CustomTestStringConvertible {
+        var name: String
+        var state: String
+        var keys: String
+        var digest_form: String
+        var digest: String
+        var testDescription: String { name }
+    }
+
+    struct Keyed<Key: Hashable & Codable & Sendable>: Codable, Sendable {
+        var items: DigestedDictionary<Key, JSONValue>
+        var next: Int
+    }
+
+    static let vectors: [Vector] = {
+        let file = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+            .appendingPathComponent("../Interop/digest-form-vectors.json")
+        guard let data = try? Data(contentsOf: file), let vectors = try? JSONDecoder().decode([Vector].self, from: data)
+        else { return [] }
+        return vectors
+    }()
+
+    @Test func theVectorFileIsThere() {
+        #expect(Self.vectors.count >= 5, "Tests/Interop/digest-form-vectors.json is missing or unreadable")
+    }
+
+    @Test(arguments: vectors)
+    func eachVectorHasItsDigestForm(_ vector: Vector) throws {
+        func check<Key: Hashable & Codable & Sendable>(_: Key.Type) throws {
+            let state = try CanonicalEncoding.decode(Keyed<Key>.self, from: Data(vector.state.utf8))
+            #expect(String(decoding: try CanonicalEncoding.bytes(of: state), as: UTF8.self) == vector.state)
+            let form = try CanonicalEncoding.digestForm(of: state)
+            #expect(String(decoding: form.bytes, as: UTF8.self) == vector.digest_form)
+            #expect(form.digest.hex == vector.digest)
+        }
+        try vector.keys == "int" ? check(Int.self) : check(String.self)
+    }
+}

@@ -244,7 +244,7 @@ public enum CanonicalEncoding {
         StateDigest(of: try encode(value))
     }
 
-    /// The bytes a state's digest is taken over (docs/protocol.md, "Digests"): its canonical form, with each
+    /// The bytes a state's digest is taken over (docs/protocol.md, "Digest forms"): its canonical form, with each
     /// ``DigestedDictionary`` in it written as the count and sum of its members' digests, so a large state's digest
     /// costs what its other members cost; written into room for `capacity` bytes.
     public static func digestForm<Value: Encodable>(

@@ -3,15 +3,16 @@ import HashTreeCollections
 /// A dictionary for the large part of a state: a swift-collections `TreeDictionary` (a copy shares every node but
 /// the path a change makes) that keeps the sum of its members' digests as it changes, so the state's digest costs
 /// what its other members cost, not what its size does (docs/domains.md, "Large states"; docs/protocol.md,
-/// "Digests").
+/// "Digest forms").
 ///
 /// Its canonical form is the tree's: an object whose members are the keys, sorted — a snapshot of a state holding
 /// one is the same bytes as with a plain `TreeDictionary`. In a state's *digest form* it is written as
 /// `{"count":n,"sum":"…"}`: `sum` the 64 hex digits of the sum, modulo 2²⁵⁶, of each member's SHA-256 over the digest
 /// form of `[key, value]` (both read as big-endian numbers). Each change hashes the member it removes and the one it
 /// adds (a few microseconds for a member of a few hundred bytes); a dictionary decoded from a snapshot hashes its
-/// members once, the first time its digest is asked for — on the thread that asks, which for a large state is a
-/// checkpoint's or a replica's digest thread, not the loop.
+/// members once, the first time its digest is asked for, on the thread that asks. The daemon and the replicas ask
+/// on a thread of their own for a state decoded from a snapshot of 1 MiB or more (a checkpoint at recovery, the
+/// replica's digest thread after it installs one).
 ///
 /// Keys are `Int` or `String`, as for the tree in a state: other keys encode in hash order, which differs between
 /// processes.
@@ -19,8 +20,11 @@ public struct DigestedDictionary<Key: Hashable & Codable, Value: Codable> {
     /// The members.
     public private(set) var tree: TreeDictionary<Key, Value>
     /// What the changes since ``origin`` added to the sum: the digests of the members they added less those of the
-    /// members they removed. `nil` once a member would not encode (the sum is then taken from the members whole).
-    private var delta: DigestSum?
+    /// members they removed, leaving out members that would not encode.
+    private var delta: DigestSum
+    /// The members added since ``origin`` that would not encode, less those removed: while any is left the
+    /// dictionary has no digest form, as the state has no canonical form.
+    private var unencodable = 0
     /// The decoded value this one descends from, whose members' sum is taken once, when first asked for; `nil` for
     /// one built from empty.
     private var origin: DigestOrigin?
@@ -75,7 +79,14 @@ public struct DigestedDictionary<Key: Hashable & Codable, Value: Codable> {
 
     /// The sum of the members' digests: what the digest form writes.
     func sum() throws -> DigestSum {
-        guard let delta else { return try Self.sum(of: tree) }
+        guard unencodable == 0 else {
+            let context = EncodingError.Context(
+                codingPath: [],
+                debugDescription: "\(unencodable) member(s) of a DigestedDictionary do not encode (a NaN or an "
+                    + "infinity, say): the state has no digest form, nor a canonical form, until they are gone"
+            )
+            throw EncodingError.invalidValue(tree.count, context)
+        }
         guard let origin else { return delta }
         if let base = origin.base.withLockedValue({ $0 }) { return base + delta }
         let whole = try Self.sum(of: tree)
@@ -84,15 +95,17 @@ public struct DigestedDictionary<Key: Hashable & Codable, Value: Codable> {
     }
 
     private mutating func account(_ key: Key, removed: Value?, added: Value?) {
-        guard let sum = delta else { return }
+        if let removed { change(by: key, removed, sign: -1) }
+        if let added { change(by: key, added, sign: 1) }
+    }
+
+    /// Adds (`sign` 1) or subtracts (-1) the member's digest; one that would not encode is counted instead.
+    private mutating func change(by key: Key, _ value: Value, sign: Int) {
         do {
-            var changed = sum
-            if let removed { changed = changed - (try Self.digest(key, removed)) }
-            if let added { changed = changed + (try Self.digest(key, added)) }
-            delta = changed
+            let digest = try Self.digest(key, value)
+            delta = sign > 0 ? delta + digest : delta - digest
         } catch {
-            // The state will not encode either; its digest form is taken from the members whole, and says why.
-            delta = nil
+            unencodable += sign
         }
     }
 

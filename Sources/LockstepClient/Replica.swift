@@ -644,13 +644,24 @@ public final class Replica<D: Domain>: Service, Sendable {
     /// digest thread: each hashes all its members once, and would otherwise do it at the first digest the daemon
     /// asks for — while actions are coming. Only for a large state of a domain whose digests condense it.
     func takeDigestSums(of state: D.State, bytes: Int) {
-        guard bytes >= Self.largeDigestForm else { return }
-        // Large until a digest form says otherwise: a digest is taken on the digest thread meanwhile.
-        shared.withLockedValue { $0.digestBytes = bytes }
-        guard Self.condensesDigests else { return }
+        // Large until a digest form of this state says otherwise: its digests are taken on the digest thread.
+        let install = shared.withLockedValue { shared in
+            shared.installs += 1
+            if bytes >= Self.largeDigestForm { shared.digestBytes = bytes }
+            return shared.installs
+        }
+        guard bytes >= Self.largeDigestForm, Self.condensesDigests else { return }
         hub.digests.submit { [self] in
             let form = try? CanonicalEncoding.digestForm(of: state)
-            shared.withLockedValue { $0.digestBytes = form?.bytes.count ?? $0.digestBytes }
+            learnDigestBytes(form?.bytes.count, since: install)
+        }
+    }
+
+    /// The size of a digest form written of a state installed at `install`: a state installed since keeps its own.
+    private func learnDigestBytes(_ bytes: Int?, since install: UInt64) {
+        shared.withLockedValue { shared in
+            guard let bytes, shared.installs == install else { return }
+            shared.digestBytes = bytes
         }
     }
 
@@ -673,6 +684,7 @@ public final class Replica<D: Domain>: Service, Sendable {
         }
         guard let wanted else { return }
         let keepState = configuration.evidenceDirectory != nil
+        let install = shared.withLockedValue { $0.installs }
         hub.digests.submit { [self] in
             var taken = DigestTaken(seq: wanted.seq, generation: wanted.generation)
             let expected = shared.withLockedValue { $0.digestBytes }
@@ -686,10 +698,8 @@ public final class Replica<D: Domain>: Service, Sendable {
                     taken.state = form.isCanonicalForm ? form.bytes : try? CanonicalEncoding.bytes(of: state.state)
                 }
             }
-            shared.withLockedValue {
-                $0.digestsTaken.append(taken)
-                $0.digestBytes = form?.bytes.count ?? $0.digestBytes
-            }
+            shared.withLockedValue { $0.digestsTaken.append(taken) }
+            learnDigestBytes(form?.bytes.count, since: install)
             wakeup.signal()
         }
     }
@@ -780,6 +790,8 @@ public final class Replica<D: Domain>: Service, Sendable {
         /// The size of the digest form last written (or of the large snapshot installed since): the next is written
         /// into room for it and an eighth.
         var digestBytes = 0
+        /// Snapshots installed: a digest form of a state from before the last one says nothing of its size.
+        var installs: UInt64 = 0
     }
 }
 

@@ -600,14 +600,15 @@ struct Engine<D: Domain> {
                 handOver()
                 let current = replica.local.state
                 if current.seq == seq, current.epoch == sync.epoch, replica.digestFormIsSmall,
-                    let form = try? CanonicalEncoding.digestForm(of: current.state)
+                    let form = try? CanonicalEncoding.digestForm(of: current.state),
+                    // Evidence keeps the canonical state: for a condensed one, written on the digest thread.
+                    evidence == nil || form.isCanonicalForm
                 {
                     let verdict = DigestChecks.Verdict.compare(
                         daemon: digest,
                         mine: form.digest,
                         at: seq,
-                        state: evidence == nil
-                            ? nil : form.isCanonicalForm ? form.bytes : try? CanonicalEncoding.bytes(of: current.state)
+                        state: evidence == nil ? nil : form.bytes
                     )
                     if try judge(verdict, on: &link) { return }
                     continue

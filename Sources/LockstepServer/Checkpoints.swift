@@ -47,13 +47,22 @@ package struct Checkpoints {
         /// The size of the canonical state, when it was written; of its digest form.
         package var bytes: Int?
         package var digestBytes: Int
+        /// Whether the digest form condensed part of the state (it holds a `DigestedDictionary`).
+        package var isCondensed: Bool
 
         /// Work done: `digest` over `digestBytes` bytes, and the snapshot of `bytes` bytes, if any.
-        package init(digest: StateDigest, snapshot: JournalSnapshot?, bytes: Int?, digestBytes: Int) {
+        package init(
+            digest: StateDigest,
+            snapshot: JournalSnapshot?,
+            bytes: Int?,
+            digestBytes: Int,
+            isCondensed: Bool = false
+        ) {
             self.digest = digest
             self.snapshot = snapshot
             self.bytes = bytes
             self.digestBytes = digestBytes
+            self.isCondensed = isCondensed
         }
 
         /// The work `plan` asks of `store` at its current seq.
@@ -61,6 +70,7 @@ package struct Checkpoints {
             let form = try store.digestForm(expectedBytes: plan.expectedDigestBytes)
             digest = form.digest
             digestBytes = form.bytes.count
+            isCondensed = !form.isCanonicalForm
             bytes = form.isCanonicalForm ? form.bytes.count : nil
             guard plan.snapshot else { return }
             let seq = store.lastSeq
@@ -113,6 +123,9 @@ package struct Checkpoints {
         var bytes: Int
         /// The size of its digest form when last written (until then, taken to be ``bytes``).
         var digestBytes: Int
+        /// Whether the digest form condensed part of the state when last written: the canonical size is then known
+        /// only from the last snapshot.
+        var isCondensed = false
         /// How long the last checkpoint off the loop took to encode and hash.
         var cost: Duration = .zero
         var startedAt: ContinuousClock.Instant?
@@ -184,7 +197,9 @@ package struct Checkpoints {
             )
         }
         let digestOnLoop = track.digestBytes < offLoopBytes
-        if digestOnLoop, !snapshotDue || track.bytes < offLoopBytes { return plan(.loop, snapshot: snapshotDue) }
+        // A condensed state may have grown past the loop's bound since its last snapshot measured it.
+        let snapshotOnLoop = !track.isCondensed && track.bytes < offLoopBytes
+        if digestOnLoop, !snapshotDue || snapshotOnLoop { return plan(.loop, snapshot: snapshotDue) }
         if let started = track.startedAt, now - started < track.cost * Self.paceFactor {
             // The snapshot waits for the pace; a digest that is cheap does not.
             return digestOnLoop && digestDue ? plan(.loop, snapshot: false) : nil
@@ -194,11 +209,13 @@ package struct Checkpoints {
 
     /// When a checkpoint that the pace held back past a store's last commit may start: the loop wakes then and takes
     /// it (``Serving/takeDeferredCheckpoints(_:)``), so a store that goes quiet still gets the digest of its last
-    /// events. `nil` when none waits on the pace.
-    package func nextDeferred() -> ContinuousClock.Instant? {
-        tracks.values.compactMap { track in
+    /// events. Only for the stores `published` says have every event published (the others are taken once they
+    /// have); `nil` when none waits.
+    package func nextDeferred(published: (StoreName) -> Bool) -> ContinuousClock.Instant? {
+        tracks.compactMap { store, track in
             // One held back while another was being taken: a cheap digest may be taken at once.
-            guard track.sinceLast >= everyEvents, track.taking == nil, let started = track.startedAt else { return nil }
+            guard track.sinceLast >= everyEvents, track.taking == nil, let started = track.startedAt, published(store)
+            else { return nil }
             return track.digestBytes < offLoopBytes ? started : started + track.cost * Self.paceFactor
         }.min()
     }
@@ -209,8 +226,15 @@ package struct Checkpoints {
         learn(work, of: plan.store)
     }
 
+    /// The checkpoint `plan` could not be taken on the loop (the state did not encode; the caller logs why): the
+    /// next is due after another ``everyEvents`` events.
+    package mutating func failedOnLoop(_ plan: Plan) {
+        tracks[plan.store]?.sinceLast = 0
+    }
+
     private mutating func learn(_ work: Work, of store: StoreName) {
         tracks[store]?.digestBytes = work.digestBytes
+        tracks[store]?.isCondensed = work.isCondensed
         if let bytes = work.bytes { tracks[store]?.bytes = bytes }
     }
 

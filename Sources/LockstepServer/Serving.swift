@@ -230,7 +230,12 @@ struct Serving {
     func nextDeadline() -> ContinuousClock.Instant {
         var deadline = (lastPublished.values.min() ?? ContinuousClock.now) + configuration.heartbeatInterval
         if let pipelineDeadline = pipeline.nextDeadline { deadline = min(deadline, pipelineDeadline) }
-        if let deferred = checkpoints.nextDeferred() { deadline = min(deadline, deferred) }
+        // Only for stores whose every event is published (`takeDeferredCheckpoints` waits for that).
+        let isPublished = { (store: StoreName) in
+            guard let last = sequencer.stores[store]?.lastSeq else { return false }
+            return (publishedSeq[store] ?? last) == last
+        }
+        if let deferred = checkpoints.nextDeferred(published: isPublished) { deadline = min(deadline, deferred) }
         // While the lease is not surely ours, effects wait for the renewal, whose end wakes the loop.
         guard !ledger.isIdle, pipeline.surelyLeads(at: .now) else { return deadline }
         let (monotonic, wall) = ledger.nextDeadline(now: .now)
@@ -859,6 +864,7 @@ struct Serving {
                     checkpoints.tookOnLoop(plan, work)
                     laterDigests.append((name, store.epoch, store.lastSeq, work.digest))
                 } catch {
+                    checkpoints.failedOnLoop(plan)
                     logger.error(
                         "could not take a checkpoint of the store",
                         metadata: ["store": "\(name)", "seq": "\(store.lastSeq)", "error": "\(error)"]

@@ -44,10 +44,14 @@ import Testing
         try await offPool("daemon", lending: daemon) { try $0.waitUntilServing(within: .seconds(60)) }
         let replicaConfiguration = ReplicaConfiguration(commandEndpoint: command, eventsEndpoint: events)
 
-        /// Adds todos through a faithful replica while a poisoned one follows; both must have joined afresh.
+        /// Adds todos through a faithful replica while a poisoned one follows; both must have joined afresh. The
+        /// poisoned one's evidence, replayed through the faithful reducer, reaches the daemon's digest.
         func round(_ first: Int) async throws {
             let faithful = try Replica(TreeTodos.self, configuration: replicaConfiguration)
-            let poisoned = try Replica(Poisoned<TreeTodos>.self, configuration: replicaConfiguration)
+            var evidenceConfiguration = replicaConfiguration
+            let evidence = directory.appendingPathComponent("evidence-\(first)")
+            evidenceConfiguration.evidenceDirectory = evidence.path
+            let poisoned = try Replica(Poisoned<TreeTodos>.self, configuration: evidenceConfiguration)
             let runs = [Task { try await faithful.run() }, Task { try await poisoned.run() }]
             defer { for run in runs { run.cancel() } }
             try await faithful.waitUntilLive(timeout: .seconds(30))
@@ -64,6 +68,17 @@ import Testing
             #expect(faithful.status.divergences == 0 && faithful.status.resyncs == 0, "\(faithful.status)")
             for run in runs { run.cancel() }
             for run in runs { _ = try? await run.value }
+            let files = try FileManager.default.contentsOfDirectory(atPath: evidence.path).filter {
+                $0.hasSuffix(".json")
+            }
+            let file = try #require(files.sorted().first, "no evidence in \(evidence.path)")
+            let written = try DivergenceEvidence(contentsOf: evidence.appendingPathComponent(file))
+            #expect(written.daemonDigest != written.replicaDigest)
+            let replayed = try written.replay(TreeTodos.self)
+            #expect(
+                !replayed.reproduced,
+                "a replay through the faithful reducer reaches the daemon's digest: \(replayed)"
+            )
         }
 
         try await round(0)

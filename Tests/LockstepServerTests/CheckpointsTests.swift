@@ -16,13 +16,14 @@ import Testing
         var checkpoints = Checkpoints(everyEvents: 10, offLoopBytes: 0, stores: [store: 1_000], recoveredAt: at(0))
         // Recovered from a snapshot too large for the loop: a checkpoint at the recovered seq is due at once, with no
         // commit (a `DigestedDictionary` decoded from it takes its sum then, before the first actions).
-        #expect(checkpoints.nextDeferred() == at(0))
+        #expect(checkpoints.nextDeferred(published: { _ in true }) == at(0))
+        #expect(checkpoints.nextDeferred(published: { _ in false }) == nil, "not before its events are published")
         let first = try #require(checkpoints.due(store, snapshotDue: false, now: at(0)))
         #expect(first.place == .background)
         // Room for the state as recovered and an eighth more: encoded into one buffer.
         #expect(first.expectedBytes == 1_125)
         checkpoints.started(first, seq: 10, now: at(0))
-        #expect(checkpoints.nextDeferred() == nil)
+        #expect(checkpoints.nextDeferred(published: { _ in true }) == nil)
         // Done in 20 ms: the next may start 200 ms after the first did.
         let taken = Checkpoints.Taken(
             store: store,
@@ -35,10 +36,12 @@ import Testing
         #expect(finished)
         checkpoints.committed(store, events: 10)
         #expect(checkpoints.due(store, snapshotDue: false, now: at(50)) == nil)
-        #expect(checkpoints.nextDeferred() == at(0) + .milliseconds(20) * Checkpoints.paceFactor)
+        #expect(
+            checkpoints.nextDeferred(published: { _ in true }) == at(0) + .milliseconds(20) * Checkpoints.paceFactor
+        )
         #expect(checkpoints.due(store, snapshotDue: false, now: at(200)) == first)
         checkpoints.started(first, seq: 20, now: at(200))
-        #expect(checkpoints.nextDeferred() == nil)
+        #expect(checkpoints.nextDeferred(published: { _ in true }) == nil)
     }
 
     /// A state whose digest form is small (a large `DigestedDictionary` and little else) has its digests taken on the
@@ -50,7 +53,13 @@ import Testing
         let first = try #require(checkpoints.due(store, snapshotDue: false, now: at(0)))
         #expect(first.place == .background && !first.snapshot)
         checkpoints.started(first, seq: 10, now: at(0))
-        let digested = Checkpoints.Work(digest: StateDigest(of: [1]), snapshot: nil, bytes: nil, digestBytes: 100)
+        let digested = Checkpoints.Work(
+            digest: StateDigest(of: [1]),
+            snapshot: nil,
+            bytes: nil,
+            digestBytes: 100,
+            isCondensed: true
+        )
         let done = Checkpoints.Taken(
             store: store,
             epoch: Epoch(rawValue: 1),
@@ -75,5 +84,16 @@ import Testing
         checkpoints.tookOnLoop(paced, digested)
         let snapshot = try #require(checkpoints.due(store, snapshotDue: true, now: at(200)))
         #expect(snapshot.place == .background && snapshot.snapshot && snapshot.expectedBytes == 56_250)
+
+        // A condensed state last measured small may have grown since its last snapshot: its snapshots go off the loop.
+        let small = try StoreName("small")
+        var fresh = Checkpoints(everyEvents: 10, offLoopBytes: 1_000, stores: [small: 500], recoveredAt: at(0))
+        #expect(fresh.nextDeferred(published: { _ in true }) == nil, "no recovery checkpoint under the bound")
+        fresh.committed(small, events: 10)
+        let cheap = try #require(fresh.due(small, snapshotDue: false, now: at(1)))
+        #expect(cheap.place == .loop)
+        fresh.tookOnLoop(cheap, digested)
+        let grown = try #require(fresh.due(small, snapshotDue: true, now: at(2)))
+        #expect(grown.place == .background && grown.snapshot)
     }
 }

@@ -106,7 +106,15 @@ import Testing
     @Test func copiesOfADecodedDictionaryShareItsSumAndKeepTheirOwnChanges() throws {
         var state = State()
         for id in 1...500 { state.items[id] = Self.item(id) }
-        let decoded = try CanonicalEncoding.decode(State.self, from: try CanonicalEncoding.encode(state))
+        // Read by the fast decoder straight from its tokens (not through `allKeys` and a lookup a member, nor by
+        // Foundation's), into the members Foundation's decoding of the tree reads.
+        let fallbacks = CanonicalEncoding.Fallbacks()
+        let bytes = try CanonicalEncoding.encode(state)
+        let decoded = try CanonicalEncoding.Fallbacks.$current.withValue(fallbacks) {
+            try CanonicalEncoding.decode(State.self, from: bytes)
+        }
+        #expect(fallbacks.decodes == 0)
+        #expect(decoded == (try JSONDecoder().decode(State.self, from: bytes)))
         var changed = decoded
         changed.items[3]?.name = "three"
         changed.items[501] = Self.item(501)
@@ -165,6 +173,11 @@ import Testing
         var next: Int
     }
 
+    struct TreeKeyed<Key: Hashable & Codable & Sendable>: Codable, Sendable {
+        var items: TreeDictionary<Key, JSONValue>
+        var next: Int
+    }
+
     static let vectors: [Vector] = {
         let file = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
             .appendingPathComponent("../Interop/digest-form-vectors.json")
@@ -181,6 +194,9 @@ import Testing
     func eachVectorHasItsDigestForm(_ vector: Vector) throws {
         func check<Key: Hashable & Codable & Sendable>(_: Key.Type) throws {
             let state = try CanonicalEncoding.decode(Keyed<Key>.self, from: Data(vector.state.utf8))
+            // The members Foundation's decoder reads into the tree, through the tree's own `init(from:)`.
+            let viaTree = try JSONDecoder().decode(TreeKeyed<Key>.self, from: Data(vector.state.utf8))
+            #expect(state.items.tree == viaTree.items)
             #expect(String(decoding: try CanonicalEncoding.bytes(of: state), as: UTF8.self) == vector.state)
             let form = try CanonicalEncoding.digestForm(of: state)
             #expect(String(decoding: form.bytes, as: UTF8.self) == vector.digest_form)

@@ -1,5 +1,6 @@
 import Foundation
 import Lockstep
+import TestSupport
 import Testing
 
 /// The canonical JSON of docs/protocol.md, checked against the test vectors the Python client checks too.
@@ -11,13 +12,7 @@ import Testing
         var testDescription: String { name }
     }
 
-    static let vectors: [Vector] = {
-        let file = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
-            .appendingPathComponent("../Interop/canonical-json-vectors.json")
-        guard let data = try? Data(contentsOf: file), let vectors = try? JSONDecoder().decode([Vector].self, from: data)
-        else { return [] }
-        return vectors
-    }()
+    static let vectors = interopVectors("canonical-json-vectors.json", as: Vector.self)
 
     @Test func theVectorFileIsThere() {
         #expect(Self.vectors.count >= 20, "Tests/Interop/canonical-json-vectors.json is missing or unreadable")

@@ -2,6 +2,7 @@ import Crypto
 import Foundation
 import HashTreeCollections
 import Lockstep
+import TestSupport
 import Testing
 
 /// A `DigestedDictionary` keeps the sum of its members' digests as it changes: a state's digest form condenses it to
@@ -178,13 +179,7 @@ import Testing
         var next: Int
     }
 
-    static let vectors: [Vector] = {
-        let file = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
-            .appendingPathComponent("../Interop/digest-form-vectors.json")
-        guard let data = try? Data(contentsOf: file), let vectors = try? JSONDecoder().decode([Vector].self, from: data)
-        else { return [] }
-        return vectors
-    }()
+    static let vectors = interopVectors("digest-form-vectors.json", as: Vector.self)
 
     @Test func theVectorFileIsThere() {
         #expect(Self.vectors.count >= 5, "Tests/Interop/digest-form-vectors.json is missing or unreadable")

@@ -659,7 +659,7 @@ package final class Bench {
         }
         // (d): toggle one of 10,000 todos, 10 subscribers each selecting the todos (as a list view would): the
         // example's array, then the tree docs/domains.md recommends for a large state.
-        say("P5: toggling one of 10,000 todos with 10 subscribers, as an array and as a TreeDictionary")
+        say("P5: toggling one of 10,000 todos with 10 subscribers, as an array and as a DigestedDictionary")
         results.p5.append(
             .init(
                 subscribers: 10,
@@ -677,7 +677,7 @@ package final class Bench {
                     add: { .add(text: "todo \($0)") },
                     toggle: { .toggle(id: $0) }
                 ) { $0.todos },
-                state: "10,000 todos in a TreeDictionary, toggle one"
+                state: "10,000 todos in a DigestedDictionary, toggle one"
             )
         )
     }

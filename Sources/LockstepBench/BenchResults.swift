@@ -185,7 +185,7 @@ package struct BenchResults: Codable {
 
     /// One size of P7's `todos` store: the empty store's row first, the others' ratios to it.
     struct P7: Codable {
-        /// `todos` (the todos in an array), or `tree-todos` (the same in a `TreeDictionary` by id).
+        /// `todos` (the todos in an array), or `tree-todos` (the same in a `DigestedDictionary` by id).
         var store: String
         var megabytes: Int
         /// The state's canonical JSON, in bytes.

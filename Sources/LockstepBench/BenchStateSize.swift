@@ -14,8 +14,8 @@ extension Bench {
     /// of `megabytes` (of canonical JSON; 180-character todos), a lockstepd on that journal (default settings: a digest
     /// every 1,000 events, snapshots by the journal's policy): a new replica's join, then P1 (one client) and P2 (8
     /// clients) adding todos while a replica follows, its CPU per event, and the peak memory of both processes. Then
-    /// the same todos shaped as docs/domains.md recommends for a large state (``TreeTodos``: a `TreeDictionary` by
-    /// id), empty and at the largest size, on a daemon of the same library with the same settings.
+    /// the same todos shaped as docs/domains.md recommends for a large state (``TreeTodos``: a `DigestedDictionary`
+    /// by id), empty and at the largest size, on a daemon of the same library with the same settings.
     func measureStateSizes(megabytes sizes: [Int]) throws {
         var rows: [BenchResults.P7] = []
         func measure<D: Domain>(_ domain: D.Type, _ sizes: [Int], add: (String) -> D.Action) throws {
@@ -150,9 +150,10 @@ extension Bench {
         )
     }
 
-    /// A replica of `D` with a planted bug (``Poisoned``) joins; one poisoned add is dispatched, then one client adds todos as fast as it
-    /// can until the replica reports the divergence: how long after the poisoned add's acceptance, and how many events
-    /// after its seq (the daemon's digest of a large state comes from a checkpoint off its loop).
+    /// A replica of `D` with a planted bug (``Poisoned``) joins; one poisoned add is dispatched, then one client adds
+    /// todos as fast as it can until the replica reports the divergence: how long after the poisoned add's
+    /// acceptance, and how many events after its seq (the daemon's digest of a large array-shaped state comes from a
+    /// checkpoint off its loop; of a `DigestedDictionary`, from its loop, over the digest form).
     private func timeToFindADivergence<D: Domain>(
         _: D.Type,
         _ daemon: DaemonProcess,

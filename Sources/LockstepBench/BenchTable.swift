@@ -201,8 +201,8 @@ package struct BenchTable {
         if !r.p7.isEmpty {
             lines += [
                 "",
-                "P7 cost against the size of the state (todos: an array; tree-todos: a TreeDictionary; ratios to the "
-                    + "empty store of the same shape)",
+                "P7 cost against the size of the state (todos: an array; tree-todos: a DigestedDictionary; ratios "
+                    + "to the empty store of the same shape)",
             ]
         }
         for p7 in r.p7 {

@@ -93,7 +93,7 @@ import Testing
 
         let p5 = try #require(json["p5"] as? [[String: Any]])
         #expect(p5.compactMap { $0["subscribers"] as? Int } == [0, 1, 100, 10, 10])
-        // (d): the array and the TreeDictionary, each named.
+        // (d): the array and the DigestedDictionary, each named.
         #expect(p5.compactMap { $0["state"] as? String }.count == 2, "\(p5)")
         #expect(p5.allSatisfy { ($0["dispatches_per_s"] as? Double ?? 0) > 0 }, "\(p5)")
         let p6 = try #require(json["p6"] as? [String: Any])

@@ -76,7 +76,8 @@ struct BenchWorkerCommand: AsyncParsableCommand {
 extension BenchWorker.Role: ExpressibleByArgument {}
 
 /// The daemon of `lockstep bench`'s tree-shaped P7 rows: `todos` and ``TreeTodos`` (the same todos in a
-/// `TreeDictionary`, as docs/domains.md recommends for a large state), with the daemon's flags after the subcommand.
+/// `DigestedDictionary`, as docs/domains.md recommends for a large state), with the daemon's flags after the
+/// subcommand.
 /// Hidden from `lockstep --help`.
 struct BenchDaemonCommand: AsyncParsableCommand {
     static let configuration = CommandConfiguration(

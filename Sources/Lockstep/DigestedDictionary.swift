@@ -163,6 +163,11 @@ extension DigestedDictionary: Equatable where Value: Equatable {
     public static func == (left: Self, right: Self) -> Bool { left.tree == right.tree }
 }
 
+extension DigestedDictionary: Hashable where Value: Hashable {
+    /// The members' hash (the tree's).
+    public func hash(into hasher: inout Hasher) { hasher.combine(tree) }
+}
+
 extension DigestedDictionary: Sendable where Key: Sendable, Value: Sendable {}
 
 extension DigestedDictionary: Sequence {

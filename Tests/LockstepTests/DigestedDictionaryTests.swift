@@ -9,7 +9,7 @@ import Testing
 /// its count and sum, equal for equal members however they were reached — built, changed, decoded from a snapshot or
 /// copied — and its canonical form is the tree's, byte for byte.
 @Suite struct DigestedDictionaryTests {
-    struct Item: Codable, Equatable, Sendable {
+    struct Item: Codable, Hashable, Sendable {
         var name: String
         var count: Int
         var weight: Double = 1
@@ -94,6 +94,7 @@ import Testing
         members.shuffle(using: &random)
         for (key, value) in members { rebuilt.items[key] = value }
         #expect(rebuilt == state)
+        #expect(rebuilt.items.hashValue == state.items.hashValue)
         #expect(try Self.summary(of: rebuilt) == Self.summary(of: state))
         #expect(try Self.summary(of: state).count == state.items.count)
         // From the members whole: a dictionary made from the tree takes its sum when asked.

@@ -75,3 +75,38 @@ struct DigestChecks {
         return .compare(daemon: theirs, mine: ours.digest, at: seq, state: ours.state)
     }
 }
+
+/// The size of a replica's digest form as a value: what the digest thread wrote last, or the large snapshot installed
+/// since. It says where the next digest is taken (a large one on the digest thread, even when the daemon took its own
+/// on its loop) and how much room it is written into.
+package struct DigestFormSize: Sendable {
+    /// A digest form this large is taken on the digest thread; a snapshot this large has its sums taken at install.
+    package static var large: Int { 1 << 20 }
+
+    package private(set) var bytes = 0
+
+    package init() {}
+    /// Snapshots installed: a digest form of a state from before the last one says nothing of its size.
+    private var installs: UInt64 = 0
+
+    /// Whether the digest form was small when last written: it may be taken on the replica's thread.
+    package var isSmall: Bool { bytes < Self.large }
+
+    /// A snapshot of `bytes` bytes was installed: large until a digest form of it says otherwise. Returns the
+    /// install's number, for what the digest thread writes of it (``written(_:of:)``).
+    package mutating func installed(bytes: Int) -> UInt64 {
+        installs += 1
+        if bytes >= Self.large { self.bytes = bytes }
+        return installs
+    }
+
+    /// The number of the latest install: a digest taken now is of its state.
+    package var latestInstall: UInt64 { installs }
+
+    /// A digest form of `bytes` bytes was written of the state of install `install`; one of an earlier install's
+    /// state is ignored.
+    package mutating func written(_ bytes: Int?, of install: UInt64) {
+        guard let bytes, install == installs else { return }
+        self.bytes = bytes
+    }
+}

@@ -644,33 +644,16 @@ public final class Replica<D: Domain>: Service, Sendable {
     /// digest thread: each hashes all its members once, and would otherwise do it at the first digest the daemon
     /// asks for — while actions are coming. Only for a large state of a domain whose digests condense it.
     func takeDigestSums(of state: D.State, bytes: Int) {
-        // Large until a digest form of this state says otherwise: its digests are taken on the digest thread.
-        let install = shared.withLockedValue { shared in
-            shared.installs += 1
-            if bytes >= Self.largeDigestForm { shared.digestBytes = bytes }
-            return shared.installs
-        }
-        guard bytes >= Self.largeDigestForm, Self.condensesDigests else { return }
+        let install = shared.withLockedValue { $0.digestForm.installed(bytes: bytes) }
+        guard bytes >= DigestFormSize.large, Self.condensesDigests else { return }
         hub.digests.submit { [self] in
             let form = try? CanonicalEncoding.digestForm(of: state)
-            learnDigestBytes(form?.bytes.count, since: install)
+            shared.withLockedValue { $0.digestForm.written(form?.bytes.count, of: install) }
         }
     }
-
-    /// The size of a digest form written of a state installed at `install`: a state installed since keeps its own.
-    private func learnDigestBytes(_ bytes: Int?, since install: UInt64) {
-        shared.withLockedValue { shared in
-            guard let bytes, shared.installs == install else { return }
-            shared.digestBytes = bytes
-        }
-    }
-
-    /// A digest form this large (as last written, or the snapshot installed) is taken on the digest thread even when
-    /// the daemon took its own on its loop: the replica's thread goes on applying events meanwhile.
-    static var largeDigestForm: Int { 1 << 20 }
 
     /// Whether the state's digest form was small when last written: its digest may be taken on the replica's thread.
-    var digestFormIsSmall: Bool { shared.withLockedValue { $0.digestBytes } < Self.largeDigestForm }
+    var digestFormIsSmall: Bool { shared.withLockedValue { $0.digestForm.isSmall } }
 
     /// Hands `state` to the digest thread if it is the one wanted: the thread keeps a reference, so the store's next
     /// change copies what it changes (all of an array; a path of a `TreeDictionary`).
@@ -684,10 +667,10 @@ public final class Replica<D: Domain>: Service, Sendable {
         }
         guard let wanted else { return }
         let keepState = configuration.evidenceDirectory != nil
-        let install = shared.withLockedValue { $0.installs }
+        let install = shared.withLockedValue { $0.digestForm.latestInstall }
         hub.digests.submit { [self] in
             var taken = DigestTaken(seq: wanted.seq, generation: wanted.generation)
-            let expected = shared.withLockedValue { $0.digestBytes }
+            let expected = shared.withLockedValue { $0.digestForm.bytes }
             let form = try? CanonicalEncoding.digestForm(
                 of: state.state,
                 reservingCapacity: CanonicalEncoding.capacity(forLastSize: expected)
@@ -698,8 +681,10 @@ public final class Replica<D: Domain>: Service, Sendable {
                     taken.state = form.isCanonicalForm ? form.bytes : try? CanonicalEncoding.bytes(of: state.state)
                 }
             }
-            shared.withLockedValue { $0.digestsTaken.append(taken) }
-            learnDigestBytes(form?.bytes.count, since: install)
+            shared.withLockedValue {
+                $0.digestsTaken.append(taken)
+                $0.digestForm.written(form?.bytes.count, of: install)
+            }
             wakeup.signal()
         }
     }
@@ -787,11 +772,8 @@ public final class Replica<D: Domain>: Service, Sendable {
         var digestWanted: DigestWanted?
         /// Digests taken off the replica's thread, for it to check.
         var digestsTaken: [DigestTaken] = []
-        /// The size of the digest form last written (or of the large snapshot installed since): the next is written
-        /// into room for it and an eighth.
-        var digestBytes = 0
-        /// Snapshots installed: a digest form of a state from before the last one says nothing of its size.
-        var installs: UInt64 = 0
+        /// The size of the digest form last written, or of the large snapshot installed since.
+        var digestForm = DigestFormSize()
     }
 }
 

@@ -275,9 +275,6 @@ public enum CanonicalEncoding {
     final class DigestFormUse: Sendable {
         private let used = LockedValue(false)
 
-        /// For members' digests, where nobody asks.
-        static let members = DigestFormUse()
-
         var wasCondensed: Bool { used.withLockedValue { $0 } }
         func condensed() { used.withLockedValue { $0 = true } }
     }

@@ -47,9 +47,6 @@ final class CanonicalStream {
     /// The place the innermost value being encoded fills, and what it holds.
     private var slot: Int = 0
     private var filled = Filled.nothing
-    /// Set when the value is written in its digest form (``CanonicalEncoding/digestForm(of:reservingCapacity:)``)
-    /// without the task-local that says so: a ``DigestedDictionary`` in it asks its encoder.
-    private(set) var digestForm: CanonicalEncoding.DigestFormUse?
 
     /// What the one pass made of a value.
     enum Outcome {
@@ -61,13 +58,8 @@ final class CanonicalStream {
     }
 
     /// The canonical bytes of `value`, or who is to encode it; written into room for `capacity` bytes.
-    static func encode<Value: Encodable>(
-        _ value: Value,
-        reservingCapacity capacity: Int = 0,
-        digestForm: CanonicalEncoding.DigestFormUse? = nil
-    ) -> Outcome {
+    static func encode<Value: Encodable>(_ value: Value, reservingCapacity capacity: Int = 0) -> Outcome {
         let stream = CanonicalStream()
-        stream.digestForm = digestForm
         // An action is tens of bytes: room for it from the start.
         stream.out.reserveCapacity(max(capacity, 64))
         do {

@@ -113,15 +113,9 @@ public struct DigestedDictionary<Key: Hashable & Codable, Value: Codable> {
         try tree.reduce(DigestSum.zero) { $0 + (try digest($1.key, $1.value)) }
     }
 
-    /// A member's digest: the SHA-256 of the digest form of `[key, value]`, as a number. Written by the one-pass
-    /// writer told so directly (each change makes two: binding the task-local would cost more than the writing);
-    /// what it leaves goes the general way.
+    /// A member's digest: the SHA-256 of the digest form of `[key, value]`, as a number.
     static func digest(_ key: Key, _ value: Value) throws -> DigestSum {
-        let member = Member(key: key, value: value)
-        if case let .bytes(bytes) = CanonicalStream.encode(member, digestForm: .members) {
-            return DigestSum(StateDigest(of: bytes))
-        }
-        return DigestSum(try CanonicalEncoding.digestForm(of: member).digest)
+        DigestSum(try CanonicalEncoding.digestForm(of: Member(key: key, value: value)).digest)
     }
 
     /// `[key, value]`.
@@ -144,8 +138,7 @@ public struct DigestedDictionary<Key: Hashable & Codable, Value: Codable> {
 extension DigestedDictionary: Codable {
     /// The tree's canonical form, or in a digest form the count and sum.
     public func encode(to encoder: any Encoder) throws {
-        guard let form = CanonicalEncoding.writingDigestForm ?? (encoder as? CanonicalStreamEncoder)?.stream.digestForm
-        else { return try tree.encode(to: encoder) }
+        guard let form = CanonicalEncoding.writingDigestForm else { return try tree.encode(to: encoder) }
         form.condensed()
         var container = encoder.container(keyedBy: SummaryKeys.self)
         try container.encode(tree.count, forKey: .count)

@@ -754,13 +754,14 @@ final class LogStorage: JournalStorage {
 
     /// The state bytes of an open snapshot file; throws when its header or length is wrong.
     private static func snapshotState(_ fd: Int32, journal: String) throws(JournalError) -> [UInt8] {
-        var bytes = try readAll(fd, journal: journal)
-        var reader = LogReader(bytes.prefix(snapshotHeaderBytes))
+        var reader = LogReader(try readAll(fd, journal: journal, upTo: snapshotHeaderBytes)[...])
         let magic = [reader.u8(), reader.u8(), reader.u8(), reader.u8()]
         let version = reader.u32()
         let count = reader.u64()
-        guard !reader.failed, magic == snapshotMagic, version == LogRecord.formatVersion,
-            UInt64(bytes.count - snapshotHeaderBytes) == count
+        // The state is read into its own array: a large one is not held twice, as cutting a header off would.
+        let state =
+            reader.failed || count > Int.max ? [] : try readAll(fd, journal: journal, from: snapshotHeaderBytes)
+        guard !reader.failed, magic == snapshotMagic, version == LogRecord.formatVersion, UInt64(state.count) == count
         else {
             throw JournalError(
                 code: .corrupt,
@@ -769,8 +770,7 @@ final class LogStorage: JournalStorage {
                 message: "the snapshot file is damaged: its header or its length is wrong"
             )
         }
-        bytes.removeFirst(snapshotHeaderBytes)
-        return bytes
+        return state
     }
 
     /// The state bytes of the snapshot file `name`; throws when it is missing or damaged.
@@ -990,22 +990,27 @@ final class LogStorage: JournalStorage {
 
     // MARK: Whole reads and writes
 
-    /// The whole file from its start, or its first `limit` bytes.
-    private static func readAll(_ fd: Int32, journal: String, upTo limit: Int = .max) throws(JournalError) -> [UInt8] {
+    /// The file from byte `start` to its end, or the first `limit` bytes from there.
+    private static func readAll(
+        _ fd: Int32,
+        journal: String,
+        from start: Int = 0,
+        upTo limit: Int = .max
+    ) throws(JournalError) -> [UInt8] {
         var info = stat()
         guard interruptible({ fstat(fd, &info) }) == 0 else {
             throw JournalFiles.ioError(journal, "read", "cannot stat the file")
         }
-        var bytes = [UInt8](repeating: 0, count: min(Int(info.st_size), limit))
+        var bytes = [UInt8](repeating: 0, count: max(0, min(Int(info.st_size) - start, limit)))
         var done = 0
         while done < bytes.count {
             let count = bytes.withUnsafeMutableBytes { buffer in
-                pread(fd, buffer.baseAddress! + done, buffer.count - done, off_t(done))
+                pread(fd, buffer.baseAddress! + done, buffer.count - done, off_t(start + done))
             }
             if count < 0, errno == EINTR { continue }
             guard count > 0 else {
                 if count == 0 { break }  // shorter than it was a moment ago: read what is there
-                throw JournalFiles.ioError(journal, "read", "cannot read the file at offset \(done)")
+                throw JournalFiles.ioError(journal, "read", "cannot read the file at offset \(start + done)")
             }
             done += count
         }

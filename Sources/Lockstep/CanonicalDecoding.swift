@@ -855,7 +855,8 @@ class CanonicalCodingState {
 }
 
 /// The coding paths a decode or an encode hands out, each a parent and one key, so that a path costs one entry
-/// however deep it is; -1 is the top level.
+/// however deep it is; -1 is the top level. An entry is eight bytes — an element's key is its index, a member's the
+/// place of its key in a table beside — since a large state's decode hands out one for each element.
 struct CodingPaths {
     /// A key of a coding path; an element's is kept as its index, which fits where a key would take a box.
     enum Key {
@@ -863,25 +864,34 @@ struct CodingPaths {
         case index(Int)
     }
 
-    private var entries: [(parent: Int32, key: Key)] = []
+    /// The parent, and an element's index or `-1 - i` for the member whose key is `keys[i]`.
+    private var entries: [(parent: Int32, key: Int32)] = []
+    private var keys: [any CodingKey] = []
 
     /// The path `parent` followed by `key`.
     mutating func append(_ parent: Int32, _ key: Key) -> Int32 {
-        entries.append((parent, key))
+        switch key {
+        case let .index(index) where index <= Int32.max:
+            entries.append((parent, Int32(index)))
+        case let .index(index):
+            entries.append((parent, -1 - Int32(keys.count)))
+            keys.append(CanonicalCodingKey(index: index))
+        case let .key(key):
+            entries.append((parent, -1 - Int32(keys.count)))
+            keys.append(key)
+        }
         return Int32(entries.count - 1)
     }
 
     /// The keys of `path`, from the top level down.
     func codingPath(_ path: Int32) -> [any CodingKey] {
-        var keys: [any CodingKey] = []
         var path = path
+        var found: [any CodingKey] = []
         while path >= 0 {
-            switch entries[Int(path)].key {
-            case let .key(key): keys.append(key)
-            case let .index(index): keys.append(CanonicalCodingKey(index: index))
-            }
-            path = entries[Int(path)].parent
+            let entry = entries[Int(path)]
+            found.append(entry.key < 0 ? keys[Int(-1 - entry.key)] : CanonicalCodingKey(index: Int(entry.key)))
+            path = entry.parent
         }
-        return keys.reversed()
+        return found.reversed()
     }
 }

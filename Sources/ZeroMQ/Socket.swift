@@ -140,8 +140,13 @@ public final class Socket {
 
     // MARK: - Messages
 
+    /// Parts of this many bytes or more are lent to libzmq rather than copied (``send(_:wait:)``).
+    public static let lentPartBytes = 1 << 20
+
     /// Sends `frames` as one multipart message (libzmq delivers all parts or none). Each part is copied
-    /// once, into libzmq's message. Returns `false` when `wait` is false and the send would block (high-water
+    /// once, into libzmq's message — but a part of ``lentPartBytes`` or more (a large state's SNAPSHOT) is lent: the
+    /// message points at the array's bytes and keeps the array until libzmq has sent them, so a large state is not
+    /// held twice while it goes out. Returns `false` when `wait` is false and the send would block (high-water
     /// mark reached, or no peer for a socket type that needs one), or when a send timeout expires.
     @discardableResult
     public func send(_ frames: [[UInt8]], wait: Bool = true) throws(ZeroMQError) -> Bool {
@@ -152,13 +157,17 @@ public final class Socket {
         let last = frames.count - 1
         for (index, frame) in frames.enumerated() {
             let flags = (index < last ? ZMQ_SNDMORE : 0) | (wait ? 0 : ZMQ_DONTWAIT)
-            let result = try frame.withUnsafeBytes { buffer in
-                Result { () throws(ZeroMQError) in
-                    try zmqCall("zmq_send", detail: "part \(index + 1) of \(frames.count) on a \(type) socket") {
-                        zmq_send(handle, buffer.baseAddress, buffer.count, flags)
+            let detail = { "part \(index + 1) of \(frames.count) on a \(self.type) socket" }
+            let result =
+                frame.count >= Self.lentPartBytes
+                ? try Self.lend(frame, to: handle, flags: flags, detail: detail())
+                : try frame.withUnsafeBytes { buffer in
+                    Result { () throws(ZeroMQError) in
+                        try zmqCall("zmq_send", detail: detail()) {
+                            zmq_send(handle, buffer.baseAddress, buffer.count, flags)
+                        }
                     }
-                }
-            }.get()
+                }.get()
             if case .wouldBlock = result {
                 // libzmq checks the high-water mark on the first part only; later parts always go.
                 guard index == 0 else {
@@ -168,6 +177,47 @@ public final class Socket {
             }
         }
         return true
+    }
+
+    /// Sends `frame` as a message that points at its bytes: libzmq calls back, on its I/O thread, once it no longer
+    /// needs them, and the array is let go then. (An array's elements stay where they are while it is neither
+    /// changed nor freed: the box holds it, unchanged, until that call.)
+    private static func lend(
+        _ frame: [UInt8],
+        to handle: UnsafeMutableRawPointer,
+        flags: Int32,
+        detail: String
+    ) throws(ZeroMQError) -> CallResult {
+        let owner = Unmanaged.passRetained(LentPart(frame))
+        let data = owner.takeUnretainedValue().bytes.withUnsafeBytes {
+            UnsafeMutableRawPointer(mutating: $0.baseAddress!)
+        }
+        var message = zmq_msg_t()
+        do {
+            try zmqCheck("zmq_msg_init_data", detail: detail) {
+                zmq_msg_init_data(
+                    &message,
+                    data,
+                    frame.count,
+                    { _, hint in
+                        Unmanaged<LentPart>.fromOpaque(hint!).release()
+                    },
+                    owner.toOpaque()
+                )
+            }
+        } catch {
+            owner.release()
+            throw error
+        }
+        do {
+            let result = try zmqCall("zmq_msg_send", detail: detail) { zmq_msg_send(&message, handle, flags) }
+            // Sent, the message is libzmq's; not sent, closing it lets the array go.
+            if case .wouldBlock = result { zmq_msg_close(&message) }
+            return result
+        } catch {
+            zmq_msg_close(&message)
+            throw error
+        }
     }
 
     /// Receives one multipart message, or `nil` when `wait` is false and none is ready, or when a receive
@@ -369,4 +419,14 @@ extension SocketOption where Value == [UInt8] {
     public static let zapDomain = SocketOption(ZMQ_ZAP_DOMAIN, "ZMQ_ZAP_DOMAIN")
     /// The endpoint last bound, NUL-terminated.
     public static let lastEndpoint = SocketOption(ZMQ_LAST_ENDPOINT, "ZMQ_LAST_ENDPOINT")
+}
+
+/// A part lent to libzmq (``Socket/send(_:wait:)``): the array whose bytes a message points at, held until libzmq
+/// lets the message go.
+private final class LentPart: Sendable {
+    let bytes: [UInt8]
+
+    init(_ bytes: [UInt8]) {
+        self.bytes = bytes
+    }
 }

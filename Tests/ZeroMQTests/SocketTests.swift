@@ -57,6 +57,22 @@ struct IPCDirectory: ~Copyable {
         }
     }
 
+    /// A large part is lent to libzmq, not copied: one that cannot go yet is let go again (the socket has no
+    /// peer), and the same bytes go once it has one.
+    @Test func aLargePartThatCannotGoNowGoesLater() throws {
+        let endpoint = "inproc://lent-\(UUID())"
+        let dealer = try Socket(context, type: .dealer)
+        let large = (0..<(Socket.lentPartBytes + 7)).map { UInt8(truncatingIfNeeded: $0 &* 13) }
+        #expect(try dealer.send([large], wait: false) == false)
+        let router = try Socket(context, type: .router)
+        try router.bind(endpoint)
+        try router.set(.receiveTimeout, 5_000)
+        try dealer.connect(endpoint)
+        try dealer.send([large, [1]])
+        let received = try #require(try router.receive())
+        #expect(received.count == 3 && received[1] == large && received[2] == [1])
+    }
+
     @Test func receiveTimesOutWithNothing() throws {
         let socket = try Socket(context, type: .pair)
         try socket.bind("inproc://timeout-\(UUID())")

@@ -138,11 +138,65 @@ public struct DigestedDictionary<Key: Hashable & Codable, Value: Codable> {
 extension DigestedDictionary: Codable {
     /// The tree's canonical form, or in a digest form the count and sum.
     public func encode(to encoder: any Encoder) throws {
-        guard let form = CanonicalEncoding.writingDigestForm else { return try tree.encode(to: encoder) }
+        guard let form = CanonicalEncoding.writingDigestForm else { return try encodeMembers(to: encoder) }
         form.condensed()
         var container = encoder.container(keyedBy: SummaryKeys.self)
         try container.encode(tree.count, forKey: .count)
         try container.encode(StateDigest(words: try sum().words).hex, forKey: .sum)
+    }
+
+    /// The members as the tree encodes them, but written in the canonical form's order (by their names' UTF-8)
+    /// when the keys are `Int` or `String`: the canonical encoder then has nothing to reorder — it would otherwise
+    /// set every member but the largest aside (a second copy of a large state) and sort them all.
+    private func encodeMembers(to encoder: any Encoder) throws {
+        let names: [String]
+        if let tree = tree as? TreeDictionary<String, Value> {
+            names = Array(tree.keys)
+        } else if let tree = tree as? TreeDictionary<Int, Value> {
+            names = tree.keys.map(String.init)
+        } else {
+            return try tree.encode(to: encoder)
+        }
+        let values = Array(tree.values)
+        var container = encoder.container(keyedBy: MemberKey.self)
+        for index in Self.canonicalOrder(of: names) {
+            try container.encode(values[index], forKey: MemberKey(stringValue: names[index]))
+        }
+    }
+
+    /// The indices of `names` in the order of their UTF-8: by the first eight bytes as one number (zeros pad a
+    /// shorter name, and no name's byte is below 0x20 that the canonical encoder writes unescaped), then by all.
+    package static func canonicalOrder(of names: [String]) -> [Int] {
+        let prefixes = names.map { name -> UInt64 in
+            var prefix: UInt64 = 0
+            var taken = 0
+            for byte in name.utf8.prefix(8) {
+                prefix = prefix << 8 | UInt64(byte)
+                taken += 1
+            }
+            return prefix << (8 * UInt64(8 - taken))
+        }
+        return names.indices.sorted { left, right in
+            prefixes[left] != prefixes[right]
+                ? prefixes[left] < prefixes[right]
+                : names[left].utf8.lexicographicallyPrecedes(names[right].utf8)
+        }
+    }
+
+    /// A member's key: its name, and the key as a number when it is one (as the tree's own keys are).
+    private struct MemberKey: CodingKey {
+        var stringValue: String
+        var intValue: Int?
+
+        init(stringValue: String) {
+            self.stringValue = stringValue
+            intValue = Int(stringValue)
+        }
+
+        init(intValue: Int) {
+            stringValue = String(intValue)
+            self.intValue = intValue
+        }
     }
 
     /// The members of the tree's canonical form; their sum is taken when first asked for.

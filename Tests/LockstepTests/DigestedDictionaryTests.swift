@@ -75,6 +75,46 @@ import Testing
         #expect(plain.digest == StateDigest(of: treeBytes))
     }
 
+    /// A large dictionary is written in the canonical order to begin with (the encoder then sets nothing aside to
+    /// reorder it): the order is the names' UTF-8 — "10" before "9", a shorter name before a longer one it begins,
+    /// names alike in their first eight bytes, non-ASCII after ASCII — and the bytes are still the tree's, for `Int`
+    /// and `String` keys, through the canonical encoder and Foundation's.
+    @Test func membersAreWrittenInTheOrderOfTheirNamesUTF8() throws {
+        var names = ["9", "10", "-1", "", "a", "ab", "abcdefgh1", "abcdefgh0", "abcdefgh", "é", "z", "Z", "ÿ", "日本"]
+        var generator = SplitMix64(seed: 35)
+        let alphabet = Array("09az-_é日 ")
+        for _ in 0..<500 {
+            let length = Int(generator.next() % 12)
+            names.append(String((0..<length).map { _ in alphabet[Int(generator.next() % UInt64(alphabet.count))] }))
+        }
+        let order = DigestedDictionary<String, Int>.canonicalOrder(of: names)
+        let expected = names.indices.sorted { names[$0].utf8.lexicographicallyPrecedes(names[$1].utf8) }
+        #expect(order.map { names[$0] } == expected.map { names[$0] })
+
+        var byName = DigestedDictionary<String, Item>()
+        var byNameTree = TreeDictionary<String, Item>()
+        var byID = State()
+        var byIDTree = TreeDictionary<Int, Item>()
+        for (index, name) in Set(names).enumerated() {
+            byName[name] = Self.item(index)
+            byNameTree[name] = Self.item(index)
+        }
+        for id in (0..<2_000).map({ $0 * 7_919 % 100_003 - 50 }) {
+            byID.items[id] = Self.item(id)
+            byIDTree[id] = Self.item(id)
+        }
+        #expect(try CanonicalEncoding.bytes(of: byName) == CanonicalEncoding.bytes(of: byNameTree))
+        #expect(try CanonicalEncoding.bytes(of: byID.items) == CanonicalEncoding.bytes(of: byIDTree))
+        let foundation = JSONEncoder()
+        foundation.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        #expect(try foundation.encode(byName) == foundation.encode(byNameTree))
+        #expect(try foundation.encode(byID.items) == foundation.encode(byIDTree))
+        #expect(
+            try CanonicalEncoding.decode(DigestedDictionary<String, Item>.self, from: foundation.encode(byName))
+                == byName
+        )
+    }
+
     /// Random inserts, changes in place and removals: the sum kept as they happen is the one taken from the members
     /// whole, and the same as that of the same members inserted in another order.
     @Test func theSumKeptAsItChangesIsTheSumOfTheMembersHoweverTheyWereReached() throws {

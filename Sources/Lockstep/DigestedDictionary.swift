@@ -150,37 +150,42 @@ extension DigestedDictionary: Codable {
     /// set every member but the largest aside (a second copy of a large state) and sort them all.
     private func encodeMembers(to encoder: any Encoder) throws {
         let names: [String]
+        let numbers: [Int]?
         if let tree = tree as? TreeDictionary<String, Value> {
             names = Array(tree.keys)
+            numbers = nil
         } else if let tree = tree as? TreeDictionary<Int, Value> {
-            names = tree.keys.map(String.init)
+            numbers = Array(tree.keys)
+            names = numbers!.map(String.init)
         } else {
             return try tree.encode(to: encoder)
         }
         let values = Array(tree.values)
         var container = encoder.container(keyedBy: MemberKey.self)
         for index in Self.canonicalOrder(of: names) {
-            try container.encode(values[index], forKey: MemberKey(stringValue: names[index]))
+            let key = MemberKey(stringValue: names[index], intValue: numbers.map { $0[index] } ?? Int(names[index]))
+            try container.encode(values[index], forKey: key)
         }
     }
 
     /// The indices of `names` in the order of their UTF-8: by the first eight bytes as one number (zeros pad a
     /// shorter name, and no name's byte is below 0x20 that the canonical encoder writes unescaped), then by all.
     package static func canonicalOrder(of names: [String]) -> [Int] {
-        let prefixes = names.map { name -> UInt64 in
+        var order = names.indices.map { index -> (prefix: UInt64, index: Int) in
             var prefix: UInt64 = 0
             var taken = 0
-            for byte in name.utf8.prefix(8) {
+            for byte in names[index].utf8.prefix(8) {
                 prefix = prefix << 8 | UInt64(byte)
                 taken += 1
             }
-            return prefix << (8 * UInt64(8 - taken))
+            return (prefix << (8 * UInt64(8 - taken)), index)
         }
-        return names.indices.sorted { left, right in
-            prefixes[left] != prefixes[right]
-                ? prefixes[left] < prefixes[right]
-                : names[left].utf8.lexicographicallyPrecedes(names[right].utf8)
+        order.sort { left, right in
+            left.prefix != right.prefix
+                ? left.prefix < right.prefix
+                : names[left.index].utf8.lexicographicallyPrecedes(names[right.index].utf8)
         }
+        return order.map(\.index)
     }
 
     /// A member's key: its name, and the key as a number when it is one (as the tree's own keys are).
@@ -188,14 +193,17 @@ extension DigestedDictionary: Codable {
         var stringValue: String
         var intValue: Int?
 
-        init(stringValue: String) {
+        init(stringValue: String, intValue: Int?) {
             self.stringValue = stringValue
-            intValue = Int(stringValue)
+            self.intValue = intValue
+        }
+
+        init(stringValue: String) {
+            self.init(stringValue: stringValue, intValue: Int(stringValue))
         }
 
         init(intValue: Int) {
-            stringValue = String(intValue)
-            self.intValue = intValue
+            self.init(stringValue: String(intValue), intValue: intValue)
         }
     }
 

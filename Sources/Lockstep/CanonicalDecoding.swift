@@ -44,6 +44,8 @@ enum CanonicalDecoding {
 struct OffTheFastPath: Error {}
 
 /// One JSON value of a parsed document; containers are followed by their members (name, then value) or elements.
+/// Twelve bytes: a scalar keeps where its bytes are, a container where it ends and how many it holds (a large
+/// state's document is millions of tokens, all alive while it is decoded).
 struct CanonicalToken {
     enum Kind: UInt8 {
         case null, falseLiteral, trueLiteral, number, string, array, object
@@ -52,13 +54,39 @@ struct CanonicalToken {
     var kind: Kind
     /// A string: it has escapes. A number: it is `-?(0|[1-9][0-9]*)` and not `-0`, so an integer reads it as is.
     var flag: Bool
+    /// A scalar's ``start``; a container's ``next(at:)``.
+    private var first: UInt32
+    /// A scalar's ``end``; a container's ``count``.
+    private var second: UInt32
+
+    /// A scalar whose bytes are `start..<end`.
+    init(_ kind: Kind, flag: Bool, start: UInt32, end: UInt32) {
+        self.kind = kind
+        self.flag = flag
+        first = start
+        second = end
+    }
+
+    /// A container, its end and count to be set when it closes.
+    init(container kind: Kind) {
+        self.init(kind, flag: false, start: 0, end: 0)
+    }
+
+    var isContainer: Bool { kind == .array || kind == .object }
     /// A string's or number's bytes (a string's without its quotes).
-    var start: UInt32
-    var end: UInt32
-    /// The index of the token after this value and everything in it.
-    var next: UInt32
+    var start: UInt32 { first }
+    var end: UInt32 { second }
     /// A container's members or elements.
-    var count: UInt32
+    var count: UInt32 { second }
+
+    /// The index of the token after this one, at `index`, and everything in it.
+    func next(at index: UInt32) -> UInt32 { isContainer ? first : index + 1 }
+
+    /// A container closed: the token after it is `next`, and it holds `count`.
+    mutating func close(next: UInt32, count: UInt32) {
+        first = next
+        second = count
+    }
 }
 
 /// A key of a coding path the decoder made itself: an array element's, or `super`.
@@ -236,7 +264,7 @@ final class CanonicalDocument: CanonicalCodingState {
         var cursor = token + 1
         for _ in 0..<tokens[Int(token)].count {
             elements.append(try element(cursor))
-            cursor = tokens[Int(cursor)].next
+            cursor = tokens[Int(cursor)].next(at: cursor)
         }
         return elements
     }
@@ -279,7 +307,7 @@ final class CanonicalDocument: CanonicalCodingState {
                     var token = Int(object) + 1
                     for _ in 0..<tokens[Int(object)].count {
                         if compare(token) == 0 { return UInt32(token + 1) }
-                        token = Int(tokens[token + 1].next)
+                        token = Int(tokens[token + 1].next(at: UInt32(token + 1)))
                     }
                     return nil
                 }
@@ -295,7 +323,7 @@ final class CanonicalDocument: CanonicalCodingState {
         var token = object + 1
         for _ in 0..<tokens[Int(object)].count {
             index.append(token)
-            token = tokens[Int(token) + 1].next
+            token = tokens[Int(token) + 1].next(at: token + 1)
         }
         memberIndexes[object] = index
         return index
@@ -310,7 +338,7 @@ final class CanonicalDocument: CanonicalCodingState {
             let nameToken = tokens[index]
             let name = String(decoding: bytes[Int(nameToken.start)..<Int(nameToken.end)], as: UTF8.self)
             if let key = Key(stringValue: name) { keys.append(key) }
-            index = Int(tokens[index + 1].next)
+            index = Int(tokens[index + 1].next(at: UInt32(index + 1)))
         }
         return keys
     }
@@ -329,7 +357,9 @@ struct CanonicalParser {
 
     init(bytes: UnsafeBufferPointer<UInt8>) {
         self.bytes = bytes
-        tokens.reserveCapacity(16)
+        // A token for every 16 bytes, at least: room a large document rarely outgrows (outgrowing it, the array is
+        // copied into one twice its size, the two alive together), and only what is written is touched.
+        tokens.reserveCapacity(max(16, bytes.count / 16))
     }
 
     private var next: UInt8? { position < bytes.count ? bytes[position] : nil }
@@ -349,16 +379,7 @@ struct CanonicalParser {
     }
 
     private mutating func append(_ kind: CanonicalToken.Kind, flag: Bool = false, start: Int, end: Int) {
-        tokens.append(
-            CanonicalToken(
-                kind: kind,
-                flag: flag,
-                start: UInt32(start),
-                end: UInt32(end),
-                next: UInt32(tokens.count + 1),
-                count: 0
-            )
-        )
+        tokens.append(CanonicalToken(kind, flag: flag, start: UInt32(start), end: UInt32(end)))
     }
 
     private mutating func literal(_ text: StaticString, _ kind: CanonicalToken.Kind) throws(OffTheFastPath) {
@@ -375,7 +396,7 @@ struct CanonicalParser {
     /// `:` and its value — up to the closer.
     private mutating func container(_ kind: CanonicalToken.Kind, depth: Int) throws(OffTheFastPath) {
         let index = tokens.count
-        append(kind, start: position, end: position)
+        tokens.append(CanonicalToken(container: kind))
         position += 1
         let closer = kind == .object ? UInt8(ascii: "}") : UInt8(ascii: "]")
         var count: UInt32 = 0
@@ -403,8 +424,7 @@ struct CanonicalParser {
                 }
             }
         }
-        tokens[index].count = count
-        tokens[index].next = UInt32(tokens.count)
+        tokens[index].close(next: UInt32(tokens.count), count: count)
     }
 
     /// A member name of printable ASCII (DEL included) without escapes.
@@ -729,7 +749,7 @@ struct CanonicalUnkeyedDecodingContainer: UnkeyedDecodingContainer {
     private mutating func advance() throws(OffTheFastPath) -> UInt32 {
         guard UInt32(index) < total else { throw document.leaveFastPath() }
         let token = cursor
-        cursor = document.tokens[Int(token)].next
+        cursor = document.tokens[Int(token)].next(at: token)
         index += 1
         return token
     }

@@ -150,21 +150,17 @@ extension DigestedDictionary: Codable {
     /// set every member but the largest aside (a second copy of a large state) and sort them all.
     private func encodeMembers(to encoder: any Encoder) throws {
         let names: [String]
-        let numbers: [Int]?
         if let tree = tree as? TreeDictionary<String, Value> {
             names = Array(tree.keys)
-            numbers = nil
         } else if let tree = tree as? TreeDictionary<Int, Value> {
-            numbers = Array(tree.keys)
-            names = numbers!.map(String.init)
+            names = tree.keys.map(String.init)
         } else {
             return try tree.encode(to: encoder)
         }
         let values = Array(tree.values)
         var container = encoder.container(keyedBy: MemberKey.self)
         for index in Self.canonicalOrder(of: names) {
-            let key = MemberKey(stringValue: names[index], intValue: numbers.map { $0[index] } ?? Int(names[index]))
-            try container.encode(values[index], forKey: key)
+            try container.encode(values[index], forKey: MemberKey(stringValue: names[index]))
         }
     }
 
@@ -188,28 +184,48 @@ extension DigestedDictionary: Codable {
         return order.map(\.index)
     }
 
-    /// A member's key: its name, and the key as a number when it is one (as the tree's own keys are).
+    /// A member's key: its name, read as a number when it is one (as the tree's own keys are). Sixteen bytes, so
+    /// that a decoder holds it inline where it takes `any CodingKey`.
     private struct MemberKey: CodingKey {
-        var stringValue: String
-        var intValue: Int?
-
-        init(stringValue: String, intValue: Int?) {
-            self.stringValue = stringValue
-            self.intValue = intValue
-        }
+        let stringValue: String
+        var intValue: Int? { Int(stringValue) }
 
         init(stringValue: String) {
-            self.init(stringValue: stringValue, intValue: Int(stringValue))
+            self.stringValue = stringValue
         }
 
         init(intValue: Int) {
-            self.init(stringValue: String(intValue), intValue: intValue)
+            stringValue = String(intValue)
         }
     }
 
-    /// The members of the tree's canonical form; their sum is taken when first asked for.
+    /// The members of the tree's canonical form; their sum is taken when first asked for. `Int` and `String` keys
+    /// are read as the tree reads them — an object's member names, a later duplicate winning — but without casting
+    /// each key and boxing each coding key on the way.
     public init(from decoder: any Decoder) throws {
-        self.init(try TreeDictionary(from: decoder))
+        guard Key.self == Int.self || Key.self == String.self else {
+            self.init(try TreeDictionary(from: decoder))
+            return
+        }
+        let container = try decoder.container(keyedBy: MemberKey.self)
+        var tree = TreeDictionary<Key, Value>()
+        for name in container.allKeys {
+            let value = try container.decode(Value.self, forKey: name)
+            if Key.self == String.self {
+                tree[unsafeBitCast(name.stringValue, to: Key.self)] = value
+            } else if let number = name.intValue {
+                tree[unsafeBitCast(number, to: Key.self)] = value
+            } else {
+                throw DecodingError.typeMismatch(
+                    Int.self,
+                    DecodingError.Context(
+                        codingPath: decoder.codingPath + [name],
+                        debugDescription: "Expected Int key but found String key instead."
+                    )
+                )
+            }
+        }
+        self.init(tree)
     }
 }
 

@@ -143,13 +143,36 @@ import Testing
         #expect(try Self.summary(of: whole) == Self.summary(of: state))
     }
 
+    /// Keys are read as the tree reads them: an `Int` key that is not a number is an error naming it, whichever
+    /// decoder reads it, and a `String` key is any name.
+    @Test func aKeyThatIsNotANumberIsAnError() throws {
+        let json = Data(
+            #"{"items":{"1":{"count":3,"name":"a","weight":1},"x":{"count":3,"name":"b","weight":1}},"nextID":2}"#.utf8
+        )
+        for decode in [
+            { try CanonicalEncoding.decode(State.self, from: json) },
+            { try JSONDecoder().decode(State.self, from: json) },
+        ] {
+            #expect {
+                _ = try decode()
+            } throws: { error in
+                guard case let DecodingError.typeMismatch(type, context) = error else { return false }
+                return type == Int.self && context.codingPath.map(\.stringValue) == ["items", "x"]
+            }
+        }
+        let byName = try JSONDecoder().decode(
+            DigestedDictionary<String, Int>.self,
+            from: Data(#"{"x":1,"10":2,"é":3}"#.utf8)
+        )
+        #expect(byName == ["x": 1, "10": 2, "é": 3])
+    }
+
     /// A decoded dictionary's sum is taken once, by whichever copy asks first, and shared with the copies that changed
     /// since: each one's digest is still its own members'.
     @Test func copiesOfADecodedDictionaryShareItsSumAndKeepTheirOwnChanges() throws {
         var state = State()
         for id in 1...500 { state.items[id] = Self.item(id) }
-        // Read by the fast decoder straight from its tokens (not through `allKeys` and a lookup a member, nor by
-        // Foundation's), into the members Foundation's decoding of the tree reads.
+        // Read by the fast decoder (not left to Foundation's), into the members Foundation's decoder reads.
         let fallbacks = CanonicalEncoding.Fallbacks()
         let bytes = try CanonicalEncoding.encode(state)
         let decoded = try CanonicalEncoding.Fallbacks.$current.withValue(fallbacks) {

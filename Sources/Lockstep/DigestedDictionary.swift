@@ -210,12 +210,12 @@ extension DigestedDictionary: Codable {
         let container = try decoder.container(keyedBy: MemberKey.self)
         var tree = TreeDictionary<Key, Value>()
         for name in container.allKeys {
-            let value = try container.decode(Value.self, forKey: name)
             if Key.self == String.self {
-                tree[unsafeBitCast(name.stringValue, to: Key.self)] = value
+                tree[unsafeBitCast(name.stringValue, to: Key.self)] = try container.decode(Value.self, forKey: name)
             } else if let number = name.intValue {
-                tree[unsafeBitCast(number, to: Key.self)] = value
+                tree[unsafeBitCast(number, to: Key.self)] = try container.decode(Value.self, forKey: name)
             } else {
+                // The key before its value, as the tree checks it.
                 throw DecodingError.typeMismatch(
                     Int.self,
                     DecodingError.Context(

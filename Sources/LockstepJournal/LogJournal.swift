@@ -758,11 +758,11 @@ final class LogStorage: JournalStorage {
         let magic = [reader.u8(), reader.u8(), reader.u8(), reader.u8()]
         let version = reader.u32()
         let count = reader.u64()
-        // The state is read into its own array: a large one is not held twice, as cutting a header off would.
-        let state =
-            reader.failed || count > Int.max ? [] : try readAll(fd, journal: journal, from: snapshotHeaderBytes)
-        guard !reader.failed, magic == snapshotMagic, version == LogRecord.formatVersion, UInt64(state.count) == count
-        else {
+        // The state is read into its own array (a large one is not held twice, as cutting a header off would), and
+        // only after a header that is one.
+        let isHeader = !reader.failed && magic == snapshotMagic && version == LogRecord.formatVersion
+        let state = isHeader && count <= Int.max ? try readAll(fd, journal: journal, from: snapshotHeaderBytes) : []
+        guard isHeader, UInt64(state.count) == count else {
             throw JournalError(
                 code: .corrupt,
                 file: journal,

@@ -1,4 +1,5 @@
 import CZeroMQ
+import Synchronization
 
 /// The socket types Lockstep uses.
 public struct SocketType: Hashable, Sendable, CustomStringConvertible {
@@ -69,6 +70,8 @@ public final class Socket {
     public let type: SocketType
     private let context: Context
     private var handle: UnsafeMutableRawPointer?
+    /// Its parts lent to libzmq and not let go yet (``lentPartsOutstanding``).
+    private let lent = LentCount()
 
     /// A new socket of `type` on `context`, with linger set to 0 so closing never waits for unsent
     /// messages; set ``SocketOption/linger`` to keep them.
@@ -143,6 +146,9 @@ public final class Socket {
     /// Parts of this many bytes or more are lent to libzmq rather than copied (``send(_:wait:)``).
     public static let lentPartBytes = 1 << 20
 
+    /// The parts this socket lent to libzmq that it has not let go yet: each a large array held until it is.
+    public var lentPartsOutstanding: Int { lent.value.load(ordering: .relaxed) }
+
     /// Sends `frames` as one multipart message (libzmq delivers all parts or none). Each part is copied
     /// once, into libzmq's message — but a part of ``lentPartBytes`` or more (a large state's SNAPSHOT) is lent: the
     /// message points at the array's bytes and keeps the array until libzmq has sent them, so a large state is not
@@ -160,7 +166,7 @@ public final class Socket {
             let detail = { "part \(index + 1) of \(frames.count) on a \(self.type) socket" }
             let result =
                 frame.count >= Self.lentPartBytes
-                ? try Self.lend(frame, to: handle, flags: flags, detail: detail())
+                ? try Self.lend(frame, to: handle, flags: flags, counted: lent, detail: detail())
                 : try frame.withUnsafeBytes { buffer in
                     Result { () throws(ZeroMQError) in
                         try zmqCall("zmq_send", detail: detail()) {
@@ -186,9 +192,10 @@ public final class Socket {
         _ frame: [UInt8],
         to handle: UnsafeMutableRawPointer,
         flags: Int32,
+        counted outstanding: LentCount,
         detail: String
     ) throws(ZeroMQError) -> CallResult {
-        let owner = Unmanaged.passRetained(LentPart(frame))
+        let owner = Unmanaged.passRetained(LentPart(frame, counted: outstanding))
         let data = owner.takeUnretainedValue().bytes.withUnsafeBytes {
             UnsafeMutableRawPointer(mutating: $0.baseAddress!)
         }
@@ -425,8 +432,21 @@ extension SocketOption where Value == [UInt8] {
 /// lets the message go.
 private final class LentPart: Sendable {
     let bytes: [UInt8]
+    /// The lending socket's count of the parts it has lent and libzmq has not let go.
+    let outstanding: LentCount
 
-    init(_ bytes: [UInt8]) {
+    init(_ bytes: [UInt8], counted outstanding: LentCount) {
         self.bytes = bytes
+        self.outstanding = outstanding
+        outstanding.value.add(1, ordering: .relaxed)
     }
+
+    deinit {
+        outstanding.value.subtract(1, ordering: .relaxed)
+    }
+}
+
+/// A socket's count of its parts lent to libzmq and not let go yet.
+final class LentCount: Sendable {
+    let value = Atomic<Int>(0)
 }

@@ -75,6 +75,50 @@ import Testing
         #expect(plain.digest == StateDigest(of: treeBytes))
     }
 
+    /// An encoder that keeps the names of an object's members in the order they are written, and nothing else.
+    final class MemberOrder: Encoder {
+        var names: [String] = []
+        var codingPath: [any CodingKey] { [] }
+        var userInfo: [CodingUserInfoKey: Any] { [:] }
+
+        func container<Key: CodingKey>(keyedBy _: Key.Type) -> KeyedEncodingContainer<Key> {
+            KeyedEncodingContainer(Members<Key>(order: self))
+        }
+        func unkeyedContainer() -> any UnkeyedEncodingContainer { Elements(order: self) }
+        func singleValueContainer() -> any SingleValueEncodingContainer { Elements(order: self) }
+
+        struct Members<Key: CodingKey>: KeyedEncodingContainerProtocol {
+            let order: MemberOrder
+            var codingPath: [any CodingKey] { [] }
+            func encodeNil(forKey key: Key) { order.names.append(key.stringValue) }
+            func encode<T: Encodable>(_: T, forKey key: Key) { order.names.append(key.stringValue) }
+            func nestedContainer<N: CodingKey>(keyedBy _: N.Type, forKey key: Key) -> KeyedEncodingContainer<N> {
+                order.names.append(key.stringValue)
+                return KeyedEncodingContainer(Members<N>(order: MemberOrder()))
+            }
+            func nestedUnkeyedContainer(forKey key: Key) -> any UnkeyedEncodingContainer {
+                order.names.append(key.stringValue)
+                return Elements(order: MemberOrder())
+            }
+            func superEncoder() -> any Encoder { MemberOrder() }
+            func superEncoder(forKey key: Key) -> any Encoder { MemberOrder() }
+        }
+
+        /// Anything but an object: written down as "not an object".
+        struct Elements: UnkeyedEncodingContainer, SingleValueEncodingContainer {
+            let order: MemberOrder
+            var codingPath: [any CodingKey] { [] }
+            var count: Int { 0 }
+            func encodeNil() { order.names.append("not an object") }
+            func encode<T: Encodable>(_: T) { order.names.append("not an object") }
+            func nestedContainer<N: CodingKey>(keyedBy _: N.Type) -> KeyedEncodingContainer<N> {
+                KeyedEncodingContainer(Members<N>(order: MemberOrder()))
+            }
+            func nestedUnkeyedContainer() -> any UnkeyedEncodingContainer { self }
+            func superEncoder() -> any Encoder { MemberOrder() }
+        }
+    }
+
     /// A large dictionary is written in the canonical order to begin with (the encoder then sets nothing aside to
     /// reorder it): the order is the names' UTF-8 — "10" before "9", a shorter name before a longer one it begins,
     /// names alike in their first eight bytes, non-ASCII after ASCII — and the bytes are still the tree's, for `Int`
@@ -113,6 +157,27 @@ import Testing
             try CanonicalEncoding.decode(DigestedDictionary<String, Item>.self, from: foundation.encode(byName))
                 == byName
         )
+        // What the dictionary itself writes, before any encoder could put it in order.
+        for (dictionary, keys) in [
+            (byName as any Encodable, Set(names).map { $0 }),
+            (byID.items as any Encodable, byID.items.keys.map(String.init)),
+        ] {
+            let written = MemberOrder()
+            try dictionary.encode(to: written)
+            let sorted = keys.sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }
+            #expect(written.names.count == sorted.count && written.names.elementsEqual(sorted))
+        }
+        // ASCII names only: read by the fast decoder, not left to Foundation's.
+        let ascii = byName.filter { $0.key.utf8.allSatisfy { $0 < 0x80 } }
+        let fallbacks = CanonicalEncoding.Fallbacks()
+        let asciiDictionary = DigestedDictionary(TreeDictionary(uniqueKeysWithValues: ascii.map { ($0.key, $0.value) }))
+        let decoded = try CanonicalEncoding.Fallbacks.$current.withValue(fallbacks) {
+            try CanonicalEncoding.decode(
+                DigestedDictionary<String, Item>.self,
+                from: try CanonicalEncoding.encode(asciiDictionary)
+            )
+        }
+        #expect(fallbacks.decodes == 0 && decoded == asciiDictionary && decoded.count > 100)
     }
 
     /// Random inserts, changes in place and removals: the sum kept as they happen is the one taken from the members
@@ -159,6 +224,14 @@ import Testing
                 guard case let DecodingError.typeMismatch(type, context) = error else { return false }
                 return type == Int.self && context.codingPath.map(\.stringValue) == ["items", "x"]
             }
+        }
+        // A member whose key and value are both wrong: the key is named, as the tree names it.
+        let both = Data(#"{"items":{"x":5},"nextID":1}"#.utf8)
+        #expect {
+            _ = try CanonicalEncoding.decode(State.self, from: both)
+        } throws: { error in
+            guard case let DecodingError.typeMismatch(type, context) = error else { return false }
+            return type == Int.self && context.codingPath.map(\.stringValue) == ["items", "x"]
         }
         let byName = try JSONDecoder().decode(
             DigestedDictionary<String, Int>.self,

@@ -281,6 +281,19 @@ final class CanonicalStream {
         }
     }
 
+    /// The first eight bytes of a member's name as one big-endian number, zeros padding a shorter one: names hold no
+    /// byte below 0x20, so two names' prefixes compare as their bytes do, up to the eighth.
+    @inline(__always)
+    static func sortingPrefix(of name: some Collection<UInt8>) -> UInt64 {
+        var prefix: UInt64 = 0
+        var taken = 0
+        for byte in name.prefix(8) {
+            prefix = prefix << 8 | UInt64(byte)
+            taken += 1
+        }
+        return prefix << (8 * UInt64(8 - taken))
+    }
+
     /// Rewrites the members `range` of ``members`` — the last object's, which ends the output — in the order of
     /// their names; `false` if a name is there twice (in bytes, or as equal Strings), where Foundation keeps one.
     ///
@@ -291,14 +304,7 @@ final class CanonicalStream {
         // that pad a short name sort it first, as the bytes do), then by the names where those are equal: most of
         // a large object's comparisons (a dictionary's, by id) are one integer comparison.
         let prefixes = out.withUnsafeBufferPointer { out in
-            members[range].map { member -> UInt64 in
-                var prefix: UInt64 = 0
-                for offset in 0..<8 {
-                    let position = member.start + 1 + offset
-                    prefix = prefix << 8 | UInt64(position < member.nameEnd ? out[position] : 0)
-                }
-                return prefix
-            }
+            members[range].map { Self.sortingPrefix(of: out[($0.start + 1)..<$0.nameEnd]) }
         }
         var order = Array(range)
         order.sort { left, right in

@@ -167,15 +167,7 @@ extension DigestedDictionary: Codable {
     /// The indices of `names` in the order of their UTF-8: by the first eight bytes as one number (zeros pad a
     /// shorter name, and no name's byte is below 0x20 that the canonical encoder writes unescaped), then by all.
     package static func canonicalOrder(of names: [String]) -> [Int] {
-        var order = names.indices.map { index -> (prefix: UInt64, index: Int) in
-            var prefix: UInt64 = 0
-            var taken = 0
-            for byte in names[index].utf8.prefix(8) {
-                prefix = prefix << 8 | UInt64(byte)
-                taken += 1
-            }
-            return (prefix << (8 * UInt64(8 - taken)), index)
-        }
+        var order = names.indices.map { (prefix: CanonicalStream.sortingPrefix(of: names[$0].utf8), index: $0) }
         order.sort { left, right in
             left.prefix != right.prefix
                 ? left.prefix < right.prefix

@@ -163,13 +163,12 @@ public final class Socket {
         let last = frames.count - 1
         for (index, frame) in frames.enumerated() {
             let flags = (index < last ? ZMQ_SNDMORE : 0) | (wait ? 0 : ZMQ_DONTWAIT)
-            let detail = { "part \(index + 1) of \(frames.count) on a \(self.type) socket" }
             let result =
                 frame.count >= Self.lentPartBytes
-                ? try Self.lend(frame, to: handle, flags: flags, counted: lent, detail: detail())
+                ? try Self.lend(frame, to: handle, flags: flags, counted: lent, detail: part(index, of: frames.count))
                 : try frame.withUnsafeBytes { buffer in
                     Result { () throws(ZeroMQError) in
-                        try zmqCall("zmq_send", detail: detail()) {
+                        try zmqCall("zmq_send", detail: self.part(index, of: frames.count)) {
                             zmq_send(handle, buffer.baseAddress, buffer.count, flags)
                         }
                     }
@@ -185,6 +184,9 @@ public final class Socket {
         return true
     }
 
+    /// What an error says of the part at `index` of a message of `count` parts (made only for an error).
+    private func part(_ index: Int, of count: Int) -> String { "part \(index + 1) of \(count) on a \(type) socket" }
+
     /// Sends `frame` as a message that points at its bytes: libzmq calls back, on its I/O thread, once it no longer
     /// needs them, and the array is let go then. (An array's elements stay where they are while it is neither
     /// changed nor freed: the box holds it, unchanged, until that call.)
@@ -193,7 +195,7 @@ public final class Socket {
         to handle: UnsafeMutableRawPointer,
         flags: Int32,
         counted outstanding: LentCount,
-        detail: String
+        detail: @autoclosure () -> String
     ) throws(ZeroMQError) -> CallResult {
         let owner = Unmanaged.passRetained(LentPart(frame, counted: outstanding))
         let data = owner.takeUnretainedValue().bytes.withUnsafeBytes {
@@ -201,7 +203,7 @@ public final class Socket {
         }
         var message = zmq_msg_t()
         do {
-            try zmqCheck("zmq_msg_init_data", detail: detail) {
+            try zmqCheck("zmq_msg_init_data", detail: detail()) {
                 zmq_msg_init_data(
                     &message,
                     data,
@@ -217,7 +219,7 @@ public final class Socket {
             throw error
         }
         do {
-            let result = try zmqCall("zmq_msg_send", detail: detail) { zmq_msg_send(&message, handle, flags) }
+            let result = try zmqCall("zmq_msg_send", detail: detail()) { zmq_msg_send(&message, handle, flags) }
             // Sent, the message is libzmq's; not sent, closing it lets the array go.
             if case .wouldBlock = result { zmq_msg_close(&message) }
             return result

@@ -256,6 +256,62 @@ public enum CanonicalEncoding {
         return DigestForm(bytes: bytes, isCanonicalForm: !use.wasCondensed)
     }
 
+    /// Writes the canonical bytes of `value` to `sink` a chunk of about `chunkBytes` at a time, each once it is final,
+    /// so that the whole is never held (`CanonicalDirected`): a large state's snapshot file and digest. `false` when
+    /// the value is not written this way (what the sink got is void): ``bytes(of:reservingCapacity:)`` writes it, or
+    /// says why it cannot.
+    package static func stream<Value: Encodable>(
+        _ value: Value,
+        chunkBytes: Int = 1 << 20,
+        into sink: (UnsafeRawBufferPointer) -> Void
+    ) -> Bool {
+        guard !CanonicalDecoding.isSpecialCased(Value.self) else { return false }
+        return withoutActuallyEscaping(sink) { sink in
+            let stream = CanonicalStream()
+            stream.streamOut(to: sink, chunkBytes: chunkBytes)
+            return CanonicalDirected.write(value, to: stream)
+        }
+    }
+
+    /// A state's canonical form, or its digest form, streamed (``stream(_:chunkBytes:into:)``): what was written, hashed
+    /// on the way.
+    public struct Streamed: Sendable {
+        /// The SHA-256 of the bytes written: with ``isCanonicalForm``, the state's digest for DIGEST and SNAPSHOT alike.
+        public var digest: StateDigest
+        /// How many bytes were written.
+        public var bytes: Int
+        /// Whether the bytes are the state's canonical form: it holds no ``DigestedDictionary``, or they were not
+        /// its digest form.
+        public var isCanonicalForm: Bool
+    }
+
+    /// Streams `value`'s digest form (``digestForm(of:reservingCapacity:)``), or with `canonical` its canonical form,
+    /// to `sink` while hashing it; `nil` when it is not written this way (the sink's bytes are void).
+    public static func streamed<Value: Encodable>(
+        _ value: Value,
+        digestForm: Bool,
+        chunkBytes: Int = 1 << 20,
+        into sink: (UnsafeRawBufferPointer) -> Void = { _ in }
+    ) -> Streamed? {
+        withoutActuallyEscaping(sink) { sink in
+            var hasher = SHA256()
+            var count = 0
+            let write = { (bytes: UnsafeRawBufferPointer) in
+                hasher.update(bufferPointer: bytes)
+                count += bytes.count
+                sink(bytes)
+            }
+            guard digestForm else {
+                guard stream(value, chunkBytes: chunkBytes, into: write) else { return nil }
+                return Streamed(digest: StateDigest(hasher.finalize()), bytes: count, isCanonicalForm: true)
+            }
+            let use = DigestFormUse()
+            guard $writingDigestForm.withValue(use, operation: { stream(value, chunkBytes: chunkBytes, into: write) })
+            else { return nil }
+            return Streamed(digest: StateDigest(hasher.finalize()), bytes: count, isCanonicalForm: !use.wasCondensed)
+        }
+    }
+
     /// What a state's digest is taken over.
     public struct DigestForm: Sendable {
         /// The digest form's bytes.
@@ -298,7 +354,12 @@ public struct StateDigest: Hashable, Sendable, Codable, CustomStringConvertible 
 
     /// The digest of `data`.
     public init<Bytes: DataProtocol>(of data: Bytes) {
-        words = SHA256.hash(data: data).withUnsafeBytes { Self.words(of: $0) }
+        self.init(SHA256.hash(data: data))
+    }
+
+    /// A SHA-256 digest made elsewhere.
+    init(_ digest: SHA256.Digest) {
+        words = digest.withUnsafeBytes { Self.words(of: $0) }
     }
 
     /// A digest received from elsewhere; `nil` unless it is exactly 32 bytes.

@@ -23,6 +23,11 @@ final class CanonicalStream {
         var firstMember = 0
         var inOrder = true
         var hasNonASCIINames = false
+        /// An object whose members come in their names' order (a ``DigestedDictionary``'s): none is recorded in
+        /// ``members`` to be put in order, so none holds back the output streamed; each name is checked against the
+        /// last, kept here.
+        var isOrdered = false
+        var lastName: [UInt8] = []
     }
 
     /// What the value being encoded put in its place so far.
@@ -47,6 +52,13 @@ final class CanonicalStream {
     /// The place the innermost value being encoded fills, and what it holds.
     private var slot: Int = 0
     private var filled = Filled.nothing
+    /// Where the output goes as it is final, when it is streamed (``CanonicalEncoding/stream(_:chunkBytes:into:)``);
+    /// `nil` keeps it whole in ``out``.
+    private var sink: ((UnsafeRawBufferPointer) -> Void)?
+    /// The output is handed to the sink once ``out`` holds this many bytes.
+    private var chunkBytes = Int.max
+    /// The bytes handed to the sink so far: ``out`` holds what follows them.
+    private(set) var handedOut = 0
 
     /// What the one pass made of a value.
     enum Outcome {
@@ -105,7 +117,7 @@ final class CanonicalStream {
         }
         let depth = frames.count
         let parent = frames.last?.id
-        let mark = out.count
+        let mark = handedOut + out.count
         let outer = (slot, filled)
         lastID &+= 1
         (slot, filled) = (lastID, .nothing)
@@ -121,7 +133,7 @@ final class CanonicalStream {
         // Its containers end with it; the containers around it must be the ones it was given.
         guard frames.count >= depth, depth == 0 || frames[depth - 1].id == parent else { throw leave() }
         while frames.count > depth { close() }
-        if out.count == mark {
+        if handedOut + out.count == mark {
             guard emptyIsObject else { throw leave() }
             appendLiteral("{}")
         }
@@ -148,6 +160,7 @@ final class CanonicalStream {
         for (index, element) in elements.enumerated() {
             if index > 0 { out.append(UInt8(ascii: ",")) }
             append(self, element)
+            handOutIfDue()
         }
         out.append(UInt8(ascii: "]"))
     }
@@ -161,14 +174,14 @@ final class CanonicalStream {
     }
 
     /// The container `slot` holds: the one it holds already if it is open and of the kind, else a new one.
-    func container(for slot: Int, isObject: Bool) -> Int {
+    func container(for slot: Int, isObject: Bool, isOrdered: Bool = false) -> Int {
         guard slot == self.slot else {
             isOffFastPath = true
             return 0
         }
         switch filled {
         case .nothing:
-            let id = open(isObject: isObject)
+            let id = open(isObject: isObject, isOrdered: isOrdered)
             filled = .container(id)
             return id
         case let .container(id):
@@ -186,14 +199,14 @@ final class CanonicalStream {
     // MARK: Containers
 
     /// Opens a container at the end of the output.
-    func open(isObject: Bool) -> Int {
+    func open(isObject: Bool, isOrdered: Bool = false) -> Int {
         guard frames.count < CanonicalTree.maximumDepth else {
             isOffFastPath = true
             return 0
         }
         lastID &+= 1
         out.append(isObject ? UInt8(ascii: "{") : UInt8(ascii: "["))
-        frames.append(Frame(id: lastID, isObject: isObject, firstMember: members.count))
+        frames.append(Frame(id: lastID, isObject: isObject, firstMember: members.count, isOrdered: isOrdered))
         return lastID
     }
 
@@ -216,6 +229,7 @@ final class CanonicalStream {
     /// Begins the next element of array `id`.
     func beginElement(of id: Int) throws {
         try enter(id)
+        handOutIfDue()
         if frames[frames.count - 1].count > 0 { out.append(UInt8(ascii: ",")) }
         frames[frames.count - 1].count += 1
     }
@@ -223,6 +237,7 @@ final class CanonicalStream {
     /// Begins member `key` of object `id`: its name and the colon.
     func beginMember(of id: Int, _ key: some CodingKey) throws {
         try enter(id)
+        handOutIfDue()
         let top = frames.count - 1
         if frames[top].count > 0 { out.append(UInt8(ascii: ",")) }
         frames[top].count += 1
@@ -243,6 +258,13 @@ final class CanonicalStream {
         let nameEnd = out.count
         out.append(UInt8(ascii: "\""))
         out.append(UInt8(ascii: ":"))
+        if frames[top].isOrdered {
+            // Its names come from one dictionary's keys, distinct as Strings: only their bytes' order is checked.
+            let name = out[(start + 1)..<nameEnd]
+            guard frames[top].count == 1 || frames[top].lastName.lexicographicallyPrecedes(name) else { throw leave() }
+            frames[top].lastName.replaceSubrange(frames[top].lastName.indices, with: name)
+            return
+        }
         if !ascii { frames[top].hasNonASCIINames = true }
         if frames[top].inOrder, members.count > frames[top].firstMember,
             !precedes(members[members.count - 1], (start, nameEnd))
@@ -254,6 +276,7 @@ final class CanonicalStream {
 
     /// Ends the innermost container: an object's members put in order.
     func close() {
+        handOutIfDue()
         let frame = frames.removeLast()
         guard frame.isObject else {
             out.append(UInt8(ascii: "]"))
@@ -266,6 +289,43 @@ final class CanonicalStream {
         }
         members.removeSubrange(frame.firstMember...)
         out.append(UInt8(ascii: "}"))
+    }
+
+    // MARK: Streaming out
+
+    /// Whether a container is open.
+    var hasOpenContainers: Bool { !frames.isEmpty }
+
+    /// Sets the output to go to `sink` a chunk of about `chunkBytes` at a time, as it is final.
+    func streamOut(to sink: @escaping (UnsafeRawBufferPointer) -> Void, chunkBytes: Int) {
+        self.sink = sink
+        self.chunkBytes = chunkBytes
+        out.reserveCapacity(chunkBytes + chunkBytes / 2)
+    }
+
+    /// Hands the sink what is final of the output once ``out`` holds a chunk: everything before the first member of
+    /// an open object whose members may yet be put in order (they are ``members``, innermost last).
+    func handOutIfDue() {
+        guard out.count >= chunkBytes, let sink else { return }
+        let end = members.first?.start ?? out.count
+        guard end >= chunkBytes / 2 else { return }
+        handOut(upTo: end, to: sink)
+    }
+
+    /// Hands the rest to the sink: the output is complete.
+    func handOutRest() {
+        guard let sink, !out.isEmpty else { return }
+        handOut(upTo: out.count, to: sink)
+    }
+
+    private func handOut(upTo end: Int, to sink: (UnsafeRawBufferPointer) -> Void) {
+        out.withUnsafeBytes { sink(UnsafeRawBufferPointer(rebasing: $0[..<end])) }
+        out.removeSubrange(..<end)
+        handedOut += end
+        for index in members.indices {
+            members[index].start -= end
+            members[index].nameEnd -= end
+        }
     }
 
     /// Whether the name of `left` comes before that of `right`: JSONWriter's order, the names' UTF-8 compared.
@@ -292,6 +352,18 @@ final class CanonicalStream {
             taken += 1
         }
         return prefix << (8 * UInt64(8 - taken))
+    }
+
+    /// The indices of `names` in the order of their UTF-8: by the first eight bytes as one number (zeros pad a
+    /// shorter name, and no name's byte is below 0x20 that the canonical encoder writes unescaped), then by all.
+    static func canonicalOrder(of names: [String]) -> [Int] {
+        var order = names.indices.map { (prefix: sortingPrefix(of: names[$0].utf8), index: $0) }
+        order.sort { left, right in
+            left.prefix != right.prefix
+                ? left.prefix < right.prefix
+                : names[left.index].utf8.lexicographicallyPrecedes(names[right.index].utf8)
+        }
+        return order.map(\.index)
     }
 
     /// Rewrites the members `range` of ``members`` — the last object's, which ends the output — in the order of
@@ -381,8 +453,12 @@ struct CanonicalStreamEncoder: Encoder, SingleValueEncodingContainer {
     var userInfo: [CodingUserInfoKey: Any] { [:] }
 
     func container<Key: CodingKey>(keyedBy _: Key.Type) -> KeyedEncodingContainer<Key> {
-        KeyedEncodingContainer(
-            CanonicalStreamKeyedContainer<Key>(stream: stream, id: stream.container(for: slot, isObject: true))
+        let isOrdered = Key.self is any CanonicallyOrderedKey.Type
+        return KeyedEncodingContainer(
+            CanonicalStreamKeyedContainer<Key>(
+                stream: stream,
+                id: stream.container(for: slot, isObject: true, isOrdered: isOrdered)
+            )
         )
     }
 

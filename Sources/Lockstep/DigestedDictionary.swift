@@ -147,38 +147,31 @@ extension DigestedDictionary: Codable {
 
     /// The members as the tree encodes them, but written in the canonical form's order (by their names' UTF-8)
     /// when the keys are `Int` or `String`: the canonical encoder then has nothing to reorder — it would otherwise
-    /// set every member but the largest aside (a second copy of a large state) and sort them all.
+    /// set every member but the largest aside (a second copy of a large state) and sort them all — and, its keys
+    /// saying so (``CanonicallyOrderedKey``), holds back none of them when it streams.
     private func encodeMembers(to encoder: any Encoder) throws {
-        let names: [String]
-        if let tree = tree as? TreeDictionary<String, Value> {
-            names = Array(tree.keys)
-        } else if let tree = tree as? TreeDictionary<Int, Value> {
-            names = tree.keys.map(String.init)
-        } else {
-            return try tree.encode(to: encoder)
-        }
-        let values = Array(tree.values)
+        guard Key.self == String.self || Key.self == Int.self else { return try tree.encode(to: encoder) }
         var container = encoder.container(keyedBy: MemberKey.self)
+        // A probe of the streaming writer's (`CanonicalDirected`) only asks what the members are written as.
+        if encoder.userInfo[CanonicalDirected.probingKey] as? Bool == true { return }
+        let names: [String] =
+            if let tree = tree as? TreeDictionary<String, Value> {
+                Array(tree.keys)
+            } else {
+                tree.keys.map { String(unsafeBitCast($0, to: Int.self)) }
+            }
+        let values = Array(tree.values)
         for index in Self.canonicalOrder(of: names) {
             try container.encode(values[index], forKey: MemberKey(stringValue: names[index]))
         }
     }
 
-    /// The indices of `names` in the order of their UTF-8: by the first eight bytes as one number (zeros pad a
-    /// shorter name, and no name's byte is below 0x20 that the canonical encoder writes unescaped), then by all.
-    package static func canonicalOrder(of names: [String]) -> [Int] {
-        var order = names.indices.map { (prefix: CanonicalStream.sortingPrefix(of: names[$0].utf8), index: $0) }
-        order.sort { left, right in
-            left.prefix != right.prefix
-                ? left.prefix < right.prefix
-                : names[left.index].utf8.lexicographicallyPrecedes(names[right.index].utf8)
-        }
-        return order.map(\.index)
-    }
+    /// The indices of `names` in the canonical form's order (``CanonicalStream/canonicalOrder(of:)``).
+    package static func canonicalOrder(of names: [String]) -> [Int] { CanonicalStream.canonicalOrder(of: names) }
 
     /// A member's key: its name, read as a number when it is one (as the tree's own keys are). Sixteen bytes, so
     /// that a decoder holds it inline where it takes `any CodingKey`.
-    private struct MemberKey: CodingKey {
+    private struct MemberKey: CanonicallyOrderedKey {
         let stringValue: String
         var intValue: Int? { Int(stringValue) }
 

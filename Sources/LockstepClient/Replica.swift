@@ -671,19 +671,26 @@ public final class Replica<D: Domain>: Service, Sendable {
         hub.digests.submit { [self] in
             var taken = DigestTaken(seq: wanted.seq, generation: wanted.generation)
             let expected = shared.withLockedValue { $0.digestForm.bytes }
-            let form = try? CanonicalEncoding.digestForm(
+            var written: Int?
+            // A large digest form is hashed as it is written, never held whole, unless evidence keeps it.
+            if !keepState, expected >= DigestFormSize.large,
+                let streamed = CanonicalEncoding.streamed(state.state, digestForm: true)
+            {
+                taken.digest = streamed.digest
+                written = streamed.bytes
+            } else if let form = try? CanonicalEncoding.digestForm(
                 of: state.state,
                 reservingCapacity: CanonicalEncoding.capacity(forLastSize: expected)
-            )
-            if let form {
+            ) {
                 taken.digest = form.digest
+                written = form.bytes.count
                 if keepState {
                     taken.state = form.isCanonicalForm ? form.bytes : try? CanonicalEncoding.bytes(of: state.state)
                 }
             }
             shared.withLockedValue {
                 $0.digestsTaken.append(taken)
-                $0.digestForm.written(form?.bytes.count, of: install)
+                $0.digestForm.written(written, of: install)
             }
             wakeup.signal()
         }

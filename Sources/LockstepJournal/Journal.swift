@@ -131,11 +131,30 @@ public protocol Journal: AnyObject, Sendable {
     /// snapshots apart from its commits (``LogJournal``, a file each) writes it now, so that commit only names it.
     /// Nothing counts until that commit; a snapshot staged and never committed is removed. A no-op for the others.
     func stage(_ snapshot: JournalSnapshot)
+
+    /// Called off the committing thread to write a snapshot's file as its state is encoded, a piece at a time: the
+    /// state is never held whole. `write` hands each piece to the sink it gets, and returns the SHA-256 of all it
+    /// handed — or `nil` to drop the file (the state would not stream, or was not what a snapshot keeps). Returns the
+    /// snapshot a later commit carries (its ``JournalSnapshot/stagedBytes`` set, its ``JournalSnapshot/state``
+    /// empty), as ``stage(_:)`` stages one; `nil` when the file was dropped or could not be written, or when the
+    /// journal keeps snapshots in its commits — then without calling `write`.
+    func stageSnapshot(
+        store: String,
+        seq: UInt64,
+        writing write: (_ sink: (UnsafeRawBufferPointer) -> Void) -> StateDigest?
+    ) -> JournalSnapshot?
 }
 
 extension Journal {
     /// Snapshots go in with their commit.
     public func stage(_ snapshot: JournalSnapshot) {}
+
+    /// Snapshots go in with their commit, their state held.
+    public func stageSnapshot(
+        store _: String,
+        seq _: UInt64,
+        writing _: (_ sink: (UnsafeRawBufferPointer) -> Void) -> StateDigest?
+    ) -> JournalSnapshot? { nil }
 }
 
 extension Journal {
@@ -232,10 +251,14 @@ public struct JournalSnapshot: Hashable, Sendable {
     public var store: String
     /// The seq of the last event the state includes.
     public var seq: UInt64
-    /// The state's canonical encoding (`CanonicalEncoding`, in the `Lockstep` module).
+    /// The state's canonical encoding (`CanonicalEncoding`, in the `Lockstep` module); empty for a snapshot staged
+    /// in a file as it was encoded (``stagedBytes``).
     public var state: [UInt8]
     /// SHA-256 of ``state``.
     public var digest: StateDigest
+    /// For a snapshot whose state went to its file as it was encoded (``Journal/stageSnapshot(store:seq:writing:)``):
+    /// the state's size. Only that journal's commit takes it.
+    public var stagedBytes: Int?
 
     /// A snapshot whose digest the caller already has.
     public init(store: String, seq: UInt64, state: [UInt8], digest: StateDigest) {
@@ -243,6 +266,12 @@ public struct JournalSnapshot: Hashable, Sendable {
         self.seq = seq
         self.state = state
         self.digest = digest
+    }
+
+    /// A snapshot whose state of `stagedBytes` bytes, with `digest`, is in the file its journal staged.
+    public init(store: String, seq: UInt64, stagedBytes: Int, digest: StateDigest) {
+        self.init(store: store, seq: seq, state: [], digest: digest)
+        self.stagedBytes = stagedBytes
     }
 
     /// A snapshot of `state` bytes, its digest computed here.

@@ -133,6 +133,16 @@ public final class LogJournal: EngineJournal {
         engine.storage.stage(snapshot)
     }
 
+    /// Writes a snapshot's file as its state is encoded, off the committing thread: the commit that carries the
+    /// snapshot returned then only names it.
+    public func stageSnapshot(
+        store: String,
+        seq: UInt64,
+        writing write: (_ sink: (UnsafeRawBufferPointer) -> Void) -> StateDigest?
+    ) -> JournalSnapshot? {
+        engine.storage.stageSnapshot(store: store, seq: seq, writing: write)
+    }
+
     /// Every commit is synced before it returns: nothing to do.
     public func sync() throws(JournalError) {}
 
@@ -393,10 +403,54 @@ final class LogStorage: JournalStorage {
     /// meanwhile. A failure is left for that commit, which then writes the file itself.
     func stage(_ snapshot: JournalSnapshot) {
         guard !isReadOnly, let name = try? writeSnapshot(snapshot) else { return }
+        staged(name, store: snapshot.store, seq: snapshot.seq, digest: snapshot.digest)
+    }
+
+    /// Writes a snapshot's file as `write` hands its state over, a piece at a time; the same for the commit that will
+    /// carry it as ``stage(_:)``. `nil` when `write` drops the file or it cannot be written: the commit would then have
+    /// no state to write, so the caller makes the snapshot another way.
+    func stageSnapshot(
+        store: String,
+        seq: UInt64,
+        writing write: (_ sink: (UnsafeRawBufferPointer) -> Void) -> StateDigest?
+    ) -> JournalSnapshot? {
+        guard !isReadOnly else { return nil }
+        let name = Self.snapshotName(seq: seq)
+        var written: (bytes: Int, digest: StateDigest)?
+        do {
+            _ = try replaceFile(snapshotPath(name), operation: "snapshot") { (fd: Int32) throws(JournalError) in
+                var offset = Int64(Self.snapshotHeaderBytes)
+                var failure: JournalError?
+                let digest = write { piece in
+                    guard failure == nil else { return }
+                    do throws(JournalError) {
+                        try Self.writeAll(fd, piece, at: offset, journal: location)
+                        offset += Int64(piece.count)
+                    } catch {
+                        failure = error
+                    }
+                }
+                if let failure { throw failure }
+                guard let digest else { throw JournalFiles.ioError(location, "snapshot", "the state did not stream") }
+                let bytes = Int(offset) - Self.snapshotHeaderBytes
+                try Self.writeAll(fd, Self.snapshotHeader(stateBytes: bytes), at: 0, journal: location)
+                written = (bytes, digest)
+            }
+            if syncs { try JournalFiles.fsyncDirectory(snapshots, journal: location) }
+        } catch {
+            return nil
+        }
+        guard let written else { return nil }
+        staged(name, store: store, seq: seq, digest: written.digest)
+        return JournalSnapshot(store: store, seq: seq, stagedBytes: written.bytes, digest: written.digest)
+    }
+
+    /// File `name` holds the snapshot of `store` at `seq`, with `digest`, for a commit to name.
+    private func staged(_ name: String, store: String, seq: UInt64, digest: StateDigest) {
         let replaced = file.withLockedValue { state -> String? in
             guard !state.closed else { return name }
-            let key = SnapshotKey(store: snapshot.store, seq: snapshot.seq)
-            defer { state.staged[key] = (name, snapshot.digest) }
+            let key = SnapshotKey(store: store, seq: seq)
+            defer { state.staged[key] = (name, digest) }
             return state.staged[key]?.file
         }
         if let replaced { unlink(snapshotPath(replaced)) }
@@ -415,6 +469,16 @@ final class LogStorage: JournalStorage {
                             continue
                         }
                         unlink(snapshotPath(staged.file))
+                    }
+                    guard snapshot.stagedBytes == nil else {
+                        throw JournalError(
+                            code: .invalidBatch,
+                            file: location,
+                            operation: "commit",
+                            message: "the snapshot of store '\(snapshot.store)' at seq \(snapshot.seq) was staged in a "
+                                + "file that is gone (another was staged for it, or the journal was reopened): commit "
+                                + "it with its state instead"
+                        )
                     }
                     files.append(try writeSnapshot(snapshot))
                 }
@@ -482,12 +546,21 @@ final class LogStorage: JournalStorage {
 
     /// A new name for `snapshot`'s file, and what the file holds: its header, then the state.
     private static func snapshotFile(_ snapshot: JournalSnapshot) -> (name: String, parts: [[UInt8]]) {
-        let name = "\(snapshot.seq)-\(String(UInt64.random(in: 0...UInt64.max), radix: 16)).snap"
+        (snapshotName(seq: snapshot.seq), [snapshotHeader(stateBytes: snapshot.state.count), snapshot.state])
+    }
+
+    /// A new name for the file of a snapshot at `seq`.
+    private static func snapshotName(seq: UInt64) -> String {
+        "\(seq)-\(String(UInt64.random(in: 0...UInt64.max), radix: 16)).snap"
+    }
+
+    /// A snapshot file's header, before a state of `stateBytes` bytes.
+    private static func snapshotHeader(stateBytes: Int) -> [UInt8] {
         var header = LogWriter()
         header.bytes.append(contentsOf: snapshotMagic)
         header.u32(LogRecord.formatVersion)
-        header.u64(UInt64(snapshot.state.count))
-        return (name, [header.bytes, snapshot.state])
+        header.u64(UInt64(stateBytes))
+        return header.bytes
     }
 
     /// Writes `snapshot`'s state to a new file of its own, synced, and returns its name.
@@ -517,6 +590,22 @@ final class LogStorage: JournalStorage {
         )
     }
 
+    /// The same, the new file written by `write` (given its descriptor) rather than from parts in hand.
+    private func replaceFile(
+        _ path: String,
+        operation: String,
+        writing write: (Int32) throws(JournalError) -> Void
+    ) throws(JournalError) -> Int32? {
+        try Self.replaceFile(
+            path,
+            syncs: syncs,
+            journal: location,
+            operation: operation,
+            keepOpen: false,
+            writing: write
+        )
+    }
+
     /// The same for any journal's files (`journal` names it in errors): what a rewrite, a snapshot, the closed mark, a
     /// backup and a conversion write.
     private static func replaceFile(
@@ -527,15 +616,29 @@ final class LogStorage: JournalStorage {
         operation: String,
         keepOpen: Bool = false
     ) throws(JournalError) -> Int32? {
-        let temporary = path + ".new"
-        let fd = interruptible { open(temporary, O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0o600) }
-        guard fd >= 0 else { throw JournalFiles.ioError(journal, operation, "cannot create \(temporary)") }
-        do throws(JournalError) {
+        try replaceFile(path, syncs: syncs, journal: journal, operation: operation, keepOpen: keepOpen) {
+            (fd: Int32) throws(JournalError) in
             var offset: Int64 = 0
             for part in parts {
                 try writeAll(fd, part, at: offset, journal: journal)
                 offset += Int64(part.count)
             }
+        }
+    }
+
+    private static func replaceFile(
+        _ path: String,
+        syncs: Bool,
+        journal: String,
+        operation: String,
+        keepOpen: Bool,
+        writing write: (Int32) throws(JournalError) -> Void
+    ) throws(JournalError) -> Int32? {
+        let temporary = path + ".new"
+        let fd = interruptible { open(temporary, O_CREAT | O_TRUNC | O_RDWR | O_CLOEXEC, 0o600) }
+        guard fd >= 0 else { throw JournalFiles.ioError(journal, operation, "cannot create \(temporary)") }
+        do throws(JournalError) {
+            try write(fd)
             if syncs, interruptible({ fdatasync(fd) }) != 0 {
                 let error = JournalFiles.ioError(journal, operation, "cannot sync \(temporary)")
                 throw JournalError(code: .ioError, file: journal, operation: operation, message: error.message)
@@ -1021,14 +1124,29 @@ final class LogStorage: JournalStorage {
     /// `bytes` at `offset`, all of them or an error.
     private static func writeAll(_ fd: Int32, _ bytes: [UInt8], at offset: Int64, journal: String) throws(JournalError)
     {
-        var done = 0
-        while done < bytes.count {
-            let count = bytes.withUnsafeBytes { buffer in
-                pwrite(fd, buffer.baseAddress! + done, buffer.count - done, off_t(offset) + off_t(done))
+        var failure: JournalError?
+        bytes.withUnsafeBytes { buffer in
+            do throws(JournalError) {
+                try writeAll(fd, buffer, at: offset, journal: journal)
+            } catch {
+                failure = error
             }
+        }
+        if let failure { throw failure }
+    }
+
+    private static func writeAll(
+        _ fd: Int32,
+        _ buffer: UnsafeRawBufferPointer,
+        at offset: Int64,
+        journal: String
+    ) throws(JournalError) {
+        var done = 0
+        while done < buffer.count {
+            let count = pwrite(fd, buffer.baseAddress! + done, buffer.count - done, off_t(offset) + off_t(done))
             if count < 0, errno == EINTR { continue }
             guard count > 0 else {
-                throw JournalFiles.ioError(journal, "write", "cannot write \(bytes.count) bytes at offset \(offset)")
+                throw JournalFiles.ioError(journal, "write", "cannot write \(buffer.count) bytes at offset \(offset)")
             }
             done += count
         }

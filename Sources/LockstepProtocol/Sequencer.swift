@@ -44,6 +44,11 @@ public protocol SequencedStore: Sendable {
     /// canonical bytes, unless it holds a `DigestedDictionary`; written into room for `expectedBytes`.
     func digestForm(expectedBytes: Int) throws -> CanonicalEncoding.DigestForm
 
+    /// The state's digest form — with `digestForm: false`, its canonical form — handed to `sink` a chunk at a time as
+    /// it is written, and hashed on the way (`CanonicalEncoding.streamed`): a large state's checkpoint without its
+    /// bytes held whole. `nil` when the state does not stream (the sink's bytes are void).
+    func streamed(digestForm: Bool, into sink: (UnsafeRawBufferPointer) -> Void) -> CanonicalEncoding.Streamed?
+
     /// About how many bytes ``encodedState(expectedBytes:)`` gave when the store was recovered (0 when not known): the daemon
     /// decides by it where to take the store's first checkpoint.
     var stateBytesHint: Int { get }
@@ -192,6 +197,14 @@ public struct DomainStore<D: Domain>: SequencedStore {
     /// The digest form of ``state``, written into room for `expectedBytes`.
     public func digestForm(expectedBytes: Int) throws -> CanonicalEncoding.DigestForm {
         try CanonicalEncoding.digestForm(of: state, reservingCapacity: expectedBytes)
+    }
+
+    /// The digest form or the canonical form of ``state``, streamed.
+    public func streamed(
+        digestForm: Bool,
+        into sink: (UnsafeRawBufferPointer) -> Void
+    ) -> CanonicalEncoding.Streamed? {
+        CanonicalEncoding.streamed(state, digestForm: digestForm, into: sink)
     }
 }
 

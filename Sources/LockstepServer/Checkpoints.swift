@@ -36,6 +36,21 @@ package struct Checkpoints {
         package var expectedBytes = 0
         /// The same for its digest form.
         package var expectedDigestBytes = 0
+
+        /// A checkpoint of `store` at `place`, and a snapshot too when `snapshot`.
+        package init(
+            store: StoreName,
+            place: Place,
+            snapshot: Bool,
+            expectedBytes: Int = 0,
+            expectedDigestBytes: Int = 0
+        ) {
+            self.store = store
+            self.place = place
+            self.snapshot = snapshot
+            self.expectedBytes = expectedBytes
+            self.expectedDigestBytes = expectedDigestBytes
+        }
     }
 
     /// What a checkpoint makes of a store, on the loop or off it.
@@ -81,6 +96,62 @@ package struct Checkpoints {
                 snapshot = JournalSnapshot(store: store.name.rawValue, seq: seq, state: state)
                 bytes = state.count
             }
+        }
+
+        /// The work `plan` asks of `store` off the loop (its state is large), the state streamed rather than written whole
+        /// (`CanonicalEncoding.streamed`): the digest form hashed as it is written and, for a snapshot, the canonical
+        /// form written to the file `journal` stages for it on the way — one pass when the two are the same bytes. A
+        /// state that does not stream, or a journal that keeps snapshots in its commits, is written whole
+        /// (``init(_:of:)``).
+        package init(_ plan: Plan, streaming store: some SequencedStore, stagingIn journal: any Journal) throws {
+            let (name, seq) = (store.name.rawValue, store.lastSeq)
+            var form: CanonicalEncoding.Streamed?
+            var snapshot: JournalSnapshot?
+            if plan.snapshot {
+                var staging = false
+                snapshot = journal.stageSnapshot(store: name, seq: seq) { sink in
+                    staging = true
+                    form = store.streamed(digestForm: true, into: sink)
+                    // Kept when the digest form is the canonical one; a condensed one is written again, whole, below.
+                    return form.flatMap { $0.isCanonicalForm ? $0.digest : nil }
+                }
+                // Such a journal needs the state in hand: written once, for the digest and the snapshot.
+                guard staging else {
+                    try self.init(plan, of: store)
+                    return
+                }
+            } else {
+                form = store.streamed(digestForm: true) { _ in }
+            }
+            guard let form else {
+                try self.init(plan, of: store)
+                return
+            }
+            self.init(
+                digest: form.digest,
+                snapshot: nil,
+                bytes: form.isCanonicalForm ? form.bytes : nil,
+                digestBytes: form.bytes,
+                isCondensed: !form.isCanonicalForm
+            )
+            guard plan.snapshot else { return }
+            if snapshot == nil, isCondensed {
+                snapshot = journal.stageSnapshot(store: name, seq: seq) {
+                    store.streamed(digestForm: false, into: $0)?.digest
+                }
+            }
+            if let snapshot {
+                self.snapshot = snapshot
+                bytes = snapshot.stagedBytes
+                return
+            }
+            // The file could not be written: the state whole, in the commit.
+            let state = try store.encodedState(expectedBytes: plan.expectedBytes)
+            self.snapshot =
+                isCondensed
+                ? JournalSnapshot(store: name, seq: seq, state: state)
+                : JournalSnapshot(store: name, seq: seq, state: state, digest: digest)
+            bytes = state.count
         }
     }
 

@@ -110,9 +110,10 @@ final class CommandLoop: Sendable {
         return true
     }
 
-    /// Does `plan`'s work on `store` — a value the loop no longer changes — on the checkpoint thread, keeping the
-    /// canonical bytes when the plan makes it a snapshot (and handing them to `journal` to stage: the log journal writes its file
-    /// there, off the loop), and hands the result to the loop (``checkpointsTaken()``).
+    /// Does `plan`'s work on `store` — a value the loop no longer changes — on the checkpoint thread, the state
+    /// streamed (``Checkpoints/Work/init(_:streaming:stagingIn:)``: the log journal's snapshot file is written as the
+    /// state is encoded; another journal's snapshot is the canonical bytes, staged), and hands the result to the loop
+    /// (``checkpointsTaken()``).
     func takeCheckpoint(
         of store: any SequencedStore,
         plan: Checkpoints.Plan,
@@ -129,8 +130,8 @@ final class CommandLoop: Sendable {
                 generation: generation
             )
             do {
-                let work = try Checkpoints.Work(plan, of: store)
-                if let snapshot = work.snapshot { journal.stage(snapshot) }
+                let work = try Checkpoints.Work(plan, streaming: store, stagingIn: journal)
+                if let snapshot = work.snapshot, snapshot.stagedBytes == nil { journal.stage(snapshot) }
                 taken.work = work
             } catch {
                 taken.failure = "\(error)"

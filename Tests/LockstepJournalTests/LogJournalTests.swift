@@ -212,6 +212,85 @@ import Testing
         try reopened.close()
     }
 
+    /// A snapshot staged as its state streams (`stageSnapshot`) is a file like any other: written a piece at a time,
+    /// named by the commit that carries it (with no state in hand), recovered and verified from it. One the writer
+    /// drops leaves no file; one whose file is gone is refused by the commit, which says so and keeps nothing.
+    @Test func aSnapshotStagedAsItStreamsIsAFileLikeAnyOther() throws {
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let journal = try LogJournal(directory: data, policy: JournalPolicy(snapshotEveryEvents: 1_000_000))
+        let recovered = try journal.recover(Todos.self)
+        var state = recovered.state
+        let batch = events(Todos.name, from: 1, count: 300) {
+            Todos.Action.add(text: "todo \($0) " + String(repeating: "é", count: Int($0)))
+        }
+        for event in batch {
+            Todos.reduce(into: &state, try CanonicalEncoding.decode(Todos.Action.self, from: Data(event.action)))
+        }
+        try journal.commit(JournalBatch(events: batch, idempotency: idempotency(for: batch)))
+        let snapshots = data + "/snapshots"
+
+        // Dropped by its writer: no file.
+        var called = false
+        #expect(
+            journal.stageSnapshot(
+                store: Todos.name,
+                seq: 300,
+                writing: { sink in
+                    called = true
+                    [UInt8]("{".utf8).withUnsafeBytes { sink($0) }
+                    return nil
+                }
+            ) == nil
+        )
+        #expect(called)
+        #expect(try FileManager.default.contentsOfDirectory(atPath: snapshots) == [])
+
+        var pieces = 0
+        let staged = try #require(
+            journal.stageSnapshot(store: Todos.name, seq: 300) { sink in
+                CanonicalEncoding.streamed(state, digestForm: false, chunkBytes: 1 << 10) {
+                    pieces += 1
+                    sink($0)
+                }?.digest
+            }
+        )
+        let whole = try CanonicalEncoding.bytes(of: state)
+        #expect(pieces > 10, "the state went out in pieces: \(pieces)")
+        #expect(staged.state == [] && staged.stagedBytes == whole.count)
+        #expect(staged.digest == StateDigest(of: whole))
+        try journal.commit(JournalBatch(snapshots: [staged]))
+        #expect(try journal.snapshot(store: Todos.name, seq: 300)?.state == whole)
+
+        // A staged snapshot whose file another staging replaced, then committed: refused, nothing kept.
+        try journal.commit(
+            JournalBatch(
+                events: events(Todos.name, from: 301, count: 1) { _ in Todos.Action.setFilter(filter: .showAll) }
+            )
+        )
+        let first = try #require(
+            journal.stageSnapshot(store: Todos.name, seq: 301) { sink in
+                CanonicalEncoding.streamed(state, digestForm: false, into: sink)?.digest
+            }
+        )
+        var other = state
+        other.filter = .showActive
+        _ = try #require(
+            journal.stageSnapshot(store: Todos.name, seq: 301) { sink in
+                CanonicalEncoding.streamed(other, digestForm: false, into: sink)?.digest
+            }
+        )
+        let error = journalError { try journal.commit(JournalBatch(snapshots: [first])) }
+        #expect(error?.code == .invalidBatch && error?.message.contains("staged in a file that is gone") == true)
+        #expect(try journal.snapshot(store: Todos.name, seq: 301) == nil)
+        try journal.close()
+
+        let reopened = try LogJournal(directory: data, policy: policy)
+        let again = try reopened.recover(Todos.self)
+        #expect(again.snapshotSeq == 300 && again.state == state && again.lastSeq == 301)
+        #expect(try reopened.verify() == [])
+        try reopened.close()
+    }
+
     /// A snapshot file gone or damaged: verify names it, and recovery refuses the state it cannot prove.
     @Test func aMissingSnapshotFileIsNamedAndItsStateNotTrusted() throws {
         defer { try? FileManager.default.removeItem(at: directory) }

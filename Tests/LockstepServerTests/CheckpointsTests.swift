@@ -1,6 +1,10 @@
+import Foundation
 import Lockstep
+import LockstepExamples
+import LockstepJournal
 import LockstepProtocol
 import LockstepServer
+import TestSupport
 import Testing
 
 /// When checkpoints are taken, on a clock the test moves.
@@ -95,5 +99,91 @@ import Testing
         fresh.tookOnLoop(cheap, digested)
         let grown = try #require(fresh.due(small, snapshotDue: true, now: at(2)))
         #expect(grown.place == .background && grown.snapshot)
+    }
+
+    /// A state whose digest form condenses: a `DigestedDictionary` beside a number.
+    enum Shelves: Domain {
+        struct State: Codable, Equatable, Sendable {
+            var items = DigestedDictionary<Int, String>()
+            var next = 0
+        }
+        enum Action: Codable, Equatable, Sendable { case put(String) }
+        static let name = "shelves"
+        static let version: UInt32 = 1
+        static var initialState: State { State() }
+        static func reduce(into state: inout State, _ action: Action) {
+            guard case let .put(text) = action else { return }
+            state.items[state.next] = text
+            state.next += 1
+        }
+    }
+
+    /// A checkpoint off the loop streams the state: into the log journal's snapshot file as it is encoded (once,
+    /// hashed on the way, when the digest form is the canonical form; again after a digest form that condensed), never
+    /// held whole; a journal that keeps snapshots in its commits gets it written whole, once. Either commits and reads
+    /// back as the state's canonical bytes.
+    @Test func aCheckpointOffTheLoopStreamsTheStateIntoTheSnapshotFile() throws {
+        let directory = try temporaryDirectory("checkpoint-stream")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        var todos = Todos.initialState
+        var shelves = Shelves.initialState
+        for index in 0..<2_000 {
+            Todos.reduce(into: &todos, .add(text: "todo \(index)"))
+            Shelves.reduce(into: &shelves, .put("item \(index)"))
+        }
+        let epoch = Epoch(rawValue: 1)
+        let todosStore = try DomainStore(Todos.self, epoch: epoch, lastSeq: 1, state: todos)
+        let shelvesStore = try DomainStore(Shelves.self, epoch: epoch, lastSeq: 1, state: shelves)
+        func plan(_ name: String) throws -> Checkpoints.Plan {
+            Checkpoints.Plan(store: try StoreName(name), place: .background, snapshot: true)
+        }
+        let log = try LogJournal(directory: directory.appendingPathComponent("log").path)
+        let sqlite = try SQLiteJournal(directory: directory.appendingPathComponent("sqlite").path)
+        for journal in [log, sqlite] as [any Journal] {
+            _ = try journal.recover(Todos.self)
+            _ = try journal.recover(Shelves.self)
+            try journal.commit(
+                JournalBatch(
+                    events: [Todos.name, Shelves.name].map {
+                        JournalEvent(
+                            store: $0,
+                            seq: 1,
+                            action: Array("{}".utf8),
+                            clientID: [UInt8](repeating: 1, count: 16),
+                            requestNumber: 0
+                        )
+                    }
+                )
+            )
+        }
+        let todosBytes = try CanonicalEncoding.bytes(of: todos)
+        let shelvesBytes = try CanonicalEncoding.bytes(of: shelves)
+        let shelvesForm = try CanonicalEncoding.digestForm(of: shelves)
+
+        let streamed = try Checkpoints.Work(try plan(Todos.name), streaming: todosStore, stagingIn: log)
+        #expect(streamed.digest == StateDigest(of: todosBytes) && !streamed.isCondensed)
+        #expect(streamed.bytes == todosBytes.count && streamed.digestBytes == todosBytes.count)
+        let staged = try #require(streamed.snapshot)
+        #expect(staged.state.isEmpty && staged.stagedBytes == todosBytes.count)
+        #expect(staged.digest == StateDigest(of: todosBytes))
+
+        let condensed = try Checkpoints.Work(try plan(Shelves.name), streaming: shelvesStore, stagingIn: log)
+        #expect(condensed.isCondensed && condensed.digest == shelvesForm.digest)
+        #expect(condensed.digestBytes == shelvesForm.bytes.count && condensed.bytes == shelvesBytes.count)
+        let stagedShelves = try #require(condensed.snapshot)
+        #expect(
+            stagedShelves.stagedBytes == shelvesBytes.count && stagedShelves.digest == StateDigest(of: shelvesBytes)
+        )
+        try log.commit(JournalBatch(snapshots: [staged, stagedShelves]))
+        #expect(try log.snapshot(store: Todos.name, seq: 1)?.state == todosBytes)
+        #expect(try log.snapshot(store: Shelves.name, seq: 1)?.state == shelvesBytes)
+
+        let whole = try Checkpoints.Work(try plan(Todos.name), streaming: todosStore, stagingIn: sqlite)
+        #expect(whole.digest == StateDigest(of: todosBytes))
+        #expect(whole.snapshot?.stagedBytes == nil && whole.snapshot?.state == todosBytes)
+        try sqlite.commit(JournalBatch(snapshots: [try #require(whole.snapshot)]))
+        #expect(try sqlite.snapshot(store: Todos.name, seq: 1)?.state == todosBytes)
+        try log.close()
+        try sqlite.close()
     }
 }

@@ -52,11 +52,35 @@ import Testing
         return try counting {
             #expect(Array(try CanonicalEncoding.encode(value)) == expected, sourceLocation: sourceLocation)
             #expect(try coder.encode(value) == expected, sourceLocation: sourceLocation)
+            expectSameStream(value, expected, sourceLocation: sourceLocation)
             let decoded = try CanonicalEncoding.decode(T.self, from: Data(expected))
             #expect(decoded == (try foundationDecode(T.self, expected)), sourceLocation: sourceLocation)
             #expect(try coder.decode(T.self, from: expected) == decoded, sourceLocation: sourceLocation)
             #expect(decoded == value, sourceLocation: sourceLocation)
         }
+    }
+
+    /// `value` streamed in chunks of a few bytes (`CanonicalEncoding.streamed`) is `expected`, hashed as it went,
+    /// when it is streamed at all; returns whether it was.
+    @discardableResult
+    static func expectSameStream<T: Encodable>(
+        _ value: T,
+        _ expected: [UInt8],
+        sourceLocation: SourceLocation = #_sourceLocation
+    ) -> Bool {
+        var streamed: [UInt8] = []
+        guard
+            let result = CanonicalEncoding.streamed(
+                value,
+                digestForm: false,
+                chunkBytes: 7,
+                into: { streamed.append(contentsOf: $0) }
+            )
+        else { return false }
+        #expect(streamed == expected, sourceLocation: sourceLocation)
+        #expect(result.bytes == expected.count, sourceLocation: sourceLocation)
+        #expect(result.digest == StateDigest(of: expected), sourceLocation: sourceLocation)
+        return true
     }
 
     /// `text` decodes as a `T` to what Foundation makes of it, or fails with Foundation's error; returns the calls
@@ -103,6 +127,7 @@ import Testing
                 #expect(normalized.value == action)
                 if (try? D.validate(action, in: state)) != nil { D.reduce(into: &state, action) }
                 try expectSameEncoding(state)
+                #expect(expectSameStream(state, try foundationEncode(state)), "\(D.name): a state not streamed")
             }
         }
         #expect(fallbacks.encodes == 0, "\(D.name): encodings left to Foundation")
@@ -899,6 +924,7 @@ import Testing
                 #expect(Self.outcome { Array(try CanonicalEncoding.encode(sample)) } == bytes)
                 #expect(Self.outcome { try CanonicalEncoding.Coder().encode(sample) } == bytes)
                 if let canonical = try? Self.foundationEncode(sample) {
+                    Self.expectSameStream(sample, canonical)
                     Self.expectSameDecoding(JSONValue.self, canonical)
                     Self.expectSameDecoding([String: JSONValue].self, canonical)
                     Self.expectSameDecoding([JSONValue].self, canonical)

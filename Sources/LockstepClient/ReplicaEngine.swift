@@ -58,6 +58,18 @@ struct Engine<D: Domain> {
     var traces: [(epoch: Epoch, seqs: ClosedRange<SequenceNumber>, context: [String: String])] = []
     /// When the next REPORT goes to the daemon and the metrics are brought up to date.
     var nextReport = ContinuousClock.now
+    /// A snapshot arriving in parts: what came so far (docs/protocol.md, "SNAPSHOT in parts").
+    var snapshotParts: SnapshotParts?
+
+    /// The parts of a snapshot received so far.
+    struct SnapshotParts {
+        var epoch: Epoch
+        var seq: SequenceNumber
+        var digest: StateDigest
+        var total: UInt64
+        var bytes: [UInt8]
+    }
+
     /// The replica's metrics, through the process's `MetricsSystem`.
     var metrics = MetricsMirror(factory: MetricsSystem.factory)
 
@@ -399,7 +411,27 @@ struct Engine<D: Domain> {
                 continue
             }
             switch reply {
+            case let .snapshot(requestID, snapshot) where snapshot.store == store && snapshot.part != nil:
+                // Only the answer to the part asked for last: another is a resend's twin, or of an earlier join.
+                guard requestID == lastSyncRequest else { break }
+                problem = nil
+                guard let whole = received(snapshot, on: &link, now: now) else { break }
+                try perform(
+                    sync.snapshot(
+                        epoch: snapshot.epoch,
+                        seq: snapshot.seq,
+                        digest: snapshot.digest,
+                        state: whole,
+                        now: now
+                    ),
+                    on: &link
+                )
+            case let .error(requestID, error)
+            where error.code == .invalidRange && requestID == lastSyncRequest && snapshotParts != nil:
+                // The daemon no longer keeps the snapshot the parts came from: from the first part of its newest.
+                requestSnapshotPart(from: nil, on: &link)
             case let .snapshot(_, snapshot) where snapshot.store == store:
+                snapshotParts = nil
                 problem = nil
                 try perform(
                     sync.snapshot(
@@ -520,6 +552,50 @@ struct Engine<D: Domain> {
         metrics.count("lockstep_client_divergences_total", dimensions, total: UInt64(status.divergences))
     }
 
+    // MARK: Snapshots in parts
+
+    /// Asks for the part of the snapshot that follows `parts` — or, with `nil`, for the first part of the daemon's
+    /// newest (a daemon that sends the state whole answers that with all of it).
+    mutating func requestSnapshotPart(from parts: SnapshotParts?, on link: inout Link) {
+        snapshotParts = parts
+        lastSyncRequest = replica.nextRequestID()
+        let part = SnapshotPartRequest(
+            seq: parts?.seq ?? 0,
+            offset: UInt64(parts?.bytes.count ?? 0),
+            maximumBytes: max(1, replica.configuration.snapshotPartBytes)
+        )
+        link.send(.snapshot(requestID: lastSyncRequest, store: store, part: part))
+    }
+
+    /// A part of a snapshot: kept, and the next asked for; the whole state once the last is here. A part out of step
+    /// with those before (another snapshot's, or not where the last ended) starts again from the first.
+    mutating func received(_ snapshot: SnapshotReply, on link: inout Link, now: ContinuousClock.Instant) -> [UInt8]? {
+        guard let part = snapshot.part else { return nil }
+        if part.offset == 0 {
+            var bytes: [UInt8] = []
+            bytes.reserveCapacity(Int(clamping: part.total))
+            snapshotParts = SnapshotParts(
+                epoch: snapshot.epoch,
+                seq: snapshot.seq,
+                digest: snapshot.digest,
+                total: part.total,
+                bytes: bytes
+            )
+        }
+        // Taken out while it grows: a copy left behind would make the append copy the whole.
+        guard var parts = snapshotParts.take(), parts.epoch == snapshot.epoch, parts.seq == snapshot.seq,
+            parts.digest == snapshot.digest, parts.total == part.total, UInt64(parts.bytes.count) == part.offset
+        else {
+            requestSnapshotPart(from: nil, on: &link)
+            return nil
+        }
+        parts.bytes.append(contentsOf: snapshot.state)
+        if UInt64(parts.bytes.count) == parts.total { return parts.bytes }
+        sync.snapshotPartArrived(now: now)
+        requestSnapshotPart(from: parts, on: &link)
+        return nil
+    }
+
     // MARK: Outputs
 
     /// Does what the sync machine asked, in order. A check that fails hands the machine the mismatch and
@@ -530,8 +606,7 @@ struct Engine<D: Domain> {
             switch output {
             case .requestSnapshot:
                 syncResendAt = nil
-                lastSyncRequest = replica.nextRequestID()
-                link.send(.snapshot(requestID: lastSyncRequest, store: store))
+                requestSnapshotPart(from: nil, on: &link)
             case let .requestRange(from, to):
                 repairs += 1
                 syncResendAt = nil

@@ -73,6 +73,9 @@ public struct ReplicaConfiguration: Sendable {
     public var requestTimeout = Duration.seconds(2)
     /// How many times a dispatch is sent again, on a fresh socket, after a silence.
     public var retries = 3
+    /// The most bytes of state one SNAPSHOT reply carries when the daemon sends a large state in parts
+    /// (docs/protocol.md, "SNAPSHOT in parts"): the daemon holds one part per replica joining, not the whole state.
+    public var snapshotPartBytes: UInt32 = 4 << 20
     /// How long an accepted dispatch waits for this replica to apply it before `dispatch` gives up (an optimistic
     /// one is then rolled back).
     public var readYourWritesTimeout = Duration.seconds(10)

@@ -143,6 +143,38 @@ public protocol Journal: AnyObject, Sendable {
         seq: UInt64,
         writing write: (_ sink: (UnsafeRawBufferPointer) -> Void) -> StateDigest?
     ) -> JournalSnapshot?
+
+    /// Up to `maximumBytes` of the state of `store`'s snapshot at `seq` (its newest when `seq` is 0) from byte
+    /// `offset`, with the whole state's size and digest: a SNAPSHOT sent in parts, none of them the whole (the
+    /// receiver checks the digest once it has them all). `nil` when none is kept there (compacted since), `offset` is
+    /// past its end, or the journal does not read a snapshot in parts (it keeps them in its database): the daemon
+    /// then sends the state whole.
+    func snapshotPart(
+        store: String,
+        seq: UInt64,
+        offset: UInt64,
+        maximumBytes: Int
+    ) throws(JournalError) -> JournalSnapshotPart?
+}
+
+/// A part of a snapshot's state (``Journal/snapshotPart(store:seq:offset:maximumBytes:)``).
+public struct JournalSnapshotPart: Hashable, Sendable {
+    /// The snapshot's seq.
+    public var seq: UInt64
+    /// The whole state's size.
+    public var total: Int
+    /// SHA-256 of the whole state.
+    public var digest: StateDigest
+    /// The part.
+    public var bytes: [UInt8]
+
+    /// `bytes` of the state of `total` bytes with `digest`, of the snapshot at `seq`.
+    public init(seq: UInt64, total: Int, digest: StateDigest, bytes: [UInt8]) {
+        self.seq = seq
+        self.total = total
+        self.digest = digest
+        self.bytes = bytes
+    }
 }
 
 extension Journal {
@@ -155,6 +187,14 @@ extension Journal {
         seq _: UInt64,
         writing _: (_ sink: (UnsafeRawBufferPointer) -> Void) -> StateDigest?
     ) -> JournalSnapshot? { nil }
+
+    /// Snapshots are read whole.
+    public func snapshotPart(
+        store _: String,
+        seq _: UInt64,
+        offset _: UInt64,
+        maximumBytes _: Int
+    ) throws(JournalError) -> JournalSnapshotPart? { nil }
 }
 
 extension Journal {

@@ -143,6 +143,16 @@ public final class LogJournal: EngineJournal {
         engine.storage.stageSnapshot(store: store, seq: seq, writing: write)
     }
 
+    /// A part of a snapshot's state, read from its file.
+    public func snapshotPart(
+        store: String,
+        seq: UInt64,
+        offset: UInt64,
+        maximumBytes: Int
+    ) throws(JournalError) -> JournalSnapshotPart? {
+        try engine.storage.snapshotPart(store: store, seq: seq, offset: offset, maximumBytes: maximumBytes)
+    }
+
     /// Every commit is synced before it returns: nothing to do.
     public func sync() throws(JournalError) {}
 
@@ -857,23 +867,67 @@ final class LogStorage: JournalStorage {
 
     /// The state bytes of an open snapshot file; throws when its header or length is wrong.
     private static func snapshotState(_ fd: Int32, journal: String) throws(JournalError) -> [UInt8] {
+        // The state is read into its own array (a large one is not held twice, as cutting a header off would), and
+        // only after a header that is one.
+        let count = try snapshotStateBytes(fd, journal: journal)
+        let state = try readAll(fd, journal: journal, from: snapshotHeaderBytes)
+        guard state.count == count else { throw damagedSnapshot(journal) }
+        return state
+    }
+
+    /// The size of the state in an open snapshot file, as its header says and its length agrees; throws when either
+    /// is wrong.
+    private static func snapshotStateBytes(_ fd: Int32, journal: String) throws(JournalError) -> Int {
         var reader = LogReader(try readAll(fd, journal: journal, upTo: snapshotHeaderBytes)[...])
         let magic = [reader.u8(), reader.u8(), reader.u8(), reader.u8()]
         let version = reader.u32()
         let count = reader.u64()
-        // The state is read into its own array (a large one is not held twice, as cutting a header off would), and
-        // only after a header that is one.
-        let isHeader = !reader.failed && magic == snapshotMagic && version == LogRecord.formatVersion
-        let state = isHeader && count <= Int.max ? try readAll(fd, journal: journal, from: snapshotHeaderBytes) : []
-        guard isHeader, UInt64(state.count) == count else {
-            throw JournalError(
-                code: .corrupt,
-                file: journal,
-                operation: "snapshot",
-                message: "the snapshot file is damaged: its header or its length is wrong"
-            )
+        var info = stat()
+        guard !reader.failed, magic == snapshotMagic, version == LogRecord.formatVersion, count <= Int.max,
+            interruptible({ fstat(fd, &info) }) == 0, Int64(info.st_size) == Int64(snapshotHeaderBytes) + Int64(count)
+        else { throw damagedSnapshot(journal) }
+        return Int(count)
+    }
+
+    private static func damagedSnapshot(_ journal: String) -> JournalError {
+        JournalError(
+            code: .corrupt,
+            file: journal,
+            operation: "snapshot",
+            message: "the snapshot file is damaged: its header or its length is wrong"
+        )
+    }
+
+    /// Up to `maximumBytes` of the state of `store`'s snapshot at `seq` (its newest when `seq` is 0) from `offset`,
+    /// read from its file — opened under the log's lock, as ``snapshot(store:seq:)`` opens it. `nil` when no snapshot
+    /// is kept there or its file is gone (compacted since), or `offset` is past its end.
+    func snapshotPart(
+        store: String,
+        seq wanted: UInt64,
+        offset: UInt64,
+        maximumBytes: Int
+    ) throws(JournalError) -> JournalSnapshotPart? {
+        let (found, opened) = try file.withLockedValue {
+            (state: inout FileState) throws(JournalError) -> (JournalSnapshot?, Int32) in
+            let seq = wanted > 0 ? wanted : try image.snapshotSeqs(store: store).last ?? 0
+            guard let snapshot = try image.snapshot(store: store, seq: seq),
+                let name = state.snapshotFiles[SnapshotKey(store: store, seq: seq)]
+            else { return (nil, -1) }
+            return (snapshot, interruptible { open(snapshotPath(name), O_RDONLY | O_CLOEXEC) })
         }
-        return state
+        guard let snapshot = found, opened >= 0 else { return nil }
+        defer { closeDescriptor(opened) }
+        let total = try Self.snapshotStateBytes(opened, journal: location)
+        guard offset <= UInt64(total) else { return nil }
+        let count = min(maximumBytes, total - Int(offset))
+        let bytes = try Self.readAll(
+            opened,
+            journal: location,
+            from: Self.snapshotHeaderBytes + Int(offset),
+            upTo: count
+        )
+        guard bytes.count == count else { throw Self.damagedSnapshot(location) }
+        return JournalSnapshotPart(seq: snapshot.seq, total: total, digest: snapshot.digest, bytes: bytes)
     }
 
     /// The state bytes of the snapshot file `name`; throws when it is missing or damaged.

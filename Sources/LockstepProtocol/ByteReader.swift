@@ -67,6 +67,11 @@ struct ByteWriter {
         bytes.append(type.rawValue)
     }
 
+    /// Starts a frame of fields only, no common header.
+    init() {
+        bytes = []
+    }
+
     /// Appends one unsigned integer in network byte order.
     mutating func write<Value: FixedWidthInteger & UnsignedInteger>(_ value: Value) {
         for shift in stride(from: Value.bitWidth - 8, through: 0, by: -8) {

@@ -61,7 +61,12 @@ public enum Reply: Hashable, Sendable {
             header.write(snapshot.epoch.rawValue)
             header.write(snapshot.seq)
             header.write(bytes: snapshot.digest.bytes)
-            return [header.bytes, Array(snapshot.store.rawValue.utf8), snapshot.state]
+            let frames = [header.bytes, Array(snapshot.store.rawValue.utf8), snapshot.state]
+            guard let part = snapshot.part else { return frames }
+            var placed = ByteWriter()
+            placed.write(part.total)
+            placed.write(part.offset)
+            return frames + [placed.bytes]
         case let .range(requestID, store, epoch, firstSeq, actions, authors):
             let authored = authors.contains { !$0.isUnknown }
             var header = ByteWriter(authored ? .rangeReplyBy : .rangeReply)
@@ -125,12 +130,35 @@ public enum Reply: Hashable, Sendable {
             guard let digest = StateDigest(bytes: digestBytes) else {
                 throw ProtocolError(code: .malformed, "digest is \(digestBytes.count) bytes; expected 32")
             }
-            try Wire.requireFrames(body, exactly: 3, type: type, layout: "header, store name, state")
+            if body.count != 4 {
+                try Wire.requireFrames(body, exactly: 3, type: type, layout: "header, store name, state[, part]")
+            }
             let store = try Wire.storeName(body[1], field: "store name (frame 1)")
             guard !body[2].isEmpty else {
                 throw ProtocolError(code: .malformed, "state (frame 2) of SNAPSHOT reply is empty; expected JSON")
             }
-            let snapshot = SnapshotReply(store: store, epoch: epoch, seq: seq, digest: digest, state: body[2])
+            var snapshot = SnapshotReply(store: store, epoch: epoch, seq: seq, digest: digest, state: body[2])
+            if body.count == 4 {
+                guard body[3].count == 16 else {
+                    throw ProtocolError(
+                        code: .malformed,
+                        "part (frame 3) of SNAPSHOT reply is \(body[3].count) bytes; expected exactly 16 (total, offset)"
+                    )
+                }
+                var placed = ByteReader(body[3], from: 0, frameIndex: 3, type: type)
+                let part = SnapshotReply.Part(
+                    total: try placed.read(UInt64.self, field: "total"),
+                    offset: try placed.read(UInt64.self, field: "offset")
+                )
+                guard part.offset + UInt64(body[2].count) <= part.total else {
+                    throw ProtocolError(
+                        code: .malformed,
+                        "SNAPSHOT reply's part of \(body[2].count) bytes at offset \(part.offset) passes the state's "
+                            + "total of \(part.total)"
+                    )
+                }
+                snapshot.part = part
+            }
             return .snapshot(requestID: requestID, snapshot)
         case .rangeReply:
             let epoch = Epoch(rawValue: try header.read(UInt64.self, field: "epoch"))
@@ -207,15 +235,41 @@ public struct SnapshotReply: Hashable, Sendable {
     public var seq: SequenceNumber
     /// SHA-256 of exactly ``state``'s bytes, sent by the daemon; the codec does not check it, the replica does.
     public var digest: StateDigest
-    /// The state's canonical JSON (`CanonicalEncoding`, in the `Lockstep` module: sorted keys).
+    /// The state's canonical JSON (`CanonicalEncoding`, in the `Lockstep` module: sorted keys); with ``part``, the
+    /// part of it that starts at the part's offset.
     public var state: Frame
+    /// Where ``state`` lies in the whole, for a state sent in parts (a reply to a SNAPSHOT request with a part):
+    /// ``digest`` is then the SHA-256 of the whole state.
+    public var part: Part?
+
+    /// Where a part lies in its state.
+    public struct Part: Hashable, Sendable {
+        /// The whole state's size in bytes.
+        public var total: UInt64
+        /// Where the part starts in it.
+        public var offset: UInt64
+
+        /// A part at `offset` of a state of `total` bytes.
+        public init(total: UInt64, offset: UInt64) {
+            self.total = total
+            self.offset = offset
+        }
+    }
 
     /// A snapshot as it goes on the wire.
-    public init(store: StoreName, epoch: Epoch, seq: SequenceNumber, digest: StateDigest, state: Frame) {
+    public init(
+        store: StoreName,
+        epoch: Epoch,
+        seq: SequenceNumber,
+        digest: StateDigest,
+        state: Frame,
+        part: Part? = nil
+    ) {
         self.store = store
         self.epoch = epoch
         self.seq = seq
         self.digest = digest
         self.state = state
+        self.part = part
     }
 }

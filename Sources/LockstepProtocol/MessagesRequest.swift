@@ -5,8 +5,8 @@ import Lockstep
 public enum Request: Hashable, Sendable {
     /// Apply a batch of actions to a store, all or none.
     case dispatch(DispatchRequest)
-    /// Send the store's state and the seq it stands at.
-    case snapshot(requestID: UInt64, store: StoreName)
+    /// Send the store's state and the seq it stands at; with `part`, a part of a snapshot's state.
+    case snapshot(requestID: UInt64, store: StoreName, part: SnapshotPartRequest? = nil)
     /// Send the events `from...to` (inclusive) out of the journal.
     case range(requestID: UInt64, store: StoreName, from: SequenceNumber, to: SequenceNumber)
     /// Send the daemon's status.
@@ -20,7 +20,7 @@ public enum Request: Hashable, Sendable {
     public var requestID: UInt64 {
         switch self {
         case let .dispatch(request): request.requestID
-        case let .snapshot(requestID, _), let .range(requestID, _, _, _), let .status(requestID),
+        case let .snapshot(requestID, _, _), let .range(requestID, _, _, _), let .status(requestID),
             let .effects(requestID, _), let .report(requestID, _):
             requestID
         }
@@ -36,10 +36,15 @@ public enum Request: Hashable, Sendable {
             header.write(bytes: request.clientID.bytes)
             if !request.trace.isEmpty { header.write(bytes: TraceContext.encode(request.trace)) }
             return [header.bytes, Array(request.store.rawValue.utf8)] + request.actions
-        case let .snapshot(requestID, store):
+        case let .snapshot(requestID, store, part):
             var header = ByteWriter(.snapshotRequest)
             header.write(requestID)
-            return [header.bytes, Array(store.rawValue.utf8)]
+            guard let part else { return [header.bytes, Array(store.rawValue.utf8)] }
+            var asked = ByteWriter()
+            asked.write(part.seq)
+            asked.write(part.offset)
+            asked.write(part.maximumBytes)
+            return [header.bytes, Array(store.rawValue.utf8), asked.bytes]
         case let .range(requestID, store, from, to):
             var header = ByteWriter(.rangeRequest)
             header.write(requestID)
@@ -152,8 +157,38 @@ public enum Request: Hashable, Sendable {
                 )
             )
         case .snapshotRequest:
-            try Wire.requireFrames(body, exactly: 2, type: type, layout: "header, store name")
-            return .snapshot(requestID: requestID, store: try Wire.storeName(body[1], field: "store name (frame 1)"))
+            if body.count != 3 {
+                try Wire.requireFrames(body, exactly: 2, type: type, layout: "header, store name[, part]")
+            }
+            let store = try Wire.storeName(body[1], field: "store name (frame 1)")
+            guard body.count == 3 else { return .snapshot(requestID: requestID, store: store) }
+            guard body[2].count == SnapshotPartRequest.byteCount else {
+                throw ProtocolError(
+                    code: .malformed,
+                    "part (frame 2) of SNAPSHOT request is \(body[2].count) bytes; expected exactly "
+                        + "\(SnapshotPartRequest.byteCount) (seq, offset, maximum bytes)"
+                )
+            }
+            var asked = ByteReader(body[2], from: 0, frameIndex: 2, type: type)
+            let part = SnapshotPartRequest(
+                seq: try asked.read(UInt64.self, field: "seq"),
+                offset: try asked.read(UInt64.self, field: "offset"),
+                maximumBytes: try asked.read(UInt32.self, field: "maximum bytes")
+            )
+            guard part.maximumBytes > 0 else {
+                throw ProtocolError(
+                    code: .malformed,
+                    "maximum bytes of SNAPSHOT request's part is 0; expected 1 or more"
+                )
+            }
+            guard part.seq > 0 || part.offset == 0 else {
+                throw ProtocolError(
+                    code: .malformed,
+                    "SNAPSHOT request asks for offset \(part.offset) of seq 0; a part past the first names the seq "
+                        + "of the snapshot the first came from"
+                )
+            }
+            return .snapshot(requestID: requestID, store: store, part: part)
         case .rangeRequest:
             let from = try header.read(UInt64.self, field: "from seq")
             let to = try header.read(UInt64.self, field: "to seq")
@@ -391,4 +426,24 @@ package struct TraceFields: Injector, Extractor {
     }
 
     package func extract(key: String, from carrier: [String: String]) -> String? { carrier[key] }
+}
+
+/// A SNAPSHOT request's part (frame 2): a state sent in parts, each a reply of its own, so that neither side holds a
+/// large one twice on the way (docs/protocol.md, "SNAPSHOT in parts").
+public struct SnapshotPartRequest: Hashable, Sendable {
+    /// The frame's size: seq, offset, maximum bytes.
+    public static let byteCount = 20
+    /// The seq of the snapshot the first part came from; 0 for the first, when the daemon chooses.
+    public var seq: SequenceNumber
+    /// Where in the state the part starts; 0 for the first.
+    public var offset: UInt64
+    /// The most bytes of state a reply may carry.
+    public var maximumBytes: UInt32
+
+    /// The part of the snapshot at `seq` from byte `offset`, of at most `maximumBytes`.
+    public init(seq: SequenceNumber, offset: UInt64, maximumBytes: UInt32) {
+        self.seq = seq
+        self.offset = offset
+        self.maximumBytes = maximumBytes
+    }
 }

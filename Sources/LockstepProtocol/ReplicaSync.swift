@@ -404,6 +404,15 @@ public struct ReplicaSync: Sendable {
         return [.reportDivergence(seq: seq)] + resync(.divergence(seq: seq), now: now, delay: delay)
     }
 
+    /// A part of the snapshot asked for arrived (a state sent in parts, docs/protocol.md "SNAPSHOT in parts"): the
+    /// request is being answered, so its timeout counts from `now` — a large state's parts all together may take
+    /// longer than one timeout.
+    public mutating func snapshotPartArrived(now: ContinuousClock.Instant) {
+        guard awaiting == .snapshot, snapshotDueAt == nil else { return }
+        requestedAt = now
+        unansweredTries = 0
+    }
+
     /// The owner itself was not running (the process was stopped or starved) until `now`: silence since then
     /// says nothing about the daemon. What was missed meanwhile shows up as a gap and is repaired by range.
     public mutating func resumed(now: ContinuousClock.Instant) {

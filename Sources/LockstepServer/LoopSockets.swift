@@ -110,7 +110,7 @@ struct LoopSockets {
         switch request {
         case .status:
             return .admitted(author, .every)
-        case let .snapshot(_, store), let .range(_, store, _, _):
+        case let .snapshot(_, store, _), let .range(_, store, _, _):
             guard identity?.mayRead(store) == true else { return refuse("read store '\(store)'") }
             return .admitted(author, .every)
         case let .report(_, report):

@@ -49,8 +49,53 @@ enum Replies {
     /// snapshot in the journal when it is at the store's seq — already encoded and hashed — or else the state encoded
     /// now. (A SNAPSHOT is the state now: `lockstep state` and the tests read it so; an older snapshot would do for a
     /// replica, which repairs the rest by RANGE, but the request does not say who asks.)
-    static func snapshot(requestID: UInt64, store: any SequencedStore, journal: (any Journal)? = nil) -> Reply {
+    ///
+    /// With `part` (a replica joining), a large state goes in parts read from the journal's newest snapshot, whatever
+    /// its seq (the replica repairs the events since by RANGE): the daemon holds a part of it at a time, never the whole,
+    /// however many replicas join at once. A part of a snapshot no longer kept is refused (`invalid_range`): the
+    /// replica starts again from the first.
+    static func snapshot(
+        requestID: UInt64,
+        store: any SequencedStore,
+        journal: (any Journal)? = nil,
+        part: SnapshotPartRequest? = nil
+    ) -> Reply {
         let name = store.name
+        if let part, let journal {
+            let read = Result { () throws(JournalError) in
+                try journal.snapshotPart(
+                    store: name.rawValue,
+                    seq: part.seq,
+                    offset: part.offset,
+                    maximumBytes: Int(part.maximumBytes)
+                )
+            }
+            switch read {
+            case let .success(found?):
+                return .snapshot(
+                    requestID: requestID,
+                    SnapshotReply(
+                        store: name,
+                        epoch: store.epoch,
+                        seq: found.seq,
+                        digest: found.digest,
+                        state: found.bytes,
+                        part: SnapshotReply.Part(total: UInt64(found.total), offset: part.offset)
+                    )
+                )
+            case .success(nil) where part.seq > 0, .failure where part.seq > 0:
+                return .error(
+                    requestID: requestID,
+                    ProtocolError(
+                        code: .invalidRange,
+                        "the snapshot of '\(name)' at seq \(part.seq) is not kept any more, or has no byte "
+                            + "\(part.offset): ask for its first part again (seq 0, offset 0)"
+                    )
+                )
+            case .success(nil), .failure:
+                break  // no snapshot yet, or one that cannot be read: the state now, whole
+            }
+        }
         if let journal, let kept = try? journal.newestSnapshot(store: name.rawValue), kept.seq == store.lastSeq {
             return .snapshot(
                 requestID: requestID,

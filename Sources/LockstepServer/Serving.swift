@@ -263,7 +263,7 @@ struct Serving {
         /// Answered as the daemon stands when the group is answered, whatever its commit did.
         case status(requestID: UInt64)
         /// The store as it was when the request was read (a value: the reader encodes it off the loop).
-        case snapshot(requestID: UInt64, store: any SequencedStore)
+        case snapshot(requestID: UInt64, store: any SequencedStore, part: SnapshotPartRequest?)
         /// Read from the journal up to the store's seq when the request was read, durable once the group is.
         case range(requestID: UInt64, store: StoreName, epoch: Epoch, lastSeq: SequenceNumber, from: UInt64, to: UInt64)
         /// The daemon's own change (a timer fired, an effect's results, an outbox change): nobody to answer.
@@ -312,9 +312,9 @@ struct Serving {
                     commit?.span = span
                 }
             }
-        case let .success(.snapshot(requestID, name)):
+        case let .success(.snapshot(requestID, name, part)):
             if let store = sequencer.stores[name] {
-                work = .snapshot(requestID: requestID, store: store)
+                work = .snapshot(requestID: requestID, store: store, part: part)
             } else {
                 work = .reply(unknownStore(requestID, name))
             }
@@ -717,15 +717,16 @@ struct Serving {
                 reply = committed ? answer : Replies.unavailable(answer.requestID)
             case let .status(requestID):
                 reply = status(sockets).reply(to: requestID)
-            case let .snapshot(requestID, store):
+            case let .snapshot(requestID, store, part):
                 guard committed else {
                     reply = Replies.unavailable(requestID)
                     break
                 }
                 let kept = checkpoints.isLarge(store.name) ? journal : nil
-                if loop.offload(envelope, { Replies.snapshot(requestID: requestID, store: store, journal: kept) }) {
-                    continue
+                let offloaded = loop.offload(envelope) {
+                    Replies.snapshot(requestID: requestID, store: store, journal: kept, part: part)
                 }
+                if offloaded { continue }
                 reply = Replies.busy(requestID)
             case .internal:
                 continue
@@ -761,7 +762,7 @@ struct Serving {
                 sockets.send(answer, to: waiting.envelope)
             case let .decided(answer):
                 sockets.send(Replies.notLeader(answer.requestID, reason), to: waiting.envelope)
-            case let .status(requestID), let .snapshot(requestID, _), let .range(requestID, _, _, _, _, _):
+            case let .status(requestID), let .snapshot(requestID, _, _), let .range(requestID, _, _, _, _, _):
                 sockets.send(Replies.notLeader(requestID, reason), to: waiting.envelope)
             case .internal:
                 continue

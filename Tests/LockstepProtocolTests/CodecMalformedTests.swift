@@ -173,7 +173,21 @@ private let requestMalformations: [Malformation] = [
         "maximumActionBytes = 1048576"
     ),
     Malformation("SNAPSHOT without store", Array(snapshotRequest.prefix(1)), .malformed, "1 frame", "exactly 2"),
-    Malformation("SNAPSHOT extra frame", snapshotRequest + [[]], .malformed, "3 frames", "exactly 2"),
+    Malformation("SNAPSHOT extra frames", snapshotRequest + [[], []], .malformed, "4 frames", "exactly 2"),
+    Malformation("SNAPSHOT part short", snapshotRequest + [[0]], .malformed, "part (frame 2)", "1 bytes", "exactly 20"),
+    Malformation(
+        "SNAPSHOT part of no bytes",
+        snapshotRequest + [[UInt8](repeating: 0, count: 20)],
+        .malformed,
+        "maximum bytes",
+        "is 0"
+    ),
+    Malformation(
+        "SNAPSHOT part past the first of seq 0",
+        snapshotRequest + [[UInt8](repeating: 0, count: 15) + [1, 0, 0, 0, 1]],
+        .malformed,
+        "offset 1 of seq 0"
+    ),
     Malformation(
         "SNAPSHOT header long",
         replacing(snapshotRequest, frame: 0, with: snapshotRequest[0] + [0]),
@@ -360,6 +374,14 @@ private let replyMalformations: [Malformation] = [
         "60"
     ),
     Malformation("SNAPSHOT without state", Array(snapshotReply.prefix(2)), .malformed, "2 frames", "exactly 3"),
+    Malformation("SNAPSHOT part short", snapshotReply + [[1]], .malformed, "part (frame 3)", "exactly 16"),
+    Malformation(
+        "SNAPSHOT part past its total",
+        snapshotReply + [[UInt8](repeating: 0, count: 7) + [1] + [UInt8](repeating: 0, count: 7) + [1]],
+        .malformed,
+        "1 bytes at offset 1 passes the state's total of 1"
+    ),
+    Malformation("SNAPSHOT extra frames", snapshotReply + [[], []], .malformed, "5 frames", "exactly 3"),
     Malformation("SNAPSHOT empty state", replacing(snapshotReply, frame: 2, with: []), .malformed, "state", "empty"),
     Malformation("SNAPSHOT bad store", replacing(snapshotReply, frame: 1, with: []), .malformed, "store name"),
     Malformation("RANGE without store", Array(rangeReply.prefix(1)), .malformed, "1 frame", "at least 2"),

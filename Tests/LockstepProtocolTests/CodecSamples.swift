@@ -97,6 +97,18 @@ enum CodecSamples {
             )
         ),
         Sample("SNAPSHOT", .snapshot(requestID: 2, store: counter)),
+        Sample(
+            "SNAPSHOT first part",
+            .snapshot(requestID: 2, store: counter, part: SnapshotPartRequest(seq: 0, offset: 0, maximumBytes: 1))
+        ),
+        Sample(
+            "SNAPSHOT next part",
+            .snapshot(
+                requestID: .max,
+                store: counter,
+                part: SnapshotPartRequest(seq: .max, offset: .max, maximumBytes: .max)
+            )
+        ),
         Sample("RANGE one seq", .range(requestID: 3, store: store("posts"), from: 1, to: 1)),
         Sample("RANGE widest", .range(requestID: .max, store: store("a.b-c_d"), from: 1, to: .max)),
         Sample("STATUS", .status(requestID: 0)),
@@ -165,6 +177,20 @@ enum CodecSamples {
                     seq: 42,
                     digest: StateDigest(of: json(#"{"count":42}"#)),
                     state: json(#"{"count":42}"#)
+                )
+            )
+        ),
+        Sample(
+            "SNAPSHOT part",
+            .snapshot(
+                requestID: 4,
+                SnapshotReply(
+                    store: counter,
+                    epoch: epoch,
+                    seq: 42,
+                    digest: StateDigest(of: json(#"{"count":42}"#)),
+                    state: json(#"unt":4"#),
+                    part: SnapshotReply.Part(total: 12, offset: 3)
                 )
             )
         ),
@@ -317,7 +343,16 @@ enum CodecSamples {
                 )
             )
         case 1:
-            return .snapshot(requestID: requestID, store: randomStore(using: &random))
+            let part = SnapshotPartRequest(
+                seq: randomSeq(using: &random),
+                offset: randomUInt64(using: &random),
+                maximumBytes: UInt32.random(in: 1...UInt32.max, using: &random)
+            )
+            return .snapshot(
+                requestID: requestID,
+                store: randomStore(using: &random),
+                part: random.next() % 2 == 0 ? part : nil
+            )
         case 2:
             let from = randomSeq(using: &random)
             let to = from + min(randomUInt64(using: &random), .max - from)
@@ -374,12 +409,15 @@ enum CodecSamples {
             )
         case 2:
             let state = randomBytes(Int.random(in: 1...40, using: &random), using: &random)
+            let offset = randomUInt64(using: &random) % (UInt64.max - 64)
             let snapshot = SnapshotReply(
                 store: randomStore(using: &random),
                 epoch: epoch,
                 seq: randomUInt64(using: &random),
                 digest: StateDigest(of: state),
-                state: state
+                state: state,
+                part: random.next() % 2 == 0
+                    ? SnapshotReply.Part(total: offset + UInt64(state.count) + random.next() % 9, offset: offset) : nil
             )
             return .snapshot(requestID: requestID, snapshot)
         case 3:

@@ -329,6 +329,22 @@ import Testing
         #expect(sync.tick(now: at(13_300)) == [.silent(.milliseconds(3_100))])
     }
 
+    /// A state sent in parts: each part that arrives restarts the request's timeout (all of a large state's parts
+    /// may take longer than one), and a part arriving while no snapshot is asked for changes nothing.
+    @Test func eachPartOfASnapshotRestartsItsTimeout() {
+        var sync = ReplicaSync(now: t0)
+        _ = sync.start(now: t0)
+        sync.snapshotPartArrived(now: at(1_500))
+        #expect(sync.tick(now: at(3_000)) == [])
+        sync.snapshotPartArrived(now: at(3_000))
+        #expect(sync.tick(now: at(4_900)) == [])
+        #expect(sync.tick(now: at(5_100)) == [.requestUnanswered, .requestSnapshot])
+        var live = live(at: 3)
+        live.snapshotPartArrived(now: at(1_000))
+        #expect(live.tick(now: at(1_100)) == [])
+        #expect(live.lastSeq == 3)
+    }
+
     @Test func unansweredRangeIsSentAgain() {
         var sync = live(at: 1)
         #expect(sync.event(epoch: epoch, seq: 4, action: action(4), now: t0) == [.requestRange(from: 2, to: 3)])

@@ -6,6 +6,7 @@ import LockstepProtocol
 import LockstepTesting
 import TestSupport
 import Testing
+import ZeroMQ
 
 /// `Replica<D>` in this process against a real `lockstepd`.
 @Suite struct ReplicaTests {
@@ -14,6 +15,7 @@ import Testing
         _ domain: D.Type,
         _ daemon: DaemonProcess,
         evidenceDirectory: String? = nil,
+        snapshotPartBytes: UInt32? = nil,
         waitUntilLive: Bool = true,
         _ body: @Sendable (Replica<D>) async throws -> T
     ) async throws -> T {
@@ -21,6 +23,7 @@ import Testing
         configuration.requestTimeout = .seconds(1)
         configuration.retries = 10
         configuration.evidenceDirectory = evidenceDirectory
+        if let snapshotPartBytes { configuration.snapshotPartBytes = snapshotPartBytes }
         let replica = try Replica(D.self, configuration: configuration)
         return try await withThrowingTaskGroup(of: T?.self) { group in
             group.addTask {
@@ -135,6 +138,88 @@ import Testing
                 #expect(error.code == .notApplied && error.reason.contains("seq 1000"), "\(error)")
                 #expect(ContinuousClock.now - start < .seconds(10))
             }
+        }
+        #expect(await daemon.stop() == 0)
+    }
+
+    /// A large store (checkpointed off the loop) goes to a joiner in parts read from the journal's newest snapshot
+    /// (docs/protocol.md, "SNAPSHOT in parts"): each part says where it lies, the digest is the whole state's; a part
+    /// of a snapshot no longer kept is refused (`invalid_range`); a request without a part still gets the state now,
+    /// whole. A replica joins through the parts — many, here — and repairs the events since by RANGE.
+    @Test func aLargeStoreGoesToAJoinerInParts() async throws {
+        let (daemon, directory) = try startDaemon(
+            "snapshot-parts",
+            "[intervals]\ncheckpoint_off_loop_bytes = 0\n\n[snapshots]\nevery_events = 20\n"
+        )
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let context = try Context()
+        let client = try Client(context, endpoint: daemon.command)
+        let todos = try StoreName("todos")
+        struct Seen: Sendable {
+            var first: SnapshotReply?
+            var whole: Reply?
+            var refused: Reply?
+            var assembled: [UInt8] = []
+            var dispatched: UInt64 = 0
+        }
+        let seen = try await offPool("snapshot parts", lending: client) { (client: Client) throws -> Seen in
+            var dispatched: UInt64 = 0
+            func add() throws {
+                dispatched += 1
+                _ = try client.dispatch("todos", [#"{"add":{"text":"todo \#(dispatched)"}}"#], number: dispatched)
+            }
+            for _ in 1...45 { try add() }
+            func part(_ seq: SequenceNumber, _ offset: UInt64, id: UInt64) throws -> Reply {
+                let part = SnapshotPartRequest(seq: seq, offset: offset, maximumBytes: 100)
+                return try client.call(Request.snapshot(requestID: id, store: todos, part: part).encode())
+            }
+            // The second snapshot, due at seq 40, is taken off the loop at a commit once the checkpoints' pace allows
+            // (a tenth of a core): one more add at a time until its first part is the newest's.
+            var first: SnapshotReply?
+            let deadline = ContinuousClock.now + .seconds(30)
+            while first == nil, ContinuousClock.now < deadline {
+                if case let .snapshot(_, reply) = try part(0, 0, id: 1), reply.part != nil, reply.seq >= 40 {
+                    first = reply
+                } else {
+                    try add()
+                }
+            }
+            guard let first, let total = first.part?.total else { return Seen(first: first) }
+            var bytes = first.state
+            var id: UInt64 = 2
+            while UInt64(bytes.count) < total {
+                guard case let .snapshot(_, next) = try part(first.seq, UInt64(bytes.count), id: id),
+                    next.seq == first.seq, next.digest == first.digest, next.part?.offset == UInt64(bytes.count),
+                    next.part?.total == total
+                else { break }
+                bytes += next.state
+                id += 1
+            }
+            let whole = try client.call(Request.snapshot(requestID: id, store: todos).encode())
+            let refused = try part(first.seq - 1, 0, id: id + 1)
+            return Seen(first: first, whole: whole, refused: refused, assembled: bytes, dispatched: dispatched)
+        }
+        let (first, whole, refused, assembled) = (seen.first, seen.whole, seen.refused, seen.assembled)
+        let snapshot = try #require(first, "no SNAPSHOT part at seq 40 or later within 30 s; log:\n\(daemon.output)")
+        #expect(snapshot.state.count == 100)
+        #expect(StateDigest(of: assembled) == snapshot.digest && UInt64(assembled.count) == snapshot.part?.total)
+        let state = try CanonicalEncoding.decode(Todos.State.self, from: Data(assembled))
+        #expect(state.list.items.count == Int(snapshot.seq) && snapshot.seq <= seen.dispatched)
+        guard case let .snapshot(_, now)? = whole else {
+            Issue.record("expected the whole SNAPSHOT, got \(String(describing: whole))")
+            return
+        }
+        #expect(now.part == nil && now.seq == seen.dispatched && StateDigest(of: now.state) == now.digest)
+        guard case let .error(_, error)? = refused else {
+            Issue.record("expected invalid_range, got \(String(describing: refused))")
+            return
+        }
+        #expect(error.code == ProtocolError.Code.invalidRange, "\(error)")
+        #expect(error.reason.contains("ask for its first part again"), "\(error)")
+
+        try await withReplica(Todos.self, daemon, snapshotPartBytes: 64) { replica in
+            let synced = try await replica.sync(timeout: .seconds(30))
+            #expect(synced.seq == seen.dispatched && synced.state.list.items.count == Int(seen.dispatched))
         }
         #expect(await daemon.stop() == 0)
     }

@@ -60,6 +60,15 @@ struct Engine<D: Domain> {
     var nextReport = ContinuousClock.now
     /// A snapshot arriving in parts: what came so far (docs/protocol.md, "SNAPSHOT in parts").
     var snapshotParts: SnapshotParts?
+    /// Whether the sync machine's request out is a SNAPSHOT in parts.
+    var partsAsked = false
+    /// Snapshots are asked for whole: the daemon refused a part (a daemon older than parts) — for good — or the last
+    /// snapshot put together from parts did not match its digest — for the next request only (the daemon checks a
+    /// whole snapshot's digest as it reads it, not a part's).
+    var wholeSnapshots = false
+    var wholeSnapshotNext = false
+    /// The state being installed came in parts.
+    var installingParts = false
 
     /// The parts of a snapshot received so far.
     struct SnapshotParts {
@@ -415,7 +424,9 @@ struct Engine<D: Domain> {
                 // Only the answer to the part asked for last: another is a resend's twin, or of an earlier join.
                 guard requestID == lastSyncRequest else { break }
                 problem = nil
-                guard let whole = received(snapshot, on: &link, now: now) else { break }
+                guard let whole = received(snapshot, on: &link, now: now), let part = snapshot.part else { break }
+                installingParts = true
+                defer { installingParts = false }
                 try perform(
                     sync.snapshot(
                         epoch: snapshot.epoch,
@@ -426,9 +437,21 @@ struct Engine<D: Domain> {
                     ),
                     on: &link
                 )
+                // The snapshot may be older than the store: where the store stood, as a HEARTBEAT says it, so the
+                // events between are asked for now, not at the next heartbeat.
+                try perform(sync.heartbeat(epoch: snapshot.epoch, lastSeq: part.storeSeq, now: now), on: &link)
             case let .error(requestID, error)
             where error.code == .invalidRange && requestID == lastSyncRequest && snapshotParts != nil:
                 // The daemon no longer keeps the snapshot the parts came from: from the first part of its newest.
+                requestSnapshotPart(from: nil, on: &link)
+            case let .error(requestID, error)
+            where error.code == .malformed && requestID == lastSyncRequest && partsAsked:
+                // A daemon older than parts: the state whole, from now on.
+                replica.logger.notice(
+                    "the daemon does not send snapshots in parts; asking for them whole",
+                    metadata: ["store": "\(store)", "error": "\(error)"]
+                )
+                wholeSnapshots = true
                 requestSnapshotPart(from: nil, on: &link)
             case let .snapshot(_, snapshot) where snapshot.store == store:
                 snapshotParts = nil
@@ -559,6 +582,12 @@ struct Engine<D: Domain> {
     mutating func requestSnapshotPart(from parts: SnapshotParts?, on link: inout Link) {
         snapshotParts = parts
         lastSyncRequest = replica.nextRequestID()
+        partsAsked = !(wholeSnapshots || wholeSnapshotNext)
+        guard partsAsked else {
+            wholeSnapshotNext = false
+            link.send(.snapshot(requestID: lastSyncRequest, store: store))
+            return
+        }
         let part = SnapshotPartRequest(
             seq: parts?.seq ?? 0,
             offset: UInt64(parts?.bytes.count ?? 0),
@@ -601,12 +630,14 @@ struct Engine<D: Domain> {
     /// Does what the sync machine asked, in order. A check that fails hands the machine the mismatch and
     /// drops the rest: the machine has started over, so what followed is void.
     mutating func perform(_ outputs: [ReplicaSync.Output], on link: inout Link) throws {
+        var unanswered = false
         for output in outputs {
             if case .apply = output {} else { handOver() }
             switch output {
             case .requestSnapshot:
                 syncResendAt = nil
-                requestSnapshotPart(from: nil, on: &link)
+                // A part that did not come in time is asked for again, not the first: a slow link still gets through.
+                requestSnapshotPart(from: unanswered ? snapshotParts : nil, on: &link)
             case let .requestRange(from, to):
                 repairs += 1
                 syncResendAt = nil
@@ -614,6 +645,8 @@ struct Engine<D: Domain> {
                 link.send(.range(requestID: lastSyncRequest, store: store, from: from, to: to))
             case let .install(epoch, seq, digest, bytes):
                 guard StateDigest(of: bytes) == digest else {
+                    // Parts are read from the daemon's file unchecked: the next snapshot whole, which it checks.
+                    if installingParts { wholeSnapshotNext = true }
                     return try mismatch(seq, "the snapshot's bytes do not match its digest \(digest)", on: &link)
                 }
                 let state: D.State
@@ -714,6 +747,7 @@ struct Engine<D: Domain> {
                     metadata: ["store": "\(store)", "silent": "\(duration)", "seq": "\(sync.lastSeq)"]
                 )
             case .requestUnanswered:
+                unanswered = true
                 // With one daemon the request goes out again on the same socket, where a slow reply still lands.
                 if link.search.endpoints.count > 1 { try moveOn(.syncUnanswered, &link, now: .now) }
             }

@@ -147,7 +147,7 @@ public protocol Journal: AnyObject, Sendable {
     /// Up to `maximumBytes` of the state of `store`'s snapshot at `seq` (its newest when `seq` is 0) from byte
     /// `offset`, with the whole state's size and digest: a SNAPSHOT sent in parts, none of them the whole (the
     /// receiver checks the digest once it has them all). `nil` when none is kept there (compacted since), `offset` is
-    /// past its end, or the journal does not read a snapshot in parts (it keeps them in its database): the daemon
+    /// at or past its end, or the journal does not read a snapshot in parts (it keeps them in its database): the daemon
     /// then sends the state whole.
     func snapshotPart(
         store: String,

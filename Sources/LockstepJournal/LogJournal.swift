@@ -883,7 +883,8 @@ final class LogStorage: JournalStorage {
         let version = reader.u32()
         let count = reader.u64()
         var info = stat()
-        guard !reader.failed, magic == snapshotMagic, version == LogRecord.formatVersion, count <= Int.max,
+        guard !reader.failed, magic == snapshotMagic, version == LogRecord.formatVersion,
+            count <= UInt64(Int64.max) - UInt64(snapshotHeaderBytes),
             interruptible({ fstat(fd, &info) }) == 0, Int64(info.st_size) == Int64(snapshotHeaderBytes) + Int64(count)
         else { throw damagedSnapshot(journal) }
         return Int(count)
@@ -900,7 +901,7 @@ final class LogStorage: JournalStorage {
 
     /// Up to `maximumBytes` of the state of `store`'s snapshot at `seq` (its newest when `seq` is 0) from `offset`,
     /// read from its file — opened under the log's lock, as ``snapshot(store:seq:)`` opens it. `nil` when no snapshot
-    /// is kept there or its file is gone (compacted since), or `offset` is past its end.
+    /// is kept there or its file is gone (compacted since), or `offset` is at or past its end.
     func snapshotPart(
         store: String,
         seq wanted: UInt64,
@@ -918,7 +919,7 @@ final class LogStorage: JournalStorage {
         guard let snapshot = found, opened >= 0 else { return nil }
         defer { closeDescriptor(opened) }
         let total = try Self.snapshotStateBytes(opened, journal: location)
-        guard offset <= UInt64(total) else { return nil }
+        guard offset < UInt64(total) else { return nil }
         let count = min(maximumBytes, total - Int(offset))
         let bytes = try Self.readAll(
             opened,

@@ -66,6 +66,7 @@ public enum Reply: Hashable, Sendable {
             var placed = ByteWriter()
             placed.write(part.total)
             placed.write(part.offset)
+            placed.write(part.storeSeq)
             return frames + [placed.bytes]
         case let .range(requestID, store, epoch, firstSeq, actions, authors):
             let authored = authors.contains { !$0.isUnknown }
@@ -139,16 +140,18 @@ public enum Reply: Hashable, Sendable {
             }
             var snapshot = SnapshotReply(store: store, epoch: epoch, seq: seq, digest: digest, state: body[2])
             if body.count == 4 {
-                guard body[3].count == 16 else {
+                guard body[3].count == SnapshotReply.Part.byteCount else {
                     throw ProtocolError(
                         code: .malformed,
-                        "part (frame 3) of SNAPSHOT reply is \(body[3].count) bytes; expected exactly 16 (total, offset)"
+                        "part (frame 3) of SNAPSHOT reply is \(body[3].count) bytes; expected exactly "
+                            + "\(SnapshotReply.Part.byteCount) (total, offset, store's seq)"
                     )
                 }
                 var placed = ByteReader(body[3], from: 0, frameIndex: 3, type: type)
                 let part = SnapshotReply.Part(
                     total: try placed.read(UInt64.self, field: "total"),
-                    offset: try placed.read(UInt64.self, field: "offset")
+                    offset: try placed.read(UInt64.self, field: "offset"),
+                    storeSeq: try placed.read(UInt64.self, field: "store's seq")
                 )
                 guard part.offset + UInt64(body[2].count) <= part.total else {
                     throw ProtocolError(
@@ -244,15 +247,21 @@ public struct SnapshotReply: Hashable, Sendable {
 
     /// Where a part lies in its state.
     public struct Part: Hashable, Sendable {
+        /// The frame's size: total, offset, store's seq.
+        public static let byteCount = 24
         /// The whole state's size in bytes.
         public var total: UInt64
         /// Where the part starts in it.
         public var offset: UInt64
+        /// The store's last seq when the part was read: the snapshot's seq may be older (the replica repairs the
+        /// events between by RANGE).
+        public var storeSeq: SequenceNumber
 
-        /// A part at `offset` of a state of `total` bytes.
-        public init(total: UInt64, offset: UInt64) {
+        /// A part at `offset` of a state of `total` bytes, read when the store was at `storeSeq`.
+        public init(total: UInt64, offset: UInt64, storeSeq: SequenceNumber) {
             self.total = total
             self.offset = offset
+            self.storeSeq = storeSeq
         }
     }
 

@@ -406,11 +406,11 @@ public struct ReplicaSync: Sendable {
 
     /// A part of the snapshot asked for arrived (a state sent in parts, docs/protocol.md "SNAPSHOT in parts"): the
     /// request is being answered, so its timeout counts from `now` — a large state's parts all together may take
-    /// longer than one timeout.
+    /// longer than one timeout. (A part that does not come in time is asked for again, the wait doubled, as any
+    /// request is: the owner asks for the same part, not the first.)
     public mutating func snapshotPartArrived(now: ContinuousClock.Instant) {
         guard awaiting == .snapshot, snapshotDueAt == nil else { return }
         requestedAt = now
-        unansweredTries = 0
     }
 
     /// The owner itself was not running (the process was stopped or starved) until `now`: silence since then

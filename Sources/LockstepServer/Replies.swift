@@ -80,7 +80,11 @@ enum Replies {
                         seq: found.seq,
                         digest: found.digest,
                         state: found.bytes,
-                        part: SnapshotReply.Part(total: UInt64(found.total), offset: part.offset)
+                        part: SnapshotReply.Part(
+                            total: UInt64(found.total),
+                            offset: part.offset,
+                            storeSeq: store.lastSeq
+                        )
                     )
                 )
             case .success(nil) where part.seq > 0, .failure where part.seq > 0:

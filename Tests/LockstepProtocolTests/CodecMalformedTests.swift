@@ -374,10 +374,13 @@ private let replyMalformations: [Malformation] = [
         "60"
     ),
     Malformation("SNAPSHOT without state", Array(snapshotReply.prefix(2)), .malformed, "2 frames", "exactly 3"),
-    Malformation("SNAPSHOT part short", snapshotReply + [[1]], .malformed, "part (frame 3)", "exactly 16"),
+    Malformation("SNAPSHOT part short", snapshotReply + [[1]], .malformed, "part (frame 3)", "exactly 24"),
     Malformation(
         "SNAPSHOT part past its total",
-        snapshotReply + [[UInt8](repeating: 0, count: 7) + [1] + [UInt8](repeating: 0, count: 7) + [1]],
+        snapshotReply + [
+            [UInt8](repeating: 0, count: 7) + [1] + [UInt8](repeating: 0, count: 7) + [1]
+                + [UInt8](repeating: 0, count: 8)
+        ],
         .malformed,
         "1 bytes at offset 1 passes the state's total of 1"
     ),

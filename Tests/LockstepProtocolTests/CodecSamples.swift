@@ -190,7 +190,7 @@ enum CodecSamples {
                     seq: 42,
                     digest: StateDigest(of: json(#"{"count":42}"#)),
                     state: json(#"unt":4"#),
-                    part: SnapshotReply.Part(total: 12, offset: 3)
+                    part: SnapshotReply.Part(total: 12, offset: 3, storeSeq: 45)
                 )
             )
         ),
@@ -417,7 +417,11 @@ enum CodecSamples {
                 digest: StateDigest(of: state),
                 state: state,
                 part: random.next() % 2 == 0
-                    ? SnapshotReply.Part(total: offset + UInt64(state.count) + random.next() % 9, offset: offset) : nil
+                    ? SnapshotReply.Part(
+                        total: offset + UInt64(state.count) + random.next() % 9,
+                        offset: offset,
+                        storeSeq: randomUInt64(using: &random)
+                    ) : nil
             )
             return .snapshot(requestID: requestID, snapshot)
         case 3:

@@ -16,10 +16,14 @@ import ZeroMQ
         _ daemon: DaemonProcess,
         evidenceDirectory: String? = nil,
         snapshotPartBytes: UInt32? = nil,
+        commandEndpoint: String? = nil,
         waitUntilLive: Bool = true,
         _ body: @Sendable (Replica<D>) async throws -> T
     ) async throws -> T {
-        var configuration = ReplicaConfiguration(commandEndpoint: daemon.command, eventsEndpoint: daemon.events)
+        var configuration = ReplicaConfiguration(
+            commandEndpoint: commandEndpoint ?? daemon.command,
+            eventsEndpoint: daemon.events
+        )
         configuration.requestTimeout = .seconds(1)
         configuration.retries = 10
         configuration.evidenceDirectory = evidenceDirectory
@@ -221,6 +225,96 @@ import ZeroMQ
             let synced = try await replica.sync(timeout: .seconds(30))
             #expect(synced.seq == seen.dispatched && synced.state.list.items.count == Int(seen.dispatched))
         }
+        #expect(await daemon.stop() == 0)
+    }
+
+    /// Between one replica and a daemon, a daemon older than SNAPSHOT in parts: it refuses a SNAPSHOT request with a
+    /// part as malformed (frame count), and passes everything else on. Its sockets live on its thread.
+    final class PartlessProxy: Sendable {
+        let endpoint: String
+        /// SNAPSHOT requests refused (with a part) and passed on (without).
+        let counts = LockedValue((refused: 0, whole: 0))
+        private let stopping = LockedValue(false)
+        private let finished = LockedValue(false)
+
+        init(in directory: String, daemon: String) throws {
+            endpoint = "ipc://\(directory)/partless"
+            let context = try Context()
+            let front = try Socket(context, type: .router)
+            try front.set(.linger, 0)
+            try front.bind(endpoint)
+            let back = try Socket(context, type: .dealer)
+            try back.set(.linger, 0)
+            try back.connect(daemon)
+            nonisolated(unsafe) let sockets = (front, back)
+            Thread { [counts, stopping, finished] in
+                let (front, back) = sockets
+                defer {
+                    front.close()
+                    back.close()
+                    finished.withLockedValue { $0 = true }
+                }
+                var client: Frame?
+                while !stopping.withLockedValue({ $0 }) {
+                    guard
+                        let ready = try? Poller([.socket(front, .readable), .socket(back, .readable)])
+                            .poll(timeout: .milliseconds(20))
+                    else { continue }
+                    if ready[0].contains(.readable), let frames = try? front.receive(wait: false), frames.count > 1 {
+                        client = frames[0]
+                        let body = Array(frames.dropFirst())
+                        if case let .snapshot(requestID, _, part)? = try? Request.decode(body) {
+                            guard part == nil else {
+                                counts.withLockedValue { $0.refused += 1 }
+                                let refusal = Reply.error(
+                                    requestID: requestID,
+                                    ProtocolError(code: .malformed, "SNAPSHOT request has 3 frames; expected exactly 2")
+                                )
+                                _ = try? front.send([frames[0]] + refusal.encode(), wait: false)
+                                continue
+                            }
+                            counts.withLockedValue { $0.whole += 1 }
+                        }
+                        _ = try? back.send(body, wait: false)
+                    }
+                    if ready[1].contains(.readable), let reply = try? back.receive(wait: false), let client {
+                        _ = try? front.send([client] + reply, wait: false)
+                    }
+                }
+            }.start()
+        }
+
+        /// Stops its thread and waits for it, at most 5 s.
+        func stop() {
+            stopping.withLockedValue { $0 = true }
+            let deadline = ContinuousClock.now + .seconds(5)
+            while !finished.withLockedValue({ $0 }), ContinuousClock.now < deadline { usleep(5_000) }
+        }
+    }
+
+    /// A replica that meets a daemon older than SNAPSHOT in parts (it refuses the part as malformed) asks for the
+    /// state whole from then on, and joins.
+    @Test func aReplicaAsksADaemonThatRefusesPartsForTheWholeState() async throws {
+        let (daemon, directory) = try startDaemon(
+            "snapshot-partless",
+            "[intervals]\ncheckpoint_off_loop_bytes = 0\n\n[snapshots]\nevery_events = 5\n"
+        )
+        defer { try? FileManager.default.removeItem(atPath: directory) }
+        let context = try Context()
+        let client = try Client(context, endpoint: daemon.command)
+        try await offPool("dispatches", lending: client) { client in
+            for number: UInt64 in 1...12 {
+                _ = try client.dispatch("todos", [#"{"add":{"text":"todo \#(number)"}}"#], number: number)
+            }
+        }
+        let proxy = try PartlessProxy(in: directory, daemon: daemon.command)
+        defer { proxy.stop() }
+        try await withReplica(Todos.self, daemon, commandEndpoint: proxy.endpoint) { replica in
+            let synced = try await replica.sync(timeout: .seconds(30))
+            #expect(synced.seq == 12 && synced.state.list.items.count == 12)
+        }
+        let counts = proxy.counts.withLockedValue { $0 }
+        #expect(counts.refused == 1 && counts.whole >= 1, "\(counts)")
         #expect(await daemon.stop() == 0)
     }
 

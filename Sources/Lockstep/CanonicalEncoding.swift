@@ -273,7 +273,7 @@ public enum CanonicalEncoding {
         }
     }
 
-    /// A state's canonical form, or its digest form, streamed (``stream(_:chunkBytes:into:)``): what was written, hashed
+    /// A state's canonical form, or its digest form, streamed a chunk at a time: what was written, hashed
     /// on the way.
     public struct Streamed: Sendable {
         /// The SHA-256 of the bytes written: with ``isCanonicalForm``, the state's digest for DIGEST and SNAPSHOT alike.

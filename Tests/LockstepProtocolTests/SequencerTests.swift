@@ -263,4 +263,14 @@ import Testing
         #expect(cache[.init(client: client, requestNumber: 8)] == entry)
         #expect(cache[.init(client: client, requestNumber: 10)] == entry)
     }
+
+    /// An entry is its fingerprint, its request id and an acceptance inline (64 bytes): the default window of 100,000
+    /// is ~23 MB of dictionary buckets, not 29 (a rejection, rare, is boxed). Both replies come back as they went in.
+    @Test func anIdempotencyEntryHoldsAnAcceptanceInline() {
+        #expect(MemoryLayout<IdempotencyCache.Entry>.stride <= 64)
+        let rejected = Reply.rejected(requestID: 7, actionIndex: 2, Rejection(code: "out_of_stock", "none left"))
+        let accepted = Reply.accepted(requestID: 8, epoch: epoch, firstSeq: 5, count: 3)
+        #expect(IdempotencyCache.Entry(fingerprint: StateDigest(of: [2]), reply: rejected).reply == rejected)
+        #expect(IdempotencyCache.Entry(fingerprint: StateDigest(of: [3]), reply: accepted).reply == accepted)
+    }
 }

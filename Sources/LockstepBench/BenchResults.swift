@@ -201,6 +201,9 @@ package struct BenchResults: Codable {
         var encodeSeconds: Double
         var hashSeconds: Double
         var decodeSeconds: Double
+        /// The bench streaming the state's canonical form once, hashing it as it goes (`CanonicalEncoding.streamed`):
+        /// what a checkpoint off the loop does instead of encoding and hashing (0 for the empty store).
+        var streamSeconds: Double
         /// One client adding todos, one at a time.
         var p1P50Us: Microseconds
         var p1P99Us: Microseconds

@@ -57,7 +57,7 @@ extension Bench {
         let todos = megabytes << 20 / 220
         let fillStart = ContinuousClock.now
         var stateBytes = 0
-        var floors = (encode: 0.0, hash: 0.0, decode: 0.0)
+        var floors = (encode: 0.0, hash: 0.0, decode: 0.0, stream: 0.0)
         if todos > 0 {
             do {
                 // One snapshot, at the end: the store starts from it, as a daemon that has run a long time does.
@@ -79,8 +79,14 @@ extension Bench {
                 let decodeStart = ContinuousClock.now
                 _ = try CanonicalEncoding.Coder().decode(D.State.self, from: bytes)
                 let decodeEnd = ContinuousClock.now
+                guard CanonicalEncoding.streamed(state, digestForm: false, into: { _ in }) != nil else {
+                    throw BenchFailure("the \(D.name) state did not stream")
+                }
+                let streamEnd = ContinuousClock.now
                 floors = (
-                    seconds(hashStart - encodeStart), seconds(decodeStart - hashStart), seconds(decodeEnd - decodeStart)
+                    seconds(hashStart - encodeStart), seconds(decodeStart - hashStart),
+                    seconds(decodeEnd - decodeStart),
+                    seconds(streamEnd - decodeEnd)
                 )
                 stateBytes = bytes.count
             } catch {
@@ -135,6 +141,7 @@ extension Bench {
             encodeSeconds: floors.encode,
             hashSeconds: floors.hash,
             decodeSeconds: floors.decode,
+            streamSeconds: floors.stream,
             p1P50Us: p1.p50,
             p1P99Us: p1.p99,
             p2ActionsPerS: rate(eight),

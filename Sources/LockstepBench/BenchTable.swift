@@ -217,12 +217,13 @@ package struct BenchTable {
                 row(
                     "",
                     String(
-                        format: "join %.2f s, after load %.2f s (encode %.2f, hash %.2f, decode %.2f)",
+                        format: "join %.2f s, after load %.2f s (encode %.2f, hash %.2f, decode %.2f, stream %.2f)",
                         p7.joinSeconds,
                         p7.joinAfterLoadSeconds,
                         p7.encodeSeconds,
                         p7.hashSeconds,
-                        p7.decodeSeconds
+                        p7.decodeSeconds,
+                        p7.streamSeconds
                     )
                 ),
                 row(

@@ -246,6 +246,7 @@ import ZeroMQ
             let back = try Socket(context, type: .dealer)
             try back.set(.linger, 0)
             try back.connect(daemon)
+            // Made here and handed over: from the next line on only the thread touches them (it closes them too).
             nonisolated(unsafe) let sockets = (front, back)
             Thread { [counts, stopping, finished] in
                 let (front, back) = sockets

@@ -88,14 +88,28 @@ package struct Checkpoints {
             isCondensed = !form.isCanonicalForm
             bytes = form.isCanonicalForm ? form.bytes.count : nil
             guard plan.snapshot else { return }
-            let seq = store.lastSeq
             if form.isCanonicalForm {
-                snapshot = JournalSnapshot(store: store.name.rawValue, seq: seq, state: form.bytes, digest: digest)
+                snapshot = JournalSnapshot(
+                    store: store.name.rawValue,
+                    seq: store.lastSeq,
+                    state: form.bytes,
+                    digest: digest
+                )
             } else {
-                let state = try store.encodedState(expectedBytes: plan.expectedBytes)
-                snapshot = JournalSnapshot(store: store.name.rawValue, seq: seq, state: state)
-                bytes = state.count
+                try encodeSnapshot(plan, of: store)
             }
+        }
+
+        /// The snapshot of `store`'s state written whole, for a state whose digest form is not its canonical form
+        /// (or whose file could not be staged): the canonical bytes, hashed here unless they are the digest form's.
+        private mutating func encodeSnapshot(_ plan: Plan, of store: some SequencedStore) throws {
+            let state = try store.encodedState(expectedBytes: plan.expectedBytes)
+            let (name, seq) = (store.name.rawValue, store.lastSeq)
+            snapshot =
+                isCondensed
+                ? JournalSnapshot(store: name, seq: seq, state: state)
+                : JournalSnapshot(store: name, seq: seq, state: state, digest: digest)
+            bytes = state.count
         }
 
         /// The work `plan` asks of `store` off the loop (its state is large), the state streamed rather than written whole
@@ -146,12 +160,7 @@ package struct Checkpoints {
                 return
             }
             // The file could not be written: the state whole, in the commit.
-            let state = try store.encodedState(expectedBytes: plan.expectedBytes)
-            self.snapshot =
-                isCondensed
-                ? JournalSnapshot(store: name, seq: seq, state: state)
-                : JournalSnapshot(store: name, seq: seq, state: state, digest: digest)
-            bytes = state.count
+            try encodeSnapshot(plan, of: store)
         }
     }
 

@@ -235,7 +235,8 @@ import ZeroMQ
         /// SNAPSHOT requests refused (with a part) and passed on (without).
         let counts = LockedValue((refused: 0, whole: 0))
         private let stopping = LockedValue(false)
-        private let finished = LockedValue(false)
+        /// Signalled by the thread as it ends.
+        private let finished = DispatchSemaphore(value: 0)
 
         init(in directory: String, daemon: String) throws {
             endpoint = "ipc://\(directory)/partless"
@@ -253,7 +254,7 @@ import ZeroMQ
                 defer {
                     front.close()
                     back.close()
-                    finished.withLockedValue { $0 = true }
+                    finished.signal()
                 }
                 var client: Frame?
                 while !stopping.withLockedValue({ $0 }) {
@@ -285,11 +286,10 @@ import ZeroMQ
             }.start()
         }
 
-        /// Stops its thread and waits for it, at most 5 s.
+        /// Stops its thread and waits for it to end, at most 5 s.
         func stop() {
             stopping.withLockedValue { $0 = true }
-            let deadline = ContinuousClock.now + .seconds(5)
-            while !finished.withLockedValue({ $0 }), ContinuousClock.now < deadline { usleep(5_000) }
+            _ = finished.wait(timeout: .now() + 5)
         }
     }
 

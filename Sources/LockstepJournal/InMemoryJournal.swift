@@ -205,7 +205,8 @@ final class MemoryStorage: JournalStorage {
                 let events = state.events[compaction.store, default: []]
                 let cut = Self.index(of: compaction.throughSeq + 1, in: events)
                 state.bytes -= events[..<cut].reduce(0) { $0 + $1.event.action.count + $1.event.clientID.count }
-                state.events[compaction.store, default: []].removeFirst(cut)
+                // A new array, not `removeFirst`: that keeps the capacity of every event compacted away.
+                if cut > 0 { state.events[compaction.store] = Array(events[cut...]) }
             }
             // One hash of a key for each entry added and one for each evicted: the daemon adds one an action.
             for record in plan.batch.idempotency {

@@ -309,7 +309,7 @@ final class LogStorage: JournalStorage {
     private func read(into state: inout FileState) throws(JournalError) {
         // The mark first: a daemon that closes the log after it was read here leaves a mark past what was read.
         let closedAt = readClosedMark()
-        let bytes = try Self.readAll(state.descriptor, journal: location)
+        let bytes = try Self.readAll(state.descriptor, journal: location, upTo: LogRecord.headerBytes)
         let header = LogRecord.header
         guard bytes.count >= header.count, bytes[..<4].elementsEqual(LogRecord.magic) else {
             throw JournalError(
@@ -329,7 +329,7 @@ final class LogStorage: JournalStorage {
                     + "reads format version \(LogRecord.formatVersion); run the Lockstep release that wrote it"
             )
         }
-        let scan = try scanLog(bytes, from: header.count) { (record) throws(JournalError) in
+        let scan = try Self.scan(state.descriptor, journal: location) { (record) throws(JournalError) in
             try apply(record, state: &state, deleting: false)
         }
         state.end = Int64(scan.end)
@@ -350,7 +350,7 @@ final class LogStorage: JournalStorage {
                 operation: "open",
                 message: "\(damage): what follows cannot be proved; restore the data directory from a backup"
             )
-        } else if scan.end < bytes.count, !isReadOnly {
+        } else if scan.end < scan.size, !isReadOnly {
             // The last append was cut short by a crash before its fsync returned: it was never acknowledged.
             guard interruptible({ ftruncate(state.descriptor, off_t(scan.end)) }) == 0,
                 !syncs || interruptible({ fdatasync(state.descriptor) }) == 0
@@ -1004,8 +1004,7 @@ final class LogStorage: JournalStorage {
         guard descriptor >= 0 else { throw JournalFiles.ioError(location, "verify", "cannot open the journal") }
         defer { closeDescriptor(descriptor) }
         let closedAt = isReadOnly ? readClosedMark() : nil
-        let bytes = try Self.readAll(descriptor, journal: location)
-        let scan = try scanLog(bytes, from: LogRecord.header.count, { _ in })
+        let scan = try Self.scan(descriptor, journal: location, { _ in })
         if let found = scan.damage { problems.append(found) }
         if scan.damage == nil, let closedAt, scan.end < closedAt {
             problems.append("the log holds whole records up to offset \(scan.end), but it was closed at \(closedAt)")
@@ -1148,6 +1147,107 @@ final class LogStorage: JournalStorage {
 
     // MARK: Whole reads and writes
 
+    /// Reads the log's records after its header through `fd`, a window of ``scanWindowBytes`` at a time (or one record
+    /// when it is longer), handing each whole one to `each`: where the whole ones end (what follows is a record cut
+    /// short, or nothing), the file's size when the scan began, and the first damaged record, described, when there is
+    /// one — the scan stops there. Memory: one window, however long the log.
+    static func scan(
+        _ fd: Int32,
+        journal: String,
+        window: Int = scanWindowBytes,
+        _ each: (LogRecord) throws(JournalError) -> Void
+    ) throws(JournalError) -> (end: Int, size: Int, damage: String?) {
+        var file = LogWindow(fd: fd, journal: journal, size: try fileSize(fd, journal: journal), window: window)
+        var offset = LogRecord.headerBytes
+        while try file.holds(offset, 8) {
+            // Zeros to the end: room the file system gave an append that a crash cut short.
+            if try file.zerosToTheEnd(from: offset) { break }
+            let length = Int(file.u32(at: offset))
+            guard CRC32C.checksum(file[offset..<offset + 4]) == file.u32(at: offset + 4) else {
+                return (
+                    offset, file.size, "the record at offset \(offset) is damaged: its length's checksum does not match"
+                )
+            }
+            guard try file.holds(offset, length + LogRecord.framingBytes) else { break }
+            let payload = file[offset + 8..<offset + 8 + length]
+            guard CRC32C.checksum(payload) == file.u32(at: offset + 8 + length) else {
+                return (
+                    offset, file.size,
+                    "the record at offset \(offset) (\(length) bytes) is damaged: its checksum does not match"
+                )
+            }
+            guard let record = LogRecord.decode(payload) else {
+                return (
+                    offset, file.size,
+                    "the record at offset \(offset) (\(length) bytes) has a matching checksum but does not decode: "
+                        + "it was written by another build"
+                )
+            }
+            try each(record)
+            offset += length + LogRecord.framingBytes
+        }
+        return (offset, file.size, nil)
+    }
+
+    /// How much of the log a scan reads at a time.
+    static let scanWindowBytes = 4 << 20
+
+    /// A part of the log file in memory, read again from where a scan needs it when it does not hold that.
+    private struct LogWindow {
+        let fd: Int32
+        let journal: String
+        /// The file's size when the scan began: a live log read by a tool may grow meanwhile, past what is scanned.
+        let size: Int
+        let window: Int
+        private var base = 0
+        private var bytes: [UInt8] = []
+
+        init(fd: Int32, journal: String, size: Int, window: Int) {
+            self.fd = fd
+            self.journal = journal
+            self.size = size
+            self.window = window
+        }
+
+        /// Whether the file has bytes `offset..<offset + count`, reading them (and what follows, to a window) when
+        /// they are not in memory.
+        mutating func holds(_ offset: Int, _ count: Int) throws(JournalError) -> Bool {
+            if offset >= base, offset + count <= base + bytes.count { return true }
+            guard offset + count <= size else { return false }
+            bytes = try LogStorage.readAll(
+                fd,
+                journal: journal,
+                from: offset,
+                upTo: min(size - offset, max(count, window))
+            )
+            base = offset
+            return bytes.count >= count  // shorter than it was a moment ago
+        }
+
+        /// Whether every byte from `offset` to the end of the file is zero.
+        mutating func zerosToTheEnd(from offset: Int) throws(JournalError) -> Bool {
+            var at = offset
+            while at < size, try holds(at, 1) {
+                guard bytes[(at - base)...].allSatisfy({ $0 == 0 }) else { return false }
+                at = base + bytes.count
+            }
+            return true
+        }
+
+        subscript(range: Range<Int>) -> ArraySlice<UInt8> { bytes[range.lowerBound - base..<range.upperBound - base] }
+
+        /// The big-endian `u32` at `offset`, which ``holds(_:_:)`` said is in memory.
+        func u32(at offset: Int) -> UInt32 { bigEndianU32(bytes, at: offset - base) }
+    }
+
+    private static func fileSize(_ fd: Int32, journal: String) throws(JournalError) -> Int {
+        var info = stat()
+        guard interruptible({ fstat(fd, &info) }) == 0 else {
+            throw JournalFiles.ioError(journal, "read", "cannot stat the file")
+        }
+        return Int(info.st_size)
+    }
+
     /// The file from byte `start` to its end, or the first `limit` bytes from there.
     private static func readAll(
         _ fd: Int32,
@@ -1155,11 +1255,7 @@ final class LogStorage: JournalStorage {
         from start: Int = 0,
         upTo limit: Int = .max
     ) throws(JournalError) -> [UInt8] {
-        var info = stat()
-        guard interruptible({ fstat(fd, &info) }) == 0 else {
-            throw JournalFiles.ioError(journal, "read", "cannot stat the file")
-        }
-        var bytes = [UInt8](repeating: 0, count: max(0, min(Int(info.st_size) - start, limit)))
+        var bytes = [UInt8](repeating: 0, count: max(0, min(try fileSize(fd, journal: journal) - start, limit)))
         var done = 0
         while done < bytes.count {
             let count = bytes.withUnsafeMutableBytes { buffer in
@@ -1206,42 +1302,6 @@ final class LogStorage: JournalStorage {
             done += count
         }
     }
-}
-
-/// Reads a log file's records, from the header on, handing each whole one to `each`: where the whole ones end (what
-/// follows is a record cut short, or nothing), and the first damaged record, described, when there is one — the scan
-/// stops there.
-func scanLog(
-    _ bytes: [UInt8],
-    from start: Int,
-    _ each: (LogRecord) throws(JournalError) -> Void
-) throws(JournalError) -> (end: Int, damage: String?) {
-    var offset = start
-    while offset < bytes.count {
-        let left = bytes.count - offset
-        // Zeros to the end: room the file system gave an append that a crash cut short.
-        if bytes[offset...].allSatisfy({ $0 == 0 }) { break }
-        guard left >= 8 else { break }
-        let length = Int(bigEndianU32(bytes, at: offset))
-        guard CRC32C.checksum(bytes[offset..<offset + 4]) == bigEndianU32(bytes, at: offset + 4) else {
-            return (offset, "the record at offset \(offset) is damaged: its length's checksum does not match")
-        }
-        guard left >= length + LogRecord.framingBytes else { break }
-        let payload = bytes[offset + 8..<offset + 8 + length]
-        guard CRC32C.checksum(payload) == bigEndianU32(bytes, at: offset + 8 + length) else {
-            return (offset, "the record at offset \(offset) (\(length) bytes) is damaged: its checksum does not match")
-        }
-        guard let record = LogRecord.decode(payload) else {
-            return (
-                offset,
-                "the record at offset \(offset) (\(length) bytes) has a matching checksum but does not decode: it "
-                    + "was written by another build"
-            )
-        }
-        try each(record)
-        offset += length + LogRecord.framingBytes
-    }
-    return (offset, nil)
 }
 
 /// The big-endian `u32` at `offset` of `bytes`, which the caller checked are there.

@@ -1,9 +1,10 @@
 import Foundation
 import Lockstep
 import LockstepExamples
-import LockstepJournal
 import TestSupport
 import Testing
+
+@testable import LockstepJournal
 
 /// What only the log journal has: its file of records, cut short or damaged, rewritten, and its snapshot files. (What
 /// every journal does — commits, ranges, snapshots, idempotency, the outbox, upgrades — runs on it in
@@ -144,6 +145,62 @@ import Testing
         let tool = try await runProduct("lockstep", ["journal", "verify", data])
         #expect(tool.status == 5, "\(tool.standardOutput) \(tool.standardError)")
         #expect((tool.standardOutput + tool.standardError).contains("offset 8"), "\(tool.standardOutput)")
+    }
+
+    /// Opening and verify read the log a window at a time, never whole: windows of any size — down to one byte, and
+    /// smaller than every record — hand out the same records and find the same end, the same record cut short and the
+    /// same damage as one window over the whole file, also past the first window and behind zeros longer than one.
+    @Test func theLogIsReadAWindowAtATime() throws {
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let journal = try LogJournal(directory: data, policy: policy)
+        try commit(journal, batches: 12)
+        try journal.close()
+        try FileManager.default.removeItem(atPath: data + "/journal.lslog-closed")
+        let records = try fileSize()
+        try append([UInt8](repeating: 0, count: 300))  // room a crash left after the last append
+
+        struct Scan: Equatable {
+            var records: [String] = []
+            var end = 0
+            var size = 0
+            var damage: String?
+        }
+        func scans() throws -> [Scan] {
+            let fd = open(logPath, O_RDONLY | O_CLOEXEC)
+            try #require(fd >= 0)
+            defer { close(fd) }
+            return try [Int.max, 1, 7, 64, 1_000].map { window in
+                var found = Scan()
+                let scan = try LogStorage.scan(fd, journal: logPath, window: window) { record in
+                    switch record {
+                    case let .register(store): found.records.append("register \(store.name)")
+                    case let .commit(plan, _): found.records.append("commit of \(plan.batch.events.count)")
+                    }
+                }
+                (found.end, found.size, found.damage) = scan
+                return found
+            }
+        }
+        let whole = try scans()
+        #expect(whole.allSatisfy { $0 == whole[0] }, "\(whole)")
+        #expect(whole[0].records.count == 13 && whole[0].records.last == "commit of 5", "\(whole[0].records)")
+        #expect(whole[0].end == records && whole[0].size == records + 300 && whole[0].damage == nil, "\(whole[0])")
+
+        // The last record cut short: the scan ends where it begins, in every window.
+        let handle = try #require(FileHandle(forWritingAtPath: logPath))
+        try handle.truncate(atOffset: UInt64(records - 3))
+        try handle.close()
+        let cut = try scans()
+        #expect(cut.allSatisfy { $0 == cut[0] }, "\(cut)")
+        #expect(cut[0].records.count == 12 && cut[0].end < records - 3 && cut[0].damage == nil, "\(cut[0])")
+
+        // A byte of the record before it flipped (its payload's last bytes): damage, found at that record's offset.
+        try flip(at: cut[0].end - 6)
+        let damaged = try scans()
+        #expect(damaged.allSatisfy { $0 == damaged[0] }, "\(damaged)")
+        #expect(damaged[0].records.count == 11, "\(damaged[0].records)")
+        let damage = try #require(damaged[0].damage)
+        #expect(damage.contains("the record at offset \(damaged[0].end)") && damage.contains("checksum does not match"))
     }
 
     /// Past its minimum and twice what it held after its last rewrite, the file is written afresh from what is live:

@@ -618,6 +618,31 @@ struct CanonicalDecoder: Decoder, SingleValueDecodingContainer {
     func decode(_: UInt128.Type) throws -> UInt128 { throw document.leaveFastPath() }
     // The same decoder, the same path: Foundation decodes a single value's value in place too.
     func decode<T: Decodable>(_: T.Type) throws -> T { try document.decode(T.self, token, path: path) }
+
+    /// For a large dictionary's `init(from:)`: the members of this object in the document's order, each one's key
+    /// (a name `Key` does not take is passed over, as `allKeys` does) and a call that decodes its value as `Value`
+    /// at its coding path. What `allKeys` and `decode(_:forKey:)` give, without an array of every key or a search
+    /// for each member.
+    func forEachMember<Key: CodingKey, Value: Decodable>(
+        _: Key.Type,
+        _: Value.Type,
+        _ body: (Key, () throws -> Value) throws -> Void
+    ) throws {
+        let object = document.tokens[Int(token)]
+        guard object.kind == .object else { throw document.leaveFastPath() }
+        var name = token + 1
+        for _ in 0..<object.count {
+            let value = name + 1
+            if let key = Key(stringValue: try document.string(name)) {
+                try body(key) {
+                    try document.forgettingPaths {
+                        try document.decode(Value.self, value, path: document.path(path, key))
+                    }
+                }
+            }
+            name = document.tokens[Int(value)].next(at: value)
+        }
+    }
 }
 
 struct CanonicalKeyedDecodingContainer<Key: CodingKey>: KeyedDecodingContainerProtocol {
@@ -681,7 +706,7 @@ struct CanonicalKeyedDecodingContainer<Key: CodingKey>: KeyedDecodingContainerPr
     func decode(_: UInt128.Type, forKey key: Key) throws -> UInt128 { throw document.leaveFastPath() }
 
     func decode<T: Decodable>(_: T.Type, forKey key: Key) throws -> T {
-        try document.decode(T.self, try value(key), path: document.path(path, key))
+        try document.forgettingPaths { try document.decode(T.self, try value(key), path: document.path(path, key)) }
     }
 
     // Foundation's: `nil` for a missing member and for `null`, without asking `T`.
@@ -690,7 +715,7 @@ struct CanonicalKeyedDecodingContainer<Key: CodingKey>: KeyedDecodingContainerPr
             if document.isOffFastPath { throw OffTheFastPath() }
             return nil
         }
-        return try document.decode(T.self, token, path: document.path(path, key))
+        return try document.forgettingPaths { try document.decode(T.self, token, path: document.path(path, key)) }
     }
 
     func nestedContainer<NestedKey: CodingKey>(
@@ -790,8 +815,10 @@ struct CanonicalUnkeyedDecodingContainer: UnkeyedDecodingContainer {
     mutating func decode(_: UInt128.Type) throws -> UInt128 { throw document.leaveFastPath() }
 
     mutating func decode<T: Decodable>(_: T.Type) throws -> T {
-        let path = document.path(path, index: Int(index))
-        return try read { try $0.decode(T.self, $1, path: path) }
+        try document.forgettingPaths {
+            let path = document.path(path, index: Int(index))
+            return try read { try $0.decode(T.self, $1, path: path) }
+        }
     }
 
     // `nil` for `null`, without asking `T`. Past the end, Foundation versions differ on whether the index moves, so
@@ -872,6 +899,16 @@ class CanonicalCodingState {
     final func path(_ parent: Int32, index: Int) -> Int32 { paths.append(parent, .index(index)) }
 
     final func codingPath(_ path: Int32) -> [any CodingKey] { paths.codingPath(path) }
+
+    /// `body`, which decodes one value, and then forgets the paths handed out since it began: that value's decoder
+    /// and containers end with its `init(from:)` (and an error the fast path throws is made again by Foundation's
+    /// decoder), so a large state's decode keeps as many paths as it is deep rather than one for each element.
+    @inline(__always)
+    final func forgettingPaths<T>(_ body: () throws -> T) rethrows -> T {
+        let mark = paths.mark
+        defer { paths.forget(since: mark) }
+        return try body()
+    }
 }
 
 /// The coding paths a decode or an encode hands out, each a parent and one key, so that a path costs one entry
@@ -903,11 +940,21 @@ struct CodingPaths {
         return Int32(entries.count - 1)
     }
 
-    /// The keys of `path`, from the top level down.
+    /// How many paths were handed out.
+    var mark: (entries: Int, keys: Int) { (entries.count, keys.count) }
+
+    /// Forgets the paths handed out since `mark`, keeping the room they took.
+    mutating func forget(since mark: (entries: Int, keys: Int)) {
+        entries.removeSubrange(mark.entries...)
+        keys.removeSubrange(mark.keys...)
+    }
+
+    /// The keys of `path`, from the top level down (of what is left of it, for a path forgotten since it was handed
+    /// out — by a container kept past the `init(from:)` it was made for).
     func codingPath(_ path: Int32) -> [any CodingKey] {
         var path = path
         var found: [any CodingKey] = []
-        while path >= 0 {
+        while path >= 0, path < entries.count {
             let entry = entries[Int(path)]
             found.append(entry.key < 0 ? keys[Int(-1 - entry.key)] : CanonicalCodingKey(index: Int(entry.key)))
             path = entry.parent

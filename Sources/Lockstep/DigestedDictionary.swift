@@ -186,31 +186,41 @@ extension DigestedDictionary: Codable {
 
     /// The members of the tree's canonical form; their sum is taken when first asked for. `Int` and `String` keys
     /// are read as the tree reads them — an object's member names, a later duplicate winning — but without casting
-    /// each key and boxing each coding key on the way.
+    /// each key and boxing each coding key on the way, and from the canonical decoder a member at a time, in the
+    /// document's order.
     public init(from decoder: any Decoder) throws {
         guard Key.self == Int.self || Key.self == String.self else {
             self.init(try TreeDictionary(from: decoder))
             return
         }
-        let container = try decoder.container(keyedBy: MemberKey.self)
         var tree = TreeDictionary<Key, Value>()
-        for name in container.allKeys {
-            if Key.self == String.self {
-                tree[unsafeBitCast(name.stringValue, to: Key.self)] = try container.decode(Value.self, forKey: name)
-            } else if let number = name.intValue {
-                tree[unsafeBitCast(number, to: Key.self)] = try container.decode(Value.self, forKey: name)
-            } else {
-                // The key before its value, as the tree checks it.
-                throw DecodingError.typeMismatch(
-                    Int.self,
-                    DecodingError.Context(
-                        codingPath: decoder.codingPath + [name],
-                        debugDescription: "Expected Int key but found String key instead."
-                    )
-                )
+        if let canonical = decoder as? CanonicalDecoder {
+            try canonical.forEachMember(MemberKey.self, Value.self) { name, value in
+                tree[try Self.key(name, in: decoder)] = try value()
+            }
+        } else {
+            let container = try decoder.container(keyedBy: MemberKey.self)
+            for name in container.allKeys {
+                tree[try Self.key(name, in: decoder)] = try container.decode(Value.self, forKey: name)
             }
         }
         self.init(tree)
+    }
+
+    /// The key a member's name is, for `Int` or `String` keys; the key is checked before its value, as the tree
+    /// checks it.
+    private static func key(_ name: MemberKey, in decoder: any Decoder) throws -> Key {
+        if Key.self == String.self { return unsafeBitCast(name.stringValue, to: Key.self) }
+        guard let number = name.intValue else {
+            throw DecodingError.typeMismatch(
+                Int.self,
+                DecodingError.Context(
+                    codingPath: decoder.codingPath + [name],
+                    debugDescription: "Expected Int key but found String key instead."
+                )
+            )
+        }
+        return unsafeBitCast(number, to: Key.self)
     }
 }
 

@@ -327,6 +327,24 @@ public enum CanonicalEncoding {
     /// and sum, and says so.
     @TaskLocal static var writingDigestForm: DigestFormUse?
 
+    /// The digests of many small values' digest forms, one after another, written by one stream and under one
+    /// digest-form scope (``run(_:)``): a `DigestedDictionary`'s sum of its members, where a new writer and a scope
+    /// for each member cost more than writing it. Each digest is the one ``digestForm(of:reservingCapacity:)``
+    /// gives.
+    final class DigestFormDigester {
+        private let stream = CanonicalStream()
+        private let use = DigestFormUse()
+
+        /// `body`, its values written as digest forms.
+        func run<T>(_ body: () throws -> T) rethrows -> T { try $writingDigestForm.withValue(use, operation: body) }
+
+        /// The SHA-256 of `value`'s digest form; called inside ``run(_:)``.
+        func digest<Value: Encodable>(of value: Value) throws -> StateDigest {
+            if stream.write(value) { return StateDigest(of: stream.out) }
+            return try digestForm(of: value).digest
+        }
+    }
+
     /// Whether a digest form being written condensed anything.
     final class DigestFormUse: Sendable {
         private let used = LockedValue(false)

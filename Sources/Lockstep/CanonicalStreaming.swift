@@ -74,15 +74,26 @@ final class CanonicalStream {
         let stream = CanonicalStream()
         // An action is tens of bytes: room for it from the start.
         stream.out.reserveCapacity(max(capacity, 64))
-        do {
-            try stream.encodeValue(value, emptyIsObject: false)
-        } catch {
-            return stream.isForFoundation ? .foundation : .tree
-        }
-        while !stream.frames.isEmpty { stream.close() }
-        // A top-level value that encodes nothing makes JSONEncoder throw: the tree and Foundation say so.
-        guard !stream.isOffFastPath, !stream.out.isEmpty else { return stream.isForFoundation ? .foundation : .tree }
+        guard stream.write(value) else { return stream.isForFoundation ? .foundation : .tree }
         return .bytes(stream.out)
+    }
+
+    /// Writes the canonical bytes of `value` into ``out``, over what this stream wrote before and in the room it
+    /// took (one stream for many small values, as a `DigestedDictionary`'s member digests); `false` when this path
+    /// does not take it (``isForFoundation`` says whether the tree may). Not for a stream that streams out.
+    func write<Value: Encodable>(_ value: Value) -> Bool {
+        out.removeAll(keepingCapacity: true)
+        frames.removeAll(keepingCapacity: true)
+        members.removeAll(keepingCapacity: true)
+        (isOffFastPath, isForFoundation, slot, filled) = (false, false, 0, .nothing)
+        do {
+            try encodeValue(value, emptyIsObject: false)
+        } catch {
+            return false
+        }
+        while !frames.isEmpty { close() }
+        // A top-level value that encodes nothing makes JSONEncoder throw: the tree and Foundation say so.
+        return !isOffFastPath && !out.isEmpty
     }
 
     /// Marks the call as off this path, and as Foundation's to encode.

@@ -110,7 +110,12 @@ public struct DigestedDictionary<Key: Hashable & Codable, Value: Codable> {
     }
 
     private static func sum(of tree: TreeDictionary<Key, Value>) throws -> DigestSum {
-        try tree.reduce(DigestSum.zero) { $0 + (try digest($1.key, $1.value)) }
+        let digester = CanonicalEncoding.DigestFormDigester()
+        return try digester.run {
+            try tree.reduce(DigestSum.zero) {
+                $0 + DigestSum(try digester.digest(of: Member(key: $1.key, value: $1.value)))
+            }
+        }
     }
 
     /// A member's digest: the SHA-256 of the digest form of `[key, value]`, as a number.

@@ -949,8 +949,8 @@ struct CodingPaths {
         keys.removeSubrange(mark.keys...)
     }
 
-    /// The keys of `path`, from the top level down (of what is left of it, for a path forgotten since it was handed
-    /// out — by a container kept past the `init(from:)` it was made for).
+    /// The keys of `path`, from the top level down. (A container kept past the `init(from:)` it was made for holds
+    /// a path forgotten since: it may read another value's path, never past the table.)
     func codingPath(_ path: Int32) -> [any CodingKey] {
         var path = path
         var found: [any CodingKey] = []

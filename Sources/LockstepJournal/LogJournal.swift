@@ -1160,8 +1160,10 @@ final class LogStorage: JournalStorage {
         var file = LogWindow(fd: fd, journal: journal, size: try fileSize(fd, journal: journal), window: window)
         var offset = LogRecord.headerBytes
         while try file.holds(offset, 8) {
-            // Zeros to the end: room the file system gave an append that a crash cut short.
+            // Zeros to the end: room the file system gave an append that a crash cut short. (Looking may have moved
+            // the window past the record.)
             if try file.zerosToTheEnd(from: offset) { break }
+            guard try file.holds(offset, 8) else { break }
             let length = Int(file.u32(at: offset))
             guard CRC32C.checksum(file[offset..<offset + 4]) == file.u32(at: offset + 4) else {
                 return (

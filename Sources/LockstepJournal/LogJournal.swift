@@ -221,6 +221,9 @@ final class LogStorage: JournalStorage {
         var end: Int64 = 0
         /// The file's size after its last rewrite (or its opening).
         var sizeAfterRewrite: Int64 = 0
+        /// The file's size: past ``end``, zeros written and synced ahead of the appends
+        /// (``preallocate(_:_:operation:)``).
+        var allocated: Int64 = 0
         /// Each snapshot's file, by store and seq.
         var snapshotFiles: [SnapshotKey: String] = [:]
         /// Snapshot files written ahead of their commit (``stage(_:)``), with the digest they hold.
@@ -289,6 +292,7 @@ final class LogStorage: JournalStorage {
             throw error
         }
         state.sizeAfterRewrite = state.end
+        state.allocated = state.end
         if !readOnly {
             removeUnreferencedSnapshots(state)
             do throws(JournalError) {
@@ -351,7 +355,8 @@ final class LogStorage: JournalStorage {
                 message: "\(damage): what follows cannot be proved; restore the data directory from a backup"
             )
         } else if scan.end < scan.size, !isReadOnly {
-            // The last append was cut short by a crash before its fsync returned: it was never acknowledged.
+            // Zeros filled ahead of the appends, and what of the last append a crash cut short before its fsync
+            // returned: never acknowledged.
             guard interruptible({ ftruncate(state.descriptor, off_t(scan.end)) }) == 0,
                 !syncs || interruptible({ fdatasync(state.descriptor) }) == 0
             else {
@@ -537,10 +542,13 @@ final class LogStorage: JournalStorage {
     /// what the disk holds.
     private func append(_ record: [UInt8], state: inout FileState, operation: String) throws(JournalError) {
         try checkWritable(state, operation)
+        try preallocate(Int64(record.count), &state, operation: operation)
         do {
             try Self.writeAll(state.descriptor, record, at: state.end, journal: location)
         } catch {
+            // The zeros ahead go too: the next append writes them again.
             let cutBack = interruptible { ftruncate(state.descriptor, off_t(state.end)) } == 0
+            state.allocated = state.end
             if error.code != .storageFull || !cutBack {
                 state.broken = "a write to the journal failed (\(error.message))"
             }
@@ -552,6 +560,36 @@ final class LogStorage: JournalStorage {
             throw JournalError(code: .ioError, file: location, operation: operation, message: error.message)
         }
         state.end += Int64(record.count)
+        state.allocated = max(state.allocated, state.end)
+    }
+
+    /// How far past the end the file holds zeros, written and synced, for the appends to come.
+    static let preallocationBytes: Int64 = 4 << 20
+
+    /// Makes room for `count` more bytes inside the file: when the zeros past the end are fewer, zeros up to
+    /// ``preallocationBytes`` past what is needed, synced. An append inside the file leaves its size alone, so its
+    /// `fdatasync` writes the record and no inode: one write to the disk where an append past the end takes two.
+    /// On a disk too full for them the zeros are cut off again and the append grows the file, as it would without.
+    private func preallocate(_ count: Int64, _ state: inout FileState, operation: String) throws(JournalError) {
+        guard syncs, state.end + count > state.allocated else { return }
+        let size = state.end + count + Self.preallocationBytes
+        let zeros = [UInt8](repeating: 0, count: Int(size - state.allocated))
+        do {
+            try Self.writeAll(state.descriptor, zeros, at: state.allocated, journal: location)
+        } catch {
+            _ = interruptible { ftruncate(state.descriptor, off_t(state.allocated)) }
+            return
+        }
+        guard interruptible({ fdatasync(state.descriptor) }) == 0 else {
+            let error = JournalFiles.ioError(
+                location,
+                operation,
+                "the fsync of the zeros ahead of the journal's end failed"
+            )
+            state.broken = "an fsync of the journal failed (\(error.message))"
+            throw JournalError(code: .ioError, file: location, operation: operation, message: error.message)
+        }
+        state.allocated = size
     }
 
     /// A new name for `snapshot`'s file, and what the file holds: its header, then the state.
@@ -821,6 +859,7 @@ final class LogStorage: JournalStorage {
         state.descriptor = fd
         state.end = Int64(bytes.count)
         state.sizeAfterRewrite = state.end
+        state.allocated = state.end
         if syncs {
             do throws(JournalError) {
                 try JournalFiles.fsyncDirectory(directory, journal: location)
@@ -1029,6 +1068,9 @@ final class LogStorage: JournalStorage {
             }
             return (state.descriptor, state.end, !state.closed && state.broken == nil, state.staged.values.map(\.file))
         }
+        // A log closed whole ends with its last record: the zeros ahead of it go (a crash leaves them, and the next
+        // opening cuts them off).
+        if fd >= 0, whole, !isReadOnly { _ = interruptible { ftruncate(fd, off_t(end)) } }
         if fd >= 0 { closeDescriptor(fd) }
         for name in staged { unlink(snapshotPath(name)) }
         defer { writerLock?.release() }
@@ -1151,6 +1193,13 @@ final class LogStorage: JournalStorage {
     /// when it is longer), handing each whole one to `each`: where the whole ones end (what follows is a record cut
     /// short, or nothing), the file's size when the scan began, and the first damaged record, described, when there is
     /// one — the scan stops there. Memory: one window, however long the log.
+    ///
+    /// An append a crash cut short before its fsync returned is the end, not damage: a record that goes past the end
+    /// of the file, or — inside the zeros written ahead of the appends — a record whose bytes are the append's up to
+    /// some point and zeros from there to the end of the file: its checksum, or the part of it after a sector's
+    /// boundary, never written; or its length in part, nothing after it. A flipped byte leaves the record's checksum
+    /// and what follows it in place (``isCutShort(_:of:at:)``), so it is damage, as is a record followed by anything
+    /// but zeros.
     static func scan(
         _ fd: Int32,
         journal: String,
@@ -1160,19 +1209,26 @@ final class LogStorage: JournalStorage {
         var file = LogWindow(fd: fd, journal: journal, size: try fileSize(fd, journal: journal), window: window)
         var offset = LogRecord.headerBytes
         while try file.holds(offset, 8) {
-            // Zeros to the end: room the file system gave an append that a crash cut short. (Looking may have moved
-            // the window past the record.)
+            // Zeros to the end: room the file system gave an append that a crash cut short, or zeros written ahead.
+            // (Looking may have moved the window past the record.)
             if try file.zerosToTheEnd(from: offset) { break }
             guard try file.holds(offset, 8) else { break }
             let length = Int(file.u32(at: offset))
             guard CRC32C.checksum(file[offset..<offset + 4]) == file.u32(at: offset + 4) else {
+                // Its length written in part: an append cut short, when nothing but zeros follows.
+                if try file.zerosToTheEnd(from: offset + 8) { break }
                 return (
                     offset, file.size, "the record at offset \(offset) is damaged: its length's checksum does not match"
                 )
             }
             guard try file.holds(offset, length + LogRecord.framingBytes) else { break }
             let payload = file[offset + 8..<offset + 8 + length]
-            guard CRC32C.checksum(payload) == file.u32(at: offset + 8 + length) else {
+            let checksum = CRC32C.checksum(payload)
+            let stored = file.u32(at: offset + 8 + length)
+            guard checksum == stored else {
+                // Cut short: the checksum's bytes are the payload's own up to where zeros begin, and zeros follow.
+                let end = offset + length + LogRecord.framingBytes
+                if Self.isCutShort(stored, of: checksum, at: end - 4), try file.zerosToTheEnd(from: end) { break }
                 return (
                     offset, file.size,
                     "the record at offset \(offset) (\(length) bytes) is damaged: its checksum does not match"
@@ -1190,6 +1246,20 @@ final class LogStorage: JournalStorage {
         }
         return (offset, file.size, nil)
     }
+
+    /// Whether `stored`, the big-endian checksum at `offset`, is `checksum` cut short by a crash: zeros, or its bytes
+    /// up to a sector's boundary (where a write cut short stops) and zeros after it. A flipped byte that leaves zeros
+    /// there is taken for a cut only when a boundary falls just before them.
+    static func isCutShort(_ stored: UInt32, of checksum: UInt32, at offset: Int) -> Bool {
+        guard stored != 0 else { return true }
+        let kept = sectorBytes - offset % sectorBytes
+        guard kept < 4 else { return false }
+        let zeros = UInt32(32 - 8 * kept)
+        return stored & (UInt32.max >> (32 - zeros)) == 0 && stored >> zeros == checksum >> zeros
+    }
+
+    /// The smallest unit a disk writes whole: a write a crash cuts short keeps a whole number of them.
+    static let sectorBytes = 512
 
     /// How much of the log a scan reads at a time.
     static let scanWindowBytes = 4 << 20

@@ -75,6 +75,75 @@ import Testing
         try again.close()
     }
 
+    /// The file holds synced zeros ahead of its end while the journal is open, so a commit writes inside it, and
+    /// closing cuts them off. An append a crash cut short there — its bytes up to any point, zeros after — is the end,
+    /// never acknowledged: cut off at opening, at whatever byte it stopped (inside the length, the payload or the
+    /// checksum). The last record with a byte flipped, its length or its checksum, followed by those zeros, is damage.
+    @Test func anAppendCutShortInsideTheZerosAheadIsTheEnd() throws {
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let journal = try LogJournal(directory: data, policy: policy)
+        let last = try commit(journal, batches: 6)
+        let whileOpen = try fileSize()
+        try journal.close()
+        let records = try fileSize()
+        #expect(
+            whileOpen > records && whileOpen <= records + Int(LogStorage.preallocationBytes),
+            "\(whileOpen) bytes open, \(records) closed"
+        )
+        try FileManager.default.removeItem(atPath: data + "/journal.lslog-closed")  // as a crash leaves it
+
+        let whole = try [UInt8](Data(contentsOf: URL(fileURLWithPath: logPath)))
+        var lastRecord = LogRecord.headerBytes
+        while true {
+            let length = Int(whole[lastRecord..<lastRecord + 4].reduce(0) { $0 << 8 | UInt32($1) })
+            guard lastRecord + LogRecord.framingBytes + length < whole.count else { break }
+            lastRecord += LogRecord.framingBytes + length
+        }
+        func scanned(_ bytes: [UInt8]) throws -> (end: Int, size: Int, damage: String?) {
+            try Data(bytes).write(to: URL(fileURLWithPath: logPath))
+            let fd = open(logPath, O_RDONLY | O_CLOEXEC)
+            try #require(fd >= 0)
+            defer { close(fd) }
+            return try LogStorage.scan(fd, journal: logPath) { _ in }
+        }
+        let zeros = [UInt8](repeating: 0, count: 4_096)
+        // Cut short in the last record: in its length, the length's checksum, the payload, before the checksum.
+        for kept in [0, 1, 4, 7, 8, 9, 20, records - lastRecord - 5, records - lastRecord - 4] {
+            let scan = try scanned(Array(whole[..<(lastRecord + kept)]) + [UInt8](repeating: 0, count: 4_096))
+            #expect(scan.end == lastRecord && scan.damage == nil, "\(kept) bytes kept: \(scan)")
+        }
+        // Opening it cuts it off, with the zeros, and recovers what came before.
+        _ = try scanned(Array(whole[..<(records - 4)]) + zeros)
+        let reopened = try LogJournal(directory: data, policy: policy)
+        #expect(try reopened.recover(Counter.self).lastSeq == last - 5)
+        #expect(try fileSize() == lastRecord)
+        try reopened.close()
+
+        // Whole, with a byte flipped in its length, its payload or its checksum: damage, zeros after it or not.
+        for flipped in [lastRecord + 1, lastRecord + 20, records - 1] {
+            var damaged = whole
+            damaged[flipped] ^= damaged[flipped] == 0x10 ? 0x20 : 0x10
+            let scan = try scanned(damaged + zeros)
+            #expect(scan.end == lastRecord && scan.damage?.contains("offset \(lastRecord)") == true, "\(scan)")
+        }
+        // Cut short, and something after the zeros: damage.
+        let scan = try scanned(Array(whole[..<(records - 4)]) + zeros + [1])
+        #expect(scan.end == lastRecord && scan.damage != nil, "\(scan)")
+
+        // A checksum cut short keeps its bytes up to a sector's boundary, none after it; a byte that became zero is
+        // no cut unless a boundary falls just before it.
+        let checksum: UInt32 = 0x1234_ABCD
+        #expect(LogStorage.isCutShort(0, of: checksum, at: 100))
+        #expect(LogStorage.isCutShort(0x1200_0000, of: checksum, at: 511))
+        #expect(LogStorage.isCutShort(0x1234_0000, of: checksum, at: 1_022))
+        #expect(LogStorage.isCutShort(0x1234_AB00, of: checksum, at: 509))
+        #expect(!LogStorage.isCutShort(0x1234_AB00, of: checksum, at: 510))
+        #expect(!LogStorage.isCutShort(0x1234_0000, of: checksum, at: 100))
+        #expect(!LogStorage.isCutShort(0x1235_0000, of: checksum, at: 510))
+        #expect(!LogStorage.isCutShort(0x1234_00CD, of: checksum, at: 510))
+        #expect(!LogStorage.isCutShort(0x1234_ABCE, of: checksum, at: 512))
+    }
+
     /// A log cut short after its writer closed it — which a crash cannot do — is refused by the closed mark the writer
     /// left, even when the cut falls between two records; without the mark (a crash: the writer never closed it), a
     /// record cut short at the end is one never acknowledged, and is cut off.

@@ -51,13 +51,17 @@ package struct BenchResults: Codable {
         /// write(2) of 200 bytes + fsync(2) to a file in the bench's data directory.
         var fsyncP50Us = Microseconds(0)
         var fsyncP99Us = Microseconds(0)
+        /// pwrite(2) of 200 bytes inside a file of zeros written and synced before + fdatasync(2): a durable write
+        /// with no file size to sync, as the log journal's commits are (the lower of the two floors).
+        var fsyncInPlaceP50Us = Microseconds(0)
+        var fsyncInPlaceP99Us = Microseconds(0)
     }
 
     struct P1: Codable {
         var dispatches = 0
         var p50Us = Microseconds(0)
         var p99Us = Microseconds(0)
-        /// The raw REQ/REP p50 + the fsync p50: what one durable round trip cannot beat.
+        /// The raw REQ/REP p50 + the in-place fsync p50: what one durable round trip cannot beat.
         var baselineUs = Microseconds(0)
         var ratioP50: Double?
         var ratioP99: Double?

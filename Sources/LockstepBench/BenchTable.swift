@@ -32,10 +32,11 @@ package struct BenchTable {
             ),
             row("PUB → 4 SUB processes", "\(count(b.pub4SubMsgsPerS)) msgs/s to each (200 bytes)"),
             row("write + fsync, 200 bytes", "p50 \(b.fsyncP50Us)  p99 \(b.fsyncP99Us)"),
+            row("… in place + fdatasync", "p50 \(b.fsyncInPlaceP50Us)  p99 \(b.fsyncInPlaceP99Us)"),
             "",
             "P1 dispatch round trip, durable "
                 + (r.p1.baselineUs.value > 0
-                    ? "(vs raw REQ/REP p50 + fsync p50 = \(r.p1.baselineUs))" : "(no baselines in this run)"),
+                    ? "(vs raw REQ/REP p50 + in-place fsync p50 = \(r.p1.baselineUs))" : "(no baselines in this run)"),
             row(
                 "p50 / p99",
                 "\(r.p1.p50Us) / \(r.p1.p99Us)",

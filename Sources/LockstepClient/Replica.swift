@@ -3,6 +3,7 @@ import Lockstep
 import LockstepProtocol
 import Logging
 import ServiceLifecycle
+import Synchronization
 import ZeroMQ
 
 /// A store in this process that stays in lockstep with the daemon's store of domain `D`.
@@ -40,6 +41,9 @@ public final class Replica<D: Domain>: Service, Sendable {
     /// The optimistic side (``OptimisticLedger``): its base, the pending dispatches and the optimistic state, under
     /// one lock so that every read of them agrees.
     let ledger: LockedValue<OptimisticLedger<D>>
+    /// Whether the ledger holds a pending dispatch, set under its lock (``withLedger(restoring:_:)``): the replica's
+    /// thread asks for the ledger's next deadline only then, not on every turn.
+    let ledgerHasPending = Atomic<Bool>(false)
     /// The optimistic reads handed to subscribers, newest version kept: what ``subscribe(optimistic:onChange:)`` and
     /// ``reads(bufferingPolicy:)`` observe.
     let published: Store<OptimisticRead<D>, Publication>
@@ -708,6 +712,7 @@ public final class Replica<D: Domain>: Service, Sendable {
     ) throws(E) -> [OptimisticLedger<D>.Action] {
         try ledger.withLockedValue { ledger throws(E) in
             if restoring { ledger.restore(local.state) }
+            defer { ledgerHasPending.store(!ledger.entries.isEmpty, ordering: .releasing) }
             let actions = try event(&ledger)
             for action in actions {
                 switch action {

@@ -120,7 +120,11 @@ struct Engine<D: Domain> {
 
     func nextDeadline(after now: ContinuousClock.Instant) -> ContinuousClock.Instant {
         var next = min(inFlight.nextDeadline ?? now + .seconds(1), syncResendAt ?? now + .seconds(1))
-        if let pending = replica.ledger.withLockedValue({ $0.nextDeadline }) { next = min(next, pending) }
+        if replica.ledgerHasPending.load(ordering: .acquiring),
+            let pending = replica.ledger.withLockedValue({ $0.nextDeadline })
+        {
+            next = min(next, pending)
+        }
         if configuration.reportInterval != nil { next = min(next, nextReport) }
         return retryLater.reduce(next) { min($0, $1.at) }
     }

@@ -568,7 +568,7 @@ final class LogStorage: JournalStorage {
 
     /// Makes room for `count` more bytes inside the file: when the zeros past the end are fewer, zeros up to
     /// ``preallocationBytes`` past what is needed, synced. An append inside the file leaves its size alone, so its
-    /// `fdatasync` writes the record and no inode: one write to the disk where an append past the end takes two.
+    /// `fdatasync` writes the record and no inode: one write to the disk fewer than an append past the end.
     /// On a disk too full for them the zeros are cut off again and the append grows the file, as it would without.
     private func preallocate(_ count: Int64, _ state: inout FileState, operation: String) throws(JournalError) {
         guard syncs, state.end + count > state.allocated else { return }

@@ -130,13 +130,16 @@ public final class DaemonProcess {
         }
     }
 
-    /// Each store's seq and state digest, from the daemon's SNAPSHOT replies.
+    /// Each store's seq and state digest, from the daemon's SNAPSHOT replies. Each try waits 30 s, twice at most: a
+    /// whole SNAPSHOT of a large store is encoded on a reader thread, and a debug build just started (its recovery
+    /// checkpoint and a replica's join encoding beside it) took more than 5 s for 10 MB; each try sent again starts
+    /// one more encoding, so 4 tries of 5 s made each slower and gave up after 20 s.
     public func digests(of stores: [String]) throws -> [String: (seq: SequenceNumber, digest: StateDigest)] {
         let client = CommandClient(
             context: try Context(),
             endpoint: command,
-            timeout: .seconds(5),
-            retries: 3,
+            timeout: .seconds(30),
+            retries: 1,
             curve: curve
         )
         var digests: [String: (seq: SequenceNumber, digest: StateDigest)] = [:]

@@ -46,16 +46,7 @@ public struct Poller {
                 pollItems.append(zmq_pollitem_t(socket: nil, fd: descriptor, events: events.rawValue, revents: 0))
             }
         }
-        let milliseconds: Int
-        if let timeout {
-            let (seconds, attoseconds) = timeout.components
-            milliseconds = max(
-                0,
-                Int(seconds) * 1000 + Int((attoseconds + 999_999_999_999_999) / 1_000_000_000_000_000)
-            )
-        } else {
-            milliseconds = -1
-        }
+        let milliseconds = timeout.map(\.roundedUpMilliseconds) ?? -1
         let count = pollItems.count
         let result = try pollItems.withUnsafeMutableBufferPointer { buffer in
             Result { () throws(ZeroMQError) in
@@ -66,5 +57,15 @@ public struct Poller {
         }.get()
         if case .wouldBlock = result { return Array(repeating: [], count: count) }
         return pollItems.map { PollEvents(rawValue: $0.revents) }
+    }
+}
+
+extension Duration {
+    /// The whole milliseconds libzmq waits for this duration, rounded up (a wait is never cut short), 0 for none
+    /// or less, at most `Int32.max`.
+    var roundedUpMilliseconds: Int {
+        let (seconds, attoseconds) = components
+        guard seconds < Int64(Int32.max / 1000) else { return Int(Int32.max) }
+        return max(0, Int(seconds) * 1000 + Int((attoseconds + 999_999_999_999_999) / 1_000_000_000_000_000))
     }
 }

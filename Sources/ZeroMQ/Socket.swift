@@ -235,6 +235,14 @@ public final class Socket {
         try receive(wait: wait, maximumFrames: .max)?.frames
     }
 
+    /// Receives one multipart message, waiting `timeout` at most (rounded up to a whole millisecond): `nil` when
+    /// none came. The socket's ``SocketOption/receiveTimeout`` is left at that wait. One call into libzmq, as a plain
+    /// blocking receive makes, where a ``Poller`` over the one socket and then a receive were two.
+    public func receive(timeout: Duration) throws(ZeroMQError) -> [[UInt8]]? {
+        try set(.receiveTimeout, Int32(timeout.roundedUpMilliseconds))
+        return try receive(wait: true)
+    }
+
     /// Receives one multipart message, keeping at most `maximumFrames` parts: the rest are read and
     /// discarded without copying, so a hostile peer cannot make us hold more than we chose to. With `userID`, the
     /// message's User-Id property (the ZAP handler's word on who the peer is) comes with it.

@@ -86,6 +86,21 @@ struct IPCDirectory: ~Copyable {
         #expect(try socket.receive(wait: false) == nil)
     }
 
+    @Test func aReceiveWithATimeoutWaitsThatLongAtMost() throws {
+        let (request, reply) = try pair("inproc://receive-timeout-\(UUID())")
+        // Nothing comes: it waits the timeout out, rounded up to a whole millisecond, and answers nothing.
+        let start = ContinuousClock.now
+        #expect(try reply.receive(timeout: .microseconds(30_500)) == nil)
+        #expect(ContinuousClock.now - start >= .milliseconds(31))
+        #expect(try reply.get(.receiveTimeout) == 31)
+        // A message that comes is taken, and the socket's option is left at the last wait.
+        try request.send([[1], [2]])
+        #expect(try reply.receive(timeout: .seconds(5)) == [[1], [2]])
+        #expect(try reply.get(.receiveTimeout) == 5_000)
+        try reply.send([[3]])
+        #expect(try request.receive(timeout: .seconds(5)) == [[3]])
+    }
+
     @Test func keepsOnlyTheFramesAskedFor() throws {
         let (request, reply) = try pair("inproc://limit-\(UUID())")
         try request.send((0..<10).map { [UInt8($0)] })

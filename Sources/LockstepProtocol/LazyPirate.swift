@@ -77,9 +77,14 @@ public struct LazyPirate<Payload> {
     /// When ``tick(now:)`` has something to do next; `nil` with nothing in flight.
     @inlinable
     public var nextDeadline: ContinuousClock.Instant? {
-        let deadline = flights.values.lazy.map { $0.deadline }.min()
-        guard let resendAt, let deadline else { return deadline }
-        return min(resendAt, deadline)
+        // A plain loop over the deadlines alone: a lazy map and `min()` copied each request (and the runtime's
+        // generic value witnesses did it) on every turn of a client's wait.
+        var next: ContinuousClock.Instant?
+        for flight in flights.values where next.map({ flight.deadline < $0 }) ?? true {
+            next = flight.deadline
+        }
+        guard let resendAt, let next else { return next }
+        return min(resendAt, next)
     }
 
     /// A new request: send it. Its request id must not be in flight already.
@@ -99,7 +104,9 @@ public struct LazyPirate<Payload> {
     /// such request waits (a late reply to one given up, or to another owner's).
     @inlinable
     public mutating func answered(_ requestID: UInt64) -> (request: Request, payload: Payload)? {
-        flights.removeValue(forKey: requestID).map { ($0.request, $0.payload) }
+        // Not `Optional.map`: its closure made the tuple through the runtime's generic value witnesses.
+        guard let flight = flights.removeValue(forKey: requestID) else { return nil }
+        return (flight.request, flight.payload)
     }
 
     /// Request `requestID` is given up by its owner (it will not be sent again, whatever comes): its request and

@@ -110,6 +110,9 @@ public final class CommandClient {
     private let curve: ClientCurve?
     private var socket: Socket?
     private var search: LeaderSearch
+    /// The request in flight, between calls none: one machine for every call, so that its storage is not made anew
+    /// on each.
+    private var pirate: LazyPirate<Void>
     private var statusRequests: UInt64 = 0
 
     /// A client of the daemon at `endpoint`; it connects on its first ``call(_:)``, with CURVE when `curve` is given. A
@@ -139,6 +142,7 @@ public final class CommandClient {
         self.timeout = timeout
         self.retries = max(0, retries)
         self.curve = curve
+        pirate = LazyPirate(LazyPirate.Settings(timeout: timeout, retries: retries))
     }
 
     /// Sends `request` and returns the leading daemon's reply to it; a `not_leader` is never the reply.
@@ -199,7 +203,8 @@ public final class CommandClient {
     /// Sends `request` until a reply comes that `refusal` does not call a refusal to lead (it returns why); a
     /// refused request goes on at the daemon the search points at next, its try still running.
     private func exchange(_ request: Request, refusal: (Reply) -> String?) throws(ClientError) -> Reply {
-        var pirate = LazyPirate<Void>(LazyPirate.Settings(timeout: timeout, retries: retries))
+        // A call that threw (a reply it could not read) left its request in flight.
+        if pirate.count > 0 { _ = pirate.removeAll() }
         var outputs = pirate.submit(request, (), now: .now)
         var refused: String?
         while true {
@@ -269,19 +274,18 @@ public final class CommandClient {
     }
 
     /// The next message on the socket, waiting until `deadline` at most. After a `not_leader` the socket is closed
-    /// and nothing is sent until the search's pause is over: the socket to the daemon asked next is opened here, so
-    /// that the pause is waited out in a poll (returning at once without a socket, the caller's loop spun through
-    /// it).
+    /// and nothing is sent until the search's pause is over: the socket to the daemon asked next is opened here, and
+    /// the pause is waited out here (returning at once, the caller's loop spun through it).
     private func receive(until deadline: ContinuousClock.Instant) -> [[UInt8]]? {
         let wait = max(.zero, deadline - .now)
-        guard let socket = try? openSocket() else {
-            // No socket to this daemon (libzmq refused its endpoint): as good as silent; wait out the try.
+        do {
+            return try openSocket().receive(timeout: wait)
+        } catch {
+            // No socket to this daemon (libzmq refused its endpoint), or a REQ socket that has sent nothing yet (the
+            // pause after a `not_leader`: it cannot receive, EFSM at once): as good as silent; wait it out.
             _ = try? Poller([]).poll(timeout: wait)
             return nil
         }
-        guard let ready = try? Poller([.socket(socket, .readable)]).poll(timeout: wait), ready[0].contains(.readable)
-        else { return nil }
-        return try? socket.receive(wait: false)
     }
 
     private func openSocket() throws(ZeroMQError) -> Socket {

@@ -125,7 +125,7 @@ let package = Package(
             name: "LockstepBench",
             dependencies: [
                 "Lockstep", "LockstepProtocol", "LockstepClient", "LockstepExamples", "LockstepJournal",
-                "LockstepServer", "LockstepTesting", "LockstepTool", "ZeroMQ",
+                "LockstepServer", "LockstepTesting", "LockstepTool", "ZeroMQ", "CZeroMQ",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "HashTreeCollections", package: "swift-collections"),
             ]

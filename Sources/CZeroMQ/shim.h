@@ -6,6 +6,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 // ZMQ_ZAP_ENFORCE_DOMAIN is a draft option in libzmq 4.3's stable header, though every 4.3 release honours it.

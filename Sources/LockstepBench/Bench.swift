@@ -157,9 +157,64 @@ package final class Bench {
         )
         router.kill()
         results.baselines.router8ReqRoundTripsPerS = rate(eight)
+        results.baselines.router8ReqP50Us = Latencies(eight.flatMap(\.latencies)).p50
         results.baselines.router8ReqClientCpuPerRoundTripUs = cpuPerOperation(eight)
 
         results.baselines.pub4SubMsgsPerS = try publishToFour()
+    }
+
+    /// The raw ROUTER ← 8 REQ again, the echo answering each message late enough that its clients wait about
+    /// `wait` (P2's p50 at 8 clients): a client's CPU a round trip grows with how long it sleeps between them (a
+    /// longer sleep costs more to wake from, in the kernel and on cold caches), so a raw client that waits as long
+    /// is the baseline a dispatching client is compared with like for like. The wait is not the delay plus the
+    /// at-once round trip (each wake-up from idle adds to it), so the delay is found in three runs — from the at-once
+    /// p50, then by the secant through the runs before — and the run whose p50 came closest is kept.
+    private func lateEcho(waiting wait: Microseconds) throws -> BenchResults.LateEcho {
+        say("baselines: ROUTER ← 8 REQ answered late, as long a wait as P2's at 8 clients (p50 \(wait))")
+        var runs: [BenchResults.LateEcho] = []
+        for _ in 0..<3 {
+            let delay: Double
+            if runs.count < 2 {
+                delay = max(
+                    0,
+                    wait.value - (runs.last?.p50Us ?? results.baselines.router8ReqP50Us).value
+                        + (runs.last?.delayUs.value ?? 0)
+                )
+            } else {
+                let (a, b) = (runs[runs.count - 2], runs[runs.count - 1])
+                let slope =
+                    b.p50Us.value != a.p50Us.value
+                    ? (b.delayUs.value - a.delayUs.value) / (b.p50Us.value - a.p50Us.value) : 1
+                delay = max(0, b.delayUs.value + (wait.value - b.p50Us.value) * max(0.25, min(4, slope)))
+            }
+            let address = endpoint("echo-late")
+            let router = try worker(
+                "echo-router",
+                ["--endpoint", address, "--delay-us", "\(Int(delay))"],
+                curve: .server,
+                input: false
+            )
+            _ = try awaitLine(router, within: .seconds(30)) { $0 == "ready" }
+            let routerCPU = cpuTime(ofProcess: router.process.processIdentifier)
+            let eight = try runClients(
+                try (0..<8).map { _ in try worker("req", ["--endpoint", address, "--seconds", "\(seconds)"]) }
+            )
+            runs.append(
+                .init(
+                    delayUs: Microseconds(Double(Int(delay))),
+                    p50Us: Latencies(eight.flatMap(\.latencies)).p50,
+                    roundTripsPerS: rate(eight),
+                    echoCpuPerRoundTripUs: cpu(
+                        of: router,
+                        since: routerCPU,
+                        per: eight.reduce(0) { $0 + $1.count }
+                    ),
+                    clientCpuPerRoundTripUs: cpuPerOperation(eight)
+                )
+            )
+            router.kill()
+        }
+        return runs.min { abs($0.p50Us.value - wait.value) < abs($1.p50Us.value - wait.value) }!
     }
 
     /// `count` durable writes of 200 bytes: appended and `fsync`ed, or (`inPlace`) written inside a file of zeros
@@ -250,6 +305,11 @@ package final class Bench {
         let page = try inspector ? daemon.status()?.http.map { try InspectorWatcher(address: $0) } : nil
         if !parts.isDisjoint(with: ["p1", "p2"]) {
             (results.p1, results.p2) = try dispatchRows(daemon, journal: "", pipelined: Self.pipelined)
+            if results.baselines.router8ReqRoundTripsPerS > 0,
+                let eight = results.p2.first(where: { $0.clients == 8 && $0.inFlight == 1 })
+            {
+                results.baselines.lateEcho = try lateEcho(waiting: eight.p50Us)
+            }
         }
         results.inspectorActionsSent = page?.stop()
         if parts.contains("optimistic") { try measureOptimistic(daemon) }

@@ -40,8 +40,9 @@ package struct BenchResults: Codable {
         var reqRepP50Us = Microseconds(0)
         var reqRepP99Us = Microseconds(0)
         var reqRepRoundTripsPerS = 0.0
-        /// Raw ROUTER echo with 8 REQ client processes, all round trips per second.
+        /// Raw ROUTER echo with 8 REQ client processes, all round trips per second, and their p50.
         var router8ReqRoundTripsPerS = 0.0
+        var router8ReqP50Us = Microseconds(0)
         /// The 8 REQ processes' own CPU time per round trip: what a client costs with nothing in between.
         var router8ReqClientCpuPerRoundTripUs: Double?
         /// The echo ROUTER process's own CPU time per round trip: the server's side of the same transport.
@@ -55,6 +56,19 @@ package struct BenchResults: Codable {
         /// with no file size to sync, as the log journal's commits are (the lower of the two floors).
         var fsyncInPlaceP50Us = Microseconds(0)
         var fsyncInPlaceP99Us = Microseconds(0)
+        /// The same ROUTER ← 8 REQ, answered late enough that the clients wait about as long as P2's at 8 clients;
+        /// `null` when P2 did not run.
+        var lateEcho: LateEcho?
+    }
+
+    /// A raw ROUTER echo that answers each message `delayUs` after it came, 8 REQ processes.
+    struct LateEcho: Codable {
+        var delayUs = Microseconds(0)
+        /// The clients' round trip p50: what the delay was set for.
+        var p50Us = Microseconds(0)
+        var roundTripsPerS = 0.0
+        var echoCpuPerRoundTripUs: Double?
+        var clientCpuPerRoundTripUs: Double?
     }
 
     struct P1: Codable {

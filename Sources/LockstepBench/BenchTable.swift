@@ -30,6 +30,21 @@ package struct BenchTable {
                         ("clients", b.router8ReqClientCpuPerRoundTripUs)
                     )
             ),
+        ]
+        if let late = b.lateEcho {
+            lines.append(
+                row(
+                    "… answered \(late.delayUs) late",
+                    "\(count(late.roundTripsPerS)) round trips/s  p50 \(late.p50Us) (P2's wait at 8)"
+                        + cpu(
+                            per: "round trip",
+                            ("echo", late.echoCpuPerRoundTripUs),
+                            ("clients", late.clientCpuPerRoundTripUs)
+                        )
+                )
+            )
+        }
+        lines += [
             row("PUB → 4 SUB processes", "\(count(b.pub4SubMsgsPerS)) msgs/s to each (200 bytes)"),
             row("write + fsync, 200 bytes", "p50 \(b.fsyncP50Us)  p99 \(b.fsyncP99Us)"),
             row("… in place + fdatasync", "p50 \(b.fsyncInPlaceP50Us)  p99 \(b.fsyncInPlaceP99Us)"),

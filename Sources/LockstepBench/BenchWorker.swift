@@ -1,3 +1,4 @@
+import CZeroMQ
 import Foundation
 import Lockstep
 import LockstepClient
@@ -56,6 +57,8 @@ package struct BenchWorker: Sendable {
     package var curveServer: String?
     /// dispatch, redis: how many requests one worker keeps in flight.
     package var inFlight: Int
+    /// echo-router: how long after a message came its echo goes back.
+    package var delay: Duration
 
     package init(
         role: Role,
@@ -67,7 +70,8 @@ package struct BenchWorker: Sendable {
         recordSeqs: Bool,
         curve: String?,
         curveServer: String?,
-        inFlight: Int = 1
+        inFlight: Int = 1,
+        delay: Duration = .zero
     ) {
         self.role = role
         self.endpoint = endpoint
@@ -79,6 +83,7 @@ package struct BenchWorker: Sendable {
         self.curve = curve
         self.curveServer = curveServer
         self.inFlight = inFlight
+        self.delay = delay
     }
 
     package func run() async throws {
@@ -202,8 +207,57 @@ package struct BenchWorker: Sendable {
         try socket.bind(endpoint)
         print("ready")
         fflush(nil)
-        while let frames = try socket.receive() {
-            _ = try socket.send(frames)
+        guard delay > .zero, role == .echoRouter else {
+            while let frames = try socket.receive() {
+                _ = try socket.send(frames)
+            }
+            return
+        }
+        try echoLate(socket)
+    }
+
+    /// A ROUTER echo that answers each message `delay` after it came, the others going on meanwhile: a raw client
+    /// that waits as long as a durable answer makes it wait. A timerfd wakes it for the first answer due (a poll's
+    /// timeout is whole milliseconds); messages wait in arrival order, so the first is always the one due first.
+    private func echoLate(_ socket: Socket) throws {
+        let timer = timerfd_create(CLOCK_MONOTONIC, Int32(TFD_NONBLOCK))
+        guard timer >= 0 else { throw BenchFailure("timerfd_create failed: \(String(cString: strerror(errno)))") }
+        defer { close(timer) }
+        let delayNanos =
+            UInt64(delay.components.seconds) * 1_000_000_000
+            + UInt64(delay.components.attoseconds / 1_000_000_000)
+        var held: [(due: UInt64, frames: [[UInt8]])] = []
+        var first = 0
+        var armed = false
+        while true {
+            let ready = try Poller([.socket(socket, .readable), .fileDescriptor(timer, .readable)]).poll(timeout: nil)
+            if ready[1].contains(.readable) {
+                var expirations: UInt64 = 0
+                _ = read(timer, &expirations, 8)
+                armed = false
+            }
+            while let frames = try socket.receive(wait: false) {
+                held.append((monotonicNanos() + delayNanos, frames))
+            }
+            let now = monotonicNanos()
+            while first < held.count, held[first].due <= now {
+                _ = try socket.send(held[first].frames)
+                first += 1
+            }
+            if first == held.count || first >= 1_024 {
+                held.removeFirst(first)
+                first = 0
+            }
+            if first < held.count, !armed {
+                // Armed at an absolute time on the same clock as `monotonicNanos()`.
+                let due = held[first].due
+                var setting = itimerspec()
+                setting.it_value = timespec(tv_sec: Int(due / 1_000_000_000), tv_nsec: Int(due % 1_000_000_000))
+                guard timerfd_settime(timer, Int32(TFD_TIMER_ABSTIME), &setting, nil) == 0 else {
+                    throw BenchFailure("timerfd_settime failed: \(String(cString: strerror(errno)))")
+                }
+                armed = true
+            }
         }
     }
 

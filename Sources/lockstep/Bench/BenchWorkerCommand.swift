@@ -42,6 +42,9 @@ struct BenchWorkerCommand: AsyncParsableCommand {
     @Option(help: "dispatch (counter), redis: how many requests to keep in flight at once.")
     var inFlight = 1
 
+    @Option(help: "echo-router: answer each message this many microseconds after it came.")
+    var delayUs = 0
+
     @Flag(help: "dispatch: report the seq each dispatch got and when it was sent.")
     var recordSeqs = false
 
@@ -67,7 +70,8 @@ struct BenchWorkerCommand: AsyncParsableCommand {
             recordSeqs: recordSeqs,
             curve: curve,
             curveServer: curveServer,
-            inFlight: inFlight
+            inFlight: inFlight,
+            delay: .microseconds(max(0, delayUs))
         )
         try await worker.run()
     }

@@ -33,6 +33,10 @@ protocol QueuesDispatches: Sendable {
 /// A batch of `frames` to `store` as both dispatching clients send it: queued in `shared`'s outbox — unless the client
 /// stopped, which throws `stopped` — inside a client span whose trace context it carries, the client's thread woken,
 /// and its answer awaited.
+///
+/// Only the dispatch that finds the outbox empty wakes the thread: the thread empties its wake-up pipe and then takes
+/// the whole outbox, under the lock, in every turn, so a dispatch queued behind others goes out with them. With many
+/// tasks dispatching at once, that is one write to the pipe (and one wake-up) a turn, not one a dispatch.
 func queueAndAwait<Shared: QueuesDispatches>(
     _ frames: [Frame],
     to store: StoreName,
@@ -42,16 +46,18 @@ func queueAndAwait<Shared: QueuesDispatches>(
 ) async throws -> ClosedRange<SequenceNumber> {
     try await traced(dispatchOf: frames.count, to: store) { trace in
         let outcome = DispatchOutcome()
-        let queued = shared.withLockedValue { shared in
-            guard shared.takesDispatches else { return false }
+        let first = shared.withLockedValue { shared -> Bool? in
+            guard shared.takesDispatches else { return nil }
             shared.lastRequestID += 1
-            shared.outbox.append(
-                Outgoing(number: shared.lastRequestID, actions: frames, outcome: outcome, trace: trace)
-            )
-            return true
+            defer {
+                shared.outbox.append(
+                    Outgoing(number: shared.lastRequestID, actions: frames, outcome: outcome, trace: trace)
+                )
+            }
+            return shared.outbox.isEmpty
         }
-        guard queued else { throw ClientError(code: .stopped, stopped) }
-        wakeup.signal()
+        guard let first else { throw ClientError(code: .stopped, stopped) }
+        if first { wakeup.signal() }
         return try await outcome.value
     }
 }

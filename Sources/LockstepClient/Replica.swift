@@ -477,13 +477,16 @@ public final class Replica<D: Domain>: Service, Sendable {
                     + "(ReplicaConfiguration.maximumPending); wait for some to be confirmed"
             )
         }
-        let queued = shared.withLockedValue { shared in
-            guard !shared.stopped else { return false }
-            shared.outbox.append(Outgoing(number: number, actions: frames, outcome: outcome, optimistic: true))
-            return true
+        let first = shared.withLockedValue { shared -> Bool? in
+            guard !shared.stopped else { return nil }
+            defer {
+                shared.outbox.append(Outgoing(number: number, actions: frames, outcome: outcome, optimistic: true))
+            }
+            return shared.outbox.isEmpty
         }
-        if queued {
-            wakeup.signal()
+        if let first {
+            // As `queueAndAwait`: a dispatch queued behind others is taken with them.
+            if first { wakeup.signal() }
         } else {
             // Stopped meanwhile: the stop may have failed what was pending before this dispatch was.
             rolledBack(number, ClientError(code: .stopped, "the replica of '\(store)' has stopped"))

@@ -30,13 +30,21 @@ protocol QueuesDispatches: Sendable {
     var outbox: [Outgoing] { get set }
 }
 
+extension QueuesDispatches {
+    /// Queues `outgoing` and says whether the caller must wake the client's thread: only when the outbox was empty.
+    /// Each turn the thread empties its wake-up pipe and then takes the whole outbox, under the lock, so a dispatch
+    /// queued behind others goes out with them, and one queued after the take finds the outbox empty. With many tasks
+    /// dispatching at once, that is one write to the pipe (and one wake-up) a turn, not one a dispatch.
+    mutating func queue(_ outgoing: Outgoing) -> Bool {
+        let first = outbox.isEmpty
+        outbox.append(outgoing)
+        return first
+    }
+}
+
 /// A batch of `frames` to `store` as both dispatching clients send it: queued in `shared`'s outbox — unless the client
 /// stopped, which throws `stopped` — inside a client span whose trace context it carries, the client's thread woken,
 /// and its answer awaited.
-///
-/// Only the dispatch that finds the outbox empty wakes the thread: the thread empties its wake-up pipe and then takes
-/// the whole outbox, under the lock, in every turn, so a dispatch queued behind others goes out with them. With many
-/// tasks dispatching at once, that is one write to the pipe (and one wake-up) a turn, not one a dispatch.
 func queueAndAwait<Shared: QueuesDispatches>(
     _ frames: [Frame],
     to store: StoreName,
@@ -46,18 +54,13 @@ func queueAndAwait<Shared: QueuesDispatches>(
 ) async throws -> ClosedRange<SequenceNumber> {
     try await traced(dispatchOf: frames.count, to: store) { trace in
         let outcome = DispatchOutcome()
-        let first = shared.withLockedValue { shared -> Bool? in
+        let wake = shared.withLockedValue { shared -> Bool? in
             guard shared.takesDispatches else { return nil }
             shared.lastRequestID += 1
-            defer {
-                shared.outbox.append(
-                    Outgoing(number: shared.lastRequestID, actions: frames, outcome: outcome, trace: trace)
-                )
-            }
-            return shared.outbox.isEmpty
+            return shared.queue(Outgoing(number: shared.lastRequestID, actions: frames, outcome: outcome, trace: trace))
         }
-        guard let first else { throw ClientError(code: .stopped, stopped) }
-        if first { wakeup.signal() }
+        guard let wake else { throw ClientError(code: .stopped, stopped) }
+        if wake { wakeup.signal() }
         return try await outcome.value
     }
 }

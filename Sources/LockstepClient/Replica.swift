@@ -384,16 +384,15 @@ public final class Replica<D: Domain>: Service, Sendable {
     @discardableResult
     public func sync(timeout: Duration = .seconds(10)) async throws -> Replicated<D.State> {
         let outcome = DispatchOutcome()
-        let queued = shared.withLockedValue { shared in
-            guard !shared.stopped else { return false }
+        let wake = shared.withLockedValue { shared -> Bool? in
+            guard shared.takesDispatches else { return nil }
             shared.lastRequestID += 1
-            shared.outbox.append(
+            return shared.queue(
                 Outgoing(number: shared.lastRequestID, actions: [], outcome: outcome, barrier: .now + timeout)
             )
-            return true
         }
-        guard queued else { throw ClientError(code: .stopped, "the replica of '\(store)' has stopped") }
-        wakeup.signal()
+        guard let wake else { throw ClientError(code: .stopped, "the replica of '\(store)' has stopped") }
+        if wake { wakeup.signal() }
         _ = try await outcome.value
         return local.state
     }
@@ -477,16 +476,12 @@ public final class Replica<D: Domain>: Service, Sendable {
                     + "(ReplicaConfiguration.maximumPending); wait for some to be confirmed"
             )
         }
-        let first = shared.withLockedValue { shared -> Bool? in
-            guard !shared.stopped else { return nil }
-            defer {
-                shared.outbox.append(Outgoing(number: number, actions: frames, outcome: outcome, optimistic: true))
-            }
-            return shared.outbox.isEmpty
+        let wake = shared.withLockedValue { shared -> Bool? in
+            guard shared.takesDispatches else { return nil }
+            return shared.queue(Outgoing(number: number, actions: frames, outcome: outcome, optimistic: true))
         }
-        if let first {
-            // As `queueAndAwait`: a dispatch queued behind others is taken with them.
-            if first { wakeup.signal() }
+        if let wake {
+            if wake { wakeup.signal() }
         } else {
             // Stopped meanwhile: the stop may have failed what was pending before this dispatch was.
             rolledBack(number, ClientError(code: .stopped, "the replica of '\(store)' has stopped"))

@@ -167,30 +167,21 @@ package final class Bench {
     /// `wait` (P2's p50 at 8 clients): a client's CPU a round trip grows with how long it sleeps between them (a
     /// longer sleep costs more to wake from, in the kernel and on cold caches), so a raw client that waits as long
     /// is the baseline a dispatching client is compared with like for like. The wait is not the delay plus the
-    /// at-once round trip (each wake-up from idle adds to it), so the delay is found in three runs — from the at-once
-    /// p50, then by the secant through the runs before — and the run whose p50 came closest is kept.
+    /// at-once round trip (each wake-up from idle adds to it), so the delay is found in three runs, each by the secant
+    /// through the two runs before it — the at-once run being the one at delay 0 — and the run whose p50 came closest
+    /// is kept.
     private func lateEcho(waiting wait: Microseconds) throws -> BenchResults.LateEcho {
         say("baselines: ROUTER ← 8 REQ answered late, as long a wait as P2's at 8 clients (p50 \(wait))")
-        var runs: [BenchResults.LateEcho] = []
+        var runs = [BenchResults.LateEcho(p50Us: results.baselines.router8ReqP50Us)]
         for _ in 0..<3 {
-            let delay: Double
-            if runs.count < 2 {
-                delay = max(
-                    0,
-                    wait.value - (runs.last?.p50Us ?? results.baselines.router8ReqP50Us).value
-                        + (runs.last?.delayUs.value ?? 0)
-                )
-            } else {
-                let (a, b) = (runs[runs.count - 2], runs[runs.count - 1])
-                let slope =
-                    b.p50Us.value != a.p50Us.value
-                    ? (b.delayUs.value - a.delayUs.value) / (b.p50Us.value - a.p50Us.value) : 1
-                delay = max(0, b.delayUs.value + (wait.value - b.p50Us.value) * max(0.25, min(4, slope)))
-            }
+            let (a, b) = (runs[max(0, runs.count - 2)], runs[runs.count - 1])
+            let slope =
+                b.p50Us != a.p50Us ? (b.delayUs.value - a.delayUs.value) / (b.p50Us.value - a.p50Us.value) : 1
+            let delay = Int(max(0, b.delayUs.value + (wait.value - b.p50Us.value) * min(4, max(0.25, slope))))
             let address = endpoint("echo-late")
             let router = try worker(
                 "echo-router",
-                ["--endpoint", address, "--delay-us", "\(Int(delay))"],
+                ["--endpoint", address, "--delay-us", "\(delay)"],
                 curve: .server,
                 input: false
             )
@@ -201,7 +192,7 @@ package final class Bench {
             )
             runs.append(
                 .init(
-                    delayUs: Microseconds(Double(Int(delay))),
+                    delayUs: Microseconds(Double(delay)),
                     p50Us: Latencies(eight.flatMap(\.latencies)).p50,
                     roundTripsPerS: rate(eight),
                     echoCpuPerRoundTripUs: cpu(
@@ -214,7 +205,7 @@ package final class Bench {
             )
             router.kill()
         }
-        return runs.min { abs($0.p50Us.value - wait.value) < abs($1.p50Us.value - wait.value) }!
+        return runs.dropFirst().min { abs($0.p50Us.value - wait.value) < abs($1.p50Us.value - wait.value) }!
     }
 
     /// `count` durable writes of 200 bytes: appended and `fsync`ed, or (`inPlace`) written inside a file of zeros

@@ -1,5 +1,6 @@
 import CoreMetrics
 import Foundation
+import Lockstep
 import LockstepProtocol
 import Prometheus
 
@@ -31,8 +32,7 @@ enum DaemonMetrics {
         private static func time<T, E: Error>(_ timer: CoreMetrics.Timer, _ work: () throws(E) -> T) throws(E) -> T {
             let start = ContinuousClock.now
             defer {
-                let elapsed = (ContinuousClock.now - start).components
-                timer.recordNanoseconds(elapsed.seconds * 1_000_000_000 + elapsed.attoseconds / 1_000_000_000)
+                timer.recordNanoseconds((ContinuousClock.now - start).nanoseconds)
             }
             return try work()
         }

@@ -2,6 +2,7 @@ import Foundation
 import LockstepTesting
 import TestSupport
 import Testing
+import ZeroMQ
 
 /// `lockstep bench` end to end on a tiny run: every part runs as real processes and reports every figure
 /// docs/performance.md documents. Only completeness and consistency are checked, never a speed.
@@ -178,6 +179,46 @@ import Testing
         #expect(echoed.standardOutput.hasPrefix(#"{"clients":2,"#), "\(echoed.standardOutput)")
     }
 
+    /// `bench-worker echo-router --delay-us`, the late baseline's echo: two clients' messages come back whole, each no
+    /// sooner than the delay after it was sent.
+    @Test func aLateEchoAnswersEachMessageNoSoonerThanItsDelay() async throws {
+        let directory = try temporaryDirectory("late-echo")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let endpoint = "ipc://\(directory.path)/echo"
+        let echo = try ChildProcess(
+            "lockstep",
+            ["bench-worker", "echo-router", "--endpoint", endpoint, "--delay-us", "40000"]
+        )
+        defer { echo.kill() }
+        let ready = try await eventually(within: .seconds(30)) {
+            await echo.read(for: .milliseconds(50))
+            return echo.takeLines().contains("ready")
+        }
+        try #require(ready, "the echo did not print ready: \(echo.errors())")
+        let answers = try await offPool("late-echo clients") {
+            let context = try Context()
+            defer { context.shutdown() }
+            let clients = try (0..<2).map { _ in
+                let socket = try Socket(context, type: .request)
+                try socket.connect(endpoint)
+                return socket
+            }
+            defer { for client in clients { client.close() } }
+            var sentAt: [ContinuousClock.Instant] = []
+            for (index, client) in clients.enumerated() {
+                try client.send([[UInt8(index)], [1, 2, 3]])
+                sentAt.append(.now)
+            }
+            return try zip(clients, sentAt).map { client, sent in
+                (try client.receive(timeout: .seconds(10)), ContinuousClock.now - sent)
+            }
+        }
+        for (index, (frames, waited)) in answers.enumerated() {
+            #expect(frames == [[UInt8(index)], [1, 2, 3]], "client \(index)")
+            #expect(waited >= .milliseconds(40), "client \(index) was answered after \(waited)")
+        }
+    }
+
     @Test func badOptionsAreRefusedNamingTheValue() async throws {
         let output = try await runProduct("lockstep", ["bench", "--only", "p9"])
         #expect(output.status == 64)
@@ -185,5 +226,17 @@ import Testing
         let histories = try await runProduct("lockstep", ["bench", "--histories", "10,x"])
         #expect(histories.status == 64)
         #expect(histories.standardError.contains("'10,x'"))
+        let negative = try await runProduct(
+            "lockstep",
+            ["bench-worker", "echo-router", "--endpoint", "inproc://x", "--delay-us=-5"]
+        )
+        #expect(negative.status == 64)
+        #expect(negative.standardError.contains("0 or more; it is -5"), "\(negative.standardError)")
+        let notAnEcho = try await runProduct(
+            "lockstep",
+            ["bench-worker", "req", "--endpoint", "inproc://x", "--delay-us", "5"]
+        )
+        #expect(notAnEcho.status == 64)
+        #expect(notAnEcho.standardError.contains("a req worker sends none"), "\(notAnEcho.standardError)")
     }
 }

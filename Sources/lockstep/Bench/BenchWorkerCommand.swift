@@ -59,6 +59,15 @@ struct BenchWorkerCommand: AsyncParsableCommand {
     @Option(parsing: .unconditional, help: "CURVE server (tcp echo): the server's secret key, Z85.")
     var curveServer: String?
 
+    func validate() throws {
+        guard delayUs >= 0 else {
+            throw ValidationError("--delay-us is how many microseconds an echo waits, 0 or more; it is \(delayUs)")
+        }
+        guard delayUs == 0 || role == .echoRouter else {
+            throw ValidationError("--delay-us delays an echo-router's answers; a \(role.rawValue) worker sends none")
+        }
+    }
+
     func run() async throws {
         let worker = BenchWorker(
             role: role,
@@ -71,7 +80,7 @@ struct BenchWorkerCommand: AsyncParsableCommand {
             curve: curve,
             curveServer: curveServer,
             inFlight: inFlight,
-            delay: .microseconds(max(0, delayUs))
+            delay: .microseconds(delayUs)
         )
         try await worker.run()
     }
